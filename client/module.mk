@@ -1,0 +1,1 @@
+# client/: libkvshare, the kvshare CLI, the Python binding.

@@ -1,0 +1,205 @@
+/*
+ * core.h — the pure block-manager core of kvshared.
+ *
+ * The block pool, the prefix index, the chained block hash, the eviction
+ * policy and the request-level operations.  No libuv, io_uring, CUDA or
+ * socket header; no I/O; deterministic for a given sequence of calls.
+ * Single-threaded: the daemon calls it from its loop thread only.
+ *
+ * Blocks (see ../shared/DESIGN.md):
+ *   FREE    ref 0, on the free queue, no hash.
+ *   CACHED  ref 0, on the free queue, hash indexed: reusable by a hit,
+ *           evictable.
+ *   IN USE  ref >= 1, off the free queue.
+ * ref(b) == number of (request, slot) pairs that hold b.
+ *
+ * A request is a sequence of token positions.  For each request the core
+ * keeps:
+ *   blocks[]    its block table; slot p lives in blocks[p / block_size]
+ *   num_slots   positions that have a slot (allocate/append add to it)
+ *   known       token ids the core knows (from lookup's prompt or commit)
+ *   written     positions [0, written) the client has committed as written
+ *   sealed      full blocks hashed and published (blocks[0..sealed))
+ *
+ * Life of a request:  create -> lookup(prompt) -> allocate(n) -> the worker
+ * writes K/V -> commit(...) -> append(1)/commit(...) per decode step -> free.
+ * All operations are all-or-nothing: on an error nothing changes.
+ */
+#ifndef KVS_CORE_H
+#define KVS_CORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvs_layout.h"
+#include "kvs_status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvs_hash128 {
+  uint64_t lo, hi;
+} kvs_hash128;
+
+typedef struct core core;
+typedef struct core_req core_req;
+
+/* Hash of one full block: H(parent || salt || tokens[0..n)).  The default is
+ * XXH3-128; tests pass their own to force collisions. */
+typedef kvs_hash128 (*core_hash_fn)(kvs_hash128 parent, kvs_hash128 salt,
+                                    const uint32_t *tokens, uint32_t n,
+                                    void *arg);
+
+typedef struct core_config {
+  uint32_t num_blocks;     /* blocks in the pool (>= 1) */
+  uint32_t block_size;     /* tokens per block (>= 1) */
+  uint32_t reserve_blocks; /* watermark: allocate() keeps this many free
+                              blocks for append() (decode of running
+                              requests); 0 = none */
+  kvs_hash128 root;        /* parent of block 0: core_root_hash() */
+  int verify_tokens;       /* on a hit, compare stored token ids (1) */
+  const char *policy;      /* eviction policy name; NULL = "lru" */
+  core_hash_fn hash_fn;    /* NULL = XXH3-128 */
+  void *hash_arg;
+} core_config;
+
+/* Fills cfg with the defaults (verify_tokens = 1, policy "lru"). */
+void core_config_init(core_config *cfg);
+
+/* The root parent hash for a layout and a model id (any string). */
+kvs_hash128 core_root_hash(const kvs_layout *layout, const char *model_id);
+
+/* The default block hash (XXH3-128). */
+kvs_hash128 core_block_hash(kvs_hash128 parent, kvs_hash128 salt,
+                            const uint32_t *tokens, uint32_t n);
+
+/* KVS_EINVAL (bad config, unknown policy) or KVS_ENOMEM. */
+int core_create(const core_config *cfg, core **out);
+/* Frees every request and the core. */
+void core_destroy(core *c);
+
+/* A new, empty request.  salt (may be NULL/0) isolates its cache: blocks
+ * hashed with one salt never match a lookup with another. */
+int core_req_create(core *c, const void *salt, size_t salt_len,
+                    core_req **out);
+
+/* Frees the request: its blocks are released tail-first (the chain tail
+ * reaches the free queue first, so it is evicted before its parents). */
+void core_req_free(core *c, core_req *r);
+
+/*
+ * Longest cached prefix of a prompt, in whole blocks.  The request must be
+ * empty (new or preempted).  Never counts the prompt's last token: at most
+ * (n - 1) / block_size blocks hit, so at least one token is computed.  The hit
+ * blocks join the request (ref + 1) as its first slots, committed and sealed;
+ * all n tokens become known, so a later commit may pass tokens = NULL for
+ * them.  *hit_tokens = hit blocks * block_size.
+ * Errors: KVS_ESTATE (request not empty), KVS_ENOMEM.
+ */
+int core_lookup(core *c, core_req *r, const uint32_t *tokens, uint32_t n,
+                uint32_t *hit_tokens);
+
+/* A copy-on-write pair: the client copies block src into block dst before it
+ * writes.  src == KVS_BLOCK_NONE when there is nothing to copy. */
+typedef struct core_cow {
+  uint32_t src, dst;
+} core_cow;
+
+/*
+ * Slots for n more tokens (prefill).  New blocks are appended to the block
+ * table.  If the last block is partial and shared (after a fork), it is first
+ * replaced by a private copy, named in *cow (cow may be NULL only when the
+ * caller knows no fork happened; pass it always).  Fails with KVS_ENOSPC,
+ * changing nothing, when fewer than needed + reserve_blocks blocks are free
+ * or cached.
+ */
+int core_allocate(core *c, core_req *r, uint32_t n, core_cow *cow);
+
+/* Like core_allocate for decode: may dip into the reserve. */
+int core_append(core *c, core_req *r, uint32_t n, core_cow *cow);
+
+/*
+ * The client wrote K/V for positions [start, start + n), which hold these
+ * token ids (tokens may be NULL when every one of those positions is already
+ * known).  Full blocks in [0, written) are sealed: hashed, and published in
+ * the prefix index unless another block already holds that hash.
+ * *sealed (may be NULL) = blocks sealed by this call.
+ * Errors: KVS_ERANGE (start > written: a gap; or start + n > slots: tokens
+ * without a slot, i.e. not written by this request), KVS_EMISMATCH (a token
+ * differs from one the request already knows, or from the tokens a shared
+ * block was sealed with), KVS_EINVAL (tokens NULL for unknown positions).
+ */
+int core_commit(core *c, core_req *r, uint32_t start, const uint32_t *tokens,
+                uint32_t n, uint32_t *sealed);
+
+/* A child sharing every block of r (ref + 1 each), with r's tokens and
+ * state.  KVS_ENOMEM. */
+int core_fork(core *c, core_req *r, core_req **child);
+
+/* Releases every block of r tail-first and empties it; the request stays
+ * valid (lookup may take its prefix back). */
+int core_preempt(core *c, core_req *r);
+
+/* Request state. */
+uint32_t core_req_num_slots(const core_req *r);
+uint32_t core_req_num_known(const core_req *r);
+uint32_t core_req_num_written(const core_req *r);
+uint32_t core_req_num_sealed(const core_req *r);
+/* The block table; valid until the next operation on r. */
+const uint32_t *core_req_blocks(const core_req *r, uint32_t *n);
+/* Caller's pointer, for the daemon's session bookkeeping. */
+void core_req_set_udata(core_req *r, void *udata);
+void *core_req_udata(const core_req *r);
+
+typedef enum core_block_state {
+  CORE_BLOCK_FREE = 0,
+  CORE_BLOCK_CACHED = 1,
+  CORE_BLOCK_IN_USE = 2
+} core_block_state;
+
+typedef struct core_block_info {
+  core_block_state state;
+  uint32_t ref;
+  int indexed;      /* its hash is in the prefix index */
+  kvs_hash128 hash; /* valid when sealed (indexed or not) */
+} core_block_info;
+
+/* KVS_ERANGE for b >= num_blocks. */
+int core_block_get(const core *c, uint32_t b, core_block_info *info);
+
+typedef struct core_stats {
+  uint32_t num_blocks;
+  uint32_t free_blocks;   /* FREE */
+  uint32_t cached_blocks; /* CACHED */
+  uint32_t used_blocks;   /* IN USE */
+  uint32_t num_requests;
+  uint64_t lookups;
+  uint64_t query_tokens;  /* tokens of all looked-up prompts */
+  uint64_t hit_tokens;
+  uint64_t hit_blocks;
+  uint64_t miss_blocks;   /* full blocks looked up that missed */
+  uint64_t allocated_blocks;
+  uint64_t evictions;     /* CACHED blocks reused for something else */
+  uint64_t cow_copies;
+  uint64_t sealed_blocks;
+  uint64_t duplicate_blocks; /* sealed with a hash already indexed */
+  uint64_t collisions;       /* hash matched, stored tokens did not */
+  uint64_t no_space;         /* allocations refused with KVS_ENOSPC */
+} core_stats;
+
+void core_get_stats(const core *c, core_stats *st);
+
+/*
+ * Checks every invariant over the whole pool: ref counts equal the (request,
+ * slot) holders, the free queue holds exactly the ref-0 blocks and is well
+ * linked, index entries point at blocks holding that hash, per-request
+ * counters are consistent.  Returns 0, or KVS_EINTERNAL with a description of
+ * the first violation in msg.
+ */
+int core_check(const core *c, char *msg, size_t msg_len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVS_CORE_H */

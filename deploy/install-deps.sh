@@ -1,0 +1,21 @@
+#!/bin/sh
+# Installs the Debian packages kvshare builds and tests with.  Run as root.
+# Called by `make` when pkg-config cannot find a dependency.
+set -eu
+PKGS="build-essential pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler \
+liburing-dev libcmocka-dev libxxhash-dev python3 python3-numpy"
+missing=""
+for p in $PKGS; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+[ -z "$missing" ] && exit 0
+if [ "$(id -u)" != 0 ]; then
+  echo "kvshare: missing packages:$missing" >&2
+  echo "kvshare: run 'sudo deploy/install-deps.sh' (or install them with apt-get) and retry" >&2
+  exit 1
+fi
+echo "kvshare: installing:$missing" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -q >&2
+# shellcheck disable=SC2086
+apt-get install -y -q --no-install-recommends $missing >&2

@@ -1,0 +1,2 @@
+# gpu/: kernels, their CPU twins, CUDA pool export/import.
+GPU_OBJS :=

@@ -1,0 +1,2 @@
+# shm/: the layout header (kvs_layout.h) and what processes share.
+SHM_OBJS :=
