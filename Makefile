@@ -22,7 +22,7 @@ endif
 CC      ?= cc
 PKG_CONFIG ?= pkg-config
 PYTHON  ?= /usr/bin/python3
-PKGS    := libuv libprotobuf-c liburing cmocka libxxhash
+PKGS    := libuv libprotobuf-c liburing cmocka libxxhash jansson
 
 ifeq ($(V),1)
 Q :=

@@ -3,7 +3,7 @@
 # Called by `make` when pkg-config cannot find a dependency.
 set -eu
 PKGS="build-essential pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler \
-liburing-dev libcmocka-dev libxxhash-dev python3 python3-numpy"
+liburing-dev libcmocka-dev libxxhash-dev libjansson-dev python3 python3-numpy"
 missing=""
 for p in $PKGS; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
