@@ -133,8 +133,11 @@ int core_append(core *c, core_req *r, uint32_t n, core_cow *cow);
 int core_commit(core *c, core_req *r, uint32_t start, const uint32_t *tokens,
                 uint32_t n, uint32_t *sealed);
 
-/* A child sharing every block of r (ref + 1 each), with r's tokens and
- * state.  KVS_ENOMEM. */
+/* A child sharing every block of r (ref + 1 each), with r's tokens, salt and
+ * state.  Every slot of r must be written (committed) first, so that a shared
+ * block is never written by two requests: KVS_ESTATE otherwise.  The first
+ * append/allocate of either into their shared partial last block gets a
+ * private copy (core_cow).  KVS_ENOMEM. */
 int core_fork(core *c, core_req *r, core_req **child);
 
 /* Releases every block of r tail-first and empties it; the request stays

@@ -1,0 +1,568 @@
+/*
+ * core.c — requests and their operations over the block pool, the prefix
+ * index and the eviction policy.  See core.h for the semantics.
+ *
+ * Every operation validates and reserves memory first and only then changes
+ * state, so an error leaves the core exactly as it was.
+ */
+#include <assert.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "core_int.h"
+
+static const core_policy *const policies[] = {&core_policy_lru};
+
+static inline int h_eq(kvs_hash128 a, kvs_hash128 b) {
+  return a.lo == b.lo && a.hi == b.hi;
+}
+
+static inline kvs_hash128 blk_hash(const core *c, kvs_hash128 parent,
+                                   kvs_hash128 salt, const uint32_t *tokens) {
+  if (c->cfg.hash_fn != NULL)
+    return c->cfg.hash_fn(parent, salt, tokens, c->cfg.block_size,
+                          c->cfg.hash_arg);
+  return core_block_hash(parent, salt, tokens, c->cfg.block_size);
+}
+
+static inline uint32_t *btok(const core *c, uint32_t b) {
+  return c->btok + (size_t)b * c->cfg.block_size;
+}
+
+static inline uint32_t div_up(uint64_t a, uint32_t b) {
+  return (uint32_t)((a + b - 1) / b);
+}
+
+void core_config_init(core_config *cfg) {
+  memset(cfg, 0, sizeof(*cfg));
+  cfg->block_size = 16;
+  cfg->verify_tokens = 1;
+  cfg->policy = "lru";
+}
+
+int core_create(const core_config *cfg, core **out) {
+  const core_policy *pol = NULL;
+  const char *pname = cfg->policy != NULL ? cfg->policy : "lru";
+  *out = NULL;
+  for (size_t i = 0; i < sizeof(policies) / sizeof(policies[0]); i++)
+    if (strcmp(policies[i]->name, pname) == 0)
+      pol = policies[i];
+  if (pol == NULL || cfg->num_blocks == 0 ||
+      cfg->num_blocks >= KVS_BLOCK_NONE || cfg->block_size == 0 ||
+      cfg->block_size > 65536 || cfg->reserve_blocks >= cfg->num_blocks)
+    return KVS_EINVAL;
+
+  core *c = calloc(1, sizeof(*c));
+  if (c == NULL)
+    return KVS_ENOMEM;
+  c->cfg = *cfg;
+  c->cfg.policy = pol->name;
+  c->policy = pol;
+  c->blocks = calloc(cfg->num_blocks, sizeof(*c->blocks));
+  c->btok = malloc((size_t)cfg->num_blocks * cfg->block_size * sizeof(uint32_t));
+  if (c->blocks == NULL || c->btok == NULL ||
+      hidx_init(&c->index, cfg->num_blocks) != 0)
+    goto fail;
+  c->fq_head = c->fq_tail = KVS_BLOCK_NONE;
+  for (uint32_t b = 0; b < cfg->num_blocks; b++)
+    pool_fq_push_tail(c, b);
+  *out = c;
+  return 0;
+fail:
+  hidx_destroy(&c->index);
+  free(c->btok);
+  free(c->blocks);
+  free(c);
+  return KVS_ENOMEM;
+}
+
+static void req_release_blocks(core *c, core_req *r);
+
+void core_destroy(core *c) {
+  if (c == NULL)
+    return;
+  while (c->reqs != NULL)
+    core_req_free(c, c->reqs);
+  hidx_destroy(&c->index);
+  free(c->btok);
+  free(c->blocks);
+  free(c);
+}
+
+/* ---- blocks ------------------------------------------------------------ */
+
+/* Takes the policy's victim off the free queue; a CACHED victim loses its
+ * hash (an eviction).  Caller has checked the queue holds enough blocks. */
+static uint32_t blk_take(core *c) {
+  uint32_t b = c->policy->victim(c);
+  blk *x = &c->blocks[b];
+  if (x->indexed) {
+    hidx_remove(&c->index, x->hash);
+    x->indexed = 0;
+    c->ncached--;
+    c->st.evictions++;
+  }
+  x->sealed = 0;
+  x->ref = 1;
+  c->st.allocated_blocks++;
+  return b;
+}
+
+/* A lookup hit: one more holder of b. */
+static void blk_hit(core *c, uint32_t b) {
+  blk *x = &c->blocks[b];
+  if (x->ref == 0) {
+    c->policy->take(c, b);
+    c->ncached--;
+  }
+  x->ref++;
+}
+
+static void blk_put(core *c, uint32_t b) {
+  blk *x = &c->blocks[b];
+  assert(x->ref > 0);
+  if (--x->ref > 0)
+    return;
+  if (x->indexed) {
+    c->ncached++;
+    c->policy->release(c, b, 1);
+  } else {
+    x->sealed = 0;
+    c->policy->release(c, b, 0);
+  }
+}
+
+/* ---- requests ---------------------------------------------------------- */
+
+static int grow(uint32_t **arr, uint32_t *cap, uint64_t need) {
+  if (need <= *cap)
+    return 0;
+  if (need > UINT32_MAX)
+    return KVS_ERANGE;
+  uint64_t n = *cap ? *cap : 16;
+  while (n < need)
+    n *= 2;
+  if (n > UINT32_MAX)
+    n = UINT32_MAX;
+  uint32_t *p = realloc(*arr, n * sizeof(uint32_t));
+  if (p == NULL)
+    return KVS_ENOMEM;
+  *arr = p;
+  *cap = (uint32_t)n;
+  return 0;
+}
+
+int core_req_create(core *c, const void *salt, size_t salt_len,
+                    core_req **out) {
+  core_req *r = calloc(1, sizeof(*r));
+  *out = NULL;
+  if (r == NULL)
+    return KVS_ENOMEM;
+  if (salt != NULL && salt_len > 0) {
+    XXH128_hash_t s = XXH3_128bits(salt, salt_len);
+    r->salt.lo = s.low64;
+    r->salt.hi = s.high64;
+  }
+  r->chain = c->cfg.root;
+  r->next = c->reqs;
+  if (c->reqs != NULL)
+    c->reqs->prev = r;
+  c->reqs = r;
+  c->nreqs++;
+  *out = r;
+  return 0;
+}
+
+static void req_release_blocks(core *c, core_req *r) {
+  for (uint32_t i = r->nblocks; i-- > 0;)
+    blk_put(c, r->blocks[i]);
+  r->nblocks = 0;
+  r->slots = r->written = r->sealed = 0;
+  r->chain = c->cfg.root;
+}
+
+void core_req_free(core *c, core_req *r) {
+  req_release_blocks(c, r);
+  if (r->prev != NULL)
+    r->prev->next = r->next;
+  else
+    c->reqs = r->next;
+  if (r->next != NULL)
+    r->next->prev = r->prev;
+  c->nreqs--;
+  free(r->blocks);
+  free(r->tokens);
+  free(r);
+}
+
+int core_preempt(core *c, core_req *r) {
+  req_release_blocks(c, r);
+  return 0;
+}
+
+int core_lookup(core *c, core_req *r, const uint32_t *tokens, uint32_t n,
+                uint32_t *hit_tokens) {
+  const uint32_t bs = c->cfg.block_size;
+  int rc;
+  *hit_tokens = 0;
+  if (r->nblocks != 0 || r->slots != 0)
+    return KVS_ESTATE;
+  if (n > 0 && tokens == NULL)
+    return KVS_EINVAL;
+  uint32_t full = n > 0 ? (n - 1) / bs : 0;
+  if ((rc = grow(&r->tokens, &r->cap_tokens, n)) != 0 ||
+      (rc = grow(&r->blocks, &r->cap_blocks, full)) != 0)
+    return rc;
+
+  kvs_hash128 parent = c->cfg.root;
+  uint32_t hits = 0;
+  for (; hits < full; hits++) {
+    const uint32_t *t = tokens + (size_t)hits * bs;
+    kvs_hash128 h = blk_hash(c, parent, r->salt, t);
+    uint32_t b = hidx_find(&c->index, h);
+    if (b == KVS_BLOCK_NONE)
+      break;
+    if (c->cfg.verify_tokens &&
+        memcmp(btok(c, b), t, (size_t)bs * sizeof(uint32_t)) != 0) {
+      c->st.collisions++;
+      break;
+    }
+    r->blocks[hits] = b; /* acquired below, once the walk is done */
+    parent = h;
+  }
+  for (uint32_t i = 0; i < hits; i++)
+    blk_hit(c, r->blocks[i]);
+  if (n > 0)
+    memcpy(r->tokens, tokens, (size_t)n * sizeof(uint32_t));
+  r->known = n;
+  r->nblocks = r->sealed = hits;
+  r->slots = r->written = hits * bs;
+  r->chain = parent;
+
+  c->st.lookups++;
+  c->st.query_tokens += n;
+  c->st.hit_tokens += (uint64_t)hits * bs;
+  c->st.hit_blocks += hits;
+  c->st.miss_blocks += full - hits;
+  *hit_tokens = hits * bs;
+  return 0;
+}
+
+static int alloc_common(core *c, core_req *r, uint32_t n, core_cow *cow,
+                        uint32_t reserve) {
+  const uint32_t bs = c->cfg.block_size;
+  int rc;
+  if (cow != NULL)
+    cow->src = cow->dst = KVS_BLOCK_NONE;
+  if (n == 0)
+    return 0;
+  uint64_t end = (uint64_t)r->slots + n;
+  if (end > UINT32_MAX - bs)
+    return KVS_ERANGE;
+  int need_cow = (r->slots % bs) != 0 &&
+                 c->blocks[r->blocks[r->nblocks - 1]].ref > 1;
+  uint32_t new_blocks = div_up(end, bs) - r->nblocks;
+  uint64_t need = (uint64_t)new_blocks + (uint64_t)need_cow;
+  if (need_cow && cow == NULL)
+    return KVS_EINVAL;
+  if ((uint64_t)c->fq_len < need + reserve) {
+    c->st.no_space++;
+    return KVS_ENOSPC;
+  }
+  if ((rc = grow(&r->blocks, &r->cap_blocks, (uint64_t)r->nblocks + new_blocks)) != 0)
+    return rc;
+  if (need_cow) {
+    uint32_t last = r->nblocks - 1;
+    uint32_t src = r->blocks[last];
+    uint32_t dst = blk_take(c);
+    blk_put(c, src); /* ref > 1: stays in use by its other holders */
+    r->blocks[last] = dst;
+    cow->src = src;
+    cow->dst = dst;
+    c->st.cow_copies++;
+  }
+  for (uint32_t i = 0; i < new_blocks; i++)
+    r->blocks[r->nblocks++] = blk_take(c);
+  r->slots = (uint32_t)end;
+  return 0;
+}
+
+int core_allocate(core *c, core_req *r, uint32_t n, core_cow *cow) {
+  return alloc_common(c, r, n, cow, c->cfg.reserve_blocks);
+}
+
+int core_append(core *c, core_req *r, uint32_t n, core_cow *cow) {
+  return alloc_common(c, r, n, cow, 0);
+}
+
+/* Seal blocks [r->sealed, full) of r, whose tokens are all known. */
+static uint32_t seal_blocks(core *c, core_req *r, uint32_t full) {
+  const uint32_t bs = c->cfg.block_size;
+  uint32_t n = 0;
+  for (uint32_t i = r->sealed; i < full; i++) {
+    const uint32_t *t = r->tokens + (size_t)i * bs;
+    kvs_hash128 h = blk_hash(c, r->chain, r->salt, t);
+    uint32_t b = r->blocks[i];
+    blk *x = &c->blocks[b];
+    r->chain = h;
+    if (x->sealed) /* shared with a fork sibling that sealed it (same hash:
+                      checked by the caller) */
+      continue;
+    x->hash = h;
+    x->sealed = 1;
+    memcpy(btok(c, b), t, (size_t)bs * sizeof(uint32_t));
+    uint32_t other = hidx_find(&c->index, h);
+    if (other == KVS_BLOCK_NONE) {
+      hidx_insert(&c->index, h, b);
+      x->indexed = 1;
+    } else {
+      c->st.duplicate_blocks++;
+      if (memcmp(btok(c, other), t, (size_t)bs * sizeof(uint32_t)) != 0)
+        c->st.collisions++;
+    }
+    c->st.sealed_blocks++;
+    n++;
+  }
+  r->sealed = full;
+  return n;
+}
+
+/* Would sealing up to `full` with the request's (future) tokens meet a block
+ * already sealed with another hash?  tokens/start describe the commit. */
+static int seal_conflicts(const core *c, const core_req *r, uint32_t full,
+                          const uint32_t *tokens, uint32_t start) {
+  const uint32_t bs = c->cfg.block_size;
+  int any = 0;
+  for (uint32_t i = r->sealed; i < full && !any; i++)
+    any = c->blocks[r->blocks[i]].sealed;
+  if (!any)
+    return 0;
+  uint32_t *tmp = malloc((size_t)bs * sizeof(uint32_t));
+  if (tmp == NULL)
+    return KVS_ENOMEM;
+  kvs_hash128 parent = r->chain;
+  int rc = 0;
+  for (uint32_t i = r->sealed; i < full && rc == 0; i++) {
+    for (uint32_t k = 0; k < bs; k++) {
+      uint32_t p = i * bs + k;
+      tmp[k] = p < r->known ? r->tokens[p] : tokens[p - start];
+    }
+    kvs_hash128 h = blk_hash(c, parent, r->salt, tmp);
+    const blk *x = &c->blocks[r->blocks[i]];
+    if (x->sealed && !h_eq(x->hash, h))
+      rc = KVS_EMISMATCH;
+    parent = h;
+  }
+  free(tmp);
+  return rc;
+}
+
+int core_commit(core *c, core_req *r, uint32_t start, const uint32_t *tokens,
+                uint32_t n, uint32_t *sealed) {
+  const uint32_t bs = c->cfg.block_size;
+  int rc;
+  if (sealed != NULL)
+    *sealed = 0;
+  if (start > r->written)
+    return KVS_ERANGE;
+  uint64_t end = (uint64_t)start + n;
+  if (end > r->slots)
+    return KVS_ERANGE;
+  if (tokens == NULL) {
+    if (end > r->known)
+      return KVS_EINVAL;
+  } else {
+    for (uint32_t p = start; p < end && p < r->known; p++)
+      if (r->tokens[p] != tokens[p - start])
+        return KVS_EMISMATCH;
+  }
+  uint32_t new_written = end > r->written ? (uint32_t)end : r->written;
+  uint32_t full = new_written / bs;
+  if ((rc = grow(&r->tokens, &r->cap_tokens, end)) != 0)
+    return rc;
+  if ((rc = seal_conflicts(c, r, full, tokens, start)) != 0)
+    return rc;
+  if (tokens != NULL && end > r->known) {
+    memcpy(r->tokens + r->known, tokens + (r->known - start),
+           (size_t)(end - r->known) * sizeof(uint32_t));
+    r->known = (uint32_t)end;
+  }
+  r->written = new_written;
+  uint32_t s = seal_blocks(c, r, full);
+  if (sealed != NULL)
+    *sealed = s;
+  return 0;
+}
+
+int core_fork(core *c, core_req *r, core_req **child) {
+  core_req *k;
+  int rc;
+  *child = NULL;
+  if (r->written != r->slots)
+    return KVS_ESTATE; /* unwritten slots would be written by both */
+  if ((rc = core_req_create(c, NULL, 0, &k)) != 0)
+    return rc;
+  if ((rc = grow(&k->blocks, &k->cap_blocks, r->nblocks)) != 0 ||
+      (rc = grow(&k->tokens, &k->cap_tokens, r->known)) != 0) {
+    core_req_free(c, k);
+    return rc;
+  }
+  if (r->nblocks)
+    memcpy(k->blocks, r->blocks, (size_t)r->nblocks * sizeof(uint32_t));
+  if (r->known)
+    memcpy(k->tokens, r->tokens, (size_t)r->known * sizeof(uint32_t));
+  for (uint32_t i = 0; i < r->nblocks; i++)
+    c->blocks[r->blocks[i]].ref++; /* held by r already: in use, off queue */
+  k->nblocks = r->nblocks;
+  k->known = r->known;
+  k->slots = r->slots;
+  k->written = r->written;
+  k->sealed = r->sealed;
+  k->chain = r->chain;
+  k->salt = r->salt;
+  *child = k;
+  return 0;
+}
+
+uint32_t core_req_num_slots(const core_req *r) { return r->slots; }
+uint32_t core_req_num_known(const core_req *r) { return r->known; }
+uint32_t core_req_num_written(const core_req *r) { return r->written; }
+uint32_t core_req_num_sealed(const core_req *r) { return r->sealed; }
+const uint32_t *core_req_blocks(const core_req *r, uint32_t *n) {
+  *n = r->nblocks;
+  return r->blocks;
+}
+void core_req_set_udata(core_req *r, void *udata) { r->udata = udata; }
+void *core_req_udata(const core_req *r) { return r->udata; }
+
+int core_block_get(const core *c, uint32_t b, core_block_info *info) {
+  if (b >= c->cfg.num_blocks)
+    return KVS_ERANGE;
+  const blk *x = &c->blocks[b];
+  info->ref = x->ref;
+  info->indexed = x->indexed;
+  info->hash = x->hash;
+  info->state = x->ref > 0     ? CORE_BLOCK_IN_USE
+                : x->indexed ? CORE_BLOCK_CACHED
+                             : CORE_BLOCK_FREE;
+  return 0;
+}
+
+void core_get_stats(const core *c, core_stats *st) {
+  *st = c->st;
+  st->num_blocks = c->cfg.num_blocks;
+  st->cached_blocks = c->ncached;
+  st->free_blocks = c->fq_len - c->ncached;
+  st->used_blocks = c->cfg.num_blocks - c->fq_len;
+  st->num_requests = c->nreqs;
+}
+
+/* ---- invariant check --------------------------------------------------- */
+
+#define FAIL(...)                                  \
+  do {                                             \
+    if (msg != NULL && msg_len > 0)                \
+      snprintf(msg, msg_len, __VA_ARGS__);         \
+    rc = KVS_EINTERNAL;                            \
+    goto out;                                      \
+  } while (0)
+
+int core_check(const core *c, char *msg, size_t msg_len) {
+  const uint32_t nb = c->cfg.num_blocks, bs = c->cfg.block_size;
+  int rc = 0;
+  uint32_t *holders = calloc(nb, sizeof(uint32_t));
+  if (holders == NULL)
+    return KVS_ENOMEM;
+  if (msg != NULL && msg_len > 0)
+    msg[0] = '\0';
+
+  uint32_t nreqs = 0;
+  for (const core_req *r = c->reqs; r != NULL; r = r->next, nreqs++) {
+    if (r->next != NULL && r->next->prev != r)
+      FAIL("request list broken after request %u", nreqs);
+    if (r->nblocks != div_up(r->slots, bs))
+      FAIL("request %u: %u blocks for %u slots", nreqs, r->nblocks, r->slots);
+    if (r->written > r->slots || r->written > r->known)
+      FAIL("request %u: written %u > slots %u or known %u", nreqs, r->written,
+           r->slots, r->known);
+    if (r->sealed != r->written / bs)
+      FAIL("request %u: %u sealed blocks, %u written tokens", nreqs, r->sealed,
+           r->written);
+    kvs_hash128 parent = c->cfg.root;
+    for (uint32_t i = 0; i < r->nblocks; i++) {
+      uint32_t b = r->blocks[i];
+      if (b >= nb)
+        FAIL("request %u slot %u: block %u out of range", nreqs, i, b);
+      holders[b]++;
+      if (i < r->sealed) {
+        const blk *x = &c->blocks[b];
+        kvs_hash128 h = blk_hash(c, parent, r->salt, r->tokens + (size_t)i * bs);
+        if (!x->sealed || !h_eq(x->hash, h))
+          FAIL("request %u: sealed block %u (index %u) has the wrong hash",
+               nreqs, b, i);
+        parent = h;
+      }
+    }
+    if (!h_eq(parent, r->chain))
+      FAIL("request %u: chain hash does not match its last sealed block", nreqs);
+  }
+  if (nreqs != c->nreqs)
+    FAIL("%u requests listed, %u counted", nreqs, c->nreqs);
+
+  uint32_t ref0 = 0, indexed = 0, cached = 0;
+  for (uint32_t b = 0; b < nb; b++) {
+    const blk *x = &c->blocks[b];
+    if (x->ref != holders[b])
+      FAIL("block %u: ref %u but %u holders", b, x->ref, holders[b]);
+    if ((x->ref == 0) != (x->on_queue != 0))
+      FAIL("block %u: ref %u but %s the free queue", b, x->ref,
+           x->on_queue ? "on" : "off");
+    if (x->indexed && !x->sealed)
+      FAIL("block %u: indexed but not sealed", b);
+    if (x->ref == 0 && !x->indexed && x->sealed)
+      FAIL("block %u: FREE but still sealed", b);
+    if (x->indexed) {
+      indexed++;
+      if (hidx_find(&c->index, x->hash) != b)
+        FAIL("block %u: indexed but the index does not point at it", b);
+    }
+    ref0 += x->ref == 0;
+    cached += x->ref == 0 && x->indexed;
+  }
+  if (indexed != c->index.count)
+    FAIL("%u indexed blocks, index holds %u", indexed, c->index.count);
+  if (cached != c->ncached)
+    FAIL("%u cached blocks, counter says %u", cached, c->ncached);
+  if (ref0 != c->fq_len)
+    FAIL("%u blocks with ref 0, free queue length %u", ref0, c->fq_len);
+
+  uint32_t n = 0, prev = KVS_BLOCK_NONE;
+  for (uint32_t b = c->fq_head; b != KVS_BLOCK_NONE; b = c->blocks[b].next) {
+    if (b >= nb || n > nb)
+      FAIL("free queue: bad link to %u", b);
+    if (c->blocks[b].prev != prev)
+      FAIL("free queue: block %u prev %u, expected %u", b, c->blocks[b].prev,
+           prev);
+    if (!c->blocks[b].on_queue)
+      FAIL("free queue: block %u not marked on queue", b);
+    prev = b;
+    n++;
+  }
+  if (prev != c->fq_tail || n != c->fq_len)
+    FAIL("free queue: %u linked, length %u, tail mismatch", n, c->fq_len);
+
+  for (uint64_t i = 0; i <= c->index.mask; i++) {
+    const hidx_entry *e = &c->index.slots[i];
+    if (e->b == KVS_BLOCK_NONE)
+      continue;
+    if (e->b >= nb || !c->blocks[e->b].indexed ||
+        !h_eq(c->blocks[e->b].hash, e->h))
+      FAIL("index slot %llu: points at block %u which does not hold its hash",
+           (unsigned long long)i, e->b);
+  }
+out:
+  free(holders);
+  return rc;
+}

@@ -1,0 +1,523 @@
+/*
+ * test_core.c — the core's request operations, scenario by scenario.  Every
+ * test ends with the pool invariant check and, once all requests are freed,
+ * every block back on the free queue.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "daemon/core/core.h"
+
+#define BS 4
+
+static core *mk(uint32_t nblocks, uint32_t reserve) {
+  core_config cfg;
+  core *c;
+  core_config_init(&cfg);
+  cfg.num_blocks = nblocks;
+  cfg.block_size = BS;
+  cfg.reserve_blocks = reserve;
+  kvs_layout l = {BS, 2, 2, 8, KVS_DTYPE_FP16, nblocks, 0};
+  cfg.root = core_root_hash(&l, "test-model");
+  assert_int_equal(core_create(&cfg, &c), 0);
+  return c;
+}
+
+static void check(core *c) {
+  char msg[256];
+  int rc = core_check(c, msg, sizeof(msg));
+  if (rc != 0)
+    fail_msg("invariant: %s", msg);
+}
+
+/* Frees nothing: checks that the core has no request and every block is back
+ * on the free queue, then destroys it. */
+static void finish(core *c) {
+  core_stats st;
+  check(c);
+  core_get_stats(c, &st);
+  assert_int_equal(st.num_requests, 0);
+  assert_int_equal(st.used_blocks, 0);
+  assert_int_equal(st.free_blocks + st.cached_blocks, st.num_blocks);
+  core_destroy(c);
+}
+
+static void seq(uint32_t *t, uint32_t n, uint32_t base) {
+  for (uint32_t i = 0; i < n; i++)
+    t[i] = base + i;
+}
+
+/* create + lookup + allocate the rest + commit it all. */
+static core_req *prefill(core *c, const uint32_t *t, uint32_t n,
+                         uint32_t *hit) {
+  core_req *r;
+  core_cow cow;
+  uint32_t h;
+  assert_int_equal(core_req_create(c, NULL, 0, &r), 0);
+  assert_int_equal(core_lookup(c, r, t, n, &h), 0);
+  assert_int_equal(core_allocate(c, r, n - h, &cow), 0);
+  assert_int_equal(cow.src, KVS_BLOCK_NONE);
+  assert_int_equal(core_commit(c, r, h, NULL, n - h, NULL), 0);
+  if (hit)
+    *hit = h;
+  return r;
+}
+
+static void test_share_prefix(void **state) {
+  (void)state;
+  core *c = mk(32, 0);
+  uint32_t t[18], hit, n1, n2;
+  seq(t, 18, 100);
+  core_req *a = prefill(c, t, 18, &hit);
+  assert_int_equal(hit, 0);
+  assert_int_equal(core_req_num_sealed(a), 4);
+  const uint32_t *ba = core_req_blocks(a, &n1);
+  assert_int_equal(n1, 5);
+
+  core_req *b = prefill(c, t, 18, &hit);
+  assert_int_equal(hit, 16); /* 4 full blocks; the partial one is private */
+  const uint32_t *bb = core_req_blocks(b, &n2);
+  assert_int_equal(n2, 5);
+  for (int i = 0; i < 4; i++) {
+    core_block_info bi;
+    assert_int_equal(bb[i], ba[i]);
+    assert_int_equal(core_block_get(c, bb[i], &bi), 0);
+    assert_int_equal(bi.ref, 2);
+    assert_int_equal(bi.state, CORE_BLOCK_IN_USE);
+  }
+  assert_int_not_equal(bb[4], ba[4]);
+  core_stats st;
+  core_get_stats(c, &st);
+  assert_int_equal(st.hit_blocks, 4);
+  assert_int_equal(st.miss_blocks, 4);
+  assert_int_equal(st.hit_tokens, 16);
+  assert_int_equal(st.query_tokens, 36);
+  assert_int_equal(st.used_blocks, 6);
+  check(c);
+  core_req_free(c, a);
+  core_req_free(c, b);
+  core_get_stats(c, &st);
+  assert_int_equal(st.cached_blocks, 4);
+  assert_int_equal(st.free_blocks, 28);
+  finish(c);
+}
+
+static void test_last_token_never_cached(void **state) {
+  (void)state;
+  core *c = mk(16, 0);
+  uint32_t t[8], hit;
+  seq(t, 8, 7);
+  core_req *a = prefill(c, t, 8, &hit);
+  core_req_free(c, a);
+  /* The same 8 tokens: both blocks are cached, but the last token must be
+   * computed, so only the first block hits. */
+  core_req *b = prefill(c, t, 8, &hit);
+  assert_int_equal(hit, 4);
+  core_req_free(c, b);
+  /* One more token: both blocks hit. */
+  uint32_t u[9];
+  seq(u, 9, 7);
+  core_req *d = prefill(c, u, 9, &hit);
+  assert_int_equal(hit, 8);
+  core_req_free(c, d);
+  /* A one-token prompt never hits. */
+  core_req *e = prefill(c, u, 1, &hit);
+  assert_int_equal(hit, 0);
+  core_req_free(c, e);
+  finish(c);
+}
+
+static void test_nospace_changes_nothing(void **state) {
+  (void)state;
+  core *c = mk(4, 0);
+  uint32_t t[12], hit, n;
+  core_req *r;
+  core_cow cow;
+  core_stats before, after;
+  seq(t, 12, 1);
+  core_req *a = prefill(c, t, 12, &hit); /* 3 blocks */
+  assert_int_equal(core_req_create(c, NULL, 0, &r), 0);
+  core_get_stats(c, &before);
+  assert_int_equal(core_allocate(c, r, 5, &cow), KVS_ENOSPC); /* needs 2 */
+  core_get_stats(c, &after);
+  assert_int_equal(after.no_space, before.no_space + 1);
+  after.no_space = before.no_space;
+  assert_memory_equal(&before, &after, sizeof(before));
+  core_req_blocks(r, &n);
+  assert_int_equal(n, 0);
+  assert_int_equal(core_req_num_slots(r), 0);
+  assert_int_equal(core_allocate(c, r, 4, &cow), 0); /* exactly the last */
+  assert_int_equal(core_append(c, r, 1, &cow), KVS_ENOSPC);
+  check(c);
+  core_req_free(c, a);
+  core_req_free(c, r);
+  finish(c);
+}
+
+static void test_reserve_watermark(void **state) {
+  (void)state;
+  core *c = mk(6, 2);
+  core_req *r;
+  core_cow cow;
+  assert_int_equal(core_req_create(c, NULL, 0, &r), 0);
+  assert_int_equal(core_allocate(c, r, 4 * BS + 1, &cow), KVS_ENOSPC);
+  assert_int_equal(core_allocate(c, r, 4 * BS, &cow), 0); /* leaves 2 */
+  assert_int_equal(core_allocate(c, r, 1, &cow), KVS_ENOSPC);
+  assert_int_equal(core_append(c, r, 1, &cow), 0);  /* decode may use it */
+  assert_int_equal(core_append(c, r, BS - 1, &cow), 0); /* same block */
+  assert_int_equal(core_append(c, r, 1, &cow), 0);
+  assert_int_equal(core_append(c, r, BS, &cow), KVS_ENOSPC);
+  assert_int_equal(core_req_num_slots(r), 6 * BS - BS + 1);
+  check(c);
+  core_req_free(c, r);
+  finish(c);
+}
+
+static void test_append_decode(void **state) {
+  (void)state;
+  core *c = mk(8, 0);
+  uint32_t t[6], hit, n, tok;
+  core_cow cow;
+  seq(t, 6, 50);
+  core_req *r = prefill(c, t, 6, &hit);
+  core_req_blocks(r, &n);
+  assert_int_equal(n, 2);
+  for (uint32_t i = 0; i < 10; i++) {
+    uint32_t pos = core_req_num_slots(r);
+    assert_int_equal(core_append(c, r, 1, &cow), 0);
+    core_req_blocks(r, &n);
+    assert_int_equal(n, pos / BS + 1); /* a new block exactly at a boundary */
+    tok = 1000 + i;
+    assert_int_equal(core_commit(c, r, pos, &tok, 1, NULL), 0);
+    assert_int_equal(core_req_num_sealed(r), (pos + 1) / BS);
+  }
+  /* The decoded sequence is now a cached prefix for another request. */
+  uint32_t full[16];
+  memcpy(full, t, sizeof(t));
+  for (uint32_t i = 0; i < 10; i++)
+    full[6 + i] = 1000 + i;
+  core_req *d;
+  assert_int_equal(core_req_create(c, NULL, 0, &d), 0);
+  assert_int_equal(core_lookup(c, d, full, 16, &hit), 0);
+  assert_int_equal(hit, 12);
+  check(c);
+  core_req_free(c, r);
+  core_req_free(c, d);
+  finish(c);
+}
+
+static void test_commit_errors(void **state) {
+  (void)state;
+  core *c = mk(8, 0);
+  uint32_t t[10], bad[10], s;
+  core_req *r;
+  core_cow cow;
+  seq(t, 10, 5);
+  assert_int_equal(core_req_create(c, NULL, 0, &r), 0);
+  assert_int_equal(core_lookup(c, r, t, 6, &s), 0);
+  assert_int_equal(core_allocate(c, r, 6, &cow), 0);
+  /* a gap: nothing written yet, so start must be 0 */
+  assert_int_equal(core_commit(c, r, 2, t + 2, 2, NULL), KVS_ERANGE);
+  /* positions without a slot: not written by this request */
+  assert_int_equal(core_commit(c, r, 0, t, 7, NULL), KVS_ERANGE);
+  /* unknown tokens with tokens == NULL */
+  assert_int_equal(core_append(c, r, 2, &cow), 0);
+  assert_int_equal(core_commit(c, r, 0, NULL, 7, NULL), KVS_EINVAL);
+  /* tokens that differ from the prompt the lookup gave */
+  memcpy(bad, t, sizeof(t));
+  bad[3] ^= 1;
+  assert_int_equal(core_commit(c, r, 0, bad, 6, NULL), KVS_EMISMATCH);
+  assert_int_equal(core_req_num_written(r), 0);
+  assert_int_equal(core_req_num_sealed(r), 0);
+  /* now properly, in two steps, and idempotently */
+  assert_int_equal(core_commit(c, r, 0, NULL, 3, &s), 0);
+  assert_int_equal(s, 0);
+  assert_int_equal(core_commit(c, r, 0, t, 6, &s), 0);
+  assert_int_equal(s, 1);
+  assert_int_equal(core_commit(c, r, 6, t + 6, 2, &s), 0);
+  assert_int_equal(s, 1);
+  assert_int_equal(core_commit(c, r, 7, bad + 7, 1, NULL), 0); /* same token */
+  bad[7] ^= 2;
+  assert_int_equal(core_commit(c, r, 7, bad + 7, 1, NULL), KVS_EMISMATCH);
+  /* lookup on a non-empty request */
+  assert_int_equal(core_lookup(c, r, t, 6, &s), KVS_ESTATE);
+  check(c);
+  core_req_free(c, r);
+  finish(c);
+}
+
+static void test_fork_cow(void **state) {
+  (void)state;
+  core *c = mk(16, 0);
+  uint32_t t[6], hit, n, tok;
+  core_cow cow;
+  core_block_info bi;
+  core_req *k;
+  seq(t, 6, 70);
+  core_req *p = prefill(c, t, 6, &hit); /* one full block + 2 tokens */
+  uint32_t partial = core_req_blocks(p, &n)[1];
+  assert_int_equal(core_fork(c, p, &k), 0);
+  const uint32_t *bk = core_req_blocks(k, &n);
+  assert_int_equal(n, 2);
+  assert_int_equal(bk[1], partial);
+  assert_int_equal(core_block_get(c, partial, &bi), 0);
+  assert_int_equal(bi.ref, 2);
+  /* the child writes into the shared partial block: it gets a copy */
+  assert_int_equal(core_append(c, k, 1, &cow), 0);
+  assert_int_equal(cow.src, partial);
+  assert_int_not_equal(cow.dst, KVS_BLOCK_NONE);
+  assert_int_equal(core_req_blocks(k, &n)[1], cow.dst);
+  assert_int_equal(core_block_get(c, partial, &bi), 0);
+  assert_int_equal(bi.ref, 1);
+  /* the parent now holds it alone: no copy */
+  assert_int_equal(core_append(c, p, 1, &cow), 0);
+  assert_int_equal(cow.src, KVS_BLOCK_NONE);
+  assert_int_equal(core_req_blocks(p, &n)[1], partial);
+  /* the two diverge: different tokens at position 6 */
+  tok = 1;
+  assert_int_equal(core_commit(c, p, 6, &tok, 1, NULL), 0);
+  tok = 2;
+  assert_int_equal(core_commit(c, k, 6, &tok, 1, NULL), 0);
+  core_stats st;
+  core_get_stats(c, &st);
+  assert_int_equal(st.cow_copies, 1);
+  /* a fork with unwritten slots is refused */
+  core_req *k2;
+  assert_int_equal(core_append(c, p, 1, &cow), 0);
+  assert_int_equal(core_fork(c, p, &k2), KVS_ESTATE);
+  check(c);
+  core_req_free(c, p); /* child first or parent first: both orders work */
+  check(c);
+  core_req_free(c, k);
+  finish(c);
+}
+
+static void test_fork_full_block_sealed_by_both(void **state) {
+  (void)state;
+  core *c = mk(16, 0);
+  uint32_t t[8], hit, s, n;
+  core_cow cow;
+  core_req *p, *k;
+  seq(t, 8, 300);
+  assert_int_equal(core_req_create(c, NULL, 0, &p), 0);
+  assert_int_equal(core_lookup(c, p, t, 3, &hit), 0);
+  assert_int_equal(core_allocate(c, p, 3, &cow), 0);
+  assert_int_equal(core_commit(c, p, 0, NULL, 3, NULL), 0);
+  assert_int_equal(core_fork(c, p, &k), 0);
+  /* both append into the shared partial block: one copies */
+  assert_int_equal(core_append(c, k, 1, &cow), 0);
+  assert_int_not_equal(cow.src, KVS_BLOCK_NONE);
+  assert_int_equal(core_append(c, p, 1, &cow), 0);
+  assert_int_equal(cow.src, KVS_BLOCK_NONE);
+  /* same token in both: two equal blocks, one indexed, one duplicate */
+  assert_int_equal(core_commit(c, p, 3, t + 3, 1, &s), 0);
+  assert_int_equal(s, 1);
+  assert_int_equal(core_commit(c, k, 3, t + 3, 1, &s), 0);
+  assert_int_equal(s, 1);
+  core_stats st;
+  core_get_stats(c, &st);
+  assert_int_equal(st.duplicate_blocks, 1);
+  core_block_info bp, bk;
+  core_block_get(c, core_req_blocks(p, &n)[0], &bp);
+  core_block_get(c, core_req_blocks(k, &n)[0], &bk);
+  assert_true(bp.indexed != bk.indexed);
+  assert_true(bp.hash.lo == bk.hash.lo && bp.hash.hi == bk.hash.hi);
+  core_req_free(c, p);
+  core_req_free(c, k);
+  core_get_stats(c, &st);
+  assert_int_equal(st.cached_blocks, 1);
+  finish(c);
+}
+
+static void test_free_tail_first_eviction(void **state) {
+  (void)state;
+  core *c = mk(4, 0);
+  uint32_t t[13], hit, n;
+  core_cow cow;
+  core_req *r;
+  seq(t, 13, 900);
+  core_req *a = prefill(c, t, 12, &hit); /* 3 full blocks, all sealed */
+  uint32_t blocks[3];
+  memcpy(blocks, core_req_blocks(a, &n), sizeof(blocks));
+  core_req_free(c, a);
+  /* one FREE block is used before any cached one */
+  assert_int_equal(core_req_create(c, NULL, 0, &r), 0);
+  assert_int_equal(core_allocate(c, r, 1, &cow), 0);
+  core_stats st;
+  core_get_stats(c, &st);
+  assert_int_equal(st.evictions, 0);
+  /* the next allocation evicts the chain tail, not its parents */
+  assert_int_equal(core_allocate(c, r, BS, &cow), 0);
+  assert_int_equal(core_req_blocks(r, &n)[1], blocks[2]);
+  core_get_stats(c, &st);
+  assert_int_equal(st.evictions, 1);
+  core_req_free(c, r);
+  core_req *b = prefill(c, t, 13, &hit);
+  assert_int_equal(hit, 8); /* the two parents survived */
+  core_req_free(c, b);
+  finish(c);
+}
+
+static void test_lru_order(void **state) {
+  (void)state;
+  core *c = mk(4, 0);
+  uint32_t x[5], y[5], z[5], hit;
+  seq(x, 5, 10);
+  seq(y, 5, 20);
+  seq(z, 5, 30);
+  core_req_free(c, prefill(c, x, 5, &hit)); /* x: 1 cached block */
+  core_req_free(c, prefill(c, y, 5, &hit)); /* y: 1 cached block */
+  core_req_free(c, prefill(c, x, 5, &hit)); /* touch x: now y is older */
+  assert_int_equal(hit, 4);
+  core_req_free(c, prefill(c, z, 5, &hit));
+  core_req *big;
+  core_cow cow;
+  core_stats st;
+  assert_int_equal(core_req_create(c, NULL, 0, &big), 0);
+  /* 4 blocks: 1 free + 3 cached (y, x, z). Take 2: the free one and y. */
+  assert_int_equal(core_allocate(c, big, 2 * BS, &cow), 0);
+  core_get_stats(c, &st);
+  assert_int_equal(st.evictions, 1);
+  core_req_free(c, big);
+  core_req *r = prefill(c, y, 5, &hit);
+  assert_int_equal(hit, 0);
+  core_req_free(c, r);
+  r = prefill(c, x, 5, &hit);
+  assert_int_equal(hit, 4);
+  core_req_free(c, r);
+  finish(c);
+}
+
+static kvs_hash128 const_hash(kvs_hash128 parent, kvs_hash128 salt,
+                              const uint32_t *tokens, uint32_t n, void *arg) {
+  (void)parent;
+  (void)salt;
+  (void)tokens;
+  (void)n;
+  (void)arg;
+  kvs_hash128 h = {42, 42};
+  return h;
+}
+
+static void test_forced_collision_never_served(void **state) {
+  (void)state;
+  core_config cfg;
+  core *c;
+  core_config_init(&cfg);
+  cfg.num_blocks = 16;
+  cfg.block_size = BS;
+  cfg.hash_fn = const_hash; /* every block has the same hash */
+  assert_int_equal(core_create(&cfg, &c), 0);
+  uint32_t a[5], b[5], hit;
+  seq(a, 5, 1);
+  seq(b, 5, 2);
+  core_req *ra = prefill(c, a, 5, &hit);
+  core_req *rb = prefill(c, b, 5, &hit);
+  assert_int_equal(hit, 0); /* same hash, other tokens: a miss */
+  core_stats st;
+  core_get_stats(c, &st);
+  assert_int_equal(st.collisions, 2); /* at lookup, and again at sealing */
+  core_req *ra2 = prefill(c, a, 5, &hit);
+  assert_int_equal(hit, 4); /* the real owner still hits */
+  check(c);
+  core_req_free(c, ra);
+  core_req_free(c, rb);
+  core_req_free(c, ra2);
+  finish(c);
+}
+
+static void test_salt_isolation(void **state) {
+  (void)state;
+  core *c = mk(16, 0);
+  uint32_t t[9], hit;
+  core_req *r;
+  core_cow cow;
+  seq(t, 9, 3);
+  const char *s1 = "tenant-a", *s2 = "tenant-b";
+  for (int round = 0; round < 3; round++) {
+    const char *salt = round == 1 ? s2 : s1;
+    assert_int_equal(core_req_create(c, salt, strlen(salt), &r), 0);
+    assert_int_equal(core_lookup(c, r, t, 9, &hit), 0);
+    assert_int_equal(hit, round == 2 ? 8 : 0);
+    assert_int_equal(core_allocate(c, r, 9 - hit, &cow), 0);
+    assert_int_equal(core_commit(c, r, hit, NULL, 9 - hit, NULL), 0);
+    core_req_free(c, r);
+  }
+  core_req *plain = prefill(c, t, 9, &hit); /* no salt: no hit either */
+  assert_int_equal(hit, 0);
+  core_req_free(c, plain);
+  finish(c);
+}
+
+static void test_preempt_and_resume(void **state) {
+  (void)state;
+  core *c = mk(8, 0);
+  uint32_t t[10], hit;
+  core_stats st;
+  core_cow cow;
+  seq(t, 10, 40);
+  core_req *r = prefill(c, t, 10, &hit);
+  assert_int_equal(core_preempt(c, r), 0);
+  core_get_stats(c, &st);
+  assert_int_equal(st.used_blocks, 0);
+  assert_int_equal(st.num_requests, 1);
+  check(c);
+  assert_int_equal(core_lookup(c, r, t, 10, &hit), 0);
+  assert_int_equal(hit, 8);
+  assert_int_equal(core_allocate(c, r, 2, &cow), 0);
+  assert_int_equal(core_commit(c, r, 8, NULL, 2, NULL), 0);
+  check(c);
+  core_req_free(c, r);
+  finish(c);
+}
+
+static void test_config_errors(void **state) {
+  (void)state;
+  core_config cfg;
+  core *c;
+  core_config_init(&cfg);
+  cfg.num_blocks = 0;
+  assert_int_equal(core_create(&cfg, &c), KVS_EINVAL);
+  cfg.num_blocks = 8;
+  cfg.policy = "nope";
+  assert_int_equal(core_create(&cfg, &c), KVS_EINVAL);
+  cfg.policy = NULL;
+  cfg.reserve_blocks = 8;
+  assert_int_equal(core_create(&cfg, &c), KVS_EINVAL);
+  cfg.reserve_blocks = 0;
+  cfg.block_size = 0;
+  assert_int_equal(core_create(&cfg, &c), KVS_EINVAL);
+  cfg.block_size = 16;
+  assert_int_equal(core_create(&cfg, &c), 0);
+  core_block_info bi;
+  assert_int_equal(core_block_get(c, 8, &bi), KVS_ERANGE);
+  assert_int_equal(core_block_get(c, 7, &bi), 0);
+  assert_int_equal(bi.state, CORE_BLOCK_FREE);
+  finish(c);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_share_prefix),
+      cmocka_unit_test(test_last_token_never_cached),
+      cmocka_unit_test(test_nospace_changes_nothing),
+      cmocka_unit_test(test_reserve_watermark),
+      cmocka_unit_test(test_append_decode),
+      cmocka_unit_test(test_commit_errors),
+      cmocka_unit_test(test_fork_cow),
+      cmocka_unit_test(test_fork_full_block_sealed_by_both),
+      cmocka_unit_test(test_free_tail_first_eviction),
+      cmocka_unit_test(test_lru_order),
+      cmocka_unit_test(test_forced_collision_never_served),
+      cmocka_unit_test(test_salt_isolation),
+      cmocka_unit_test(test_preempt_and_resume),
+      cmocka_unit_test(test_config_errors),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
