@@ -1,10 +1,544 @@
-#include <stdio.h>
-
+/*
+ * replay.c — `kvshared replay`: the core over a Mooncake-format trace.
+ * See replay.h for what one record does.
+ */
 #include "daemon/replay.h"
 
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+void replay_config_init(replay_config *cfg) {
+  memset(cfg, 0, sizeof(*cfg));
+  cfg->block_size = 16;
+}
+
+static uint64_t replay_div_up(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+
+/*
+ * Full blocks of a prompt of n tokens whose last token lies in trace block k
+ * (tokens [512k, 512(k+1))).  Because ids are chained, (id, position of the
+ * block's last token) names the whole prefix of a block, so per id the blocks
+ * ending inside it form a prefix of a fixed list, and a record covers the
+ * first replay_ends_in() of them.
+ */
+static uint32_t replay_ends_in(uint64_t n, uint32_t k, uint32_t bs) {
+  uint64_t lo = (uint64_t)k * TRACE_BLOCK_TOKENS;
+  uint64_t hi = lo + TRACE_BLOCK_TOKENS < n ? lo + TRACE_BLOCK_TOKENS : n;
+  if (hi <= lo)
+    return 0;
+  return (uint32_t)(hi / bs - lo / bs);
+}
+
+int replay_plan_make(const trace *t, const replay_config *cfg,
+                     replay_plan *plan) {
+  uint32_t bs = cfg->block_size;
+  /* seen[id] = blocks ending in trace block `id` already sealed. */
+  uint32_t *seen = calloc((size_t)t->max_hash_id + 1, sizeof(*seen));
+  uint64_t max_req_blocks = 0, decode_sealed = 0;
+
+  if (seen == NULL)
+    return KVS_ENOMEM;
+  memset(plan, 0, sizeof(*plan));
+  for (size_t i = 0; i < t->num_recs; i++) {
+    const trace_rec *r = &t->recs[i];
+    const uint32_t *ids = trace_rec_hash_ids(t, r);
+    uint64_t n = r->input_length;
+    /* A lookup may hit blocks ending before the last token: the first
+     * (n - 1) / bs blocks, i.e. the full blocks of a prompt of n - 1. */
+    int hitting = 1;
+    for (uint32_t k = 0; k < r->num_hash_ids; k++) {
+      uint32_t avail = replay_ends_in(n - 1, k, bs);
+      if (hitting) {
+        uint32_t got = seen[ids[k]] < avail ? seen[ids[k]] : avail;
+        plan->ideal_hit_tokens += (uint64_t)got * bs;
+        if (got < avail)
+          hitting = 0;
+      }
+    }
+    for (uint32_t k = 0; k < r->num_hash_ids; k++) {
+      uint32_t full = replay_ends_in(n, k, bs);
+      if (full > seen[ids[k]])
+        seen[ids[k]] = full;
+    }
+    plan->query_tokens += n;
+    uint64_t blocks = replay_div_up(n, bs);
+    if (cfg->decode) {
+      uint64_t total = n + r->output_length;
+      blocks = replay_div_up(total, bs);
+      decode_sealed += total / bs - n / bs;
+    }
+    if (blocks > max_req_blocks)
+      max_req_blocks = blocks;
+  }
+  for (uint64_t id = 0; id <= t->max_hash_id; id++)
+    plan->distinct_blocks += seen[id];
+  /* Resident at any time: every sealed block (cached) plus the running
+   * request's blocks. */
+  plan->unlimited_blocks = plan->distinct_blocks + decode_sealed + max_req_blocks;
+  free(seen);
+  return 0;
+}
+
+int replay_pool_blocks(const replay_config *cfg, const replay_plan *plan,
+                       uint32_t *num_blocks) {
+  uint64_t nb;
+  if (cfg->block_size == 0)
+    return KVS_EINVAL;
+  nb = cfg->capacity_tokens ? cfg->capacity_tokens / cfg->block_size
+                            : plan->unlimited_blocks;
+  if (nb == 0 || nb >= KVS_BLOCK_NONE)
+    return KVS_EINVAL;
+  *num_blocks = (uint32_t)nb;
+  return 0;
+}
+
+int replay_core_create(const replay_config *cfg, uint32_t num_blocks,
+                       core **out) {
+  /* The replay has no memory behind its blocks; the layout only seeds the
+   * root hash. */
+  kvs_layout layout = {.block_size = cfg->block_size,
+                       .num_layers = 32,
+                       .num_kv_heads = 8,
+                       .head_dim = 128,
+                       .dtype = KVS_DTYPE_FP16,
+                       .num_blocks = num_blocks};
+  core_config cc;
+  core_config_init(&cc);
+  cc.num_blocks = num_blocks;
+  cc.block_size = cfg->block_size;
+  cc.reserve_blocks = 0;
+  cc.root = core_root_hash(&layout, "kvshared-replay");
+  if (cfg->policy != NULL)
+    cc.policy = cfg->policy;
+  return core_create(&cc, out);
+}
+
+double replay_token_hit_rate(const replay_result *res) {
+  return res->query_tokens ? (double)res->hit_tokens / (double)res->query_tokens
+                           : 0.0;
+}
+
+double replay_block_hit_rate(const replay_result *res) {
+  return res->lookup_blocks
+             ? (double)res->hit_blocks / (double)res->lookup_blocks
+             : 0.0;
+}
+
+static double replay_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void replay_progress(size_t done, size_t total, double t0) {
+  enum { WIDTH = 40 };
+  char bar[WIDTH + 1];
+  size_t fill = total ? done * WIDTH / total : WIDTH;
+  memset(bar, '#', fill);
+  memset(bar + fill, '.', WIDTH - fill);
+  bar[WIDTH] = '\0';
+  fprintf(stderr, "\rreplay [%s] %3zu%% %zu/%zu requests %.1fs", bar,
+          total ? done * 100 / total : 100, done, total, replay_now() - t0);
+  if (done == total)
+    fputc('\n', stderr);
+  fflush(stderr);
+}
+
+/* Output token i of request number req: unique to the request (a replay never
+ * hits a decoded block; the traces have no output ids). */
+static uint32_t replay_decode_token(uint64_t req, uint32_t i) {
+  uint64_t x = (req << 32 | i) ^ 0xd1b54a32d192ed03ull;
+  x = (x ^ (x >> 31)) * 0x7fb5d329728ea185ull;
+  x = (x ^ (x >> 27)) * 0x81dadef4bc2dd44dull;
+  return (uint32_t)((x ^ (x >> 33)) >> 16);
+}
+
+static void replay_sample(core *c, replay_result *res) {
+  core_stats st;
+  core_get_stats(c, &st);
+  uint64_t resident = (uint64_t)st.used_blocks + st.cached_blocks;
+  if (resident > res->peak_resident)
+    res->peak_resident = resident;
+}
+
+/* One record.  Returns 0 or an unexpected core error. */
+static int replay_one(core *c, const trace *t, const trace_rec *r,
+                      uint64_t index, const replay_config *cfg,
+                      uint32_t num_blocks, uint32_t *tokens,
+                      replay_result *res) {
+  uint32_t bs = cfg->block_size, n = r->input_length, hit = 0;
+  core_req *q = NULL;
+  core_cow cow;
+  int rc;
+
+  res->requests++;
+  res->query_tokens += n;
+  if (replay_div_up(n, bs) > num_blocks) {
+    res->refused++;
+    res->refused_tokens += n;
+    return 0;
+  }
+  trace_rec_tokens(t, r, tokens);
+  rc = core_req_create(c, NULL, 0, &q);
+  if (rc != 0)
+    return rc;
+  rc = core_lookup(c, q, tokens, n, &hit);
+  if (rc != 0)
+    goto out;
+  rc = core_allocate(c, q, n - hit, &cow);
+  if (rc == KVS_ENOSPC) {
+    /* Only reachable when blocks are pinned elsewhere; counted as refused. */
+    res->refused++;
+    res->refused_tokens += n;
+    rc = 0;
+    goto out;
+  }
+  if (rc != 0)
+    goto out;
+  rc = core_commit(c, q, hit, NULL, n - hit, NULL);
+  if (rc != 0)
+    goto out;
+  res->served++;
+  res->hit_tokens += hit;
+  res->hit_blocks += hit / bs;
+  res->lookup_blocks += (n - 1) / bs;
+  replay_sample(c, res);
+  if (cfg->decode) {
+    for (uint32_t i = 0; i < r->output_length; i++) {
+      uint32_t tok = replay_decode_token(index, i);
+      rc = core_append(c, q, 1, &cow);
+      if (rc == KVS_ENOSPC) {
+        res->decode_truncated++;
+        rc = 0;
+        break;
+      }
+      if (rc != 0)
+        goto out;
+      rc = core_commit(c, q, n + i, &tok, 1, NULL);
+      if (rc != 0)
+        goto out;
+      res->decode_tokens++;
+    }
+    replay_sample(c, res);
+  }
+out:
+  core_req_free(c, q);
+  return rc;
+}
+
+int replay_run(core *c, const trace *t, const replay_config *cfg,
+               replay_result *res) {
+  core_stats st;
+  uint32_t *tokens;
+  size_t step = t->num_recs / 200 + 1;
+  double t0 = replay_now();
+  int rc = 0;
+
+  memset(res, 0, sizeof(*res));
+  core_get_stats(c, &st);
+  tokens = malloc((size_t)t->max_input_length * sizeof(*tokens));
+  if (tokens == NULL)
+    return KVS_ENOMEM;
+  for (size_t i = 0; i < t->num_recs && rc == 0; i++) {
+    rc = replay_one(c, t, &t->recs[i], i, cfg, st.num_blocks, tokens, res);
+    if (cfg->progress && (i % step == 0 || i + 1 == t->num_recs))
+      replay_progress(i + 1, t->num_recs, t0);
+  }
+  free(tokens);
+  res->seconds = replay_now() - t0;
+  core_get_stats(c, &res->stats);
+  return rc;
+}
+
+/* ---- command line ---- */
+
+static void replay_usage(FILE *f) {
+  fprintf(f,
+          "usage: kvshared replay --trace FILE [--capacity-tokens N|unlimited]\n"
+          "                       [--block-size 16] [--policy lru] [--decode]\n"
+          "                       [--limit N] [--json] [--progress|--no-progress]\n"
+          "\n"
+          "Replays a Mooncake-format request trace through the block-manager core,\n"
+          "one request at a time in timestamp order, and prints token and block\n"
+          "hit rates, allocations and evictions.\n"
+          "\n"
+          "  --trace FILE            JSON-lines trace (timestamp, input_length,\n"
+          "                          output_length, hash_ids of 512-token blocks)\n"
+          "  --capacity-tokens N     pool size in tokens (1e6 notation accepted);\n"
+          "                          'unlimited' (default) sizes the pool to hold\n"
+          "                          the whole trace without eviction\n"
+          "  --block-size N          tokens per block (default 16)\n"
+          "  --policy NAME           eviction policy (default lru)\n"
+          "  --decode                also append and commit output_length tokens\n"
+          "                          per request (unique tokens: space, never hits)\n"
+          "  --limit N               replay only the first N records of the file\n"
+          "  --json                  print the result as one JSON object\n"
+          "  --progress, --no-progress  progress bar on stderr (default: when\n"
+          "                          stderr is a terminal)\n");
+}
+
+/* A positive integer, in plain or 1e6 notation.  -1 when it is not one. */
+static int replay_parse_count(const char *s, uint64_t max, uint64_t *out) {
+  char *end;
+  errno = 0;
+  if (strpbrk(s, "eE.") != NULL) {
+    double d = strtod(s, &end);
+    if (errno || *end || !(d >= 1) || d > (double)max || d != floor(d))
+      return -1;
+    *out = (uint64_t)d;
+    return 0;
+  }
+  if (*s == '-')
+    return -1;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno || end == s || *end || v == 0 || v > max)
+    return -1;
+  *out = v;
+  return 0;
+}
+
+static void replay_print_text(const char *path, const trace *t,
+                              const replay_config *cfg, uint32_t num_blocks,
+                              const replay_plan *plan,
+                              const replay_result *res) {
+  const core_stats *st = &res->stats;
+  printf("trace           %s: %zu requests, %" PRIu64 " prompt tokens, %" PRIu64
+         " output tokens\n",
+         path, t->num_recs, t->input_tokens, t->output_tokens);
+  printf("pool            %" PRIu64 " tokens = %u blocks of %u tokens%s, "
+         "policy %s, decode %s\n",
+         (uint64_t)num_blocks * cfg->block_size, num_blocks, cfg->block_size,
+         cfg->capacity_tokens ? "" : " (unlimited: holds the whole trace)",
+         cfg->policy ? cfg->policy : "lru", cfg->decode ? "on" : "off");
+  printf("requests        %" PRIu64 " served, %" PRIu64 " refused (%" PRIu64
+         " prompt tokens larger than the pool)\n",
+         res->served, res->refused, res->refused_tokens);
+  printf("token hit rate  %.4f  (%" PRIu64 " of %" PRIu64 " prompt tokens)\n",
+         replay_token_hit_rate(res), res->hit_tokens, res->query_tokens);
+  printf("block hit rate  %.4f  (%" PRIu64 " of %" PRIu64
+         " full blocks a lookup may hit)\n",
+         replay_block_hit_rate(res), res->hit_blocks, res->lookup_blocks);
+  printf("ideal           %.4f  token hit rate of an unlimited cache (from "
+         "hash ids)\n",
+         plan->query_tokens
+             ? (double)plan->ideal_hit_tokens / (double)plan->query_tokens
+             : 0.0);
+  printf("allocations     %" PRIu64 " blocks\n", st->allocated_blocks);
+  printf("evictions       %" PRIu64 " blocks\n", st->evictions);
+  printf("sealed          %" PRIu64 " blocks (%" PRIu64
+         " duplicates of an indexed hash)\n",
+         st->sealed_blocks, st->duplicate_blocks);
+  printf("peak resident   %" PRIu64 " blocks in use + cached (%" PRIu64
+         " distinct full prompt blocks in the trace)\n",
+         res->peak_resident, plan->distinct_blocks);
+  if (cfg->decode)
+    printf("decode          %" PRIu64 " tokens, %" PRIu64
+           " requests cut short by a full pool\n",
+           res->decode_tokens, res->decode_truncated);
+  printf("time            %.2f s (%.0f requests/s)\n", res->seconds,
+         res->seconds > 0 ? (double)res->requests / res->seconds : 0.0);
+}
+
+static int replay_print_json(const char *path, const trace *t,
+                             const replay_config *cfg, uint32_t num_blocks,
+                             const replay_plan *plan,
+                             const replay_result *res) {
+  const core_stats *st = &res->stats;
+  json_t *o = json_pack(
+      "{s:s, s:I, s:I, s:I, s:b, s:s, s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:f,"
+      " s:I, s:I, s:f, s:f}",
+      "trace", path, "records", (json_int_t)t->num_recs, "capacity_tokens",
+      (json_int_t)num_blocks * cfg->block_size, "num_blocks",
+      (json_int_t)num_blocks, "unlimited", cfg->capacity_tokens == 0,
+      "policy", cfg->policy ? cfg->policy : "lru", "decode", cfg->decode != 0,
+      "block_size", (json_int_t)cfg->block_size, "requests",
+      (json_int_t)res->requests, "served", (json_int_t)res->served, "refused",
+      (json_int_t)res->refused, "query_tokens", (json_int_t)res->query_tokens,
+      "hit_tokens", (json_int_t)res->hit_tokens, "token_hit_rate",
+      replay_token_hit_rate(res), "lookup_blocks",
+      (json_int_t)res->lookup_blocks, "hit_blocks",
+      (json_int_t)res->hit_blocks, "block_hit_rate",
+      replay_block_hit_rate(res), "ideal_token_hit_rate",
+      plan->query_tokens
+          ? (double)plan->ideal_hit_tokens / (double)plan->query_tokens
+          : 0.0);
+  if (o == NULL)
+    return -1;
+  json_t *more = json_pack(
+      "{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f}",
+      "refused_tokens", (json_int_t)res->refused_tokens, "allocated_blocks",
+      (json_int_t)st->allocated_blocks, "evictions", (json_int_t)st->evictions,
+      "sealed_blocks", (json_int_t)st->sealed_blocks, "duplicate_blocks",
+      (json_int_t)st->duplicate_blocks, "peak_resident_blocks",
+      (json_int_t)res->peak_resident, "distinct_prompt_blocks",
+      (json_int_t)plan->distinct_blocks, "unlimited_blocks",
+      (json_int_t)plan->unlimited_blocks, "decode_tokens",
+      (json_int_t)res->decode_tokens, "decode_truncated",
+      (json_int_t)res->decode_truncated, "seconds", res->seconds);
+  if (more == NULL || json_object_update(o, more) != 0) {
+    json_decref(more);
+    json_decref(o);
+    return -1;
+  }
+  json_decref(more);
+  int rc = json_dumpf(o, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+  fputc('\n', stdout);
+  json_decref(o);
+  return rc;
+}
+
+enum {
+  OPT_TRACE = 256,
+  OPT_CAPACITY,
+  OPT_BLOCK_SIZE,
+  OPT_POLICY,
+  OPT_JSON,
+  OPT_DECODE,
+  OPT_LIMIT,
+  OPT_PROGRESS,
+  OPT_NO_PROGRESS,
+  OPT_HELP
+};
+
 int replay_main(int argc, char **argv) {
-  (void)argc;
-  (void)argv;
-  fprintf(stderr, "kvshared replay: not built yet\n");
-  return 1;
+  static const struct option opts[] = {
+      {"trace", required_argument, NULL, OPT_TRACE},
+      {"capacity-tokens", required_argument, NULL, OPT_CAPACITY},
+      {"block-size", required_argument, NULL, OPT_BLOCK_SIZE},
+      {"policy", required_argument, NULL, OPT_POLICY},
+      {"json", no_argument, NULL, OPT_JSON},
+      {"decode", no_argument, NULL, OPT_DECODE},
+      {"limit", required_argument, NULL, OPT_LIMIT},
+      {"progress", no_argument, NULL, OPT_PROGRESS},
+      {"no-progress", no_argument, NULL, OPT_NO_PROGRESS},
+      {"help", no_argument, NULL, OPT_HELP},
+      {NULL, 0, NULL, 0}};
+  replay_config cfg;
+  replay_plan plan;
+  replay_result res;
+  const char *path = NULL;
+  uint64_t v, limit = 0;
+  uint32_t num_blocks;
+  int json = 0, progress = -1, opt, rc, status = 1;
+  trace *t = NULL;
+  core *c = NULL;
+  char err[256], msg[256];
+
+  replay_config_init(&cfg);
+  optind = 1;
+  while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    switch (opt) {
+    case OPT_TRACE:
+      path = optarg;
+      break;
+    case OPT_CAPACITY:
+      if (strcmp(optarg, "unlimited") == 0) {
+        cfg.capacity_tokens = 0;
+      } else if (replay_parse_count(optarg, UINT64_MAX >> 1, &v) == 0) {
+        cfg.capacity_tokens = v;
+      } else {
+        fprintf(stderr, "kvshared replay: bad --capacity-tokens '%s'\n", optarg);
+        return 2;
+      }
+      break;
+    case OPT_BLOCK_SIZE:
+      if (replay_parse_count(optarg, 4096, &v) != 0) {
+        fprintf(stderr, "kvshared replay: bad --block-size '%s' (1..4096)\n",
+                optarg);
+        return 2;
+      }
+      cfg.block_size = (uint32_t)v;
+      break;
+    case OPT_POLICY:
+      cfg.policy = optarg;
+      break;
+    case OPT_JSON:
+      json = 1;
+      break;
+    case OPT_DECODE:
+      cfg.decode = 1;
+      break;
+    case OPT_LIMIT:
+      if (replay_parse_count(optarg, SIZE_MAX, &limit) != 0) {
+        fprintf(stderr, "kvshared replay: bad --limit '%s'\n", optarg);
+        return 2;
+      }
+      break;
+    case OPT_PROGRESS:
+      progress = 1;
+      break;
+    case OPT_NO_PROGRESS:
+      progress = 0;
+      break;
+    case OPT_HELP:
+      replay_usage(stdout);
+      return 0;
+    default:
+      replay_usage(stderr);
+      return 2;
+    }
+  }
+  if (optind < argc || path == NULL) {
+    fprintf(stderr, "kvshared replay: %s\n",
+            path == NULL ? "--trace FILE is required" : "unexpected argument");
+    replay_usage(stderr);
+    return 2;
+  }
+  cfg.progress = progress >= 0 ? progress : isatty(STDERR_FILENO);
+
+  rc = trace_load(path, (size_t)limit, &t, err, sizeof(err));
+  if (rc != 0) {
+    fprintf(stderr, "kvshared replay: %s (%s)\n", err, kvs_strerror(rc));
+    goto out;
+  }
+  rc = replay_plan_make(t, &cfg, &plan);
+  if (rc != 0) {
+    fprintf(stderr, "kvshared replay: %s\n", kvs_strerror(rc));
+    goto out;
+  }
+  if (replay_pool_blocks(&cfg, &plan, &num_blocks) != 0) {
+    fprintf(stderr,
+            "kvshared replay: a pool of %" PRIu64
+            " tokens is not 1 .. 2^32-2 blocks of %u tokens\n",
+            cfg.capacity_tokens ? cfg.capacity_tokens : plan.unlimited_blocks,
+            cfg.block_size);
+    goto out;
+  }
+  rc = replay_core_create(&cfg, num_blocks, &c);
+  if (rc != 0) {
+    fprintf(stderr, "kvshared replay: cannot create the core (%u blocks): %s\n",
+            num_blocks, kvs_strerror(rc));
+    goto out;
+  }
+  rc = replay_run(c, t, &cfg, &res);
+  if (rc != 0) {
+    fprintf(stderr, "kvshared replay: core error: %s\n", kvs_strerror(rc));
+    goto out;
+  }
+  if (core_check(c, msg, sizeof(msg)) != 0) {
+    fprintf(stderr, "kvshared replay: core invariant broken: %s\n", msg);
+    goto out;
+  }
+  if (json) {
+    if (replay_print_json(path, t, &cfg, num_blocks, &plan, &res) != 0) {
+      fprintf(stderr, "kvshared replay: cannot write JSON\n");
+      goto out;
+    }
+  } else {
+    replay_print_text(path, t, &cfg, num_blocks, &plan, &res);
+  }
+  status = fflush(stdout) == 0 ? 0 : 1;
+out:
+  if (c != NULL)
+    core_destroy(c);
+  trace_free(t);
+  return status;
 }
