@@ -1,0 +1,394 @@
+/*
+ * test_core_model.c — over a million random operations, each run on the core
+ * and on a plain reference model written here without hashing, without an
+ * index and with O(n) lists, then compared: status codes, hit counts, every
+ * block id handed out, copy-on-write pairs and block counts.  The invariant
+ * check runs every few hundred operations and at the end.
+ *
+ * The model keys a sealed block by (salt, every token of its prefix), which
+ * is what the chained hash stands for, so any divergence in hashing, index,
+ * eviction order or request bookkeeping shows up as a mismatch.
+ *
+ * KVS_MODEL_OPS overrides the number of operations (default 1,000,000).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "daemon/core/core.h"
+
+#define NB 48
+#define BS 4
+#define RESERVE 3
+#define MAXREQ 12
+#define MAXTOK 96
+#define NONE KVS_BLOCK_NONE
+
+/* ---- the reference model ---------------------------------------------- */
+
+typedef struct mblock {
+  uint32_t ref;
+  int sealed, indexed;
+  int salt;
+  uint32_t keylen;           /* prefix length in tokens */
+  uint32_t key[MAXTOK];      /* the whole prefix up to this block's end */
+} mblock;
+
+typedef struct mreq {
+  int live;
+  int salt;
+  uint32_t tokens[MAXTOK];
+  uint32_t known, slots, written, sealed, nblocks;
+  uint32_t blocks[MAXTOK / BS + 2];
+} mreq;
+
+static mblock mb[NB];
+static uint32_t mq[NB], mqlen; /* free queue, head first */
+static mreq mr[MAXREQ];
+
+static void mq_remove(uint32_t b) {
+  for (uint32_t i = 0; i < mqlen; i++)
+    if (mq[i] == b) {
+      memmove(mq + i, mq + i + 1, (mqlen - i - 1) * sizeof(uint32_t));
+      mqlen--;
+      return;
+    }
+  fail_msg("model: block %u not on the queue", b);
+}
+static void mq_push_head(uint32_t b) {
+  memmove(mq + 1, mq, mqlen * sizeof(uint32_t));
+  mq[0] = b;
+  mqlen++;
+}
+static void mq_push_tail(uint32_t b) { mq[mqlen++] = b; }
+
+static uint32_t m_find(int salt, const uint32_t *prefix, uint32_t len) {
+  for (uint32_t b = 0; b < NB; b++)
+    if (mb[b].indexed && mb[b].salt == salt && mb[b].keylen == len &&
+        memcmp(mb[b].key, prefix, len * sizeof(uint32_t)) == 0)
+      return b;
+  return NONE;
+}
+
+static uint32_t m_take(void) {
+  uint32_t b = mq[0];
+  mq_remove(b);
+  mb[b].indexed = mb[b].sealed = 0;
+  mb[b].ref = 1;
+  return b;
+}
+
+static void m_put(uint32_t b) {
+  if (--mb[b].ref > 0)
+    return;
+  if (mb[b].indexed) {
+    mq_push_tail(b);
+  } else {
+    mb[b].sealed = 0;
+    mq_push_head(b);
+  }
+}
+
+static void m_release(mreq *r) {
+  for (uint32_t i = r->nblocks; i-- > 0;)
+    m_put(r->blocks[i]);
+  r->nblocks = r->slots = r->written = r->sealed = 0;
+}
+
+static int m_lookup(mreq *r, const uint32_t *t, uint32_t n, uint32_t *hit) {
+  *hit = 0;
+  if (r->nblocks || r->slots)
+    return KVS_ESTATE;
+  uint32_t full = n ? (n - 1) / BS : 0, h = 0;
+  while (h < full && m_find(r->salt, t, (h + 1) * BS) != NONE)
+    h++;
+  for (uint32_t i = 0; i < h; i++) {
+    uint32_t b = m_find(r->salt, t, (i + 1) * BS);
+    if (mb[b].ref == 0)
+      mq_remove(b);
+    mb[b].ref++;
+    r->blocks[i] = b;
+  }
+  memcpy(r->tokens, t, n * sizeof(uint32_t));
+  r->known = n;
+  r->nblocks = r->sealed = h;
+  r->slots = r->written = h * BS;
+  *hit = h * BS;
+  return 0;
+}
+
+static int m_alloc(mreq *r, uint32_t n, uint32_t reserve, core_cow *cow) {
+  cow->src = cow->dst = NONE;
+  if (n == 0)
+    return 0;
+  uint32_t end = r->slots + n;
+  int need_cow = r->slots % BS != 0 && mb[r->blocks[r->nblocks - 1]].ref > 1;
+  uint32_t nb = (end + BS - 1) / BS - r->nblocks;
+  if (mqlen < nb + need_cow + reserve)
+    return KVS_ENOSPC;
+  if (need_cow) {
+    uint32_t src = r->blocks[r->nblocks - 1], dst = m_take();
+    m_put(src);
+    r->blocks[r->nblocks - 1] = dst;
+    cow->src = src;
+    cow->dst = dst;
+  }
+  for (uint32_t i = 0; i < nb; i++)
+    r->blocks[r->nblocks++] = m_take();
+  r->slots = end;
+  return 0;
+}
+
+static int m_commit(mreq *r, uint32_t start, const uint32_t *t, uint32_t n) {
+  if (start > r->written)
+    return KVS_ERANGE;
+  uint32_t end = start + n;
+  if (end > r->slots)
+    return KVS_ERANGE;
+  if (t == NULL && end > r->known)
+    return KVS_EINVAL;
+  uint32_t all[MAXTOK];
+  memcpy(all, r->tokens, r->known * sizeof(uint32_t));
+  for (uint32_t p = start; t != NULL && p < end; p++) {
+    if (p < r->known && r->tokens[p] != t[p - start])
+      return KVS_EMISMATCH;
+    all[p] = t[p - start];
+  }
+  uint32_t nw = end > r->written ? end : r->written, full = nw / BS;
+  for (uint32_t i = r->sealed; i < full; i++) {
+    mblock *x = &mb[r->blocks[i]];
+    if (x->sealed && (x->keylen != (i + 1) * BS || x->salt != r->salt ||
+                      memcmp(x->key, all, x->keylen * sizeof(uint32_t))))
+      return KVS_EMISMATCH;
+  }
+  if (end > r->known) {
+    memcpy(r->tokens, all, end * sizeof(uint32_t));
+    r->known = end;
+  }
+  r->written = nw;
+  for (uint32_t i = r->sealed; i < full; i++) {
+    uint32_t b = r->blocks[i];
+    mblock *x = &mb[b];
+    if (x->sealed)
+      continue;
+    x->sealed = 1;
+    x->salt = r->salt;
+    x->keylen = (i + 1) * BS;
+    memcpy(x->key, r->tokens, x->keylen * sizeof(uint32_t));
+    if (m_find(r->salt, r->tokens, x->keylen) == NONE)
+      x->indexed = 1;
+  }
+  r->sealed = full;
+  return 0;
+}
+
+static int m_fork(mreq *r, mreq *k) {
+  if (r->written != r->slots)
+    return KVS_ESTATE;
+  *k = *r;
+  for (uint32_t i = 0; i < r->nblocks; i++)
+    mb[r->blocks[i]].ref++;
+  return 0;
+}
+
+/* ---- the driver ------------------------------------------------------- */
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static uint32_t rnd(uint32_t n) {
+  rng ^= rng << 13;
+  rng ^= rng >> 7;
+  rng ^= rng << 17;
+  return (uint32_t)(rng % n);
+}
+
+static core *c;
+static core_req *cr[MAXREQ];
+static const char *salts[] = {"", "tenant-1"};
+
+/* A prompt: one of a few shared stems, then random tokens from a small
+ * alphabet so that longer prefixes are shared too. */
+static uint32_t gen_prompt(uint32_t *t) {
+  uint32_t n = 1 + rnd(MAXTOK / 2);
+  uint32_t stem = rnd(4);
+  for (uint32_t i = 0; i < n; i++)
+    t[i] = i < 2 * BS * stem ? 1000 * (stem + 1) + i : rnd(i < 3 * BS ? 2 : 6);
+  return n;
+}
+
+static void compare_req(int i) {
+  uint32_t n;
+  const uint32_t *b = core_req_blocks(cr[i], &n);
+  assert_int_equal(n, mr[i].nblocks);
+  assert_memory_equal(b, mr[i].blocks, n * sizeof(uint32_t));
+  assert_int_equal(core_req_num_slots(cr[i]), mr[i].slots);
+  assert_int_equal(core_req_num_written(cr[i]), mr[i].written);
+  assert_int_equal(core_req_num_sealed(cr[i]), mr[i].sealed);
+  assert_int_equal(core_req_num_known(cr[i]), mr[i].known);
+}
+
+static void compare_counts(void) {
+  core_stats st;
+  uint32_t cached = 0;
+  core_get_stats(c, &st);
+  for (uint32_t b = 0; b < NB; b++) {
+    core_block_info bi;
+    core_block_get(c, b, &bi);
+    assert_int_equal(bi.ref, mb[b].ref);
+    assert_int_equal(bi.indexed, mb[b].indexed);
+    cached += mb[b].ref == 0 && mb[b].indexed;
+  }
+  assert_int_equal(st.free_blocks + st.cached_blocks, mqlen);
+  assert_int_equal(st.cached_blocks, cached);
+}
+
+static void check_invariant(void) {
+  char msg[256];
+  if (core_check(c, msg, sizeof(msg)) != 0)
+    fail_msg("invariant: %s", msg);
+}
+
+static void one_op(uint64_t opno) {
+  int i = (int)rnd(MAXREQ), rc, mrc;
+  uint32_t t[MAXTOK], hit, mhit;
+  core_cow cow, mcow;
+  uint32_t op = rnd(100);
+
+  if (!mr[i].live) { /* create, and usually look up at once */
+    int s = (int)rnd(2);
+    assert_int_equal(core_req_create(c, salts[s], strlen(salts[s]), &cr[i]), 0);
+    memset(&mr[i], 0, sizeof(mr[i]));
+    mr[i].live = 1;
+    mr[i].salt = s;
+    op = 0;
+  }
+  if (op < 15) { /* lookup */
+    uint32_t n = gen_prompt(t);
+    rc = core_lookup(c, cr[i], t, n, &hit);
+    mrc = m_lookup(&mr[i], t, n, &mhit);
+    assert_int_equal(rc, mrc);
+    assert_int_equal(hit, mhit);
+  } else if (op < 35) { /* allocate or append */
+    uint32_t room = MAXTOK - mr[i].slots;
+    if (room == 0)
+      return;
+    uint32_t n = 1 + rnd(room < 3 * BS ? room : 3 * BS);
+    int app = rnd(2);
+    rc = app ? core_append(c, cr[i], n, &cow) : core_allocate(c, cr[i], n, &cow);
+    mrc = m_alloc(&mr[i], n, app ? 0 : RESERVE, &mcow);
+    assert_int_equal(rc, mrc);
+    assert_int_equal(cow.src, mcow.src);
+    assert_int_equal(cow.dst, mcow.dst);
+  } else if (op < 65) { /* commit: mostly valid, sometimes not */
+    mreq *m = &mr[i];
+    uint32_t start = m->written, n;
+    int kind = (int)rnd(10);
+    if (kind == 0 && m->written > 0)
+      start = rnd(m->written + 1);                 /* rewrite (idempotent) */
+    else if (kind == 1)
+      start = m->written + 1 + rnd(3);             /* a gap */
+    uint32_t room = m->slots > start ? m->slots - start : 0;
+    n = kind == 2 ? room + 1 + rnd(2) : (room ? 1 + rnd(room) : 0);
+    if (start + n > MAXTOK)
+      n = MAXTOK - start;
+    const uint32_t *tp = NULL;
+    if (start + n > m->known || rnd(2)) {
+      for (uint32_t p = 0; p < n; p++)
+        t[p] = start + p < m->known ? m->tokens[start + p] : rnd(6);
+      if (kind == 3 && n > 0)
+        t[rnd(n)] ^= 8;                            /* maybe a mismatch */
+      tp = t;
+    }
+    rc = core_commit(c, cr[i], start, tp, n, NULL);
+    mrc = m_commit(m, start, tp, n);
+    assert_int_equal(rc, mrc);
+  } else if (op < 72) { /* fork into a free slot */
+    int j = (int)rnd(MAXREQ);
+    if (mr[j].live || j == i)
+      return;
+    core_req *k = NULL;
+    rc = core_fork(c, cr[i], &k);
+    mrc = m_fork(&mr[i], &mr[j]);
+    assert_int_equal(rc, mrc);
+    if (rc == 0) {
+      cr[j] = k;
+      compare_req(j);
+    }
+  } else if (op < 80) { /* preempt */
+    assert_int_equal(core_preempt(c, cr[i]), 0);
+    m_release(&mr[i]);
+  } else if (op < 92) { /* free */
+    core_req_free(c, cr[i]);
+    m_release(&mr[i]);
+    mr[i].live = 0;
+    cr[i] = NULL;
+  }
+  if (mr[i].live)
+    compare_req(i);
+  if (opno % 512 == 0) {
+    compare_counts();
+    check_invariant();
+  }
+}
+
+static void test_random_vs_model(void **state) {
+  (void)state;
+  core_config cfg;
+  core_config_init(&cfg);
+  cfg.num_blocks = NB;
+  cfg.block_size = BS;
+  cfg.reserve_blocks = RESERVE;
+  kvs_layout l = {BS, 1, 1, 1, KVS_DTYPE_FP32, NB, 0};
+  cfg.root = core_root_hash(&l, "model");
+  assert_int_equal(core_create(&cfg, &c), 0);
+  for (uint32_t b = 0; b < NB; b++)
+    mq[mqlen++] = b;
+
+  uint64_t ops = 1000000;
+  const char *env = getenv("KVS_MODEL_OPS");
+  if (env != NULL)
+    ops = strtoull(env, NULL, 10);
+  for (uint64_t n = 1; n <= ops; n++)
+    one_op(n);
+
+  core_stats st;
+  core_get_stats(c, &st);
+  print_message("ops %llu: lookups %llu hit blocks %llu, evictions %llu, "
+                "cow %llu, no-space %llu, duplicates %llu\n",
+                (unsigned long long)ops, (unsigned long long)st.lookups,
+                (unsigned long long)st.hit_blocks,
+                (unsigned long long)st.evictions,
+                (unsigned long long)st.cow_copies,
+                (unsigned long long)st.no_space,
+                (unsigned long long)st.duplicate_blocks);
+  /* the workload must actually exercise what it claims to */
+  assert_true(st.hit_blocks > 1000);
+  assert_true(st.evictions > 1000);
+  assert_true(st.cow_copies > 100);
+  assert_true(st.no_space > 100);
+  assert_true(st.duplicate_blocks > 10);
+
+  for (int i = 0; i < MAXREQ; i++)
+    if (mr[i].live) {
+      core_req_free(c, cr[i]);
+      m_release(&mr[i]);
+    }
+  compare_counts();
+  check_invariant();
+  core_get_stats(c, &st);
+  assert_int_equal(st.used_blocks, 0);
+  assert_int_equal(st.num_requests, 0);
+  core_destroy(c);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_random_vs_model),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
