@@ -9,3 +9,14 @@ UNIT_TESTS += $(CORE_TESTS)
 $(CORE_TESTS): $(BUILD)/%: $(BUILD)/%.o $(BUILD)/libkvscore.a
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(CORE_LIBS) $(TEST_LIBS) -lm
+
+# The trace replayer: tests/unit/test_replay*.c, linked with the replay and
+# trace reader of the daemon and the core.
+REPLAY_TEST_OBJS = $(BUILD)/daemon/replay.o $(BUILD)/daemon/trace.o
+REPLAY_TESTS := $(patsubst %.c,$(BUILD)/%,$(wildcard tests/unit/test_replay*.c))
+UNIT_TESTS += $(REPLAY_TESTS)
+$(REPLAY_TESTS): $(BUILD)/%: $(BUILD)/%.o $(REPLAY_TEST_OBJS) $(BUILD)/libkvscore.a
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(REPLAY_TEST_OBJS) $(CORE_LIBS) \
+	  $(call DEP_LIBS,jansson) $(TEST_LIBS) -lm
+TEST_SCRIPTS += tests/unit/test_replay_cli.sh

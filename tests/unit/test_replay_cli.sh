@@ -1,0 +1,47 @@
+#!/bin/bash
+# `kvshared replay` from the command line: options, errors, text and JSON
+# output, the progress bar.  Needs $KVS_BUILD (set by run-tests.sh), python3
+# and ../shared/traces (skips without them).  Exit 0 pass, 77 skip, 1 fail.
+set -u
+build=${KVS_BUILD:-build}
+bin=$build/kvshared
+trace=../shared/traces/synthetic_trace.jsonl
+fail() { echo "FAIL: $*"; exit 1; }
+[ -x "$bin" ] || fail "$bin not built"
+[ -r "$trace" ] || { echo "skipped: $trace not found"; exit 77; }
+command -v python3 >/dev/null || { echo "skipped: python3 not found"; exit 77; }
+tmp=$(mktemp -d) || fail "mktemp"
+trap 'rm -rf "$tmp"' EXIT
+
+"$bin" replay --help >"$tmp/help" || fail "--help exits $?"
+grep -q -- "--capacity-tokens" "$tmp/help" || fail "--help lacks --capacity-tokens"
+"$bin" replay --capacity-tokens 1e6 2>/dev/null; [ $? = 2 ] || fail "no --trace: want exit 2"
+"$bin" replay --trace "$trace" --capacity-tokens 1.5 2>/dev/null; [ $? = 2 ] || fail "bad capacity: want exit 2"
+"$bin" replay --trace "$trace" --block-size 0 2>/dev/null; [ $? = 2 ] || fail "block size 0: want exit 2"
+"$bin" replay --trace "$trace" --capacity-tokens 8 --no-progress >/dev/null 2>&1
+[ $? = 1 ] || fail "a pool of 0 blocks: want exit 1"
+"$bin" replay --trace "$tmp/none" --no-progress 2>"$tmp/err"; [ $? = 1 ] || fail "missing trace: want exit 1"
+grep -q "No such file" "$tmp/err" || fail "missing trace: $(cat "$tmp/err")"
+
+# Unlimited: JSON, hit rate equal to the ideal, nothing evicted.
+"$bin" replay --trace "$trace" --limit 300 --json --no-progress >"$tmp/u.json" \
+  || fail "unlimited replay exits $?"
+python3 - "$tmp/u.json" <<'PY' || fail "unlimited JSON"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["records"] == 300 and r["served"] == 300 and r["refused"] == 0, r
+assert r["unlimited"] is True and r["evictions"] == 0, r
+assert abs(r["token_hit_rate"] - r["ideal_token_hit_rate"]) < 0.01, r
+assert r["peak_resident_blocks"] <= r["num_blocks"], r
+PY
+
+# Bounded, with the progress bar forced on: text output and a bar on stderr.
+"$bin" replay --trace "$trace" --limit 300 --capacity-tokens 1e5 --policy lru \
+  --block-size 16 --progress >"$tmp/b.txt" 2>"$tmp/b.err" || fail "bounded replay exits $?"
+for f in "token hit rate" "block hit rate" "allocations" "evictions" "refused"; do
+  grep -q "$f" "$tmp/b.txt" || fail "text output lacks '$f'"
+done
+grep -q "100% 300/300" "$tmp/b.err" || fail "no progress bar: $(head -c 300 "$tmp/b.err")"
+"$bin" replay --trace "$trace" --limit 50 --policy no-such-policy --no-progress \
+  >/dev/null 2>&1; [ $? = 1 ] || fail "unknown policy: want exit 1"
+echo "ok"
