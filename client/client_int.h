@@ -1,0 +1,52 @@
+/*
+ * client_int.h — libkvshare internals shared by the client sources.  Not installed.
+ */
+#ifndef KVS_CLIENT_INT_H
+#define KVS_CLIENT_INT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "client/kvshare.h"
+#include "kvs_frame.h"
+#include "kvs_shm.h"
+#include "kvshare.pb-c.h"
+
+/* Largest reply the client accepts before the daemon told its limit. */
+#define KVS__CLIENT_MAX_FRAME (64u << 20)
+
+struct kvs_client {
+  int fd;
+  int broken;            /* transport failed: every call returns ECLOSED */
+  uint64_t next_seq;
+  kvs_layout layout;
+  kvs_region pool;       /* the host pool's mapping (fd -1 when none) */
+  void *pool_base;       /* NULL when not mapped */
+  uint64_t pool_size;
+  char backend[16];
+  uint64_t session_id;
+  char model_id[128];
+  uint32_t max_frame;
+  char msg[256];         /* the daemon's message for the last status */
+
+  Kvshare__Envelope *last; /* the last reply; results point into it */
+
+  /* Write buffer: frame header + packed envelope, sent with one send(). */
+  uint8_t *wbuf;
+  size_t wcap;
+  /* Read buffer: bytes received and not yet consumed, [rpos, rlen). */
+  uint8_t *rbuf;
+  size_t rcap, rpos, rlen;
+};
+
+/* Send one request envelope and receive its reply (matching seq).  On
+ * success *resp is the reply's Response (owned by the client, valid until
+ * the next call) and the return value is the reply's status code (0 or a
+ * negative status, message copied into c->msg).  Transport errors mark the
+ * client broken and return KVS_ECLOSED / KVS_EPROTO / -errno. */
+int kvs__call(kvs_client *c, Kvshare__Request *req, Kvshare__Response **resp);
+
+/* Drop the last reply. */
+void kvs__drop_last(kvs_client *c);
+
+#endif /* KVS_CLIENT_INT_H */

@@ -1,0 +1,352 @@
+/*
+ * conn.c — libkvshare: connect, handshake, pool mapping, the round trip.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "client/client_int.h"
+#include "kvs_shm.h"
+
+const char *kvs_version(void) { return "0.1.0"; }
+
+static void copy_str(char *dst, size_t cap, const char *src) {
+  size_t n = src ? strlen(src) : 0;
+  if (n >= cap)
+    n = cap - 1;
+  if (n)
+    memcpy(dst, src, n);
+  dst[n] = '\0';
+}
+
+void kvs__drop_last(kvs_client *c) {
+  if (c->last) {
+    kvs_envelope_free(c->last);
+    c->last = NULL;
+  }
+}
+
+static int fail(kvs_client *c, int rc) {
+  c->broken = 1;
+  return rc;
+}
+
+/* Sends the whole buffer; -errno or KVS_ECLOSED on failure. */
+static int send_all(int fd, const uint8_t *p, size_t n) {
+  while (n) {
+    ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+    if (w < 0) {
+      if (errno == EINTR)
+        continue;
+      if (errno == EPIPE || errno == ECONNRESET)
+        return KVS_ECLOSED;
+      return -errno;
+    }
+    p += w;
+    n -= (size_t)w;
+  }
+  return 0;
+}
+
+static int ensure_cap(uint8_t **buf, size_t *cap, size_t need) {
+  if (need <= *cap)
+    return 0;
+  size_t ncap = *cap ? *cap : 4096;
+  while (ncap < need)
+    ncap *= 2;
+  uint8_t *nb = realloc(*buf, ncap);
+  if (!nb)
+    return KVS_ENOMEM;
+  *buf = nb;
+  *cap = ncap;
+  return 0;
+}
+
+/*
+ * Receives one whole frame into c->rbuf and decodes it.  When fds is not
+ * NULL, file descriptors passed with the bytes are collected there (up to
+ * max; extra ones are closed); otherwise any passed fd is closed.
+ */
+static int recv_frame(kvs_client *c, uint32_t max_frame, int *fds, int *nfds,
+                      int max, Kvshare__Envelope **out) {
+  for (;;) {
+    size_t avail = c->rlen - c->rpos, flen = 0;
+    int pr = kvs_frame_parse(c->rbuf + c->rpos, avail, max_frame, &flen);
+    if (pr < 0)
+      return pr;
+    if (pr == 1) {
+      int rc = kvs_envelope_unpack(c->rbuf + c->rpos + KVS_FRAME_HEADER_SIZE,
+                                   flen - KVS_FRAME_HEADER_SIZE, 0, out);
+      c->rpos += flen;
+      if (c->rpos == c->rlen)
+        c->rpos = c->rlen = 0;
+      return rc;
+    }
+    /* Need more bytes: make room for the whole frame (or at least 64 KiB,
+     * so a small reply arrives in one recv). */
+    if (c->rpos && c->rpos == c->rlen)
+      c->rpos = c->rlen = 0;
+    if (c->rpos + flen > c->rcap && c->rpos) {
+      memmove(c->rbuf, c->rbuf + c->rpos, avail);
+      c->rpos = 0;
+      c->rlen = avail;
+    }
+    size_t want = c->rpos + (flen > 65536 ? flen : 65536);
+    int rc = ensure_cap(&c->rbuf, &c->rcap, want);
+    if (rc)
+      return rc;
+    /* Always through recvmsg, so an fd the daemon passes is never left
+     * behind in the socket. */
+    int got[KVS_SHM_MAX_FDS], ngot = 0;
+    ssize_t r = kvs_recv_fds(c->fd, c->rbuf + c->rlen, c->rcap - c->rlen, got,
+                             KVS_SHM_MAX_FDS, &ngot);
+    for (int i = 0; i < ngot; i++) {
+      if (fds && *nfds < max)
+        fds[(*nfds)++] = got[i];
+      else
+        close(got[i]);
+    }
+    if (r == 0)
+      return KVS_ECLOSED;
+    if (r < 0)
+      return r == -ECONNRESET ? KVS_ECLOSED : (int)r;
+    c->rlen += (size_t)r;
+  }
+}
+
+/* Packs env as one frame into c->wbuf and sends it. */
+static int send_env(kvs_client *c, const Kvshare__Envelope *env) {
+  size_t need = kvs_frame_size(env);
+  int rc = ensure_cap(&c->wbuf, &c->wcap, need);
+  if (rc)
+    return rc;
+  long n = kvs_frame_pack_into(env, c->max_frame, c->wbuf, c->wcap);
+  if (n < 0)
+    return (int)n;
+  return send_all(c->fd, c->wbuf, (size_t)n);
+}
+
+int kvs__call(kvs_client *c, Kvshare__Request *req, Kvshare__Response **resp) {
+  *resp = NULL;
+  c->msg[0] = '\0';
+  kvs__drop_last(c);
+  if (c->broken)
+    return KVS_ECLOSED;
+  Kvshare__Envelope env = KVSHARE__ENVELOPE__INIT;
+  env.seq = c->next_seq++;
+  env.body_case = KVSHARE__ENVELOPE__BODY_REQUEST;
+  env.request = req;
+  int rc = send_env(c, &env);
+  if (rc == KVS_ETOOBIG)
+    return rc; /* nothing was sent: the connection is still usable */
+  if (rc)
+    return fail(c, rc);
+  Kvshare__Envelope *r = NULL;
+  rc = recv_frame(c, KVS__CLIENT_MAX_FRAME, NULL, NULL, 0, &r);
+  if (rc)
+    return fail(c, rc);
+  c->last = r;
+  if (r->body_case != KVSHARE__ENVELOPE__BODY_RESPONSE || !r->response)
+    return fail(c, KVS_EPROTO);
+  if (r->seq != env.seq) {
+    /* The daemon answers a frame it could not decode with seq 0 and an
+     * error status; report that status. */
+    Kvshare__Status *st = r->response->status;
+    if (r->seq == 0 && st && st->code < 0) {
+      copy_str(c->msg, sizeof c->msg, st->message);
+      return fail(c, st->code);
+    }
+    return fail(c, KVS_EPROTO);
+  }
+  *resp = r->response;
+  Kvshare__Status *st = r->response->status;
+  if (!st)
+    return 0;
+  copy_str(c->msg, sizeof c->msg, st->message);
+  return st->code > 0 ? KVS_EPROTO : st->code;
+}
+
+/* Maps the host pool (one memfd).  On success the mapping owns the fd and
+ * *fd is set to -1. */
+static int map_pool(kvs_client *c, int *fd) {
+  kvs_region r;
+  int rc = kvs_region_map(*fd, c->pool_size, &r);
+  if (rc)
+    return rc;
+  *fd = -1;
+  c->pool = r;
+  c->pool_base = r.base;
+  return 0;
+}
+
+static int handshake(kvs_client *c, const kvs_connect_opts *opts) {
+  Kvshare__Hello hello = KVSHARE__HELLO__INIT;
+  hello.version = KVS_PROTO_VERSION;
+  hello.client_name =
+      (char *)(opts && opts->client_name ? opts->client_name : "libkvshare");
+  hello.pid = (uint32_t)getpid();
+  Kvshare__Envelope env = KVSHARE__ENVELOPE__INIT;
+  env.seq = c->next_seq++;
+  env.body_case = KVSHARE__ENVELOPE__BODY_HELLO;
+  env.hello = &hello;
+  int rc = send_env(c, &env);
+  if (rc)
+    return rc;
+
+  int fds[KVS_FRAME_MAX_FDS];
+  int nfds = 0;
+  Kvshare__Envelope *r = NULL;
+  rc = recv_frame(c, KVS__CLIENT_MAX_FRAME, fds, &nfds, KVS_FRAME_MAX_FDS, &r);
+  if (rc)
+    goto out;
+  if (r->body_case == KVSHARE__ENVELOPE__BODY_RESPONSE && r->response &&
+      r->response->status && r->response->status->code < 0) {
+    copy_str(c->msg, sizeof c->msg, r->response->status->message);
+    rc = r->response->status->code;
+    goto out;
+  }
+  if (r->body_case != KVSHARE__ENVELOPE__BODY_WELCOME || !r->welcome) {
+    rc = KVS_EPROTO;
+    goto out;
+  }
+  Kvshare__Welcome *w = r->welcome;
+  if (w->status && w->status->code < 0) {
+    copy_str(c->msg, sizeof c->msg, w->status->message);
+    rc = w->status->code;
+    goto out;
+  }
+  if (w->version != KVS_PROTO_VERSION) {
+    rc = KVS_EVERSION;
+    goto out;
+  }
+  if (!w->layout || !w->pool) {
+    rc = KVS_EPROTO;
+    goto out;
+  }
+  kvs_layout *l = &c->layout;
+  l->block_size = w->layout->block_size;
+  l->num_layers = w->layout->num_layers;
+  l->num_kv_heads = w->layout->num_kv_heads;
+  l->head_dim = w->layout->head_dim;
+  l->dtype = w->layout->dtype;
+  l->num_blocks = w->layout->num_blocks;
+  if (kvs_layout_finish(l) != 0 || l->block_stride != w->layout->block_stride ||
+      w->pool->size < kvs_pool_bytes(l)) {
+    rc = KVS_EPROTO;
+    goto out;
+  }
+  c->pool_size = w->pool->size;
+  c->session_id = w->session_id;
+  c->max_frame = w->max_frame ? w->max_frame : KVS_FRAME_MAX_DEFAULT;
+  copy_str(c->backend, sizeof c->backend, w->pool->backend);
+  copy_str(c->model_id, sizeof c->model_id, w->model_id);
+  if ((uint32_t)nfds != w->pool->num_fds) {
+    rc = KVS_EPROTO;
+    goto out;
+  }
+  if (opts && opts->no_map) {
+    rc = 0;
+  } else if (strcmp(c->backend, "host") == 0 && nfds == 1) {
+    rc = map_pool(c, &fds[0]);
+  } else {
+    /* "cuda" needs the GPU pool import; a host pool in several chunks is
+     * not produced by this daemon version. */
+    rc = KVS_ENOTSUP;
+  }
+out:
+  for (int i = 0; i < nfds; i++)
+    if (fds[i] >= 0)
+      close(fds[i]);
+  kvs_envelope_free(r);
+  return rc;
+}
+
+int kvs_connect(const char *path, const kvs_connect_opts *opts,
+                kvs_client **out) {
+  if (!out)
+    return KVS_EINVAL;
+  *out = NULL;
+  if (!path)
+    path = getenv("KVS_SOCKET");
+  if (!path || !*path)
+    path = KVS_DEFAULT_SOCKET;
+  struct sockaddr_un sa = {0};
+  sa.sun_family = AF_UNIX;
+  if (strlen(path) >= sizeof sa.sun_path)
+    return KVS_EINVAL;
+  strcpy(sa.sun_path, path);
+
+  kvs_client *c = calloc(1, sizeof *c);
+  if (!c)
+    return KVS_ENOMEM;
+  c->fd = -1;
+  c->pool.fd = -1;
+  c->next_seq = 1;
+  c->max_frame = KVS_FRAME_MAX_DEFAULT;
+  int rc = 0;
+  c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (c->fd < 0) {
+    rc = -errno;
+    goto out;
+  }
+  if (opts && opts->timeout_ms > 0) {
+    struct timeval tv = {opts->timeout_ms / 1000,
+                         (opts->timeout_ms % 1000) * 1000};
+    setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  }
+  while (connect(c->fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+    if (errno == EINTR)
+      continue;
+    rc = -errno;
+    goto out;
+  }
+  rc = handshake(c, opts);
+out:
+  if (rc) {
+    kvs_close(c);
+    return rc;
+  }
+  *out = c;
+  return 0;
+}
+
+void kvs_close(kvs_client *c) {
+  if (!c)
+    return;
+  kvs__drop_last(c);
+  kvs_region_close(&c->pool);
+  if (c->fd >= 0)
+    close(c->fd);
+  free(c->wbuf);
+  free(c->rbuf);
+  free(c);
+}
+
+const kvs_layout *kvs_layout_of(const kvs_client *c) { return &c->layout; }
+void *kvs_pool_base(const kvs_client *c) { return c->pool_base; }
+uint64_t kvs_pool_size(const kvs_client *c) { return c->pool_size; }
+const char *kvs_pool_backend(const kvs_client *c) { return c->backend; }
+uint64_t kvs_session_id(const kvs_client *c) { return c->session_id; }
+const char *kvs_model_id(const kvs_client *c) { return c->model_id; }
+uint32_t kvs_max_frame(const kvs_client *c) { return c->max_frame; }
+int kvs_fd(const kvs_client *c) { return c->fd; }
+const char *kvs_last_message(const kvs_client *c) { return c->msg; }
+
+void *kvs_block_ptr(const kvs_client *c, uint32_t b) {
+  if (!c->pool_base || b >= c->layout.num_blocks)
+    return NULL;
+  return (char *)c->pool_base + kvs_block_offset(&c->layout, b);
+}
+
+void *kvs_plane_ptr(const kvs_client *c, uint32_t b, uint32_t layer,
+                    uint32_t kv) {
+  char *p = kvs_block_ptr(c, b);
+  if (!p || layer >= c->layout.num_layers || kv > 1)
+    return NULL;
+  return p + kvs_plane_offset(&c->layout, layer, kv);
+}

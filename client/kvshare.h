@@ -1,0 +1,304 @@
+/*
+ * kvshare.h — libkvshare, the client library of the kvshare KV-cache service.
+ *
+ * This is the one public header.  It includes kvs_status.h (status codes)
+ * and kvs_layout.h (the block layout and its offset math), which are
+ * installed beside it.
+ *
+ * A worker connects to the daemon `kvshared` over its Unix socket.  The
+ * connection is a session: every request id (req_id, any 64-bit value the
+ * worker picks) lives in its session only, and when the connection closes —
+ * kvs_close, exit, crash, kill -9 — the daemon frees every request of the
+ * session.  During the handshake the daemon passes the pool's memory; the
+ * library maps it, so the worker reads and writes K/V itself at
+ *
+ *     kvs_pool_base(c) + b * kvs_layout_of(c)->block_stride   (block b)
+ *
+ * with the offset math of kvs_layout.h.  Block ids are indexes into the pool;
+ * they are the same in every process, addresses are not.
+ *
+ * Operations (one round trip each, or many in one kvs_batch):
+ *   kvs_lookup    longest cached prefix of a prompt; creates the request
+ *   kvs_allocate  slots for n more tokens (prefill)
+ *   kvs_append    slots for n more tokens (decode; may use the reserve)
+ *   kvs_commit    positions [start, start+n) are written and hold these
+ *                 tokens; full blocks are sealed and shared
+ *   kvs_fork      a child request sharing every block (copy-on-write)
+ *   kvs_free      release a request's blocks and forget it
+ *   kvs_preempt   release a request's blocks, keep the request
+ *   kvs_stats     counters, optionally the daemon's pool invariant check
+ *   kvs_ping      an echo round trip
+ *
+ * Return values
+ *   Every function returning int returns 0 on success or a negative status:
+ *   a kvshare code from kvs_status.h (KVS_ENOSPC, ...) or a system error as
+ *   -errno.  The batch builder's kvs_batch_* "add" functions return the index
+ *   (>= 0) of the op they added.  kvs_strerror() turns any of them into text.
+ *   After a call failed with a status the daemon sent, kvs_last_message()
+ *   gives the daemon's message for it.  The library never logs or prints.
+ *
+ *   A transport failure (the daemon closed the socket, a malformed reply)
+ *   leaves the client broken: every later call returns KVS_ECLOSED, and the
+ *   only thing left to do is kvs_close().  The pool mapping stays valid until
+ *   kvs_close() even then.
+ *
+ * Ownership
+ *   - kvs_client and kvs_batch are opaque; each is created by one function
+ *     and released by one (kvs_close, kvs_batch_free).
+ *   - Block ids in results (kvs_lookup_result.blocks, kvs_alloc_result.blocks)
+ *     point into memory owned by the client (direct calls) or the batch
+ *     (batched ops).  They stay valid until the next call on the same client
+ *     (direct calls) or until the batch is submitted again, reset or freed
+ *     (batched ops).  Copy them out to keep them.
+ *   - kvs_layout() and kvs_pool_base() stay valid until kvs_close().
+ *   - Arrays the caller passes in (tokens, blocks, salt, payload) are read
+ *     during the call only (or, for the batch builder, copied when the op is
+ *     added).
+ *
+ * Threads
+ *   One kvs_client belongs to one thread at a time: calls on the same client
+ *   must not overlap (the library takes no lock).  Different clients are
+ *   independent and may be used from different threads at once.  A kvs_batch
+ *   is likewise used by one thread at a time.  The pool memory is shared by
+ *   every process; the daemon's reference counts say who may write a block:
+ *   only the request that allocated a block writes it, and only before it
+ *   commits it; a sealed (committed, full) block is read-only for everyone.
+ *
+ * fork(2)
+ *   A child process must not use its parent's kvs_client (the session is
+ *   the parent's).  It may call kvs_close() on it to release the memory, and
+ *   connect anew.
+ */
+#ifndef KVSHARE_H
+#define KVSHARE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvs_layout.h"
+#include "kvs_status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The protocol version this library speaks (Hello.version). */
+#define KVS_PROTO_VERSION_CLIENT 1u
+
+/* Library version. */
+#define KVS_VERSION_MAJOR 0
+#define KVS_VERSION_MINOR 1
+#define KVS_VERSION_PATCH 0
+/* "0.1.0": the version of the library actually loaded. */
+const char *kvs_version(void);
+
+typedef struct kvs_client kvs_client;
+typedef struct kvs_batch kvs_batch;
+
+/* ---- connecting ---------------------------------------------------------- */
+
+typedef struct kvs_connect_opts {
+  const char *client_name; /* shown in the daemon's logs; NULL: "libkvshare" */
+  int timeout_ms;          /* per-call socket timeout; 0: wait forever */
+  int no_map;              /* 1: do not map the pool (tools such as the CLI) */
+} kvs_connect_opts;
+
+/*
+ * Connect to the daemon at the Unix socket `path` (NULL: $KVS_SOCKET, then
+ * KVS_DEFAULT_SOCKET), say Hello, receive the Welcome and the pool's file
+ * descriptors, and map the pool.  opts may be NULL (defaults).
+ * On success *out is a new client; release it with kvs_close().
+ * Errors: KVS_EINVAL, -ENOENT / -ECONNREFUSED (no daemon), KVS_EVERSION,
+ * KVS_EPROTO, KVS_ENOTSUP (a pool backend this build cannot map), KVS_ENOMEM,
+ * other -errno.
+ */
+#define KVS_DEFAULT_SOCKET "/run/kvshare/kvshared.sock"
+int kvs_connect(const char *path, const kvs_connect_opts *opts,
+                kvs_client **out);
+
+/* Unmap the pool, close the socket (the daemon frees the session's
+ * requests) and free the client.  NULL is a no-op. */
+void kvs_close(kvs_client *c);
+
+/* The pool layout the daemon announced (block_stride filled in).  Valid
+ * until kvs_close().  (Not named kvs_layout: that is the struct's type.) */
+const kvs_layout *kvs_layout_of(const kvs_client *c);
+
+/* This process's address of the pool (NULL when opened with no_map or with
+ * a device backend not mapped in this process). */
+void *kvs_pool_base(const kvs_client *c);
+/* Bytes of the pool. */
+uint64_t kvs_pool_size(const kvs_client *c);
+/* "host" or "cuda": where the pool lives. */
+const char *kvs_pool_backend(const kvs_client *c);
+
+/* Session id, model id and the largest frame the daemon accepts. */
+uint64_t kvs_session_id(const kvs_client *c);
+const char *kvs_model_id(const kvs_client *c);
+uint32_t kvs_max_frame(const kvs_client *c);
+
+/* The socket's file descriptor (to poll for the daemon going away).  Do not
+ * read, write or close it. */
+int kvs_fd(const kvs_client *c);
+
+/* The daemon's message for the last status it sent back on this client
+ * ("" when none).  Valid until the next call on c. */
+const char *kvs_last_message(const kvs_client *c);
+
+/* Address of block b in this process, or NULL (b out of range, no mapping). */
+void *kvs_block_ptr(const kvs_client *c, uint32_t b);
+
+/* Address of layer `layer`'s K plane (kv = 0) or V plane (kv = 1) of block
+ * b, or NULL. */
+void *kvs_plane_ptr(const kvs_client *c, uint32_t b, uint32_t layer,
+                    uint32_t kv);
+
+/* ---- results ------------------------------------------------------------- */
+
+typedef struct kvs_lookup_result {
+  uint32_t hit_tokens;    /* tokens of the prompt already cached */
+  uint32_t num_blocks;
+  const uint32_t *blocks; /* the request's block table after the lookup */
+} kvs_lookup_result;
+
+typedef struct kvs_alloc_result {
+  uint32_t first_index;   /* block-table index of blocks[0] */
+  uint32_t num_blocks;
+  const uint32_t *blocks; /* blocks appended to the request's table */
+  int has_cow;            /* 1: copy block cow_src into cow_dst (e.g. with
+                             kvs_cpu_copy_blocks) before writing; the table
+                             now holds cow_dst at cow_index */
+  uint32_t cow_src;
+  uint32_t cow_dst;
+  uint32_t cow_index;
+} kvs_alloc_result;
+
+typedef struct kvs_stats {
+  uint32_t num_blocks;
+  uint32_t free_blocks;   /* FREE: no hash */
+  uint32_t cached_blocks; /* CACHED: ref 0, hash indexed, reusable */
+  uint32_t used_blocks;   /* IN USE: ref >= 1 */
+  uint32_t num_requests;
+  uint32_t sessions;
+  uint64_t lookups;
+  uint64_t query_tokens;
+  uint64_t hit_tokens;
+  uint64_t hit_blocks;
+  uint64_t miss_blocks;
+  uint64_t allocated_blocks;
+  uint64_t evictions;
+  uint64_t cow_copies;
+  uint64_t sealed_blocks;
+  uint64_t no_space;
+  uint64_t frames_in;
+  uint64_t protocol_errors;
+  int32_t check;            /* the invariant check's status (asked for) */
+  char check_message[256];  /* its description of a violation, or "" */
+} kvs_stats;
+
+/* ---- operations, one round trip each -------------------------------------- */
+
+/*
+ * Longest cached prefix of tokens[0..n) (never its last token).  Creates the
+ * request req_id when it is new in this session (salt, salt_len: its cache
+ * salt, may be NULL/0); a known, empty (new or preempted) request may look up
+ * again.  The hit blocks join the request.  res may be NULL.
+ */
+int kvs_lookup(kvs_client *c, uint64_t req_id, const uint32_t *tokens,
+               uint32_t n, const void *salt, size_t salt_len,
+               kvs_lookup_result *res);
+
+/* Slots for num_tokens more tokens (prefill; keeps the daemon's decode
+ * reserve).  res may be NULL only if the caller does not need the blocks. */
+int kvs_allocate(kvs_client *c, uint64_t req_id, uint32_t num_tokens,
+                 kvs_alloc_result *res);
+
+/* Slots for num_tokens more tokens (decode; may use the reserve). */
+int kvs_append(kvs_client *c, uint64_t req_id, uint32_t num_tokens,
+               kvs_alloc_result *res);
+
+/*
+ * Positions [start, start + n) of the request are written and hold
+ * tokens[0..n).  tokens may be NULL when the daemon already knows them (the
+ * Lookup's prompt).  blocks (may be NULL, nblocks 0) are the block ids the
+ * caller wrote, for block-table indexes start / block_size ..
+ * (start + n - 1) / block_size; the daemon checks them.  *sealed (may be
+ * NULL) = full blocks sealed and published by this commit.
+ */
+int kvs_commit(kvs_client *c, uint64_t req_id, uint32_t start,
+               const uint32_t *tokens, uint32_t n, const uint32_t *blocks,
+               uint32_t nblocks, uint32_t *sealed);
+
+/* A new request child_id sharing every block of req_id. */
+int kvs_fork(kvs_client *c, uint64_t req_id, uint64_t child_id);
+
+/* Release every block of req_id and forget it. */
+int kvs_free(kvs_client *c, uint64_t req_id);
+
+/* Release every block of req_id; the request stays (lookup may refill). */
+int kvs_preempt(kvs_client *c, uint64_t req_id);
+
+/* The daemon's counters.  check != 0 also runs the pool invariant check;
+ * its result is in st->check (0 or KVS_EINTERNAL) and st->check_message.
+ * The call itself returns 0 even when the check found a violation. */
+int kvs_stats_get(kvs_client *c, int check, kvs_stats *st);
+
+/* An echo round trip carrying len bytes (may be 0); checks the echo. */
+int kvs_ping(kvs_client *c, const void *payload, size_t len);
+
+/* ---- the batch builder: many ops, one round trip --------------------------
+ *
+ * An engine adds the ops of one scheduler step to a batch and submits it
+ * once.  The daemon runs the ops in order; each has its own status (a failed
+ * op does not stop the ones after it).  Results are read per op index after
+ * kvs_batch_submit().  A batch may be reset and reused: its memory is kept.
+ */
+
+/* A new, empty batch.  KVS_EINVAL or KVS_ENOMEM. */
+int kvs_batch_new(kvs_batch **out);
+/* NULL is a no-op. */
+void kvs_batch_free(kvs_batch *b);
+/* Drop every op and result; keep the memory. */
+void kvs_batch_reset(kvs_batch *b);
+/* Ops added so far. */
+uint32_t kvs_batch_count(const kvs_batch *b);
+
+/* Add one op; returns its index (>= 0) or KVS_EINVAL / KVS_ENOMEM.
+ * Arrays are copied. */
+int kvs_batch_lookup(kvs_batch *b, uint64_t req_id, const uint32_t *tokens,
+                     uint32_t n, const void *salt, size_t salt_len);
+int kvs_batch_allocate(kvs_batch *b, uint64_t req_id, uint32_t num_tokens);
+int kvs_batch_append(kvs_batch *b, uint64_t req_id, uint32_t num_tokens);
+int kvs_batch_commit(kvs_batch *b, uint64_t req_id, uint32_t start,
+                     const uint32_t *tokens, uint32_t n,
+                     const uint32_t *blocks, uint32_t nblocks);
+int kvs_batch_fork(kvs_batch *b, uint64_t req_id, uint64_t child_id);
+int kvs_batch_free_req(kvs_batch *b, uint64_t req_id);
+int kvs_batch_preempt(kvs_batch *b, uint64_t req_id);
+int kvs_batch_ping(kvs_batch *b, const void *payload, size_t len);
+
+/*
+ * Send every op in one frame and wait for the one reply.  Returns 0 when the
+ * round trip worked (each op's own status is then kvs_batch_status()), or
+ * the transport's / the whole batch's error (KVS_ETOOBIG: the batch does not
+ * fit in the daemon's frame limit — split it).  An empty batch is sent too.
+ */
+int kvs_batch_submit(kvs_client *c, kvs_batch *b);
+
+/* After a submit: op i's status (0 or negative); KVS_ERANGE for a bad i,
+ * KVS_ESTATE before a submit. */
+int kvs_batch_status(const kvs_batch *b, uint32_t i);
+/* The daemon's message for op i ("" when none or out of range). */
+const char *kvs_batch_message(const kvs_batch *b, uint32_t i);
+/* Op i's result; fails with op i's status, KVS_ERANGE or KVS_EINVAL (op i
+ * is not that kind of op). */
+int kvs_batch_lookup_result(const kvs_batch *b, uint32_t i,
+                            kvs_lookup_result *res);
+int kvs_batch_alloc_result(const kvs_batch *b, uint32_t i,
+                           kvs_alloc_result *res);
+int kvs_batch_commit_result(const kvs_batch *b, uint32_t i, uint32_t *sealed);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVSHARE_H */

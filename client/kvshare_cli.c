@@ -1,0 +1,198 @@
+/*
+ * kvshare — command-line client of kvshared.
+ *
+ *   kvshare [--socket PATH] stats [--json] [--check]
+ *   kvshare [--socket PATH] ping [--count N]
+ *   kvshare [--socket PATH] layout [--json]
+ *
+ * PATH defaults to $KVS_SOCKET, then KVS_DEFAULT_SOCKET.  Exit status: 0 ok,
+ * 1 the daemon answered with an error (or the invariant check failed), 2
+ * usage, 3 cannot connect.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "client/kvshare.h"
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: kvshare [--socket PATH] COMMAND [options]\n"
+          "  stats [--json] [--check]  the daemon's counters (--check: also\n"
+          "                            run the pool invariant check)\n"
+          "  ping [--count N]          round trips to the daemon\n"
+          "  layout [--json]           the pool layout the daemon announces\n"
+          "PATH defaults to $KVS_SOCKET, then %s\n",
+          KVS_DEFAULT_SOCKET);
+}
+
+static double now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+/* Prints a string as a JSON string literal. */
+static void json_str(const char *s) {
+  putchar('"');
+  for (; *s; s++) {
+    unsigned char ch = (unsigned char)*s;
+    if (ch == '"' || ch == '\\')
+      printf("\\%c", ch);
+    else if (ch < 0x20)
+      printf("\\u%04x", ch);
+    else
+      putchar(ch);
+  }
+  putchar('"');
+}
+
+#define STATS_FIELDS(X)                                                       \
+  X(num_blocks) X(free_blocks) X(cached_blocks) X(used_blocks)                \
+  X(num_requests) X(sessions) X(lookups) X(query_tokens) X(hit_tokens)        \
+  X(hit_blocks) X(miss_blocks) X(allocated_blocks) X(evictions)               \
+  X(cow_copies) X(sealed_blocks) X(no_space) X(frames_in) X(protocol_errors)
+
+static int cmd_stats(kvs_client *c, int json, int check) {
+  kvs_stats st;
+  int rc = kvs_stats_get(c, check, &st);
+  if (rc) {
+    fprintf(stderr, "kvshare: stats: %s%s%s\n", kvs_strerror(rc),
+            *kvs_last_message(c) ? ": " : "", kvs_last_message(c));
+    return 1;
+  }
+  if (json) {
+    printf("{");
+#define JSON_FIELD(f) printf("\"" #f "\": %llu, ", (unsigned long long)st.f);
+    STATS_FIELDS(JSON_FIELD)
+#undef JSON_FIELD
+    printf("\"session_id\": %llu", (unsigned long long)kvs_session_id(c));
+    if (check) {
+      printf(", \"check\": %d, \"check_status\": ", (int)st.check);
+      json_str(kvs_status_name(st.check));
+      printf(", \"check_message\": ");
+      json_str(st.check_message);
+    }
+    printf("}\n");
+  } else {
+#define TEXT_FIELD(f) printf("%-18s %llu\n", #f, (unsigned long long)st.f);
+    STATS_FIELDS(TEXT_FIELD)
+#undef TEXT_FIELD
+    if (check)
+      printf("%-18s %s\n", "check", st.check ? kvs_status_name(st.check) : "ok");
+    if (check && st.check)
+      printf("%-18s %s\n", "check_message", st.check_message);
+  }
+  return check && st.check ? 1 : 0;
+}
+
+static int cmd_ping(kvs_client *c, const char *path, long count) {
+  double best = 0, sum = 0;
+  for (long i = 0; i < count; i++) {
+    double t0 = now_us();
+    int rc = kvs_ping(c, "kvshare", 7);
+    double dt = now_us() - t0;
+    if (rc) {
+      fprintf(stderr, "kvshare: ping: %s\n", kvs_strerror(rc));
+      return 1;
+    }
+    sum += dt;
+    if (i == 0 || dt < best)
+      best = dt;
+  }
+  printf("pong from %s: session %llu, %ld round trip%s, min %.1f us, avg "
+         "%.1f us\n",
+         path, (unsigned long long)kvs_session_id(c), count,
+         count == 1 ? "" : "s", best, sum / (double)count);
+  return 0;
+}
+
+static int cmd_layout(kvs_client *c, int json) {
+  const kvs_layout *l = kvs_layout_of(c);
+  if (json) {
+    printf("{\"block_size\": %u, \"num_layers\": %u, \"num_kv_heads\": %u, "
+           "\"head_dim\": %u, \"dtype\": ",
+           l->block_size, l->num_layers, l->num_kv_heads, l->head_dim);
+    json_str(kvs_dtype_name(l->dtype));
+    printf(", \"num_blocks\": %u, \"block_stride\": %llu, \"pool_bytes\": "
+           "%llu, \"backend\": ",
+           l->num_blocks, (unsigned long long)l->block_stride,
+           (unsigned long long)kvs_pool_size(c));
+    json_str(kvs_pool_backend(c));
+    printf(", \"model_id\": ");
+    json_str(kvs_model_id(c));
+    printf(", \"max_frame\": %u}\n", kvs_max_frame(c));
+  } else {
+    printf("block_size   %u\nnum_layers   %u\nnum_kv_heads %u\nhead_dim     "
+           "%u\ndtype        %s\nnum_blocks   %u\nblock_stride %llu\n"
+           "pool_bytes   %llu\nbackend      %s\nmodel_id     %s\n"
+           "max_frame    %u\n",
+           l->block_size, l->num_layers, l->num_kv_heads, l->head_dim,
+           kvs_dtype_name(l->dtype), l->num_blocks,
+           (unsigned long long)l->block_stride,
+           (unsigned long long)kvs_pool_size(c), kvs_pool_backend(c),
+           kvs_model_id(c), kvs_max_frame(c));
+  }
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  const char *path = NULL, *cmd = NULL;
+  int json = 0, check = 0;
+  long count = 1;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (strcmp(a, "--socket") == 0 && i + 1 < argc) {
+      path = argv[++i];
+    } else if (strncmp(a, "--socket=", 9) == 0) {
+      path = a + 9;
+    } else if (strcmp(a, "--json") == 0) {
+      json = 1;
+    } else if (strcmp(a, "--check") == 0) {
+      check = 1;
+    } else if (strcmp(a, "--count") == 0 && i + 1 < argc) {
+      char *end;
+      count = strtol(argv[++i], &end, 10);
+      if (*end || count < 1 || count > 10000000) {
+        fprintf(stderr, "kvshare: bad --count\n");
+        return 2;
+      }
+    } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+      usage(stdout);
+      return 0;
+    } else if (a[0] != '-' && !cmd) {
+      cmd = a;
+    } else {
+      fprintf(stderr, "kvshare: unexpected argument '%s'\n", a);
+      usage(stderr);
+      return 2;
+    }
+  }
+  if (!cmd || (strcmp(cmd, "stats") && strcmp(cmd, "ping") &&
+               strcmp(cmd, "layout"))) {
+    usage(stderr);
+    return 2;
+  }
+  if (!path)
+    path = getenv("KVS_SOCKET");
+  if (!path || !*path)
+    path = KVS_DEFAULT_SOCKET;
+
+  kvs_connect_opts opts = {"kvshare-cli", 10000, 1};
+  kvs_client *c;
+  int rc = kvs_connect(path, &opts, &c);
+  if (rc) {
+    fprintf(stderr, "kvshare: cannot connect to %s: %s\n", path,
+            kvs_strerror(rc));
+    return 3;
+  }
+  if (strcmp(cmd, "stats") == 0)
+    rc = cmd_stats(c, json, check);
+  else if (strcmp(cmd, "ping") == 0)
+    rc = cmd_ping(c, path, count);
+  else
+    rc = cmd_layout(c, json);
+  kvs_close(c);
+  return rc;
+}
