@@ -8,11 +8,25 @@ $(BUILD)/libkvscore.a: $(CORE_OBJS) $(PROTO_OBJS)
 
 CORE_LIBS = $(BUILD)/libkvscore.a $(call DEP_LIBS,libxxhash)
 
-# kvshared: the I/O layer (daemon/*.c) around the core.
+# kvshared: the I/O layer (daemon/*.c) around the core.  The pool backend is
+# picked here by source file: backend_host.c (memfd) is the only one so far.
 DAEMON_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(wildcard daemon/*.c))
 MOD_CFLAGS_daemon_ := $(call DEP_CFLAGS,libuv libprotobuf-c liburing jansson libxxhash)
 DAEMON_LIBS = $(call DEP_LIBS,libuv libprotobuf-c liburing jansson) -lm
 PROGRAMS += $(BUILD)/kvshared
-$(BUILD)/kvshared: $(DAEMON_OBJS) $(SHM_OBJS) $(BUILD)/libkvscore.a
+$(DAEMON_OBJS): | $(PROTO_GEN_H)
+$(BUILD)/kvshared: $(DAEMON_OBJS) $(BUILD)/libkvsshm.a $(BUILD)/libkvscore.a \
+                   $(BUILD)/libkvsproto.a
 	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) $(LDFLAGS) -o $@ $(DAEMON_OBJS) $(SHM_OBJS) $(CORE_LIBS) $(DAEMON_LIBS)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $(DAEMON_OBJS) $(BUILD)/libkvsshm.a $(CORE_LIBS) \
+	  $(BUILD)/libkvsproto.a $(DAEMON_LIBS)
+
+# Unit tests of the configuration: tests/unit/test_config*.c, linked with the
+# option table alone (no loop, no core).
+CONFIG_TESTS := $(patsubst %.c,$(BUILD)/%,$(wildcard tests/unit/test_config*.c))
+UNIT_TESTS += $(CONFIG_TESTS)
+$(CONFIG_TESTS): $(BUILD)/%: $(BUILD)/%.o $(BUILD)/daemon/config.o \
+                 $(BUILD)/libkvsproto.a
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(BUILD)/daemon/config.o $(BUILD)/libkvsproto.a \
+	  $(PROTO_LIBS) $(TEST_LIBS)

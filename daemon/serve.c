@@ -1,10 +1,374 @@
+/*
+ * serve.c — `kvshared [serve]`: configuration, the pool, the core, the
+ * listening socket, signals and shutdown.  Sessions live in session.c,
+ * request dispatch in dispatch.c.
+ */
+#include <errno.h>
+#include <grp.h>
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
 
+#include "daemon/log.h"
 #include "daemon/serve.h"
+#include "daemon/server.h"
+#include "kvs_shm.h"
+
+#define KVSHARED_VERSION "0.1"
+
+/* mkdir -p of the socket's folder (mode 0755 for what it creates). */
+static int make_parent(const char *path) {
+  char dir[CFG_SOCKET_MAX];
+  char *p;
+
+  snprintf(dir, sizeof(dir), "%s", path);
+  p = strrchr(dir, '/');
+  if (!p || p == dir)
+    return 0;
+  *p = '\0';
+  for (p = dir + 1; *p; p++) {
+    if (*p != '/')
+      continue;
+    *p = '\0';
+    if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+      return -errno;
+    *p = '/';
+  }
+  if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+    return -errno;
+  return 0;
+}
+
+/*
+ * A socket file left at path: live (another daemon answers) is an error;
+ * stale (connection refused) is removed; anything but a socket is an error.
+ */
+static int check_stale(const char *path) {
+  struct sockaddr_un sa;
+  struct stat st;
+  int fd, rc;
+
+  if (lstat(path, &st) < 0)
+    return errno == ENOENT ? 0 : -errno;
+  if (!S_ISSOCK(st.st_mode)) {
+    log_error(0, "%s exists and is not a socket", path);
+    return KVS_EEXIST;
+  }
+  fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return -errno;
+  memset(&sa, 0, sizeof(sa));
+  sa.sun_family = AF_UNIX;
+  snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+  rc = connect(fd, (struct sockaddr *)&sa, sizeof(sa));
+  if (rc == 0) {
+    close(fd);
+    log_error(0, "%s: another daemon is listening there", path);
+    return KVS_EEXIST;
+  }
+  rc = errno;
+  close(fd);
+  if (rc != ECONNREFUSED) {
+    log_error(rc, "%s: cannot tell whether the socket is stale", path);
+    return -rc;
+  }
+  if (unlink(path) < 0 && errno != ENOENT)
+    return -errno;
+  log_info(0, "removed the stale socket %s", path);
+  return 0;
+}
+
+static int resolve_group(const char *name, gid_t *gid) {
+  struct group *g;
+  char *end;
+  unsigned long v;
+
+  errno = 0;
+  v = strtoul(name, &end, 10);
+  if (!errno && end != name && !*end) {
+    *gid = (gid_t)v;
+    return 0;
+  }
+  g = getgrnam(name); /* at start-up, before the loop runs */
+  if (!g)
+    return KVS_ENOENT;
+  *gid = g->gr_gid;
+  return 0;
+}
+
+static void on_connection(uv_stream_t *listener, int status) {
+  srv *s = listener->data;
+
+  if (status < 0) {
+    log_warn(status, "listener");
+    return;
+  }
+  if (s->stopping)
+    return;
+  sess_accept(s);
+}
+
+static int start_listening(srv *s) {
+  const cfg *c = s->cfg;
+  mode_t old;
+  int rc;
+
+  rc = make_parent(c->socket);
+  if (rc < 0) {
+    log_error(rc, "creating the folder of %s", c->socket);
+    return rc;
+  }
+  rc = check_stale(c->socket);
+  if (rc < 0)
+    return rc;
+  rc = uv_pipe_init(s->loop, &s->listener, 0);
+  if (rc < 0)
+    return rc;
+  s->listener.data = s;
+  /* The socket is born 0660: no window where others could connect. */
+  old = umask(0117);
+  rc = uv_pipe_bind(&s->listener, c->socket);
+  umask(old);
+  if (rc < 0) {
+    log_error(rc, "bind %s", c->socket);
+    return rc;
+  }
+  if (chmod(c->socket, 0660) < 0) {
+    rc = -errno;
+    log_error(rc, "chmod %s", c->socket);
+    return rc;
+  }
+  if (c->socket_group[0]) {
+    gid_t gid;
+
+    if (resolve_group(c->socket_group, &gid) < 0) {
+      log_error(0, "socket_group '%s': no such group", c->socket_group);
+      return KVS_ENOENT;
+    }
+    if (chown(c->socket, (uid_t)-1, gid) < 0) {
+      rc = -errno;
+      log_error(rc, "chown %s to group %s", c->socket, c->socket_group);
+      return rc;
+    }
+  }
+  rc = uv_listen((uv_stream_t *)&s->listener, SOMAXCONN, on_connection);
+  if (rc < 0) {
+    log_error(rc, "listen %s", c->socket);
+    return rc;
+  }
+  return 0;
+}
+
+static void on_handle_closed(uv_handle_t *h) { (void)h; }
+
+static void close_handle(uv_handle_t *h) {
+  if (h->loop && !uv_is_closing(h))
+    uv_close(h, on_handle_closed);
+}
+
+static void on_drain_timeout(uv_timer_t *t) {
+  srv *s = t->data;
+
+  log_warn(0, "shutdown: replies still queued after %u ms; closing anyway",
+           s->cfg->shutdown_timeout_ms);
+  while (s->sessions)
+    sess_shutdown(s->sessions, 1);
+}
+
+/* Called when a session's handle has closed. */
+void srv_session_closed(srv *s) {
+  if (s->stopping && !s->sessions)
+    close_handle((uv_handle_t *)&s->drain_timer);
+}
+
+static void srv_stop(srv *s, const char *why) {
+  sess *c, *next;
+
+  if (s->stopping)
+    return;
+  s->stopping = 1;
+  log_info(0, "%s: stopping (%u sessions)", why, s->nsessions);
+  close_handle((uv_handle_t *)&s->listener);
+  unlink(s->cfg->socket);
+  /* Closing a signal handle restores the default action: a second signal
+   * ends the process at once. */
+  close_handle((uv_handle_t *)&s->sig_term);
+  close_handle((uv_handle_t *)&s->sig_int);
+  for (c = s->sessions; c; c = next) {
+    next = c->next;
+    sess_shutdown(c, 0);
+  }
+  if (s->sessions) {
+    uv_timer_start(&s->drain_timer, on_drain_timeout,
+                   s->cfg->shutdown_timeout_ms, 0);
+  } else {
+    close_handle((uv_handle_t *)&s->drain_timer);
+  }
+}
+
+static void on_signal(uv_signal_t *h, int signum) {
+  srv_stop(h->data, signum == SIGTERM ? "SIGTERM" : "SIGINT");
+}
+
+static void announce_ready(const srv *s) {
+  const cfg *c = s->cfg;
+
+  if (c->ready_fd >= 0) {
+    static const char msg[] = "ready\n";
+    ssize_t n;
+
+    do
+      n = write(c->ready_fd, msg, sizeof(msg) - 1);
+    while (n < 0 && errno == EINTR);
+    if (n < 0)
+      log_warn(errno, "ready_fd %d", c->ready_fd);
+    close(c->ready_fd);
+  }
+  printf("ready %s\n", c->socket);
+  fflush(stdout);
+}
+
+static int make_core(srv *s) {
+  core_config cc;
+  int rc;
+
+  core_config_init(&cc);
+  cc.num_blocks = s->layout.num_blocks;
+  cc.block_size = s->layout.block_size;
+  cc.reserve_blocks = s->cfg->reserve_blocks;
+  cc.root = core_root_hash(&s->layout, s->cfg->model_id);
+  cc.verify_tokens = s->cfg->verify_tokens;
+  cc.policy = s->cfg->policy;
+  rc = core_create(&cc, &s->core);
+  if (rc < 0)
+    log_error(rc, "creating the core (policy '%s')", s->cfg->policy);
+  return rc;
+}
+
+static int run(const cfg *c) {
+  uv_loop_t loop;
+  srv s;
+  char err[256];
+  int rc, status = 1;
+
+  memset(&s, 0, sizeof(s));
+  s.cfg = c;
+  s.layout = c->layout;
+  s.self_uid = getuid();
+
+  if (strcmp(c->backend, "auto") == 0)
+    log_info(0, "backend auto: no GPU backend in this build; using the host "
+                "backend (memfd)");
+  rc = backend_open(c, &s.layout, &s.pool, err, sizeof(err));
+  if (rc < 0) {
+    log_error(0, "pool: %s", err);
+    return 1;
+  }
+  if (make_core(&s) < 0)
+    goto out_pool;
+  rc = uv_loop_init(&loop);
+  if (rc < 0) {
+    log_error(rc, "uv_loop_init");
+    goto out_core;
+  }
+  s.loop = &loop;
+  uv_signal_init(&loop, &s.sig_term);
+  uv_signal_init(&loop, &s.sig_int);
+  uv_timer_init(&loop, &s.drain_timer);
+  s.sig_term.data = s.sig_int.data = s.drain_timer.data = &s;
+  uv_signal_start(&s.sig_term, on_signal, SIGTERM);
+  uv_signal_start(&s.sig_int, on_signal, SIGINT);
+
+  rc = start_listening(&s);
+  if (rc < 0) {
+    s.stopping = 1;
+    close_handle((uv_handle_t *)&s.listener);
+    close_handle((uv_handle_t *)&s.sig_term);
+    close_handle((uv_handle_t *)&s.sig_int);
+    close_handle((uv_handle_t *)&s.drain_timer);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    uv_loop_close(&loop);
+    goto out_core;
+  }
+  log_info(0, "listening on %s: %u blocks of %u tokens (%s, %u layers, %u kv "
+              "heads, head_dim %u, %llu bytes per block, %llu MiB pool)",
+           c->socket, s.layout.num_blocks, s.layout.block_size,
+           kvs_dtype_name(s.layout.dtype), s.layout.num_layers,
+           s.layout.num_kv_heads, s.layout.head_dim,
+           (unsigned long long)s.layout.block_stride,
+           (unsigned long long)(kvs_pool_bytes(&s.layout) >> 20));
+  announce_ready(&s);
+
+  uv_run(&loop, UV_RUN_DEFAULT);
+
+  /* Every session is closed and its requests freed: the pool must be whole. */
+  rc = core_check(s.core, err, sizeof(err));
+  if (rc < 0) {
+    log_error(rc, "pool invariant violated at exit: %s", err);
+  } else {
+    core_stats st;
+
+    core_get_stats(s.core, &st);
+    if (st.used_blocks || st.num_requests) {
+      log_error(0, "at exit %u blocks are still in use by %u requests",
+                st.used_blocks, st.num_requests);
+    } else {
+      log_info(0, "stopped cleanly (%llu frames, %llu protocol errors)",
+               (unsigned long long)s.frames_in,
+               (unsigned long long)s.protocol_errors);
+      status = 0;
+    }
+  }
+  rc = uv_loop_close(&loop);
+  if (rc < 0) {
+    log_error(rc, "uv_loop_close");
+    status = 1;
+  }
+out_core:
+  core_destroy(s.core);
+out_pool:
+  backend_close(s.pool);
+  return status;
+}
 
 int serve_main(int argc, char **argv) {
-  (void)argc;
-  (void)argv;
-  fprintf(stderr, "kvshared: serving is not built yet\n");
-  return 1;
+  enum cfg_action action;
+  char err[512];
+  cfg c;
+
+  cfg_init(&c);
+  if (cfg_parse_args(&c, argc, argv, &action, err, sizeof(err)) < 0) {
+    fprintf(stderr, "kvshared: %s\n", err);
+    return 2;
+  }
+  switch (action) {
+  case CFG_HELP:
+    cfg_print_help(stdout, "kvshared");
+    return 0;
+  case CFG_VERSION:
+    printf("kvshared %s (protocol %u)\n", KVSHARED_VERSION, KVS_PROTO_VERSION);
+    return 0;
+  case CFG_PRINT_EXAMPLE:
+    cfg_print_example(stdout);
+    return 0;
+  default:
+    break;
+  }
+  if (cfg_finish(&c, err, sizeof(err)) < 0) {
+    fprintf(stderr, "kvshared: %s\n", err);
+    return 2;
+  }
+  if (action == CFG_PRINT_CONFIG) {
+    cfg_print_values(stdout, &c);
+    return 0;
+  }
+  log_level_cur = c.log_level;
+  /* A peer that closes early must not kill the daemon with SIGPIPE. */
+  signal(SIGPIPE, SIG_IGN);
+  return run(&c);
 }

@@ -1,0 +1,734 @@
+#include "daemon/config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kvs_status.h"
+
+enum cfg_type {
+  T_U32,  /* decimal (or 0x hex) integer */
+  T_U64,
+  T_SIZE, /* bytes; suffix K, M, G or T (powers of 1024) */
+  T_INT,
+  T_BOOL, /* yes/no, true/false, on/off, 1/0 */
+  T_STR,  /* a string; one of choices ("a|b|c") when choices is set */
+  T_ENUM, /* one of choices ("a|b|c"); stored as its index (4 bytes) */
+  T_IDS,  /* comma-separated numeric ids */
+};
+
+typedef struct cfg_option {
+  const char *name;
+  enum cfg_type type;
+  size_t off, size;
+  long long min;
+  unsigned long long max;
+  const char *def; /* the default, as text */
+  const char *choices;
+  const char *arg; /* the value's name in --help */
+  const char *section;
+  const char *help;
+} cfg_option;
+
+#define F(field) offsetof(cfg, field), sizeof(((cfg *)0)->field)
+
+/* The one option table.  Every option is a config-file key and a flag. */
+static const cfg_option options[] = {
+    {"socket", T_STR, F(socket), 0, 0, "", NULL, "PATH", "Listening",
+     "Unix socket to listen on.  Default: $XDG_RUNTIME_DIR/kvshare/"
+     "kvshared.sock, or /run/kvshare/kvshared.sock when XDG_RUNTIME_DIR is "
+     "unset.  The folder is created (mode 0755) if missing; the socket gets "
+     "mode 0660.  A stale socket left by a dead daemon is replaced; a live "
+     "one is an error."},
+    {"socket_group", T_STR, F(socket_group), 0, 0, "", NULL, "GROUP",
+     "Listening",
+     "Group (name or number) to own the socket, so that its members can "
+     "connect.  Empty: the daemon's own group."},
+    {"allow_uids", T_IDS, F(allow_uids), 0, UINT32_MAX, "", NULL, "UID,...",
+     "Listening",
+     "User ids allowed to connect (checked with SO_PEERCRED), besides root "
+     "and the daemon's own uid, which always are."},
+    {"allow_gids", T_IDS, F(allow_gids), 0, UINT32_MAX, "", NULL, "GID,...",
+     "Listening",
+     "Group ids whose processes may connect (the peer's primary gid)."},
+    {"max_connections", T_U32, F(max_connections), 1, 65536, "256", NULL, "N",
+     "Listening",
+     "Most sessions at once.  A connection over the limit gets a Welcome "
+     "with status ELIMIT and is closed."},
+    {"max_requests", T_U32, F(max_requests), 1, 1u << 24, "65536", NULL, "N",
+     "Listening",
+     "Most live requests per session; creating one more fails with ELIMIT."},
+    {"max_frame", T_SIZE, F(max_frame), 1024, 1u << 30, "16M", NULL, "BYTES",
+     "Listening",
+     "Largest frame payload accepted.  A longer frame gets ETOOBIG and the "
+     "connection is closed.  Announced to clients in Welcome.max_frame."},
+
+    {"backend", T_STR, F(backend), 0, 0, "auto", "auto|host", "NAME", "Pool",
+     "Where the block pool lives.  host: a memfd shared with the workers.  "
+     "auto: the GPU when this build has a GPU backend and a GPU is present, "
+     "else host (logged)."},
+    {"pool_blocks", T_U32, F(pool_blocks), 1, UINT32_MAX - 1, "4096", NULL,
+     "N", "Pool", "Blocks in the pool (unless pool_bytes is set)."},
+    {"pool_bytes", T_SIZE, F(pool_bytes), 0, 1ull << 44, "0", NULL, "BYTES",
+     "Pool",
+     "Byte budget for the pool; when nonzero the pool holds as many whole "
+     "blocks as fit, and pool_blocks is ignored."},
+    {"block_size", T_U32, F(block_size), 1, 4096, "16", NULL, "TOKENS", "Pool",
+     "Tokens per block."},
+    {"num_layers", T_U32, F(num_layers), 1, 1024, "4", NULL, "N", "Pool",
+     "Model layers (every block holds all of them)."},
+    {"num_kv_heads", T_U32, F(num_kv_heads), 1, 1024, "4", NULL, "N", "Pool",
+     "K/V heads per layer."},
+    {"head_dim", T_U32, F(head_dim), 1, 4096, "64", NULL, "N", "Pool",
+     "Elements per head."},
+    {"dtype", T_ENUM, F(dtype), 0, 0, "fp32", "fp32|fp16|bf16", "TYPE", "Pool",
+     "Element type of K and V."},
+    {"model_id", T_STR, F(model_id), 0, 0, "kvshare-default", NULL, "NAME",
+     "Pool",
+     "Model name: part of the root of every block hash, so caches of "
+     "different models never match."},
+
+    {"reserve_blocks", T_U32, F(reserve_blocks), 0, UINT32_MAX - 1, "0", NULL,
+     "N", "Core",
+     "Blocks Allocate leaves free for Append (decode of running requests)."},
+    {"verify_tokens", T_BOOL, F(verify_tokens), 0, 1, "yes", NULL, "BOOL",
+     "Core",
+     "On a prefix hit, also compare the stored token ids, so a hash "
+     "collision never serves another prefix."},
+    {"policy", T_STR, F(policy), 0, 0, "lru", NULL, "NAME", "Core",
+     "Eviction policy of the core."},
+
+    {"log_level", T_ENUM, F(log_level), 0, 0, "info",
+     "error|warn|info|debug", "LEVEL", "Process",
+     "Least severe level logged to stderr."},
+    {"ready_fd", T_INT, F(ready_fd), -1, INT_MAX, "-1", NULL, "FD", "Process",
+     "Once listening, write \"ready\\n\" to this inherited descriptor and "
+     "close it (for tests and supervisors).  -1: none.  The daemon also "
+     "prints \"ready <socket>\" on stdout."},
+    {"shutdown_timeout_ms", T_U32, F(shutdown_timeout_ms), 0, 600000, "2000",
+     NULL, "MS", "Process",
+     "On SIGTERM/SIGINT, how long replies still queued may take to drain "
+     "before the connections are closed anyway."},
+};
+
+#define NOPTIONS (sizeof(options) / sizeof(options[0]))
+
+static int fail(char *err, size_t err_len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int fail(char *err, size_t err_len, const char *fmt, ...) {
+  va_list ap;
+
+  if (err && err_len) {
+    va_start(ap, fmt);
+    vsnprintf(err, err_len, fmt, ap);
+    va_end(ap);
+  }
+  return KVS_EINVAL;
+}
+
+static const cfg_option *find(const char *key, size_t len) {
+  size_t i, j;
+
+  for (i = 0; i < NOPTIONS; i++) {
+    const char *n = options[i].name;
+
+    for (j = 0; j < len && n[j]; j++) {
+      char k = key[j] == '-' ? '_' : key[j];
+
+      if (k != n[j])
+        break;
+    }
+    if (j == len && n[j] == '\0')
+      return &options[i];
+  }
+  return NULL;
+}
+
+static int parse_ull(const char *s, unsigned long long *v, int sized) {
+  char *end;
+  unsigned long long x, mul = 1;
+
+  while (isspace((unsigned char)*s))
+    s++;
+  if (!isdigit((unsigned char)*s))
+    return -1;
+  errno = 0;
+  x = strtoull(s, &end, 0);
+  if (errno)
+    return -1;
+  if (sized && *end) {
+    switch (toupper((unsigned char)*end)) {
+    case 'K':
+      mul = 1ull << 10;
+      break;
+    case 'M':
+      mul = 1ull << 20;
+      break;
+    case 'G':
+      mul = 1ull << 30;
+      break;
+    case 'T':
+      mul = 1ull << 40;
+      break;
+    default:
+      return -1;
+    }
+    end++;
+    if (toupper((unsigned char)*end) == 'I') /* KiB, MiB, ... */
+      end++;
+    if (toupper((unsigned char)*end) == 'B')
+      end++;
+  }
+  if (*end)
+    return -1;
+  if (x > ULLONG_MAX / mul)
+    return -1;
+  *v = x * mul;
+  return 0;
+}
+
+static int choice_index(const char *choices, const char *v) {
+  const char *p = choices;
+  size_t vl = strlen(v);
+  int i = 0;
+
+  while (*p) {
+    const char *bar = strchr(p, '|');
+    size_t l = bar ? (size_t)(bar - p) : strlen(p);
+
+    if (l == vl && strncmp(p, v, l) == 0)
+      return i;
+    if (!bar)
+      break;
+    p = bar + 1;
+    i++;
+  }
+  return -1;
+}
+
+static void choice_name(const char *choices, int index, char *out,
+                        size_t len) {
+  const char *p = choices;
+
+  while (index-- > 0 && p) {
+    p = strchr(p, '|');
+    if (p)
+      p++;
+  }
+  if (!p) {
+    snprintf(out, len, "?");
+    return;
+  }
+  snprintf(out, len, "%.*s", (int)(strchrnul(p, '|') - p), p);
+}
+
+static int set_option(cfg *c, const cfg_option *o, const char *v, char *err,
+                      size_t err_len) {
+  char *field = (char *)c + o->off;
+  unsigned long long u;
+
+  switch (o->type) {
+  case T_U32:
+  case T_U64:
+  case T_SIZE:
+    if (parse_ull(v, &u, o->type == T_SIZE) < 0)
+      return fail(err, err_len, "%s: '%s' is not a%s number", o->name, v,
+                  o->type == T_SIZE ? " byte count (K, M, G, T allowed)" : "");
+    if (u < (unsigned long long)o->min || u > o->max)
+      return fail(err, err_len, "%s: %s is out of range [%lld, %llu]",
+                  o->name, v, o->min, o->max);
+    if (o->type == T_U32)
+      *(uint32_t *)field = (uint32_t)u;
+    else
+      *(uint64_t *)field = (uint64_t)u;
+    return 0;
+  case T_INT: {
+    char *end;
+    long long x;
+
+    errno = 0;
+    x = strtoll(v, &end, 10);
+    if (errno || end == v || *end)
+      return fail(err, err_len, "%s: '%s' is not a number", o->name, v);
+    if (x < o->min || (x > 0 && (unsigned long long)x > o->max))
+      return fail(err, err_len, "%s: %s is out of range [%lld, %llu]",
+                  o->name, v, o->min, o->max);
+    *(int *)field = (int)x;
+    return 0;
+  }
+  case T_BOOL:
+    if (!strcmp(v, "yes") || !strcmp(v, "true") || !strcmp(v, "on") ||
+        !strcmp(v, "1"))
+      *(int *)field = 1;
+    else if (!strcmp(v, "no") || !strcmp(v, "false") || !strcmp(v, "off") ||
+             !strcmp(v, "0"))
+      *(int *)field = 0;
+    else
+      return fail(err, err_len, "%s: '%s' is not yes or no", o->name, v);
+    return 0;
+  case T_STR:
+    if (o->choices && choice_index(o->choices, v) < 0)
+      return fail(err, err_len, "%s: '%s' is not one of %s", o->name, v,
+                  o->choices);
+    if (strlen(v) >= o->size)
+      return fail(err, err_len, "%s: longer than %zu characters", o->name,
+                  o->size - 1);
+    memcpy(field, v, strlen(v) + 1);
+    return 0;
+  case T_ENUM: {
+    int i = choice_index(o->choices, v);
+
+    if (i < 0)
+      return fail(err, err_len, "%s: '%s' is not one of %s", o->name, v,
+                  o->choices);
+    _Static_assert(sizeof(int) == sizeof(uint32_t), "enum fields");
+    memcpy(field, &i, sizeof(i));
+    return 0;
+  }
+  case T_IDS: {
+    cfg_idlist l = {0, {0}};
+    const char *p = v;
+
+    while (*p) {
+      char num[32];
+      size_t n;
+
+      while (*p == ',' || isspace((unsigned char)*p))
+        p++;
+      if (!*p)
+        break;
+      n = strcspn(p, ", \t");
+      if (n >= sizeof(num) || l.n == CFG_MAX_IDS)
+        return fail(err, err_len, "%s: too long (at most %d ids)", o->name,
+                    CFG_MAX_IDS);
+      memcpy(num, p, n);
+      num[n] = '\0';
+      if (parse_ull(num, &u, 0) < 0 || u > o->max)
+        return fail(err, err_len, "%s: '%s' is not a numeric id", o->name,
+                    num);
+      l.ids[l.n++] = (uint32_t)u;
+      p += n;
+    }
+    memcpy(field, &l, sizeof(l));
+    return 0;
+  }
+  }
+  return fail(err, err_len, "%s: bad option type", o->name);
+}
+
+void cfg_init(cfg *c) {
+  size_t i;
+
+  memset(c, 0, sizeof(*c));
+  for (i = 0; i < NOPTIONS; i++) {
+    int rc = set_option(c, &options[i], options[i].def, NULL, 0);
+
+    /* The table's defaults must parse: checked by test_config too. */
+    if (rc < 0)
+      abort();
+  }
+}
+
+int cfg_set(cfg *c, const char *key, const char *value, char *err,
+            size_t err_len) {
+  const cfg_option *o = find(key, strlen(key));
+
+  if (!o)
+    return fail(err, err_len, "unknown option '%s'", key);
+  return set_option(c, o, value, err, err_len);
+}
+
+int cfg_load_string(cfg *c, const char *text, const char *name, char *err,
+                    size_t err_len) {
+  const char *line = text;
+  unsigned lineno = 0;
+
+  while (line && *line) {
+    const char *eol = strchrnul(line, '\n');
+    char buf[4096], msg[512];
+    char *k, *v, *eq, *end, *hash;
+    size_t len = (size_t)(eol - line);
+
+    lineno++;
+    if (len >= sizeof(buf))
+      return fail(err, err_len, "%s:%u: line too long", name, lineno);
+    memcpy(buf, line, len);
+    buf[len] = '\0';
+    line = *eol ? eol + 1 : NULL;
+
+    /* Comments: '#' at the start or after white space. */
+    for (hash = buf; (hash = strchr(hash, '#')); hash++)
+      if (hash == buf || isspace((unsigned char)hash[-1])) {
+        *hash = '\0';
+        break;
+      }
+    k = buf;
+    while (isspace((unsigned char)*k))
+      k++;
+    end = k + strlen(k);
+    while (end > k && isspace((unsigned char)end[-1]))
+      *--end = '\0';
+    if (!*k)
+      continue;
+    eq = strchr(k, '=');
+    if (!eq)
+      return fail(err, err_len, "%s:%u: expected 'key = value'", name,
+                  lineno);
+    v = eq + 1;
+    while (eq > k && isspace((unsigned char)eq[-1]))
+      eq--;
+    *eq = '\0';
+    while (isspace((unsigned char)*v))
+      v++;
+    end = v + strlen(v);
+    if (end - v >= 2 && *v == '"' && end[-1] == '"') {
+      end[-1] = '\0';
+      v++;
+    }
+    if (!find(k, strlen(k)))
+      return fail(err, err_len, "%s:%u: unknown option '%s'", name, lineno,
+                  k);
+    if (cfg_set(c, k, v, msg, sizeof(msg)) < 0)
+      return fail(err, err_len, "%s:%u: %s", name, lineno, msg);
+  }
+  return 0;
+}
+
+int cfg_load_file(cfg *c, const char *path, char *err, size_t err_len) {
+  FILE *f = fopen(path, "re");
+  char *text = NULL;
+  size_t len = 0, cap = 0, n;
+  int rc;
+
+  if (!f)
+    return fail(err, err_len, "%s: %s", path, strerror(errno));
+  for (;;) {
+    if (cap - len < 4096) {
+      char *t;
+
+      if (cap > (1u << 22)) {
+        rc = fail(err, err_len, "%s: file too large", path);
+        goto out;
+      }
+      cap = cap ? cap * 2 : 8192;
+      t = realloc(text, cap);
+      if (!t) {
+        rc = fail(err, err_len, "%s: out of memory", path);
+        goto out;
+      }
+      text = t;
+    }
+    n = fread(text + len, 1, cap - len - 1, f);
+    len += n;
+    if (n == 0)
+      break;
+  }
+  if (ferror(f)) {
+    rc = fail(err, err_len, "%s: read error", path);
+    goto out;
+  }
+  text[len] = '\0';
+  if (strlen(text) != len) {
+    rc = fail(err, err_len, "%s: contains a NUL byte", path);
+    goto out;
+  }
+  rc = cfg_load_string(c, text, path, err, err_len);
+out:
+  free(text);
+  fclose(f);
+  return rc;
+}
+
+static int is_flag_value(const char *s) {
+  return s && !(s[0] == '-' && s[1] == '-');
+}
+
+int cfg_parse_args(cfg *c, int argc, char **argv, enum cfg_action *action,
+                   char *err, size_t err_len) {
+  int i, rc;
+
+  *action = CFG_RUN;
+  /* First pass: --config, --help, --version, --print-config. */
+  for (i = 1; i < argc; i++) {
+    const char *a = argv[i];
+
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+      *action = CFG_HELP;
+      return 0;
+    }
+    if (!strcmp(a, "--version")) {
+      *action = CFG_VERSION;
+      return 0;
+    }
+    if (!strcmp(a, "--print-config")) {
+      *action = CFG_PRINT_CONFIG;
+      continue;
+    }
+    if (!strcmp(a, "--print-example-config")) {
+      *action = CFG_PRINT_EXAMPLE;
+      return 0;
+    }
+    if (!strcmp(a, "--config") || !strncmp(a, "--config=", 9)) {
+      const char *path = a[8] == '=' ? a + 9 : (i + 1 < argc ? argv[++i] : NULL);
+
+      if (!path || !*path)
+        return fail(err, err_len, "--config needs a file name");
+      rc = cfg_load_file(c, path, err, err_len);
+      if (rc < 0)
+        return rc;
+    }
+  }
+  /* Second pass: every other option overrides the file. */
+  for (i = 1; i < argc; i++) {
+    const char *a = argv[i], *eq, *v;
+    const cfg_option *o;
+    char msg[512];
+    size_t klen;
+
+    if (!strcmp(a, "--print-config"))
+      continue;
+    if (!strcmp(a, "--config")) {
+      i++;
+      continue;
+    }
+    if (!strncmp(a, "--config=", 9))
+      continue;
+    if (strncmp(a, "--", 2) != 0 || !a[2])
+      return fail(err, err_len, "unexpected argument '%s' (try --help)", a);
+    a += 2;
+    eq = strchr(a, '=');
+    klen = eq ? (size_t)(eq - a) : strlen(a);
+    o = find(a, klen);
+    if (!o)
+      return fail(err, err_len, "unknown option '--%.*s' (try --help)",
+                  (int)klen, a);
+    if (eq) {
+      v = eq + 1;
+    } else if (o->type == T_BOOL && !is_flag_value(i + 1 < argc ? argv[i + 1]
+                                                                : NULL)) {
+      v = "yes"; /* a bare boolean flag */
+    } else if (i + 1 < argc) {
+      v = argv[++i];
+    } else {
+      return fail(err, err_len, "--%s needs a value", o->name);
+    }
+    if (set_option(c, o, v, msg, sizeof(msg)) < 0)
+      return fail(err, err_len, "--%s", msg);
+  }
+  return 0;
+}
+
+void cfg_default_socket(char *out, size_t len) {
+  const char *xdg = getenv("XDG_RUNTIME_DIR");
+
+  if (xdg && xdg[0] == '/' &&
+      strlen(xdg) + sizeof("/kvshare/kvshared.sock") <= len)
+    snprintf(out, len, "%s/kvshare/kvshared.sock", xdg);
+  else
+    snprintf(out, len, "/run/kvshare/kvshared.sock");
+}
+
+int cfg_finish(cfg *c, char *err, size_t err_len) {
+  kvs_layout *l = &c->layout;
+
+  if (!c->socket[0])
+    cfg_default_socket(c->socket, sizeof(c->socket));
+  memset(l, 0, sizeof(*l));
+  l->block_size = c->block_size;
+  l->num_layers = c->num_layers;
+  l->num_kv_heads = c->num_kv_heads;
+  l->head_dim = c->head_dim;
+  l->dtype = c->dtype;
+  l->num_blocks = 1;
+  if (kvs_layout_finish(l) < 0)
+    return fail(err, err_len,
+                "the layout (block_size %u, num_layers %u, num_kv_heads %u, "
+                "head_dim %u) makes a block over 1 GiB",
+                c->block_size, c->num_layers, c->num_kv_heads, c->head_dim);
+  if (c->pool_bytes) {
+    uint64_t n = c->pool_bytes / l->block_stride;
+
+    if (n == 0)
+      return fail(err, err_len,
+                  "pool_bytes %llu is smaller than one block (%llu bytes)",
+                  (unsigned long long)c->pool_bytes,
+                  (unsigned long long)l->block_stride);
+    if (n >= KVS_BLOCK_NONE)
+      n = KVS_BLOCK_NONE - 1;
+    l->num_blocks = (uint32_t)n;
+  } else {
+    l->num_blocks = c->pool_blocks;
+  }
+  if (kvs_layout_finish(l) < 0)
+    return fail(err, err_len, "bad layout");
+  if (kvs_pool_bytes(l) / l->block_stride != l->num_blocks ||
+      kvs_pool_bytes(l) > (1ull << 44))
+    return fail(err, err_len, "the pool (%u blocks of %llu bytes) is too big",
+                l->num_blocks, (unsigned long long)l->block_stride);
+  if (c->reserve_blocks >= l->num_blocks)
+    return fail(err, err_len, "reserve_blocks %u must be below the pool's %u "
+                "blocks", c->reserve_blocks, l->num_blocks);
+  return 0;
+}
+
+int cfg_peer_allowed(const cfg *c, uid_t uid, gid_t gid, uid_t self) {
+  uint32_t i;
+
+  if (uid == 0 || uid == self)
+    return 1;
+  for (i = 0; i < c->allow_uids.n; i++)
+    if (c->allow_uids.ids[i] == uid)
+      return 1;
+  for (i = 0; i < c->allow_gids.n; i++)
+    if (c->allow_gids.ids[i] == gid)
+      return 1;
+  return 0;
+}
+
+/* Wraps text at width, each line starting with prefix. */
+static void wrap(FILE *out, const char *prefix, const char *text,
+                 size_t width) {
+  const char *p = text;
+
+  while (*p) {
+    const char *end = p, *brk = NULL;
+
+    while (*end && (size_t)(end - p) < width) {
+      if (*end == ' ')
+        brk = end;
+      end++;
+    }
+    if (*end && brk)
+      end = brk;
+    fprintf(out, "%s%.*s\n", prefix, (int)(end - p), p);
+    p = end;
+    while (*p == ' ')
+      p++;
+  }
+}
+
+void cfg_print_help(FILE *out, const char *prog) {
+  const char *section = "";
+  size_t i;
+
+  fprintf(out,
+          "Usage: %s [serve] [--config FILE] [--OPTION VALUE]...\n"
+          "       %s replay --help\n"
+          "\n"
+          "kvshared owns a pool of KV-cache blocks and the prefix index over "
+          "it, and\nserves worker processes over a Unix socket.\n"
+          "\n"
+          "  --config FILE        read `key = value` lines first (flags "
+          "override them)\n"
+          "  --print-config       print the effective configuration and "
+          "exit\n"
+          "  --print-example-config  print the annotated example config "
+          "(deploy/kvshared.conf)\n"
+          "  --help, --version\n",
+          prog, prog);
+  for (i = 0; i < NOPTIONS; i++) {
+    const cfg_option *o = &options[i];
+    char flag[64], def[160];
+
+    if (strcmp(section, o->section) != 0) {
+      section = o->section;
+      fprintf(out, "\n%s:\n", section);
+    }
+    snprintf(flag, sizeof(flag), "--%s %s", o->name, o->arg);
+    for (char *f = flag + 2; *f && *f != ' '; f++)
+      if (*f == '_')
+        *f = '-';
+    fprintf(out, "  %s\n", flag);
+    wrap(out, "        ", o->help, 70);
+    if (o->choices)
+      fprintf(out, "        One of: %s.\n", o->choices);
+    snprintf(def, sizeof(def), "%s", o->def[0] ? o->def : "(empty)");
+    if (strcmp(o->name, "socket") != 0)
+      fprintf(out, "        Default: %s.\n", def);
+  }
+  fprintf(out, "\nSignals: SIGTERM or SIGINT stop accepting, free every "
+               "session and exit 0.\n");
+}
+
+void cfg_print_example(FILE *out) {
+  const char *section = "";
+  size_t i;
+
+  fprintf(out,
+          "# kvshared.conf — example configuration of the kvshare daemon.\n"
+          "#\n"
+          "# Generated from kvshared's option table by `kvshared "
+          "--print-example-config`.\n"
+          "# Syntax: `key = value` per line; `#` starts a comment.  Every key "
+          "is also a\n"
+          "# command-line flag (`--key value`, with '-' or '_'), and flags "
+          "override this\n"
+          "# file.  Each option below is commented out and shows its "
+          "default.\n");
+  for (i = 0; i < NOPTIONS; i++) {
+    const cfg_option *o = &options[i];
+
+    if (strcmp(section, o->section) != 0) {
+      section = o->section;
+      fprintf(out, "\n# ---- %s ----\n", section);
+    }
+    fprintf(out, "\n");
+    wrap(out, "# ", o->help, 76);
+    if (o->choices)
+      fprintf(out, "# One of: %s.\n", o->choices);
+    fprintf(out, "#%s = %s\n", o->name, o->def);
+  }
+}
+
+void cfg_print_values(FILE *out, const cfg *c) {
+  size_t i;
+
+  for (i = 0; i < NOPTIONS; i++) {
+    const cfg_option *o = &options[i];
+    const char *field = (const char *)c + o->off;
+    char buf[256];
+
+    switch (o->type) {
+    case T_U32:
+      fprintf(out, "%s = %u\n", o->name, *(const uint32_t *)field);
+      break;
+    case T_U64:
+    case T_SIZE:
+      fprintf(out, "%s = %llu\n", o->name,
+              (unsigned long long)*(const uint64_t *)field);
+      break;
+    case T_INT:
+      fprintf(out, "%s = %d\n", o->name, *(const int *)field);
+      break;
+    case T_BOOL:
+      fprintf(out, "%s = %s\n", o->name, *(const int *)field ? "yes" : "no");
+      break;
+    case T_STR:
+      fprintf(out, "%s = %s\n", o->name, field);
+      break;
+    case T_ENUM: {
+      int idx;
+
+      memcpy(&idx, field, sizeof(idx));
+      choice_name(o->choices, idx, buf, sizeof(buf));
+      fprintf(out, "%s = %s\n", o->name, buf);
+      break;
+    }
+    case T_IDS: {
+      const cfg_idlist *l = (const cfg_idlist *)field;
+      uint32_t j;
+
+      fprintf(out, "%s = ", o->name);
+      for (j = 0; j < l->n; j++)
+        fprintf(out, "%s%u", j ? "," : "", l->ids[j]);
+      fprintf(out, "\n");
+      break;
+    }
+    }
+  }
+}

@@ -1,0 +1,114 @@
+/*
+ * config.h — kvshared's configuration, from one option table.
+ *
+ * The table in config.c (name, type, bounds, default, help) drives the
+ * config-file parser (`key = value` lines, `#` comments), the command-line
+ * flags (`--key value`, `--key=value`; '-' and '_' are the same in a key),
+ * `--help`, and the annotated example config (`--print-example-config`, the
+ * source of deploy/kvshared.conf).  Precedence: built-in defaults, then the file
+ * named by --config, then the other flags.
+ *
+ * Functions return 0 or KVS_EINVAL with a one-line reason in err.  Nothing
+ * here logs or touches the event loop.
+ */
+#ifndef KVS_DAEMON_CONFIG_H
+#define KVS_DAEMON_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <sys/types.h>
+
+#include "kvs_layout.h"
+
+#define CFG_MAX_IDS 32
+#define CFG_SOCKET_MAX 108 /* sizeof(sockaddr_un.sun_path) */
+
+typedef struct cfg_idlist {
+  uint32_t n;
+  uint32_t ids[CFG_MAX_IDS];
+} cfg_idlist;
+
+typedef struct cfg {
+  /* listening */
+  char socket[CFG_SOCKET_MAX]; /* "" until cfg_finish fills the default */
+  char socket_group[64];
+  cfg_idlist allow_uids;
+  cfg_idlist allow_gids;
+  uint32_t max_connections;
+  uint32_t max_requests;  /* per session */
+  uint64_t max_frame;
+  /* the pool */
+  char backend[16];
+  uint32_t pool_blocks;
+  uint64_t pool_bytes;    /* 0: use pool_blocks */
+  uint32_t block_size;
+  uint32_t num_layers;
+  uint32_t num_kv_heads;
+  uint32_t head_dim;
+  uint32_t dtype;         /* kvs_dtype */
+  char model_id[128];
+  /* the core */
+  uint32_t reserve_blocks;
+  int verify_tokens;
+  char policy[32];
+  /* process */
+  int log_level;          /* enum log_level */
+  int ready_fd;           /* -1: none */
+  uint32_t shutdown_timeout_ms;
+
+  /* Derived by cfg_finish. */
+  kvs_layout layout;
+} cfg;
+
+/* Fills c with the table's defaults. */
+void cfg_init(cfg *c);
+
+/* Sets one option from its text value.  key may use '-' or '_'. */
+int cfg_set(cfg *c, const char *key, const char *value, char *err,
+            size_t err_len);
+
+/* Parses a config file: `key = value`, blank lines, `#` comments (a `#`
+ * that starts a line or follows white space), values optionally in double
+ * quotes.  Errors name the file and line. */
+int cfg_load_file(cfg *c, const char *path, char *err, size_t err_len);
+/* The same over a string (for tests); name is used in error messages. */
+int cfg_load_string(cfg *c, const char *text, const char *name, char *err,
+                    size_t err_len);
+
+/* What the command line asked for besides options. */
+enum cfg_action {
+  CFG_RUN = 0,
+  CFG_HELP,         /* --help, -h */
+  CFG_VERSION,      /* --version */
+  CFG_PRINT_CONFIG, /* --print-config: the effective values */
+  CFG_PRINT_EXAMPLE, /* --print-example-config: deploy/kvshared.conf */
+};
+
+/*
+ * Parses argv[1..argc) (argv[0] is the program or the "serve" word): first
+ * finds --config FILE and loads it, then applies every other --key value.
+ * *action tells what to do next.
+ */
+int cfg_parse_args(cfg *c, int argc, char **argv, enum cfg_action *action,
+                   char *err, size_t err_len);
+
+/* Fills the defaults that depend on the environment (socket path) and
+ * derives the layout (pool_bytes -> number of blocks). */
+int cfg_finish(cfg *c, char *err, size_t err_len);
+
+/* The default socket path: $XDG_RUNTIME_DIR/kvshare/kvshared.sock when that
+ * variable is set to an absolute path, else /run/kvshare/kvshared.sock. */
+void cfg_default_socket(char *out, size_t len);
+
+/* Is this peer allowed (uid 0, the daemon's own uid, or in the lists)? */
+int cfg_peer_allowed(const cfg *c, uid_t uid, gid_t gid, uid_t self);
+
+void cfg_print_help(FILE *out, const char *prog);
+/* The annotated example config: every option, commented out, with its
+ * default and help. */
+void cfg_print_example(FILE *out);
+/* The effective configuration, one `key = value` line each. */
+void cfg_print_values(FILE *out, const cfg *c);
+
+#endif

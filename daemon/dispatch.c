@@ -1,0 +1,528 @@
+/*
+ * dispatch.c — one Request of one session to the core, one Response back.
+ *
+ * Request ids are looked up in the session's map only, so a session can never
+ * name another's request.  Every argument is checked here before the core
+ * sees it; the core's own checks (all-or-nothing) come second.  Every error
+ * carries a kvs_status code and a message that names what was wrong.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/log.h"
+#include "daemon/server.h"
+
+#define SALT_MAX 256
+
+struct arena_node {
+  struct arena_node *next;
+  max_align_t data[];
+};
+
+void *disp_alloc(disp_arena *a, size_t size) {
+  struct arena_node *n = malloc(sizeof(*n) + size);
+
+  if (!n)
+    return NULL;
+  n->next = a->head;
+  a->head = n;
+  return n->data;
+}
+
+void disp_arena_free(disp_arena *a) {
+  struct arena_node *n = a->head;
+
+  while (n) {
+    struct arena_node *next = n->next;
+
+    free(n);
+    n = next;
+  }
+  a->head = NULL;
+}
+
+/* A static Status for when the arena cannot allocate. */
+static Kvshare__Status nomem_status = {
+    PROTOBUF_C_MESSAGE_INIT(&kvshare__status__descriptor), KVS_ENOMEM,
+    (char *)"out of memory"};
+
+void disp_status(Kvshare__Response *resp, disp_arena *a, int code,
+                 const char *fmt, ...) {
+  Kvshare__Status *st = disp_alloc(a, sizeof(*st));
+  char *msg = disp_alloc(a, 256);
+  va_list ap;
+
+  if (!st || !msg) {
+    resp->status = &nomem_status;
+    return;
+  }
+  kvshare__status__init(st);
+  st->code = code;
+  va_start(ap, fmt);
+  vsnprintf(msg, 256, fmt, ap);
+  va_end(ap);
+  st->message = msg;
+  resp->status = st;
+}
+
+static void ok(Kvshare__Response *resp, disp_arena *a) {
+  Kvshare__Status *st = disp_alloc(a, sizeof(*st));
+
+  if (!st) {
+    resp->status = &nomem_status;
+    return;
+  }
+  kvshare__status__init(st);
+  resp->status = st;
+}
+
+#define ERR(...) (disp_status(resp, a, __VA_ARGS__))
+
+static core_req *get_req(sess *c, uint64_t id, Kvshare__Response *resp,
+                         disp_arena *a) {
+  core_req *r = reqmap_get(&c->reqs, id);
+
+  if (!r)
+    ERR(KVS_ENOENT, "no request %llu in this session (never created, or "
+                    "already freed)",
+        (unsigned long long)id);
+  return r;
+}
+
+static int room_for_request(sess *c, Kvshare__Response *resp,
+                            disp_arena *a) {
+  if (c->reqs.count < c->srv->cfg->max_requests)
+    return 1;
+  ERR(KVS_ELIMIT, "the session already holds %zu requests (max_requests)",
+      c->reqs.count);
+  return 0;
+}
+
+/* Copies blocks [from, n) of r's table into the arena. */
+static uint32_t *copy_table(core_req *r, uint32_t from, size_t *count,
+                            disp_arena *a) {
+  uint32_t n;
+  const uint32_t *t = core_req_blocks(r, &n);
+  uint32_t *out;
+
+  *count = 0;
+  if (from >= n)
+    return NULL;
+  out = disp_alloc(a, (n - from) * sizeof(*out));
+  if (!out)
+    return NULL;
+  memcpy(out, t + from, (n - from) * sizeof(*out));
+  *count = n - from;
+  return out;
+}
+
+static void core_error(Kvshare__Response *resp, disp_arena *a, int rc,
+                       const char *op, uint64_t id) {
+  ERR(rc, "%s of request %llu: %s", op, (unsigned long long)id,
+      kvs_strerror(rc));
+}
+
+static void do_lookup(sess *c, const Kvshare__Lookup *l,
+                      Kvshare__Response *resp, disp_arena *a) {
+  core *cr = c->srv->core;
+  core_req *r = reqmap_get(&c->reqs, l->req_id);
+  Kvshare__LookupResult *res;
+  uint32_t hit = 0;
+  int created = 0, rc;
+
+  if (l->n_tokens == 0 || l->n_tokens > UINT32_MAX) {
+    ERR(KVS_EINVAL, "lookup of request %llu needs 1 to 2^32-1 tokens",
+        (unsigned long long)l->req_id);
+    return;
+  }
+  if (!r) {
+    if (l->salt.len > SALT_MAX) {
+      ERR(KVS_EINVAL, "salt of %zu bytes is longer than %d", l->salt.len,
+          SALT_MAX);
+      return;
+    }
+    if (!room_for_request(c, resp, a))
+      return;
+    rc = core_req_create(cr, l->salt.data, l->salt.len, &r);
+    if (rc < 0) {
+      core_error(resp, a, rc, "create", l->req_id);
+      return;
+    }
+    created = 1;
+  }
+  rc = core_lookup(cr, r, l->tokens, (uint32_t)l->n_tokens, &hit);
+  if (rc == KVS_ESTATE) {
+    ERR(rc, "lookup of request %llu: it already holds blocks; look up a new "
+            "or preempted request",
+        (unsigned long long)l->req_id);
+    goto fail;
+  }
+  if (rc < 0) {
+    core_error(resp, a, rc, "lookup", l->req_id);
+    goto fail;
+  }
+  if (created) {
+    rc = reqmap_put(&c->reqs, l->req_id, r);
+    if (rc < 0) {
+      core_error(resp, a, rc, "lookup", l->req_id);
+      goto fail;
+    }
+  }
+  res = disp_alloc(a, sizeof(*res));
+  if (!res) {
+    ERR(KVS_ENOMEM, "out of memory");
+    return; /* the request stands; the client may look at Stats */
+  }
+  kvshare__lookup_result__init(res);
+  res->hit_tokens = hit;
+  res->blocks = copy_table(r, 0, &res->n_blocks, a);
+  resp->result_case = KVSHARE__RESPONSE__RESULT_LOOKUP;
+  resp->lookup = res;
+  ok(resp, a);
+  return;
+fail:
+  if (created)
+    core_req_free(cr, r);
+}
+
+static void do_alloc(sess *c, uint64_t id, uint32_t n, int append,
+                     Kvshare__Response *resp, disp_arena *a) {
+  const kvs_layout *l = &c->srv->layout;
+  core_req *r = get_req(c, id, resp, a);
+  const char *op = append ? "append" : "allocate";
+  Kvshare__AllocResult *res;
+  core_cow cow = {KVS_BLOCK_NONE, KVS_BLOCK_NONE};
+  uint32_t before, after, i;
+  const uint32_t *t;
+  int rc;
+
+  if (!r)
+    return;
+  if (n == 0) {
+    ERR(KVS_EINVAL, "%s of request %llu: num_tokens is 0", op,
+        (unsigned long long)id);
+    return;
+  }
+  if ((uint64_t)core_req_num_slots(r) + n >
+      (uint64_t)l->num_blocks * l->block_size) {
+    ERR(KVS_ERANGE, "%s of request %llu: %u more tokens would exceed the "
+                    "whole pool (%u blocks of %u tokens)",
+        op, (unsigned long long)id, n, l->num_blocks, l->block_size);
+    return;
+  }
+  core_req_blocks(r, &before);
+  rc = append ? core_append(c->srv->core, r, n, &cow)
+              : core_allocate(c->srv->core, r, n, &cow);
+  if (rc == KVS_ENOSPC) {
+    ERR(rc, "%s of request %llu: no space for %u more tokens", op,
+        (unsigned long long)id, n);
+    return;
+  }
+  if (rc < 0) {
+    core_error(resp, a, rc, op, id);
+    return;
+  }
+  res = disp_alloc(a, sizeof(*res));
+  if (!res) {
+    ERR(KVS_ENOMEM, "out of memory");
+    return;
+  }
+  kvshare__alloc_result__init(res);
+  res->first_index = before;
+  res->blocks = copy_table(r, before, &res->n_blocks, a);
+  if (cow.src != KVS_BLOCK_NONE) {
+    t = core_req_blocks(r, &after);
+    res->has_cow = 1;
+    res->cow_src = cow.src;
+    res->cow_dst = cow.dst;
+    res->cow_index = before ? before - 1 : 0;
+    for (i = after; i-- > 0;)
+      if (t[i] == cow.dst) {
+        res->cow_index = i;
+        break;
+      }
+  }
+  resp->result_case = KVSHARE__RESPONSE__RESULT_ALLOC;
+  resp->alloc = res;
+  ok(resp, a);
+}
+
+static void do_commit(sess *c, const Kvshare__Commit *m,
+                      Kvshare__Response *resp, disp_arena *a) {
+  const kvs_layout *l = &c->srv->layout;
+  core_req *r = get_req(c, m->req_id, resp, a);
+  unsigned long long id = (unsigned long long)m->req_id;
+  Kvshare__CommitResult *res;
+  uint32_t n, sealed = 0, ntable, first, i;
+  const uint32_t *table;
+  int rc;
+
+  if (!r)
+    return;
+  if (m->n_tokens > UINT32_MAX) {
+    ERR(KVS_EINVAL, "commit of request %llu: too many tokens", id);
+    return;
+  }
+  n = m->n_tokens ? (uint32_t)m->n_tokens : m->num_tokens;
+  if (m->n_tokens && m->num_tokens && m->num_tokens != m->n_tokens) {
+    ERR(KVS_EINVAL, "commit of request %llu: num_tokens %u but %zu tokens", id,
+        m->num_tokens, m->n_tokens);
+    return;
+  }
+  if (n == 0) {
+    ERR(KVS_EINVAL, "commit of request %llu: no tokens", id);
+    return;
+  }
+  if ((uint64_t)m->start + n > core_req_num_slots(r)) {
+    ERR(KVS_ERANGE, "commit of request %llu: positions [%u, %llu) were not "
+                    "allocated to it (it has %u slots)",
+        id, m->start, (unsigned long long)m->start + n, core_req_num_slots(r));
+    return;
+  }
+  if (m->start > core_req_num_written(r)) {
+    ERR(KVS_ERANGE, "commit of request %llu: start %u leaves a gap after the "
+                    "%u positions already written",
+        id, m->start, core_req_num_written(r));
+    return;
+  }
+  if (m->n_blocks) {
+    uint32_t last = (m->start + n - 1) / l->block_size;
+
+    first = m->start / l->block_size;
+    table = core_req_blocks(r, &ntable);
+    if (m->n_blocks != (size_t)(last - first + 1)) {
+      ERR(KVS_EINVAL, "commit of request %llu names %zu blocks; positions "
+                      "[%u, %u) span %u",
+          id, m->n_blocks, m->start, m->start + n, last - first + 1);
+      return;
+    }
+    for (i = 0; i < m->n_blocks; i++) {
+      uint32_t b = m->blocks[i];
+
+      if (b >= l->num_blocks) {
+        ERR(KVS_ERANGE, "commit of request %llu: block id %u is out of range "
+                        "(the pool has %u blocks)",
+            id, b, l->num_blocks);
+        return;
+      }
+      if (first + i >= ntable || table[first + i] != b) {
+        ERR(KVS_EINVAL, "commit of request %llu: block %u is not the "
+                        "request's block at table index %u (that is %u): it "
+                        "was not written by this request",
+            id, b, first + i,
+            first + i < ntable ? table[first + i] : KVS_BLOCK_NONE);
+        return;
+      }
+    }
+  }
+  rc = core_commit(c->srv->core, r, m->start, m->n_tokens ? m->tokens : NULL,
+                   n, &sealed);
+  if (rc == KVS_EMISMATCH) {
+    ERR(rc, "commit of request %llu: tokens in [%u, %u) do not match the "
+            "tokens the request already holds",
+        id, m->start, m->start + n);
+    return;
+  }
+  if (rc == KVS_EINVAL) {
+    ERR(rc, "commit of request %llu: tokens missing for positions the "
+            "daemon does not know",
+        id);
+    return;
+  }
+  if (rc < 0) {
+    core_error(resp, a, rc, "commit", m->req_id);
+    return;
+  }
+  res = disp_alloc(a, sizeof(*res));
+  if (!res) {
+    ERR(KVS_ENOMEM, "out of memory");
+    return;
+  }
+  kvshare__commit_result__init(res);
+  res->sealed = sealed;
+  resp->result_case = KVSHARE__RESPONSE__RESULT_COMMIT;
+  resp->commit = res;
+  ok(resp, a);
+}
+
+static void do_fork(sess *c, const Kvshare__Fork *f, Kvshare__Response *resp,
+                    disp_arena *a) {
+  core_req *r = get_req(c, f->req_id, resp, a), *child;
+  int rc;
+
+  if (!r)
+    return;
+  if (reqmap_get(&c->reqs, f->child_id)) {
+    ERR(KVS_EEXIST, "fork of request %llu: child id %llu is already in use",
+        (unsigned long long)f->req_id, (unsigned long long)f->child_id);
+    return;
+  }
+  if (!room_for_request(c, resp, a))
+    return;
+  rc = core_fork(c->srv->core, r, &child);
+  if (rc < 0) {
+    core_error(resp, a, rc, "fork", f->req_id);
+    return;
+  }
+  rc = reqmap_put(&c->reqs, f->child_id, child);
+  if (rc < 0) {
+    core_req_free(c->srv->core, child);
+    core_error(resp, a, rc, "fork", f->req_id);
+    return;
+  }
+  ok(resp, a);
+}
+
+static void do_free(sess *c, uint64_t id, Kvshare__Response *resp,
+                    disp_arena *a) {
+  core_req *r = reqmap_del(&c->reqs, id);
+
+  if (!r) {
+    ERR(KVS_ENOENT, "free of request %llu: no such request in this session "
+                    "(never created, or already freed)",
+        (unsigned long long)id);
+    return;
+  }
+  core_req_free(c->srv->core, r);
+  ok(resp, a);
+}
+
+static void do_preempt(sess *c, uint64_t id, Kvshare__Response *resp,
+                       disp_arena *a) {
+  core_req *r = get_req(c, id, resp, a);
+  int rc;
+
+  if (!r)
+    return;
+  rc = core_preempt(c->srv->core, r);
+  if (rc < 0) {
+    core_error(resp, a, rc, "preempt", id);
+    return;
+  }
+  ok(resp, a);
+}
+
+static void do_stats(sess *c, const Kvshare__Stats *q, Kvshare__Response *resp,
+                     disp_arena *a) {
+  srv *s = c->srv;
+  Kvshare__StatsResult *res = disp_alloc(a, sizeof(*res));
+  core_stats st;
+
+  if (!res) {
+    ERR(KVS_ENOMEM, "out of memory");
+    return;
+  }
+  core_get_stats(s->core, &st);
+  kvshare__stats_result__init(res);
+  res->num_blocks = st.num_blocks;
+  res->free_blocks = st.free_blocks;
+  res->cached_blocks = st.cached_blocks;
+  res->used_blocks = st.used_blocks;
+  res->num_requests = st.num_requests;
+  res->lookups = st.lookups;
+  res->query_tokens = st.query_tokens;
+  res->hit_tokens = st.hit_tokens;
+  res->hit_blocks = st.hit_blocks;
+  res->miss_blocks = st.miss_blocks;
+  res->allocated_blocks = st.allocated_blocks;
+  res->evictions = st.evictions;
+  res->cow_copies = st.cow_copies;
+  res->sealed_blocks = st.sealed_blocks;
+  res->no_space = st.no_space;
+  res->sessions = s->nsessions;
+  res->frames_in = s->frames_in;
+  res->protocol_errors = s->protocol_errors;
+  if (q->check) {
+    char *msg = disp_alloc(a, 512);
+
+    if (!msg) {
+      ERR(KVS_ENOMEM, "out of memory");
+      return;
+    }
+    msg[0] = '\0';
+    res->check = core_check(s->core, msg, 512);
+    res->check_message = msg;
+    if (res->check < 0)
+      log_error(0, "pool invariant check failed: %s", msg);
+  }
+  resp->result_case = KVSHARE__RESPONSE__RESULT_STATS;
+  resp->stats = res;
+  ok(resp, a);
+}
+
+static void do_batch(sess *c, const Kvshare__Batch *b, Kvshare__Response *resp,
+                     disp_arena *a) {
+  Kvshare__BatchResult *res = disp_alloc(a, sizeof(*res));
+  Kvshare__Response **replies = NULL;
+  size_t i;
+
+  if (b->n_ops)
+    replies = disp_alloc(a, b->n_ops * sizeof(*replies));
+  if (!res || (b->n_ops && !replies)) {
+    ERR(KVS_ENOMEM, "out of memory");
+    return;
+  }
+  kvshare__batch_result__init(res);
+  for (i = 0; i < b->n_ops; i++) {
+    Kvshare__Response *r = disp_alloc(a, sizeof(*r));
+
+    if (!r) {
+      ERR(KVS_ENOMEM, "out of memory after %zu of %zu ops", i, b->n_ops);
+      return;
+    }
+    kvshare__response__init(r);
+    if (b->ops[i]->op_case == KVSHARE__REQUEST__OP_BATCH)
+      disp_status(r, a, KVS_EINVAL, "op %zu: a batch inside a batch", i);
+    else
+      disp_request(c, b->ops[i], r, a);
+    replies[i] = r;
+  }
+  res->n_replies = b->n_ops;
+  res->replies = replies;
+  resp->result_case = KVSHARE__RESPONSE__RESULT_BATCH;
+  resp->batch = res;
+  ok(resp, a);
+}
+
+void disp_request(sess *c, const Kvshare__Request *req,
+                  Kvshare__Response *resp, disp_arena *a) {
+  switch (req->op_case) {
+  case KVSHARE__REQUEST__OP_LOOKUP:
+    do_lookup(c, req->lookup, resp, a);
+    break;
+  case KVSHARE__REQUEST__OP_ALLOCATE:
+    do_alloc(c, req->allocate->req_id, req->allocate->num_tokens, 0, resp, a);
+    break;
+  case KVSHARE__REQUEST__OP_APPEND:
+    do_alloc(c, req->append->req_id, req->append->num_tokens, 1, resp, a);
+    break;
+  case KVSHARE__REQUEST__OP_COMMIT:
+    do_commit(c, req->commit, resp, a);
+    break;
+  case KVSHARE__REQUEST__OP_FORK:
+    do_fork(c, req->fork, resp, a);
+    break;
+  case KVSHARE__REQUEST__OP_FREE:
+    do_free(c, req->free->req_id, resp, a);
+    break;
+  case KVSHARE__REQUEST__OP_PREEMPT:
+    do_preempt(c, req->preempt->req_id, resp, a);
+    break;
+  case KVSHARE__REQUEST__OP_STATS:
+    do_stats(c, req->stats, resp, a);
+    break;
+  case KVSHARE__REQUEST__OP_BATCH:
+    do_batch(c, req->batch, resp, a);
+    break;
+  case KVSHARE__REQUEST__OP_PING:
+    resp->result_case = KVSHARE__RESPONSE__RESULT_PONG;
+    resp->pong = req->ping->payload; /* lives as long as the request */
+    ok(resp, a);
+    break;
+  default:
+    ERR(KVS_EUNKNOWN, "unknown or empty request op (%d)", (int)req->op_case);
+    break;
+  }
+}

@@ -1,0 +1,99 @@
+/*
+ * server.h — the I/O layer of kvshared: the loop, the listener, sessions and
+ * the dispatch of requests to the core.  Internal to the daemon's files.
+ *
+ *   serve.c     srv_   start-up, listening socket, accept, signals, shutdown
+ *   session.c   sess_  one connection: peer check, frames in and out,
+ *                      handshake, close (frees every request of the session)
+ *   dispatch.c  disp_  one Request -> core calls -> one Response
+ *   reqmap.c    reqmap_  a session's request ids
+ *   backend_*.c backend_ the memory behind the pool (one backend per file)
+ *
+ * Everything runs on the one loop thread; nothing here blocks on I/O.
+ */
+#ifndef KVS_DAEMON_SERVER_H
+#define KVS_DAEMON_SERVER_H
+
+#include <stdint.h>
+#include <sys/types.h>
+#include <uv.h>
+
+#include "daemon/config.h"
+#include "daemon/core/core.h"
+#include "daemon/backend.h"
+#include "daemon/reqmap.h"
+#include "kvs_frame.h"
+
+typedef struct srv srv;
+typedef struct sess sess;
+
+struct srv {
+  uv_loop_t *loop;
+  uv_pipe_t listener;
+  uv_signal_t sig_term, sig_int;
+  uv_timer_t drain_timer;
+  const cfg *cfg;
+  kvs_layout layout;
+  core *core;
+  backend *pool;
+  uid_t self_uid;
+  sess *sessions;        /* every open connection (doubly linked) */
+  uint32_t nsessions;    /* accepted ones (rejected ones not counted) */
+  uint64_t next_session_id;
+  int stopping;
+  /* counters for Stats */
+  uint64_t frames_in;
+  uint64_t protocol_errors;
+};
+
+struct sess {
+  uv_pipe_t pipe; /* first: the handle's address is the session's */
+  srv *srv;
+  sess *prev, *next;
+  uint64_t id;
+  pid_t pid;
+  uid_t uid;
+  gid_t gid;
+  int counted;    /* counts against max_connections */
+  int handshaken; /* Welcome sent */
+  int closing;    /* no more input is processed */
+  int closed;     /* uv_close called */
+  int reading;
+  char name[64];  /* Hello.client_name, for the log */
+  uint8_t *rbuf;  /* bytes received, not yet parsed */
+  size_t rlen, rcap;
+  size_t writes;  /* uv_write requests in flight */
+  reqmap reqs;
+};
+
+/* session.c */
+/* Accepts one connection from the listener (checks the peer, the limit). */
+void sess_accept(srv *s);
+/* Frees every request of the session now; the connection closes once
+ * queued replies are written (or at once when force). */
+void sess_shutdown(sess *c, int force);
+
+/* Queue one envelope for writing.  0, or a negative status (the session is
+ * then being closed). */
+int sess_send(sess *c, const Kvshare__Envelope *env);
+
+/* dispatch.c */
+/* A growing set of allocations that live until the reply is packed. */
+typedef struct disp_arena {
+  void *head;
+} disp_arena;
+void *disp_alloc(disp_arena *a, size_t size);
+void disp_arena_free(disp_arena *a);
+
+/* Fills resp (already initialised) for one request of session c. */
+void disp_request(sess *c, const Kvshare__Request *req,
+                  Kvshare__Response *resp, disp_arena *a);
+/* Sets resp->status to (code, message). */
+void disp_status(Kvshare__Response *resp, disp_arena *a, int code,
+                 const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+/* serve.c */
+/* Called by session.c when a session's handle is closed. */
+void srv_session_closed(srv *s);
+
+#endif

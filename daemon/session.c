@@ -1,0 +1,558 @@
+/*
+ * session.c — one connection = one session.
+ *
+ * Life: accept -> SO_PEERCRED check and the connection limit (a refused peer
+ * gets an error Welcome, then the close) -> frames in, parsed incrementally
+ * from a per-session buffer -> Hello answered by a Welcome sent with the pool
+ * fds in one sendmsg -> Requests answered in order -> close.  On close (EOF,
+ * reset, kill -9 of the peer, a protocol error, or shutdown) every request
+ * of the session is freed at once.
+ *
+ * Errors in a frame header (magic, version, flags, length over the limit)
+ * leave the stream impossible to resynchronise: the peer gets one error
+ * reply and the connection closes.  A well-framed payload that does not
+ * decode gets an EPROTO Response and the connection goes on.  Before the
+ * handshake, anything but a good Hello is answered by an error Welcome and
+ * a close.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "daemon/log.h"
+#include "daemon/server.h"
+#include "kvs_shm.h"
+
+#define RBUF_MIN (64u << 10)
+/* Stop reading from a peer that does not read its replies once this many
+ * bytes are queued for it; resume below half. */
+#define WRITE_QUEUE_MAX (32u << 20)
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
+static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf);
+static void process_input(sess *c);
+
+static void link_session(srv *s, sess *c) {
+  c->next = s->sessions;
+  c->prev = NULL;
+  if (s->sessions)
+    s->sessions->prev = c;
+  s->sessions = c;
+}
+
+static void unlink_session(srv *s, sess *c) {
+  if (c->prev)
+    c->prev->next = c->next;
+  else
+    s->sessions = c->next;
+  if (c->next)
+    c->next->prev = c->prev;
+  c->prev = c->next = NULL;
+}
+
+static void free_one(core_req *r, void *arg) { core_req_free(arg, r); }
+
+/* Frees every request of the session (idempotent). */
+static void free_requests(sess *c) {
+  if (c->reqs.count)
+    log_debug(0, "session %llu: freeing %zu requests",
+              (unsigned long long)c->id, c->reqs.count);
+  reqmap_drain(&c->reqs, free_one, c->srv->core);
+}
+
+static void on_closed(uv_handle_t *h) {
+  sess *c = (sess *)h;
+  srv *s = c->srv;
+
+  reqmap_destroy(&c->reqs);
+  free(c->rbuf);
+  free(c);
+  srv_session_closed(s);
+}
+
+static void close_now(sess *c) {
+  srv *s = c->srv;
+
+  if (c->closed)
+    return;
+  c->closed = 1;
+  c->closing = 1;
+  free_requests(c);
+  unlink_session(s, c);
+  if (c->counted) {
+    s->nsessions--;
+    log_info(0, "session %llu closed (pid %d%s%s)", (unsigned long long)c->id,
+             (int)c->pid, c->name[0] ? ", " : "", c->name);
+  }
+  uv_close((uv_handle_t *)&c->pipe, on_closed);
+}
+
+void sess_shutdown(sess *c, int force) {
+  c->closing = 1;
+  free_requests(c);
+  if (c->reading) {
+    uv_read_stop((uv_stream_t *)&c->pipe);
+    c->reading = 0;
+  }
+  if (force || c->writes == 0)
+    close_now(c);
+  /* else on_write closes it when the last reply is out */
+}
+
+/* Closes after the replies queued so far are written. */
+static void close_after_writes(sess *c) { sess_shutdown(c, 0); }
+
+struct wreq {
+  uv_write_t req;
+  sess *c;
+  size_t len;
+  uint8_t data[];
+};
+
+static void on_write(uv_write_t *req, int status) {
+  struct wreq *w = (struct wreq *)req;
+  sess *c = w->c;
+
+  free(w);
+  c->writes--;
+  if (c->closed)
+    return;
+  if (status < 0) {
+    log_debug(status, "session %llu: write", (unsigned long long)c->id);
+    close_now(c);
+    return;
+  }
+  if (c->closing) {
+    if (c->writes == 0)
+      close_now(c);
+    return;
+  }
+  /* A peer that had stopped reading its replies is reading again. */
+  if (!c->reading &&
+      uv_stream_get_write_queue_size((uv_stream_t *)&c->pipe) <
+          WRITE_QUEUE_MAX / 2) {
+    if (uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read) == 0)
+      c->reading = 1;
+    process_input(c);
+  }
+}
+
+/* Queues bytes[off, len) of an already framed reply. */
+static int queue_bytes(sess *c, struct wreq *w, size_t off) {
+  uv_buf_t b = uv_buf_init((char *)w->data + off, (unsigned)(w->len - off));
+  int rc;
+
+  w->c = c;
+  rc = uv_write(&w->req, (uv_stream_t *)&c->pipe, &b, 1, on_write);
+  if (rc < 0) {
+    free(w);
+    log_debug(rc, "session %llu: write", (unsigned long long)c->id);
+    close_now(c);
+    return rc;
+  }
+  c->writes++;
+  return 0;
+}
+
+static struct wreq *frame(sess *c, const Kvshare__Envelope *env) {
+  size_t len = kvs_frame_size(env);
+  struct wreq *w = malloc(sizeof(*w) + len);
+  long n;
+
+  if (!w)
+    return NULL;
+  /* Our own replies may exceed the peer's max_frame only if the peer sent a
+   * huge batch; the client limit is the same default. */
+  n = kvs_frame_pack_into(env, UINT32_MAX, w->data, len);
+  if (n < 0) {
+    free(w);
+    return NULL;
+  }
+  w->len = (size_t)n;
+  return w;
+}
+
+int sess_send(sess *c, const Kvshare__Envelope *env) {
+  struct wreq *w;
+
+  if (c->closed)
+    return KVS_ECLOSED;
+  w = frame(c, env);
+  if (!w) {
+    log_error(KVS_ENOMEM, "session %llu: reply of %zu bytes",
+              (unsigned long long)c->id, kvs_frame_size(env));
+    close_now(c);
+    return KVS_ENOMEM;
+  }
+  return queue_bytes(c, w, 0);
+}
+
+/* An error Welcome (before the handshake) or Response (after), seq given. */
+static void send_error(sess *c, uint64_t seq, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static void send_error(sess *c, uint64_t seq, int code, const char *fmt,
+                       ...) {
+  Kvshare__Envelope env;
+  Kvshare__Welcome w;
+  Kvshare__Response r;
+  Kvshare__Status st;
+  char msg[256];
+  va_list ap;
+
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  kvshare__envelope__init(&env);
+  kvshare__status__init(&st);
+  st.code = code;
+  st.message = msg;
+  env.seq = seq;
+  if (!c->handshaken) {
+    kvshare__welcome__init(&w);
+    w.status = &st;
+    w.version = KVS_PROTO_VERSION;
+    w.max_frame = (uint32_t)c->srv->cfg->max_frame;
+    env.body_case = KVSHARE__ENVELOPE__BODY_WELCOME;
+    env.welcome = &w;
+  } else {
+    kvshare__response__init(&r);
+    r.status = &st;
+    env.body_case = KVSHARE__ENVELOPE__BODY_RESPONSE;
+    env.response = &r;
+  }
+  sess_send(c, &env);
+}
+
+/* A protocol error: count it, log it, reply; close when asked. */
+static void protocol_error(sess *c, uint64_t seq, int close, int code,
+                           const char *what) {
+  c->srv->protocol_errors++;
+  log_warn(0, "session %llu (pid %d): %s: %s%s", (unsigned long long)c->id,
+           (int)c->pid, kvs_status_name(code), what,
+           close ? "; closing" : "");
+  send_error(c, seq, code, "%s", what);
+  if (close)
+    close_after_writes(c);
+}
+
+static void handle_hello(sess *c, uint64_t seq, const Kvshare__Hello *h) {
+  srv *s = c->srv;
+  Kvshare__Envelope env;
+  Kvshare__Welcome w;
+  Kvshare__Status st;
+  Kvshare__Layout lay;
+  Kvshare__PoolExport pe;
+  backend_export ex;
+  struct wreq *wr;
+  uv_os_fd_t fd;
+  ssize_t n;
+
+  if (h->version != KVS_PROTO_VERSION) {
+    char what[96];
+
+    snprintf(what, sizeof(what), "protocol version %u not supported (the "
+             "daemon speaks %u)", h->version, KVS_PROTO_VERSION);
+    protocol_error(c, seq, 1, KVS_EVERSION, what);
+    return;
+  }
+  snprintf(c->name, sizeof(c->name), "%s", h->client_name ? h->client_name : "");
+  backend_get_export(s->pool, &ex);
+  kvshare__envelope__init(&env);
+  kvshare__welcome__init(&w);
+  kvshare__status__init(&st);
+  kvshare__layout__init(&lay);
+  kvshare__pool_export__init(&pe);
+  lay.block_size = s->layout.block_size;
+  lay.num_layers = s->layout.num_layers;
+  lay.num_kv_heads = s->layout.num_kv_heads;
+  lay.head_dim = s->layout.head_dim;
+  lay.dtype = s->layout.dtype;
+  lay.num_blocks = s->layout.num_blocks;
+  lay.block_stride = s->layout.block_stride;
+  pe.backend = (char *)ex.backend;
+  pe.size = ex.size;
+  pe.num_fds = (uint32_t)ex.nfds;
+  pe.chunk_size = ex.chunk_size;
+  pe.gpu_uuid = (char *)ex.gpu_uuid;
+  w.status = &st;
+  w.version = KVS_PROTO_VERSION;
+  w.layout = &lay;
+  w.pool = &pe;
+  w.session_id = c->id;
+  w.model_id = (char *)s->cfg->model_id;
+  w.max_frame = (uint32_t)s->cfg->max_frame;
+  env.seq = seq;
+  env.body_case = KVSHARE__ENVELOPE__BODY_WELCOME;
+  env.welcome = &w;
+
+  wr = frame(c, &env);
+  if (!wr) {
+    log_error(KVS_ENOMEM, "session %llu: welcome", (unsigned long long)c->id);
+    close_now(c);
+    return;
+  }
+  /* libuv cannot pass fds on a pipe it did not open with ipc: send the
+   * Welcome and the fds with one sendmsg on the raw socket.  Nothing else is
+   * queued yet (Hello is the first frame), so the order holds. */
+  if (uv_fileno((uv_handle_t *)&c->pipe, &fd) < 0 || c->writes != 0) {
+    free(wr);
+    log_error(0, "session %llu: cannot send the welcome",
+              (unsigned long long)c->id);
+    close_now(c);
+    return;
+  }
+  n = kvs_send_fds(fd, wr->data, wr->len, ex.fds, ex.nfds);
+  if (n < 0) {
+    free(wr);
+    log_warn((int)n, "session %llu: sending the welcome",
+             (unsigned long long)c->id);
+    close_now(c);
+    return;
+  }
+  c->handshaken = 1;
+  log_info(0, "session %llu: pid %d uid %d '%s' connected",
+           (unsigned long long)c->id, (int)c->pid, (int)c->uid, c->name);
+  if ((size_t)n < wr->len) /* the fds went with the first byte */
+    queue_bytes(c, wr, (size_t)n);
+  else
+    free(wr);
+}
+
+static void handle_request(sess *c, uint64_t seq, const Kvshare__Request *req) {
+  Kvshare__Envelope env;
+  Kvshare__Response resp;
+  disp_arena a = {NULL};
+
+  kvshare__envelope__init(&env);
+  kvshare__response__init(&resp);
+  env.seq = seq;
+  env.body_case = KVSHARE__ENVELOPE__BODY_RESPONSE;
+  env.response = &resp;
+  disp_request(c, req, &resp, &a);
+  if (kvs_frame_size(&env) - KVS_FRAME_HEADER_SIZE > c->srv->cfg->max_frame)
+    /* The ops ran; only their results are too big to send back. */
+    send_error(c, seq, KVS_ETOOBIG, "the reply (%zu bytes) is over max_frame; "
+               "split the batch", kvs_frame_size(&env));
+  else
+    sess_send(c, &env);
+  disp_arena_free(&a);
+}
+
+static void handle_frame(sess *c, const uint8_t *payload, size_t len) {
+  srv *s = c->srv;
+  Kvshare__Envelope *env;
+  int rc;
+
+  s->frames_in++;
+  rc = kvs_envelope_unpack(payload, len, 0, &env);
+  if (rc < 0) {
+    protocol_error(c, 0, !c->handshaken, KVS_EPROTO,
+                   c->handshaken ? "undecodable message"
+                                 : "undecodable message; expected Hello");
+    return;
+  }
+  if (!c->handshaken) {
+    if (env->body_case == KVSHARE__ENVELOPE__BODY_HELLO)
+      handle_hello(c, env->seq, env->hello);
+    else
+      protocol_error(c, env->seq, 1, KVS_EPROTO,
+                     "the first message must be Hello");
+    kvs_envelope_free(env);
+    return;
+  }
+  switch (env->body_case) {
+  case KVSHARE__ENVELOPE__BODY_REQUEST:
+    handle_request(c, env->seq, env->request);
+    break;
+  case KVSHARE__ENVELOPE__BODY_HELLO:
+    protocol_error(c, env->seq, 0, KVS_EPROTO, "Hello after the handshake");
+    break;
+  case KVSHARE__ENVELOPE__BODY_WELCOME:
+  case KVSHARE__ENVELOPE__BODY_RESPONSE:
+    protocol_error(c, env->seq, 0, KVS_EPROTO,
+                   "Welcome and Response go from the daemon to clients");
+    break;
+  default:
+    protocol_error(c, env->seq, 0, KVS_EUNKNOWN, "unknown message type");
+    break;
+  }
+  kvs_envelope_free(env);
+}
+
+static int reserve(sess *c, size_t need) {
+  uint8_t *p;
+  size_t cap;
+
+  if (c->rcap >= need)
+    return 0;
+  cap = c->rcap ? c->rcap : RBUF_MIN;
+  while (cap < need)
+    cap *= 2;
+  p = realloc(c->rbuf, cap);
+  if (!p)
+    return KVS_ENOMEM;
+  c->rbuf = p;
+  c->rcap = cap;
+  return 0;
+}
+
+/* Parses and handles every whole frame buffered. */
+static void process_input(sess *c) {
+  uint32_t max = (uint32_t)c->srv->cfg->max_frame;
+  size_t pos = 0, flen;
+
+  while (!c->closing && pos < c->rlen) {
+    int rc = kvs_frame_parse(c->rbuf + pos, c->rlen - pos, max, &flen);
+
+    if (rc < 0) {
+      kvs_frame_header h;
+      char what[128];
+
+      kvs_frame_header_decode(c->rbuf + pos, max, &h);
+      if (rc == KVS_ETOOBIG)
+        snprintf(what, sizeof(what), "frame of %u bytes is over the %u-byte "
+                 "limit", h.length, max);
+      else if (rc == KVS_EVERSION)
+        snprintf(what, sizeof(what), "frame version %u (the daemon speaks %u)",
+                 h.version, KVS_PROTO_VERSION);
+      else if (h.magic != KVS_FRAME_MAGIC)
+        snprintf(what, sizeof(what), "bad frame magic 0x%08x", h.magic);
+      else
+        snprintf(what, sizeof(what), "unknown frame flags 0x%04x", h.flags);
+      protocol_error(c, 0, 1, rc, what);
+      break;
+    }
+    if (rc == 0) {
+      if (reserve(c, flen) < 0) {
+        log_error(KVS_ENOMEM, "session %llu: frame of %zu bytes",
+                  (unsigned long long)c->id, flen);
+        close_now(c);
+        return;
+      }
+      break;
+    }
+    handle_frame(c, c->rbuf + pos + KVS_FRAME_HEADER_SIZE,
+                 flen - KVS_FRAME_HEADER_SIZE);
+    pos += flen;
+    if (c->closed)
+      return;
+    /* Back-pressure: a peer that pipelines without reading its replies. */
+    if (c->reading && uv_stream_get_write_queue_size(
+                          (uv_stream_t *)&c->pipe) > WRITE_QUEUE_MAX) {
+      uv_read_stop((uv_stream_t *)&c->pipe);
+      c->reading = 0;
+      break;
+    }
+  }
+  if (c->closed)
+    return;
+  if (pos) {
+    memmove(c->rbuf, c->rbuf + pos, c->rlen - pos);
+    c->rlen -= pos;
+  }
+  /* Give back the room a big frame took. */
+  if (c->rcap > 4 * RBUF_MIN && c->rlen <= RBUF_MIN) {
+    uint8_t *p = realloc(c->rbuf, RBUF_MIN);
+
+    if (p) {
+      c->rbuf = p;
+      c->rcap = RBUF_MIN;
+    }
+  }
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+  sess *c = (sess *)h;
+
+  (void)suggested;
+  if (c->rcap - c->rlen < 4096 && reserve(c, c->rlen + RBUF_MIN) < 0) {
+    *buf = uv_buf_init(NULL, 0); /* on_read gets UV_ENOBUFS */
+    return;
+  }
+  *buf = uv_buf_init((char *)c->rbuf + c->rlen, (unsigned)(c->rcap - c->rlen));
+}
+
+static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
+  sess *c = (sess *)stream;
+
+  (void)buf;
+  if (nread < 0) {
+    if (nread != UV_EOF)
+      log_debug((int)nread, "session %llu: read", (unsigned long long)c->id);
+    if (c->rlen)
+      log_info(0, "session %llu: peer went away in the middle of a frame "
+               "(%zu bytes buffered)", (unsigned long long)c->id, c->rlen);
+    close_now(c);
+    return;
+  }
+  if (nread == 0 || c->closing)
+    return;
+  c->rlen += (size_t)nread;
+  process_input(c);
+}
+
+void sess_accept(srv *s) {
+  const cfg *cf = s->cfg;
+  struct ucred cred;
+  socklen_t clen = sizeof(cred);
+  uv_os_fd_t fd;
+  sess *c;
+  int rc;
+
+  c = calloc(1, sizeof(*c));
+  if (!c) {
+    log_error(KVS_ENOMEM, "accepting a connection");
+    return;
+  }
+  c->srv = s;
+  reqmap_init(&c->reqs);
+  uv_pipe_init(s->loop, &c->pipe, 0);
+  link_session(s, c);
+  rc = uv_accept((uv_stream_t *)&s->listener, (uv_stream_t *)&c->pipe);
+  if (rc < 0) {
+    log_warn(rc, "accept");
+    close_now(c);
+    return;
+  }
+  c->id = ++s->next_session_id;
+  if (uv_fileno((uv_handle_t *)&c->pipe, &fd) < 0 ||
+      getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0) {
+    log_warn(errno, "SO_PEERCRED");
+    close_now(c);
+    return;
+  }
+  c->pid = cred.pid;
+  c->uid = cred.uid;
+  c->gid = cred.gid;
+  if (!cfg_peer_allowed(cf, cred.uid, cred.gid, s->self_uid)) {
+    char what[128];
+
+    snprintf(what, sizeof(what), "uid %d gid %d is not allowed to connect",
+             (int)cred.uid, (int)cred.gid);
+    protocol_error(c, 0, 1, KVS_EPERM, what);
+    return;
+  }
+  if (s->nsessions >= cf->max_connections) {
+    char what[128];
+
+    snprintf(what, sizeof(what), "too many connections (max_connections %u)",
+             cf->max_connections);
+    protocol_error(c, 0, 1, KVS_ELIMIT, what);
+    return;
+  }
+  c->counted = 1;
+  s->nsessions++;
+  rc = uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read);
+  if (rc < 0) {
+    log_warn(rc, "session %llu: read", (unsigned long long)c->id);
+    close_now(c);
+    return;
+  }
+  c->reading = 1;
+  log_debug(0, "session %llu: accepted pid %d uid %d",
+            (unsigned long long)c->id, (int)c->pid, (int)c->uid);
+}
