@@ -1,2 +1,75 @@
 # gpu/: kernels, their CPU twins, CUDA pool export/import.
-GPU_OBJS :=
+#
+# $(BUILD)/libkvsgpu.a holds the C twins and the CUDA host side (libcuda.so.1
+# is dlopen'ed at run time, so nothing links against CUDA).  When nvcc is
+# installed (NVCC, found by the top Makefile) the CUDA kernels are compiled
+# into a fatbin (sm_80, sm_90 and PTX) and embedded; without nvcc an empty
+# stand-in is linked instead and kvs_cuda_available() says why.
+# A program that links libkvsgpu.a adds $(GPU_LIBS).
+
+GPU_SRCS  := gpu/kernels_common.c gpu/kernels_cpu.c gpu/cuda_driver.c
+GPU_ARCHS ?= -gencode arch=compute_80,code=sm_80 \
+             -gencode arch=compute_90,code=sm_90 \
+             -gencode arch=compute_90,code=compute_90
+GPU_LIBS  := -ldl -lpthread -lm
+MOD_CFLAGS_gpu_ := $(if $(filter 1,$(SAN)),,-O3)
+
+ifneq ($(NVCC),)
+GPU_FATBIN := $(BUILD)/gpu/kernels.fatbin
+GPU_OBJS   := $(patsubst %.c,$(BUILD)/%.o,$(GPU_SRCS)) $(BUILD)/gpu/cuda_fatbin.o
+
+$(GPU_FATBIN): gpu/kernels.cu gpu/kvs_kernels.h gpu/kvs_kernels_int.h shm/kvs_layout.h
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  NVCC    $<")
+	$(Q)$(NVCC) -fatbin -O3 -std=c++17 -Werror all-warnings -I. -Ishm -Igpu \
+	  $(GPU_ARCHS) -o $@ $<
+
+$(BUILD)/gpu/cuda_fatbin.o: gpu/cuda_fatbin.S $(GPU_FATBIN)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  AS      $<")
+	$(Q)$(CC) -DKVS_FATBIN='"$(GPU_FATBIN)"' -c -o $@ $<
+else
+GPU_OBJS   := $(patsubst %.c,$(BUILD)/%.o,$(GPU_SRCS) gpu/cuda_nofatbin.c)
+endif
+
+$(BUILD)/libkvsgpu.a: $(GPU_OBJS)
+	@$(if $(Q),echo "  AR      $@")
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+all: $(BUILD)/libkvsgpu.a
+
+# Tests.  test_gpu_kernels / test_gpu_toymodel use cmocka; test_gpu_numpy
+# and test_gpu_cuda are plain C so the GPU machine (no cmocka) builds them.
+GPU_CMOCKA_TESTS := $(BUILD)/tests/unit/test_gpu_kernels \
+                    $(BUILD)/tests/unit/test_gpu_toymodel
+GPU_PLAIN_TESTS  := $(BUILD)/tests/unit/test_gpu_numpy \
+                    $(BUILD)/tests/unit/test_gpu_cuda
+UNIT_TESTS += $(GPU_CMOCKA_TESTS) $(GPU_PLAIN_TESTS)
+
+$(BUILD)/tests/unit/test_gpu_toymodel: $(BUILD)/tests/demo/toymodel.o
+# (kvs_status.o only, for kvs_strerror: the rest of proto/ needs protobuf-c)
+GPU_TEST_DEPS := $(BUILD)/libkvsgpu.a $(BUILD)/proto/kvs_status.o
+$(GPU_CMOCKA_TESTS): $(BUILD)/%: $(BUILD)/%.o $(GPU_TEST_DEPS)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(BUILD)/libkvsgpu.a \
+	  $(call DEP_LIBS,cmocka) $(GPU_LIBS)
+$(GPU_PLAIN_TESTS): $(BUILD)/%: $(BUILD)/%.o $(GPU_TEST_DEPS)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(BUILD)/libkvsgpu.a $(GPU_LIBS)
+
+# Benchmarks: CPU decode attention against memcpy; GPU decode against HBM.
+GPU_BENCHES := $(BUILD)/tests/bench/bench_attention \
+               $(BUILD)/tests/bench/bench_attention_gpu
+BENCHES += $(GPU_BENCHES)
+$(GPU_BENCHES): $(BUILD)/%: $(BUILD)/%.o $(GPU_TEST_DEPS)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(BUILD)/libkvsgpu.a $(GPU_LIBS)
+
+# On a GPU machine without the third-party libraries:
+#   make KVS_NO_DEPS=1 BUILD=build-dev gpu-check
+.PHONY: gpu-check
+gpu-check: $(BUILD)/tests/unit/test_gpu_cuda $(BUILD)/tests/unit/test_gpu_numpy \
+           $(BUILD)/tests/bench/bench_attention_gpu $(BUILD)/tests/bench/bench_attention
+	$(Q)tests/run-tests.sh $(BUILD) $(BUILD)/tests/unit/test_gpu_cuda \
+	  $(BUILD)/tests/unit/test_gpu_numpy
+	$(Q)$(BUILD)/tests/bench/bench_attention_gpu

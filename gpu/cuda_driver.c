@@ -1,0 +1,495 @@
+/*
+ * cuda_driver.c — the host side of the CUDA kernels: loads libcuda.so.1 with
+ * dlopen at run time, resolves the few driver-API entry points it needs with
+ * dlsym (prototypes declared below, no CUDA header), loads the fatbin that
+ * the build embedded (kvs__cuda_fatbin), and launches the kernels.
+ *
+ * Nothing here needs a GPU to link or load: every machine gets the same
+ * library, and kvs_cuda_available() says at run time whether it can run.
+ */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+#include "kvs_kernels_int.h"
+#include "kvs_status.h"
+
+/* The embedded fatbin: cuda_fatbin.S (built with nvcc) or cuda_nofatbin.c
+ * (size 0, when the build had no nvcc). */
+extern const unsigned char kvs__cuda_fatbin[];
+extern const unsigned long long kvs__cuda_fatbin_size;
+
+/* ---- the driver API subset, declared here ---------------------------------- */
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUfunc_st *CUfunction;
+typedef struct CUstream_st *CUstream;
+typedef struct CUevent_st *CUevent;
+typedef struct {
+  unsigned char bytes[16];
+} CUuuid;
+
+#define CUDA_SUCCESS 0
+#define CUDA_ERROR_INVALID_VALUE 1
+#define CUDA_ERROR_OUT_OF_MEMORY 2
+#define CUDA_ERROR_NO_DEVICE 100
+#define CU_ATTR_MEMORY_CLOCK_RATE 36
+#define CU_ATTR_GLOBAL_MEMORY_BUS_WIDTH 37
+#define CU_ATTR_MULTIPROCESSOR_COUNT 16
+
+#define KVS_CU_FUNCS(X)                                                      \
+  X(cuInit, "cuInit", (unsigned))                                \
+  X(cuDeviceGetCount, "cuDeviceGetCount", (int *))               \
+  X(cuDeviceGet, "cuDeviceGet", (CUdevice *, int))               \
+  X(cuDeviceGetName, "cuDeviceGetName", (char *, int, CUdevice)) \
+  X(cuDeviceGetUuid, "cuDeviceGetUuid", (CUuuid *, CUdevice))    \
+  X(cuDeviceGetAttribute, "cuDeviceGetAttribute",                            \
+    (int *, int, CUdevice))                                      \
+  X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain",                    \
+    (CUcontext *, CUdevice))                                     \
+  X(cuCtxSetCurrent, "cuCtxSetCurrent", (CUcontext))             \
+  X(cuCtxSynchronize, "cuCtxSynchronize", (void))                \
+  X(cuModuleLoadData, "cuModuleLoadData", (CUmodule *, const void *)) \
+  X(cuModuleGetFunction, "cuModuleGetFunction",                              \
+    (CUfunction *, CUmodule, const char *))                      \
+  X(cuLaunchKernel, "cuLaunchKernel",                                        \
+    (CUfunction, unsigned, unsigned, unsigned, unsigned,         \
+                 unsigned, unsigned, unsigned, CUstream, void **, void **))  \
+  X(cuMemAlloc, "cuMemAlloc_v2", (CUdeviceptr *, size_t))        \
+  X(cuMemFree, "cuMemFree_v2", (CUdeviceptr))                    \
+  X(cuMemcpyHtoD, "cuMemcpyHtoD_v2",                                         \
+    (CUdeviceptr, const void *, size_t))                         \
+  X(cuMemcpyDtoH, "cuMemcpyDtoH_v2", (void *, CUdeviceptr, size_t)) \
+  X(cuMemcpyDtoD, "cuMemcpyDtoD_v2",                                         \
+    (CUdeviceptr, CUdeviceptr, size_t))                          \
+  X(cuMemsetD8, "cuMemsetD8_v2", (CUdeviceptr, unsigned char, size_t)) \
+  X(cuStreamSynchronize, "cuStreamSynchronize", (CUstream))      \
+  X(cuEventCreate, "cuEventCreate", (CUevent *, unsigned))       \
+  X(cuEventRecord, "cuEventRecord", (CUevent, CUstream))         \
+  X(cuEventSynchronize, "cuEventSynchronize", (CUevent))         \
+  X(cuEventElapsedTime, "cuEventElapsedTime",                                \
+    (float *, CUevent, CUevent))                                 \
+  X(cuEventDestroy, "cuEventDestroy_v2", (CUevent))              \
+  X(cuGetErrorString, "cuGetErrorString", (CUresult, const char **))
+
+static struct {
+#define KVS_CU_FIELD(field, sym, args) CUresult(*field) args;
+  KVS_CU_FUNCS(KVS_CU_FIELD)
+#undef KVS_CU_FIELD
+} cu;
+
+/* ---- process-wide state ------------------------------------------------------ */
+
+enum { DT_N = 3, NV_N = 2, G_N = 4 };
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static int load_rc = 1;          /* 1: not tried; 0 ok; else status */
+static const char *load_reason = "";
+static char reason_buf[256];
+static int opened;               /* device, context and module ready */
+static CUdevice dev;
+static CUcontext ctx;
+static CUmodule mod;
+static char dev_name[256];
+static char dev_uuid[64];
+static CUfunction f_write, f_blocks, f_merge;
+static CUfunction f_attn[DT_N][NV_N][G_N];
+static __thread int tls_current; /* this thread made ctx current */
+
+static int map_cu(CUresult r) {
+  switch (r) {
+  case CUDA_SUCCESS:
+    return 0;
+  case CUDA_ERROR_INVALID_VALUE:
+    return KVS_EINVAL;
+  case CUDA_ERROR_OUT_OF_MEMORY:
+    return KVS_ENOMEM;
+  case CUDA_ERROR_NO_DEVICE:
+    return KVS_ENODEV;
+  default:
+    return KVS_EINTERNAL;
+  }
+}
+
+static void set_reason(const char *what, CUresult r) {
+  const char *s = NULL;
+  if (cu.cuGetErrorString)
+    cu.cuGetErrorString(r, &s);
+  snprintf(reason_buf, sizeof reason_buf, "%s: %s (CUresult %d)", what,
+           s ? s : "unknown error", r);
+  load_reason = reason_buf;
+}
+
+/* Load the driver and count devices; caller holds lock. */
+static int load_locked(void) {
+  if (load_rc != 1)
+    return load_rc;
+  load_rc = KVS_ENODEV;
+  if (kvs__cuda_fatbin_size == 0) {
+    load_reason = "built without CUDA kernels (nvcc was not found at build time)";
+    return load_rc;
+  }
+  void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    const char *e = dlerror();
+    snprintf(reason_buf, sizeof reason_buf, "no CUDA driver: %s",
+             e ? e : "libcuda.so.1 not found");
+    load_reason = reason_buf;
+    return load_rc;
+  }
+#define KVS_CU_LOAD(field, sym, args)                                   \
+  {                                                                     \
+    void *p_ = dlsym(h, sym);                                           \
+    if (!p_) {                                                          \
+      load_reason = "libcuda.so.1 lacks " sym " (driver too old)";     \
+      return load_rc;                                                   \
+    }                                                                   \
+    memcpy(&cu.field, &p_, sizeof p_);                                  \
+  }
+  KVS_CU_FUNCS(KVS_CU_LOAD)
+#undef KVS_CU_LOAD
+  CUresult r = cu.cuInit(0);
+  if (r != CUDA_SUCCESS) {
+    set_reason("cuInit failed", r);
+    return load_rc;
+  }
+  int n = 0;
+  r = cu.cuDeviceGetCount(&n);
+  if (r != CUDA_SUCCESS || n == 0) {
+    load_reason = "no CUDA device";
+    return load_rc;
+  }
+  load_rc = 0;
+  load_reason = "";
+  return 0;
+}
+
+int kvs_cuda_available(const char **reason) {
+  pthread_mutex_lock(&lock);
+  int rc = load_locked();
+  if (reason)
+    *reason = load_reason;
+  pthread_mutex_unlock(&lock);
+  return rc;
+}
+
+static void format_uuid(char *out, size_t n, const CUuuid *u) {
+  const unsigned char *b = u->bytes;
+  snprintf(out, n,
+           "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+           b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10],
+           b[11], b[12], b[13], b[14], b[15]);
+}
+
+static int uuid_match(const char *want, const char *have) {
+  if (strncasecmp(want, "GPU-", 4) != 0)
+    have += 4; /* accept the bare form too */
+  return strcasecmp(want, have) == 0;
+}
+
+static int open_locked(const char *uuid) {
+  int rc = load_locked();
+  if (rc)
+    return rc;
+  int n = 0;
+  CUresult r = cu.cuDeviceGetCount(&n);
+  if (r)
+    return map_cu(r);
+  CUdevice pick = -1;
+  char pick_uuid[64] = "";
+  for (int i = 0; i < n; i++) {
+    CUdevice d;
+    CUuuid u;
+    char s[64];
+    if (cu.cuDeviceGet(&d, i) || cu.cuDeviceGetUuid(&u, d))
+      continue;
+    format_uuid(s, sizeof s, &u);
+    if (!uuid || uuid_match(uuid, s)) {
+      pick = d;
+      memcpy(pick_uuid, s, sizeof s);
+      break;
+    }
+  }
+  if (opened && !uuid)
+    return 0;
+  if (pick < 0)
+    return uuid ? KVS_ENOENT : KVS_ENODEV;
+  if (opened) {
+    if (strcmp(pick_uuid, dev_uuid) != 0)
+      return KVS_ESTATE;
+    return 0;
+  }
+  if ((r = cu.cuDevicePrimaryCtxRetain(&ctx, pick)) ||
+      (r = cu.cuCtxSetCurrent(ctx))) {
+    set_reason("cannot make the device's primary context current", r);
+    return map_cu(r);
+  }
+  if ((r = cu.cuModuleLoadData(&mod, kvs__cuda_fatbin))) {
+    set_reason("cannot load the kernels (no image for this GPU?)", r);
+    return map_cu(r);
+  }
+  if ((r = cu.cuModuleGetFunction(&f_write, mod, "kvs_write_kv_kernel")) ||
+      (r = cu.cuModuleGetFunction(&f_blocks, mod, "kvs_blocks_kernel")) ||
+      (r = cu.cuModuleGetFunction(&f_merge, mod, "kvs_attn_merge_kernel")))
+    return map_cu(r);
+  static const char *dts[DT_N] = {"fp32", "fp16", "bf16"};
+  for (int t = 0; t < DT_N; t++)
+    for (int v = 0; v < NV_N; v++)
+      for (int g = 0; g < G_N; g++) {
+        char name[64];
+        snprintf(name, sizeof name, "kvs_attn_%s_nv%d_g%d", dts[t], v + 1,
+                 1 << g);
+        if ((r = cu.cuModuleGetFunction(&f_attn[t][v][g], mod, name)))
+          return map_cu(r);
+      }
+  cu.cuDeviceGetName(dev_name, sizeof dev_name, pick);
+  memcpy(dev_uuid, pick_uuid, sizeof pick_uuid);
+  dev = pick;
+  opened = 1;
+  return 0;
+}
+
+int kvs_cuda_open(const char *uuid) {
+  pthread_mutex_lock(&lock);
+  int rc = open_locked(uuid);
+  pthread_mutex_unlock(&lock);
+  if (rc == 0 && !tls_current) {
+    if (cu.cuCtxSetCurrent(ctx))
+      return KVS_EINTERNAL;
+    tls_current = 1;
+  }
+  return rc;
+}
+
+/* Every entry point: the device open (first device if nobody chose) and its
+ * context current in this thread. */
+static int ready(void) {
+  if (opened && tls_current)
+    return 0;
+  return kvs_cuda_open(NULL);
+}
+
+const char *kvs_cuda_device_name(void) { return opened ? dev_name : ""; }
+const char *kvs_cuda_device_uuid(void) { return opened ? dev_uuid : ""; }
+
+/* ---- memory helpers ----------------------------------------------------------- */
+
+int kvs_cuda_malloc(void **dptr, size_t bytes) {
+  int rc = ready();
+  if (rc)
+    return rc;
+  CUdeviceptr p = 0;
+  rc = map_cu(cu.cuMemAlloc(&p, bytes ? bytes : 1));
+  *dptr = rc ? NULL : (void *)(uintptr_t)p;
+  return rc;
+}
+
+int kvs_cuda_free(void *dptr) {
+  int rc = ready();
+  return rc ? rc : (dptr ? map_cu(cu.cuMemFree((CUdeviceptr)(uintptr_t)dptr)) : 0);
+}
+
+int kvs_cuda_memcpy_htod(void *dst, const void *src, size_t bytes) {
+  int rc = ready();
+  return rc ? rc : map_cu(cu.cuMemcpyHtoD((CUdeviceptr)(uintptr_t)dst, src, bytes));
+}
+
+int kvs_cuda_memcpy_dtoh(void *dst, const void *src, size_t bytes) {
+  int rc = ready();
+  return rc ? rc : map_cu(cu.cuMemcpyDtoH(dst, (CUdeviceptr)(uintptr_t)src, bytes));
+}
+
+int kvs_cuda_memcpy_dtod(void *dst, const void *src, size_t bytes) {
+  int rc = ready();
+  return rc ? rc
+            : map_cu(cu.cuMemcpyDtoD((CUdeviceptr)(uintptr_t)dst,
+                                     (CUdeviceptr)(uintptr_t)src, bytes));
+}
+
+int kvs_cuda_memset(void *dptr, uint8_t value, size_t bytes) {
+  int rc = ready();
+  return rc ? rc : map_cu(cu.cuMemsetD8((CUdeviceptr)(uintptr_t)dptr, value, bytes));
+}
+
+int kvs_cuda_sync(void *stream) {
+  int rc = ready();
+  if (rc)
+    return rc;
+  return map_cu(stream ? cu.cuStreamSynchronize((CUstream)stream)
+                       : cu.cuCtxSynchronize());
+}
+
+int kvs_cuda_time_ms(void *stream, int (*fn)(void *arg), void *arg, int reps,
+                     float *ms) {
+  int rc = ready();
+  if (rc)
+    return rc;
+  CUevent e0 = NULL, e1 = NULL;
+  if ((rc = map_cu(cu.cuEventCreate(&e0, 0))) ||
+      (rc = map_cu(cu.cuEventCreate(&e1, 0))))
+    goto out;
+  if ((rc = map_cu(cu.cuEventRecord(e0, (CUstream)stream))))
+    goto out;
+  for (int i = 0; i < reps && !rc; i++)
+    rc = fn(arg);
+  if (rc || (rc = map_cu(cu.cuEventRecord(e1, (CUstream)stream))) ||
+      (rc = map_cu(cu.cuEventSynchronize(e1))))
+    goto out;
+  rc = map_cu(cu.cuEventElapsedTime(ms, e0, e1));
+out:
+  if (e0)
+    cu.cuEventDestroy(e0);
+  if (e1)
+    cu.cuEventDestroy(e1);
+  return rc;
+}
+
+int kvs_cuda_device_info(int *mem_clock_khz, int *bus_width_bits,
+                         int *num_sms) {
+  int rc = ready();
+  if (rc)
+    return rc;
+  *mem_clock_khz = *bus_width_bits = *num_sms = 0;
+  cu.cuDeviceGetAttribute(mem_clock_khz, CU_ATTR_MEMORY_CLOCK_RATE, dev);
+  cu.cuDeviceGetAttribute(bus_width_bits, CU_ATTR_GLOBAL_MEMORY_BUS_WIDTH, dev);
+  cu.cuDeviceGetAttribute(num_sms, CU_ATTR_MULTIPROCESSOR_COUNT, dev);
+  return 0;
+}
+
+/* ---- kernels ------------------------------------------------------------------- */
+
+static int launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                  unsigned threads, unsigned smem, void *stream, void **params) {
+  return map_cu(cu.cuLaunchKernel(f, gx, gy, gz, threads, 1, 1, smem,
+                                  (CUstream)stream, params, NULL));
+}
+
+int kvs_cuda_write_kv(const kvs_write_args *a, void *stream) {
+  if (!a || kvs__check_paged_kv(&a->kv) || kvs_dtype_size(a->src_dtype) == 0)
+    return KVS_EINVAL;
+  if (a->num_tokens == 0)
+    return 0;
+  if (!a->k || !a->v || !a->slots ||
+      a->src_token_stride < (uint64_t)a->kv.num_kv_heads * a->kv.head_dim)
+    return KVS_EINVAL;
+  int rc = ready();
+  if (rc)
+    return rc;
+  kvs_write_args copy = *a;
+  void *params[] = {&copy};
+  return launch(f_write, a->num_tokens, 1, 1, 128, 0, stream, params);
+}
+
+static int cuda_blocks(void *base, uint64_t stride, void *staging,
+                       const uint32_t *idx, uint32_t count, int mode,
+                       void *stream) {
+  if (stride == 0 || (count && (!base || !idx || (mode && !staging))))
+    return KVS_EINVAL;
+  if (count == 0)
+    return 0;
+  int rc = ready();
+  if (rc)
+    return rc;
+  uint64_t vecs = (stride + 15) / 16;
+  unsigned slices = (unsigned)((vecs + 1023) / 1024);
+  if (slices > 64)
+    slices = 64;
+  void *params[] = {&base, &stride, &staging, &idx, &mode};
+  return launch(f_blocks, count, slices, 1, 256, 0, stream, params);
+}
+
+int kvs_cuda_copy_blocks(const kvs_copy_args *a, void *stream) {
+  if (!a)
+    return KVS_EINVAL;
+  return cuda_blocks(a->base, a->block_stride, NULL, a->pairs, a->num_pairs, 0,
+                     stream);
+}
+
+int kvs_cuda_gather_blocks(const kvs_xfer_args *a, void *stream) {
+  if (!a)
+    return KVS_EINVAL;
+  return cuda_blocks(a->base, a->block_stride, a->staging, a->blocks, a->count,
+                     1, stream);
+}
+
+int kvs_cuda_scatter_blocks(const kvs_xfer_args *a, void *stream) {
+  if (!a)
+    return KVS_EINVAL;
+  return cuda_blocks(a->base, a->block_stride, a->staging, a->blocks, a->count,
+                     2, stream);
+}
+
+static int cuda_attention(const kvs_attn_args *a, int prefill, void *stream) {
+  int rc = kvs__check_attn(a, prefill);
+  if (rc || a->num_seqs == 0 || a->num_rows == 0)
+    return rc;
+  const kvs_paged_kv *kv = &a->kv;
+  size_t es = kvs_dtype_size(kv->dtype);
+  uint64_t row_bytes = (uint64_t)kv->head_dim * es;
+  /* 16-byte loads of key rows: everything a row address is made of must be a
+   * multiple of 16 bytes. */
+  if (row_bytes % 16 || ((uintptr_t)kv->base | kv->block_stride | kv->k_offset |
+                         kv->v_offset | kv->token_stride * es |
+                         kv->head_stride * es) % 16)
+    return KVS_ENOTSUP;
+  uint64_t chunks = row_bytes / 16;
+  uint32_t lanes, nv;
+  if (chunks <= 32 && (chunks & (chunks - 1)) == 0) {
+    lanes = (uint32_t)chunks;
+    nv = 1;
+  } else if (chunks == 64) {
+    lanes = 32;
+    nv = 2;
+  } else {
+    return KVS_ENOTSUP;
+  }
+  rc = ready();
+  if (rc)
+    return rc;
+  uint32_t ratio = a->num_heads / kv->num_kv_heads;
+  int gi = ratio >= 8 ? 3 : ratio >= 4 ? 2 : ratio >= 2 ? 1 : 0;
+  uint32_t G = 1u << gi;
+  uint32_t gchunks = (ratio + G - 1) / G;
+  uint32_t parts = kvs__attn_parts(a->max_seq_len);
+  uint32_t split = parts > 1 && a->workspace &&
+                   a->workspace_bytes >= kvs_attn_workspace_bytes(a);
+  unsigned smem = (unsigned)(G * (KVS__ATTN_PART + kv->head_dim) * sizeof(float));
+  kvs_attn_args copy = *a;
+  int pf = prefill;
+  void *params[] = {&copy, &pf, &lanes, &split};
+  rc = launch(f_attn[kv->dtype][nv - 1][gi], a->num_rows,
+              kv->num_kv_heads * gchunks, split ? parts : 1, KVS__ATTN_THREADS,
+              smem, stream, params);
+  if (rc || !split)
+    return rc;
+  void *mparams[] = {&copy, &pf, &parts};
+  return launch(f_merge, a->num_rows, a->num_heads, 1, 128, 0, stream, mparams);
+}
+
+int kvs_cuda_decode_attention(const kvs_attn_args *a, void *stream) {
+  if (a && a->q_start)
+    return KVS_EINVAL;
+  return cuda_attention(a, 0, stream);
+}
+
+int kvs_cuda_prefill_attention(const kvs_attn_args *a, void *stream) {
+  return cuda_attention(a, 1, stream);
+}
+
+static const kvs_kernels cuda_table = {
+    .name = "cuda",
+    .write_kv = kvs_cuda_write_kv,
+    .decode_attention = kvs_cuda_decode_attention,
+    .prefill_attention = kvs_cuda_prefill_attention,
+    .copy_blocks = kvs_cuda_copy_blocks,
+    .gather_blocks = kvs_cuda_gather_blocks,
+    .scatter_blocks = kvs_cuda_scatter_blocks,
+};
+
+const kvs_kernels *kvs_kernels_cuda(void) { return &cuda_table; }

@@ -1,0 +1,442 @@
+/*
+ * kernels.cu — the CUDA kernels.  Compiled by nvcc into a fatbin (sm_80,
+ * sm_90, PTX) that the library embeds; the host side (cuda_driver.c) loads
+ * it through the driver API.  Every kernel has extern "C" linkage so the
+ * loader finds it by name; the semantics are those of the C twins in
+ * kernels_cpu.c (see kvs_kernels.h).
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "kvs_kernels_int.h"
+
+#define NWARPS (KVS__ATTN_THREADS / 32)
+
+/* ---- element access ------------------------------------------------------ */
+
+__device__ __forceinline__ float ld_elem(const void *p, uint64_t i,
+                                         uint32_t dtype) {
+  switch (dtype) {
+  case KVS_DTYPE_FP32:
+    return ((const float *)p)[i];
+  case KVS_DTYPE_FP16:
+    return __half2float(((const __half *)p)[i]);
+  default:
+    return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+  }
+}
+
+__device__ __forceinline__ void st_elem(void *p, uint64_t i, uint32_t dtype,
+                                        float v) {
+  switch (dtype) {
+  case KVS_DTYPE_FP32:
+    ((float *)p)[i] = v;
+    break;
+  case KVS_DTYPE_FP16:
+    ((__half *)p)[i] = __float2half_rn(v);
+    break;
+  default:
+    ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v);
+    break;
+  }
+}
+
+/* 16 bytes -> 16 / sizeof(T) floats. */
+template <typename T> struct Vec;
+template <> struct Vec<float> {
+  enum { N = 4 };
+  static __device__ __forceinline__ void cvt(const uint4 &r, float *f) {
+    f[0] = __uint_as_float(r.x);
+    f[1] = __uint_as_float(r.y);
+    f[2] = __uint_as_float(r.z);
+    f[3] = __uint_as_float(r.w);
+  }
+};
+template <> struct Vec<__half> {
+  enum { N = 8 };
+  static __device__ __forceinline__ void cvt(const uint4 &r, float *f) {
+    const __half2 *h = (const __half2 *)&r;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      float2 t = __half22float2(h[i]);
+      f[2 * i] = t.x;
+      f[2 * i + 1] = t.y;
+    }
+  }
+};
+template <> struct Vec<__nv_bfloat16> {
+  enum { N = 8 };
+  static __device__ __forceinline__ void cvt(const uint4 &r, float *f) {
+    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      f[2 * i] = __uint_as_float(w[i] << 16);
+      f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+  }
+};
+
+/* ---- write ------------------------------------------------------------------ */
+
+extern "C" __global__ void kvs_write_kv_kernel(kvs_write_args a) {
+  const kvs_paged_kv &kv = a.kv;
+  uint32_t i = blockIdx.x;
+  int64_t slot = a.slots[i];
+  if (slot < 0)
+    return;
+  uint64_t b = (uint64_t)slot / kv.block_size;
+  uint64_t t = (uint64_t)slot % kv.block_size;
+  size_t des = kvs_dtype_size(kv.dtype);
+  char *blk = (char *)kv.base + b * kv.block_stride;
+  uint32_t row = kv.num_kv_heads * kv.head_dim;
+  for (uint32_t e = threadIdx.x; e < row; e += blockDim.x) {
+    uint32_t h = e / kv.head_dim, d = e % kv.head_dim;
+    uint64_t src = (uint64_t)i * a.src_token_stride + e;
+    uint64_t dst = t * kv.token_stride + (uint64_t)h * kv.head_stride + d;
+    st_elem(blk + kv.k_offset, dst, kv.dtype, ld_elem(a.k, src, a.src_dtype));
+    st_elem(blk + kv.v_offset, dst, kv.dtype, ld_elem(a.v, src, a.src_dtype));
+  }
+  (void)des;
+}
+
+/* ---- whole blocks ------------------------------------------------------------ */
+
+/* mode 0: pairs (src, dst) inside the pool; 1: gather pool -> staging;
+ * 2: scatter staging -> pool.  grid.x = item, grid.y = slices of a block. */
+extern "C" __global__ void kvs_blocks_kernel(char *base, uint64_t stride,
+                                             char *staging,
+                                             const uint32_t *idx, int mode) {
+  uint32_t i = blockIdx.x;
+  const char *src;
+  char *dst;
+  if (mode == 0) {
+    src = base + (uint64_t)idx[2 * i] * stride;
+    dst = base + (uint64_t)idx[2 * i + 1] * stride;
+    if (src == dst)
+      return;
+  } else if (mode == 1) {
+    src = base + (uint64_t)idx[i] * stride;
+    dst = staging + (uint64_t)i * stride;
+  } else {
+    src = staging + (uint64_t)i * stride;
+    dst = base + (uint64_t)idx[i] * stride;
+  }
+  uint64_t first = (uint64_t)blockIdx.y * blockDim.x + threadIdx.x;
+  uint64_t step = (uint64_t)gridDim.y * blockDim.x;
+  if ((((uintptr_t)src | (uintptr_t)dst | stride) & 15) == 0) {
+    const uint4 *s = (const uint4 *)src;
+    uint4 *d = (uint4 *)dst;
+    for (uint64_t k = first; k < stride / 16; k += step)
+      d[k] = s[k];
+  } else {
+    for (uint64_t k = first; k < stride; k += step)
+      dst[k] = src[k];
+  }
+}
+
+/* ---- attention ---------------------------------------------------------------- */
+
+/*
+ * One block: one query row, one kv head, up to G query heads of its group,
+ * and a token range: the whole row (split == 0, online softmax over chunks of
+ * KVS__ATTN_PART tokens) or partition blockIdx.z (split != 0, one chunk,
+ * partial results to the workspace, merged by kvs_attn_merge_kernel).
+ *
+ * Lanes: a key row of head_dim elements is `lanes` lanes x NV vectors of 16
+ * bytes; a warp reads 32 / lanes tokens at a time.  Lane c of a token holds
+ * elements (v * lanes + c) * VEC + [0, VEC) for v < NV.
+ */
+template <typename T, int NV, int G>
+__device__ __forceinline__ void attn_body(const kvs_attn_args &a, int prefill,
+                                          uint32_t lanes, uint32_t split) {
+  constexpr int VEC = Vec<T>::N;
+  constexpr int E = NV * VEC;
+  extern __shared__ float smem[];
+  const kvs_paged_kv &kv = a.kv;
+  const uint32_t D = kv.head_dim;
+  float *logits = smem;                    /* [G][PART] */
+  float *red = logits + G * KVS__ATTN_PART; /* [G][D] */
+  __shared__ float sm_m[G], sm_l[G], sm_scale[G];
+
+  const uint32_t row = blockIdx.x;
+  uint32_t s, n;
+  if (!prefill) {
+    s = row;
+    n = a.seq_lens[s];
+  } else {
+    uint32_t lo = 0, hi = a.num_seqs;
+    while (hi - lo > 1) {
+      uint32_t mid = (lo + hi) / 2;
+      if (a.q_start[mid] <= row)
+        lo = mid;
+      else
+        hi = mid;
+    }
+    s = lo;
+    uint32_t len = a.seq_lens[s];
+    uint32_t qlen = a.q_start[s + 1] - a.q_start[s];
+    n = qlen > len ? 0 : len - qlen + (row - a.q_start[s]) + 1;
+  }
+  const uint32_t ratio = a.num_heads / kv.num_kv_heads;
+  const uint32_t gchunks = (ratio + G - 1) / G;
+  const uint32_t h = blockIdx.y / gchunks;
+  const uint32_t hq0 = h * ratio + (blockIdx.y % gchunks) * G;
+  const uint32_t ng = min((uint32_t)G, ratio - (blockIdx.y % gchunks) * G);
+  uint32_t t0 = 0, t1 = n;
+  if (split) {
+    t0 = blockIdx.z * KVS__ATTN_PART;
+    t1 = min(n, t0 + KVS__ATTN_PART);
+    if (t0 >= t1)
+      return; /* the merge kernel never reads this partition */
+  }
+
+  const uint32_t tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const uint32_t c = lane % lanes, sub = lane / lanes;
+  const uint32_t tpw = 32 / lanes, tpc = NWARPS * tpw;
+  const size_t es = sizeof(T), qes = kvs_dtype_size(a.qo_dtype);
+  const uint32_t *bt = a.block_tables + (uint64_t)s * a.max_blocks_per_seq;
+  const char *base = (const char *)kv.base;
+  const uint64_t head_off = (uint64_t)h * kv.head_stride * es;
+
+  for (uint32_t i = tid; i < G * D; i += blockDim.x)
+    red[i] = 0.f;
+  if (tid < G) {
+    sm_m[tid] = -INFINITY;
+    sm_l[tid] = 0.f;
+  }
+
+  float q[G][E];
+  float acc[G][E];
+#pragma unroll
+  for (int g = 0; g < G; g++) {
+    const char *qrow = (const char *)a.q +
+                       ((uint64_t)row * a.num_heads + hq0 + min(g, (int)ng - 1)) *
+                           D * qes;
+#pragma unroll
+    for (int v = 0; v < NV; v++)
+#pragma unroll
+      for (int k = 0; k < VEC; k++)
+        q[g][v * VEC + k] =
+            ld_elem(qrow, (uint64_t)(v * lanes + c) * VEC + k, a.qo_dtype);
+#pragma unroll
+    for (int e = 0; e < E; e++)
+      acc[g][e] = 0.f;
+  }
+  __syncthreads();
+
+  for (uint32_t c0 = t0; c0 < t1; c0 += KVS__ATTN_PART) {
+    const uint32_t C = min(KVS__ATTN_PART, t1 - c0);
+
+    /* Phase 1: scores of the chunk. */
+    for (uint32_t ib = warp * tpw; ib < C; ib += tpc) {
+      uint32_t idx = ib + sub;
+      bool ok = idx < C;
+      float dotp[G];
+#pragma unroll
+      for (int g = 0; g < G; g++)
+        dotp[g] = 0.f;
+      if (ok) {
+        uint32_t j = c0 + idx;
+        const char *row_p = base + (uint64_t)bt[j / kv.block_size] * kv.block_stride +
+                            kv.k_offset +
+                            (uint64_t)(j % kv.block_size) * kv.token_stride * es +
+                            head_off;
+        uint4 raw[NV];
+#pragma unroll
+        for (int v = 0; v < NV; v++)
+          raw[v] = __ldg((const uint4 *)(row_p + ((uint64_t)v * lanes + c) * 16));
+#pragma unroll
+        for (int v = 0; v < NV; v++) {
+          float f[VEC];
+          Vec<T>::cvt(raw[v], f);
+#pragma unroll
+          for (int g = 0; g < G; g++)
+#pragma unroll
+            for (int k = 0; k < VEC; k++)
+              dotp[g] += q[g][v * VEC + k] * f[k];
+        }
+      }
+#pragma unroll
+      for (int g = 0; g < G; g++) {
+        for (uint32_t o = lanes / 2; o >= 1; o /= 2)
+          dotp[g] += __shfl_xor_sync(0xffffffffu, dotp[g], o);
+        if (ok && c == 0)
+          logits[g * KVS__ATTN_PART + idx] = dotp[g] * a.scale;
+      }
+    }
+    __syncthreads();
+
+    /* Phase 2: running max and sum, probabilities in place. */
+    if (warp < ng) {
+      float *lg = logits + warp * KVS__ATTN_PART;
+      float cm = -INFINITY;
+      for (uint32_t k = lane; k < C; k += 32)
+        cm = fmaxf(cm, lg[k]);
+      for (int o = 16; o >= 1; o /= 2)
+        cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, o));
+      float m_old = sm_m[warp];
+      float m_new = fmaxf(m_old, cm);
+      float sum = 0.f;
+      for (uint32_t k = lane; k < C; k += 32) {
+        float p = expf(lg[k] - m_new);
+        lg[k] = p;
+        sum += p;
+      }
+      for (int o = 16; o >= 1; o /= 2)
+        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      __syncwarp();
+      if (lane == 0) {
+        float sc = m_old == -INFINITY ? 0.f : expf(m_old - m_new);
+        sm_scale[warp] = sc;
+        sm_l[warp] = sm_l[warp] * sc + sum;
+        sm_m[warp] = m_new;
+      }
+    }
+    __syncthreads();
+
+    /* Phase 3: weighted values. */
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+      float sc = g < (int)ng ? sm_scale[g] : 0.f;
+#pragma unroll
+      for (int e = 0; e < E; e++)
+        acc[g][e] *= sc;
+    }
+    for (uint32_t ib = warp * tpw; ib < C; ib += tpc) {
+      uint32_t idx = ib + sub;
+      if (idx >= C)
+        break;
+      uint32_t j = c0 + idx;
+      const char *row_p = base + (uint64_t)bt[j / kv.block_size] * kv.block_stride +
+                          kv.v_offset +
+                          (uint64_t)(j % kv.block_size) * kv.token_stride * es +
+                          head_off;
+      uint4 raw[NV];
+#pragma unroll
+      for (int v = 0; v < NV; v++)
+        raw[v] = __ldg((const uint4 *)(row_p + ((uint64_t)v * lanes + c) * 16));
+      float p[G];
+#pragma unroll
+      for (int g = 0; g < G; g++)
+        p[g] = g < (int)ng ? logits[g * KVS__ATTN_PART + idx] : 0.f;
+#pragma unroll
+      for (int v = 0; v < NV; v++) {
+        float f[VEC];
+        Vec<T>::cvt(raw[v], f);
+#pragma unroll
+        for (int g = 0; g < G; g++)
+#pragma unroll
+          for (int k = 0; k < VEC; k++)
+            acc[g][v * VEC + k] += p[g] * f[k];
+      }
+    }
+    __syncthreads();
+  }
+
+  /* Sum over the tokens a warp's lanes held, then over warps. */
+#pragma unroll
+  for (int g = 0; g < G; g++)
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+      float x = acc[g][e];
+      for (uint32_t o = lanes; o < 32; o *= 2)
+        x += __shfl_xor_sync(0xffffffffu, x, o);
+      acc[g][e] = x;
+    }
+  if (sub == 0) {
+#pragma unroll
+    for (int g = 0; g < G; g++)
+      if (g < (int)ng)
+#pragma unroll
+        for (int v = 0; v < NV; v++)
+#pragma unroll
+          for (int k = 0; k < VEC; k++)
+            atomicAdd(&red[g * D + (v * lanes + c) * VEC + k],
+                      acc[g][v * VEC + k]);
+  }
+  __syncthreads();
+
+  if (split) {
+    uint32_t P = gridDim.z;
+    float *ws = (float *)a.workspace;
+    uint64_t R = a.num_rows, H = a.num_heads;
+    for (uint32_t i = tid; i < ng * D; i += blockDim.x) {
+      uint32_t g = i / D, d = i % D;
+      uint64_t cell = ((uint64_t)row * H + hq0 + g) * P + blockIdx.z;
+      ws[2 * R * H * P + cell * D + d] = red[g * D + d];
+    }
+    if (tid < ng) {
+      uint64_t cell = ((uint64_t)row * H + hq0 + tid) * P + blockIdx.z;
+      ws[cell] = sm_m[tid];
+      ws[R * H * P + cell] = sm_l[tid];
+    }
+  } else {
+    for (uint32_t i = tid; i < ng * D; i += blockDim.x) {
+      uint32_t g = i / D, d = i % D;
+      float v = n ? red[g * D + d] / sm_l[g] : 0.f;
+      st_elem(a.out, ((uint64_t)row * a.num_heads + hq0 + g) * D + d,
+              a.qo_dtype, v);
+    }
+  }
+}
+
+#define KVS_ATTN_INST(NAME, T, NV, G)                                        \
+  extern "C" __global__ void __launch_bounds__(KVS__ATTN_THREADS)           \
+      kvs_attn_##NAME##_nv##NV##_g##G(kvs_attn_args a, int prefill,          \
+                                      uint32_t lanes, uint32_t split) {      \
+    attn_body<T, NV, G>(a, prefill, lanes, split);                           \
+  }
+#define KVS_ATTN_INST_G(NAME, T, NV) \
+  KVS_ATTN_INST(NAME, T, NV, 1)      \
+  KVS_ATTN_INST(NAME, T, NV, 2)      \
+  KVS_ATTN_INST(NAME, T, NV, 4)      \
+  KVS_ATTN_INST(NAME, T, NV, 8)
+#define KVS_ATTN_INST_NV(NAME, T) \
+  KVS_ATTN_INST_G(NAME, T, 1)     \
+  KVS_ATTN_INST_G(NAME, T, 2)
+
+KVS_ATTN_INST_NV(fp32, float)
+KVS_ATTN_INST_NV(fp16, __half)
+KVS_ATTN_INST_NV(bf16, __nv_bfloat16)
+
+/* Merge the partitions of a split row: grid (row, query head). */
+extern "C" __global__ void kvs_attn_merge_kernel(kvs_attn_args a, int prefill,
+                                                 uint32_t parts) {
+  const uint32_t row = blockIdx.x, hq = blockIdx.y;
+  const uint32_t D = a.kv.head_dim;
+  uint32_t n;
+  if (!prefill) {
+    n = a.seq_lens[row];
+  } else {
+    uint32_t lo = 0, hi = a.num_seqs;
+    while (hi - lo > 1) {
+      uint32_t mid = (lo + hi) / 2;
+      if (a.q_start[mid] <= row)
+        lo = mid;
+      else
+        hi = mid;
+    }
+    uint32_t len = a.seq_lens[lo];
+    uint32_t qlen = a.q_start[lo + 1] - a.q_start[lo];
+    n = qlen > len ? 0 : len - qlen + (row - a.q_start[lo]) + 1;
+  }
+  const uint32_t np = (n + KVS__ATTN_PART - 1) / KVS__ATTN_PART;
+  const float *ws = (const float *)a.workspace;
+  const uint64_t R = a.num_rows, H = a.num_heads;
+  const uint64_t cell0 = ((uint64_t)row * H + hq) * parts;
+  float M = -INFINITY;
+  for (uint32_t p = 0; p < np; p++)
+    M = fmaxf(M, ws[cell0 + p]);
+  float L = 0.f;
+  for (uint32_t p = 0; p < np; p++)
+    L += ws[R * H * parts + cell0 + p] * expf(ws[cell0 + p] - M);
+  for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) {
+    float x = 0.f;
+    for (uint32_t p = 0; p < np; p++)
+      x += ws[2 * R * H * parts + (cell0 + p) * D + d] *
+           expf(ws[cell0 + p] - M);
+    st_elem(a.out, ((uint64_t)row * H + hq) * D + d, a.qo_dtype,
+            np ? x / L : 0.f);
+  }
+}

@@ -1,0 +1,168 @@
+/*
+ * kernels_common.c — what both backends share: dtype conversion, the paged
+ * view of a layer, argument checks, workspace size.
+ */
+#include <string.h>
+
+#include "kvs_kernels_int.h"
+#include "kvs_status.h"
+
+static inline uint32_t f2u(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+static inline float u2f(uint32_t u) {
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+float kvs_fp16_to_float(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+  uint32_t em = h & 0x7fffu;
+  uint32_t bits;
+  if (em >= 0x7c00u) /* inf or NaN: keep the payload, max the exponent */
+    bits = (em << 13) | 0x7f800000u;
+  else /* normal and subnormal: rebias the exponent by multiplying by 2^112 */
+    bits = f2u(u2f(em << 13) * 0x1p112f);
+  return u2f(bits | sign);
+}
+
+uint16_t kvs_float_to_fp16(float f) {
+  uint32_t x = f2u(f);
+  uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+  x &= 0x7fffffffu;
+  if (x >= 0x7f800000u) /* inf stays inf; NaN becomes a quiet NaN */
+    return sign | (x > 0x7f800000u ? (uint16_t)(0x7e00u | ((x >> 13) & 0x3ffu))
+                                   : (uint16_t)0x7c00u);
+  if (x >= 0x477ff000u) /* >= 65520 rounds to inf */
+    return sign | 0x7c00u;
+  if (x < 0x38800000u) {
+    /* Result is subnormal or zero: adding 0.5 places the half's ULP at the
+     * float's last mantissa bit, so the FPU rounds to nearest even for us. */
+    uint32_t r = f2u(u2f(x) + 0.5f) - f2u(0.5f);
+    return sign | (uint16_t)r;
+  }
+  /* Normal: rebias the exponent, then round the 13 dropped bits to even. */
+  uint32_t odd = (x >> 13) & 1u;
+  x += ((uint32_t)(15 - 127) << 23) + 0xfffu + odd;
+  return sign | (uint16_t)(x >> 13);
+}
+
+float kvs_bf16_to_float(uint16_t b) { return u2f((uint32_t)b << 16); }
+
+uint16_t kvs_float_to_bf16(float f) {
+  uint32_t x = f2u(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u)
+    return (uint16_t)((x >> 16) | 0x40u);
+  x += 0x7fffu + ((x >> 16) & 1u);
+  return (uint16_t)(x >> 16);
+}
+
+int kvs_convert(void *dst, uint32_t dst_dtype, const void *src,
+                uint32_t src_dtype, size_t n) {
+  if (kvs_dtype_size(dst_dtype) == 0 || kvs_dtype_size(src_dtype) == 0 ||
+      (n && (!dst || !src)))
+    return KVS_EINVAL;
+  if (dst_dtype == src_dtype) {
+    memmove(dst, src, n * kvs_dtype_size(src_dtype));
+    return 0;
+  }
+  const float *sf = src;
+  const uint16_t *sh = src;
+  float *df = dst;
+  uint16_t *dh = dst;
+  for (size_t i = 0; i < n; i++) {
+    float v;
+    switch (src_dtype) {
+    case KVS_DTYPE_FP32:
+      v = sf[i];
+      break;
+    case KVS_DTYPE_FP16:
+      v = kvs_fp16_to_float(sh[i]);
+      break;
+    default:
+      v = kvs_bf16_to_float(sh[i]);
+      break;
+    }
+    switch (dst_dtype) {
+    case KVS_DTYPE_FP32:
+      df[i] = v;
+      break;
+    case KVS_DTYPE_FP16:
+      dh[i] = kvs_float_to_fp16(v);
+      break;
+    default:
+      dh[i] = kvs_float_to_bf16(v);
+      break;
+    }
+  }
+  return 0;
+}
+
+int kvs_paged_kv_init(kvs_paged_kv *kv, void *base, const kvs_layout *l,
+                      uint32_t layer) {
+  if (!kv || !l || layer >= l->num_layers || kvs_dtype_size(l->dtype) == 0 ||
+      l->block_stride < kvs_block_bytes(l) || l->block_size == 0)
+    return KVS_EINVAL;
+  memset(kv, 0, sizeof *kv);
+  kv->base = base;
+  kv->block_stride = l->block_stride;
+  kv->k_offset = kvs_plane_offset(l, layer, 0);
+  kv->v_offset = kvs_plane_offset(l, layer, 1);
+  kv->token_stride = kvs_token_stride(l);
+  kv->head_stride = kvs_head_stride(l);
+  kv->block_size = l->block_size;
+  kv->num_kv_heads = l->num_kv_heads;
+  kv->head_dim = l->head_dim;
+  kv->dtype = l->dtype;
+  kv->num_blocks = l->num_blocks;
+  return 0;
+}
+
+int kvs__check_paged_kv(const kvs_paged_kv *kv) {
+  if (!kv->base || kv->block_size == 0 || kv->num_kv_heads == 0 ||
+      kv->head_dim == 0 || kvs_dtype_size(kv->dtype) == 0 ||
+      kv->head_stride < kv->head_dim ||
+      kv->token_stride < (uint64_t)kv->head_stride * kv->num_kv_heads)
+    return KVS_EINVAL;
+  return 0;
+}
+
+int kvs__check_attn(const kvs_attn_args *a, int prefill) {
+  if (!a || kvs__check_paged_kv(&a->kv) || kvs_dtype_size(a->qo_dtype) == 0 ||
+      a->num_heads == 0 || a->num_heads % a->kv.num_kv_heads != 0)
+    return KVS_EINVAL;
+  if (a->num_seqs == 0)
+    return 0;
+  if (!a->q || !a->out || !a->seq_lens || !a->block_tables ||
+      a->max_blocks_per_seq == 0)
+    return KVS_EINVAL;
+  if (prefill ? !a->q_start : a->num_rows != a->num_seqs)
+    return KVS_EINVAL;
+  if ((uint64_t)a->max_blocks_per_seq * a->kv.block_size < a->max_seq_len)
+    return KVS_EINVAL;
+  return 0;
+}
+
+uint64_t kvs_attn_workspace_bytes(const kvs_attn_args *a) {
+  uint32_t parts = kvs__attn_parts(a->max_seq_len);
+  if (parts <= 1)
+    return 0;
+  return 4 * kvs__attn_ws_floats(a->num_rows, a->num_heads, parts,
+                                 a->kv.head_dim);
+}
+
+static const kvs_kernels cpu_table = {
+    .name = "cpu",
+    .write_kv = kvs_cpu_write_kv,
+    .decode_attention = kvs_cpu_decode_attention,
+    .prefill_attention = kvs_cpu_prefill_attention,
+    .copy_blocks = kvs_cpu_copy_blocks,
+    .gather_blocks = kvs_cpu_gather_blocks,
+    .scatter_blocks = kvs_cpu_scatter_blocks,
+};
+
+const kvs_kernels *kvs_kernels_cpu(void) { return &cpu_table; }

@@ -1,0 +1,36 @@
+/*
+ * kvs_kernels_int.h — internal constants shared by the C twins, the CUDA
+ * kernels (gpu/kernels.cu) and the CUDA launcher.  Not installed.
+ */
+#ifndef KVS_KERNELS_INT_H
+#define KVS_KERNELS_INT_H
+
+#include "kvs_kernels.h"
+
+/* Tokens of one split-sequence partition of the CUDA attention kernel. */
+#define KVS__ATTN_PART 256u
+/* Query heads one CUDA attention block handles (larger GQA groups are split
+ * over several blocks). */
+#define KVS__ATTN_MAX_GROUP 8u
+/* Threads of one CUDA attention block. */
+#define KVS__ATTN_THREADS 256u
+
+/*
+ * Workspace of the split path, in floats, for R rows, H query heads, P
+ * partitions and head_dim D: max[R][H][P], sum[R][H][P], acc[R][H][P][D].
+ */
+static inline KVS_HD uint64_t kvs__attn_ws_floats(uint64_t rows,
+                                                 uint64_t heads,
+                                                 uint64_t parts, uint64_t dim) {
+  return rows * heads * parts * (dim + 2);
+}
+
+static inline KVS_HD uint32_t kvs__attn_parts(uint32_t max_seq_len) {
+  return (max_seq_len + KVS__ATTN_PART - 1) / KVS__ATTN_PART;
+}
+
+/* Validation shared by both backends (host-side fields only). */
+int kvs__check_paged_kv(const kvs_paged_kv *kv);
+int kvs__check_attn(const kvs_attn_args *a, int prefill);
+
+#endif /* KVS_KERNELS_INT_H */

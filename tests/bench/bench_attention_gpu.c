@@ -1,0 +1,204 @@
+/*
+ * bench_attention_gpu.c — CUDA paged decode attention: achieved bandwidth of
+ * K/V read, against a device-to-device copy measured in the same run and the
+ * device's nominal memory bandwidth.  Prints "skipped: no GPU" and exits 0
+ * where CUDA cannot run (it is in `make bench`).
+ *
+ *   bench_attention_gpu [reps]
+ *
+ * Times are CUDA-event times (median of 5 runs of `reps` back-to-back calls,
+ * after warm-up).  Bytes counted: every K and V element of every request's
+ * keys, read once (the floor for decode); q, out, tables are ignored.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu/kvs_kernels.h"
+#include "kvs_status.h"
+
+#define CU(call)                                                          \
+  do {                                                                    \
+    int rc_ = (call);                                                     \
+    if (rc_) {                                                            \
+      fprintf(stderr, "%s:%d: %s = %d (%s)\n", __FILE__, __LINE__, #call, \
+              rc_, kvs_strerror(rc_));                                    \
+      exit(1);                                                            \
+    }                                                                     \
+  } while (0)
+
+static uint64_t rng = 12345;
+static uint64_t next_rand(void) {
+  uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+static int cmp_float(const void *a, const void *b) {
+  float x = *(const float *)a, y = *(const float *)b;
+  return (x > y) - (x < y);
+}
+
+typedef struct {
+  const void *src;
+  void *dst;
+  size_t bytes;
+} copy_job;
+
+static int do_copy(void *arg) {
+  copy_job *j = arg;
+  return kvs_cuda_memcpy_dtod(j->dst, j->src, j->bytes);
+}
+
+static int do_decode(void *arg) {
+  return kvs_cuda_decode_attention(arg, NULL);
+}
+
+static float median_ms(int (*fn)(void *), void *arg, int reps) {
+  float t[5];
+  for (int i = 0; i < 2; i++) /* warm-up */
+    CU(fn(arg));
+  CU(kvs_cuda_sync(NULL));
+  for (int i = 0; i < 5; i++)
+    CU(kvs_cuda_time_ms(NULL, fn, arg, reps, &t[i]));
+  qsort(t, 5, sizeof t[0], cmp_float);
+  return t[2] / (float)reps;
+}
+
+/* Fill device memory with random bytes that are finite in every dtype. */
+static void fill_random(void *d, size_t bytes) {
+  size_t chunk = 16u << 20;
+  unsigned char *h = malloc(chunk);
+  for (size_t i = 0; i < chunk; i++)
+    h[i] = (unsigned char)(next_rand() & 0x3f); /* exponent bits never all 1 */
+  for (size_t off = 0; off < bytes; off += chunk)
+    CU(kvs_cuda_memcpy_htod((char *)d + off, h,
+                            bytes - off < chunk ? bytes - off : chunk));
+  free(h);
+}
+
+int main(int argc, char **argv) {
+  int reps = argc > 1 ? atoi(argv[1]) : 20;
+  const char *why;
+  if (kvs_cuda_available(&why)) {
+    printf("bench_attention_gpu: skipped: no GPU (%s)\n", why);
+    return 0;
+  }
+  CU(kvs_cuda_open(NULL));
+  int clk = 0, bus = 0, sms = 0;
+  CU(kvs_cuda_device_info(&clk, &bus, &sms));
+  double peak = 2.0 * clk * 1e3 * bus / 8.0 / 1e9; /* GB/s, DDR */
+  printf("device: %s (%s), %d SMs, nominal memory bandwidth %.0f GB/s\n",
+         kvs_cuda_device_name(), kvs_cuda_device_uuid(), sms, peak);
+
+  /* Baseline: a large device-to-device copy, bytes read + written. */
+  size_t cbytes = 1ull << 30;
+  void *ca, *cb;
+  CU(kvs_cuda_malloc(&ca, cbytes));
+  CU(kvs_cuda_malloc(&cb, cbytes));
+  CU(kvs_cuda_memset(ca, 0x5a, cbytes));
+  copy_job cj = {ca, cb, cbytes};
+  float cms = median_ms(do_copy, &cj, 5);
+  double copy_bw = 2.0 * cbytes / (cms * 1e-3) / 1e9;
+  printf("device-to-device copy (1 GiB, read+write): %.0f GB/s = %.0f%% of nominal\n",
+         copy_bw, 100.0 * copy_bw / peak);
+  CU(kvs_cuda_free(ca));
+  CU(kvs_cuda_free(cb));
+
+  printf("\n%-5s %-5s %-6s %-5s %-6s %-4s %-6s %10s %10s %9s %8s %8s\n", "kv",
+         "batch", "seqlen", "heads", "kvh", "D", "split", "KV MiB", "time us",
+         "GB/s", "%copy", "%nominal");
+  static const struct {
+    uint32_t dtype, batch, len, heads, kvh, dim;
+  } cfg[] = {
+      {KVS_DTYPE_FP16, 16, 2048, 32, 8, 128},
+      {KVS_DTYPE_FP16, 16, 4096, 32, 8, 128},
+      {KVS_DTYPE_FP16, 32, 4096, 32, 8, 128},
+      {KVS_DTYPE_FP16, 64, 2048, 32, 8, 128},
+      {KVS_DTYPE_FP16, 16, 8192, 32, 8, 128},
+      {KVS_DTYPE_FP16, 64, 8192, 32, 8, 128},
+      {KVS_DTYPE_BF16, 32, 4096, 32, 8, 128},
+      {KVS_DTYPE_FP32, 32, 4096, 32, 8, 128},
+      {KVS_DTYPE_FP16, 32, 4096, 32, 32, 128}, /* MHA */
+      {KVS_DTYPE_FP16, 32, 4096, 64, 8, 128},  /* GQA 8 */
+      {KVS_DTYPE_FP16, 32, 4096, 32, 4, 64},
+  };
+  for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++) {
+    kvs_layout l = {.block_size = 16, .num_layers = 2,
+                    .num_kv_heads = cfg[ci].kvh, .head_dim = cfg[ci].dim,
+                    .dtype = cfg[ci].dtype};
+    uint32_t B = cfg[ci].batch, len = cfg[ci].len;
+    uint32_t mb = (len + l.block_size - 1) / l.block_size;
+    l.num_blocks = B * mb;
+    if (kvs_layout_finish(&l)) {
+      printf("layout refused\n");
+      return 1;
+    }
+    uint32_t *tables = malloc(sizeof(uint32_t) * l.num_blocks);
+    uint32_t *lens = malloc(sizeof(uint32_t) * B);
+    for (uint32_t i = 0; i < l.num_blocks; i++)
+      tables[i] = i;
+    for (uint32_t i = l.num_blocks; i > 1; i--) { /* shuffled tables */
+      uint32_t j = (uint32_t)(next_rand() % i), t = tables[i - 1];
+      tables[i - 1] = tables[j];
+      tables[j] = t;
+    }
+    for (uint32_t s = 0; s < B; s++)
+      lens[s] = len;
+    size_t qbytes = (size_t)B * cfg[ci].heads * l.head_dim * 2;
+    void *d_pool, *d_q, *d_out, *d_tab, *d_lens, *d_ws = NULL;
+    CU(kvs_cuda_malloc(&d_pool, kvs_pool_bytes(&l)));
+    fill_random(d_pool, kvs_pool_bytes(&l));
+    CU(kvs_cuda_malloc(&d_q, qbytes));
+    fill_random(d_q, qbytes);
+    CU(kvs_cuda_malloc(&d_out, qbytes));
+    CU(kvs_cuda_malloc(&d_tab, sizeof(uint32_t) * l.num_blocks));
+    CU(kvs_cuda_memcpy_htod(d_tab, tables, sizeof(uint32_t) * l.num_blocks));
+    CU(kvs_cuda_malloc(&d_lens, sizeof(uint32_t) * B));
+    CU(kvs_cuda_memcpy_htod(d_lens, lens, sizeof(uint32_t) * B));
+    kvs_attn_args a;
+    memset(&a, 0, sizeof a);
+    CU(kvs_paged_kv_init(&a.kv, d_pool, &l, 1));
+    a.out = d_out;
+    a.q = d_q;
+    a.seq_lens = d_lens;
+    a.block_tables = d_tab;
+    a.num_seqs = a.num_rows = B;
+    a.num_heads = cfg[ci].heads;
+    a.max_blocks_per_seq = mb;
+    a.max_seq_len = len;
+    a.qo_dtype = KVS_DTYPE_FP16;
+    a.scale = 0.088f;
+    uint64_t wsb = kvs_attn_workspace_bytes(&a);
+    if (wsb)
+      CU(kvs_cuda_malloc(&d_ws, wsb));
+    double kv_bytes = 2.0 * B * len * l.num_kv_heads * l.head_dim *
+                      kvs_dtype_size(l.dtype);
+    for (int split = 1; split >= 0; split--) {
+      if (split && !wsb)
+        continue;
+      if (!split && ci != 0 && ci != 2)
+        continue; /* the one-pass path, for two configurations only */
+      a.workspace = split ? d_ws : NULL;
+      a.workspace_bytes = split ? wsb : 0;
+      float ms = median_ms(do_decode, &a, reps);
+      double bw = kv_bytes / (ms * 1e-3) / 1e9;
+      printf("%-5s %-5u %-6u %-5u %-6u %-4u %-6s %10.1f %10.1f %9.0f %7.0f%% %7.0f%%\n",
+             kvs_dtype_name(l.dtype), B, len, cfg[ci].heads, l.num_kv_heads,
+             l.head_dim, split ? "yes" : "no", kv_bytes / (1 << 20), ms * 1e3,
+             bw, 100.0 * bw / copy_bw, 100.0 * bw / peak);
+    }
+    kvs_cuda_free(d_pool);
+    kvs_cuda_free(d_q);
+    kvs_cuda_free(d_out);
+    kvs_cuda_free(d_tab);
+    kvs_cuda_free(d_lens);
+    kvs_cuda_free(d_ws);
+    free(tables);
+    free(lens);
+  }
+  printf("\n%%copy: against the device-to-device copy above (read+write bytes);"
+         " %%nominal: against %.0f GB/s.\n", peak);
+  return 0;
+}

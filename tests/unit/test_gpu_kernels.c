@@ -1,0 +1,404 @@
+/*
+ * test_gpu_kernels.c — the C twins of the kernels against plain references:
+ * dtype conversion against the compiler's _Float16, the write kernel against
+ * per-element addressing through kvs_layout.h, decode and prefill attention
+ * against a naive contiguous attention over many shapes (block sizes 8/16/32,
+ * GQA ratios 1/4/8 and 16, head_dim 64/128, lengths on and off block
+ * boundaries, shuffled block tables, fp32/fp16/bf16), block copy and
+ * gather/scatter against memcmp, and argument checks.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+
+#include <cmocka.h>
+
+#include "kvs_status.h"
+#include "test_gpu_util.h"
+
+/* ---- conversions ------------------------------------------------------- */
+
+static void test_fp16_all_bits(void **state) {
+  (void)state;
+  for (uint32_t b = 0; b < 65536; b++) {
+    uint16_t h = (uint16_t)b;
+    _Float16 ref;
+    memcpy(&ref, &h, 2);
+    float want = (float)ref, got = kvs_fp16_to_float(h);
+    if (isnan(want)) {
+      assert_true(isnan(got));
+      /* and back: still a NaN */
+      uint16_t back = kvs_float_to_fp16(got);
+      assert_true((back & 0x7c00) == 0x7c00 && (back & 0x3ff) != 0);
+      continue;
+    }
+    assert_memory_equal(&want, &got, 4);
+    assert_int_equal(kvs_float_to_fp16(got), h); /* exact round trip */
+  }
+}
+
+static void test_fp16_rounding(void **state) {
+  (void)state;
+  uint64_t rng = 7;
+  for (int i = 0; i < 2000000; i++) {
+    uint32_t bits = (uint32_t)tg_next(&rng);
+    /* Mostly values near the fp16 range, plus raw bit patterns. */
+    float f;
+    if (i & 1) {
+      f = (float)ldexp((double)tg_unif(&rng), (int)(tg_next(&rng) % 44) - 26);
+    } else {
+      memcpy(&f, &bits, 4);
+    }
+    if (isnan(f))
+      continue;
+    _Float16 ref = (_Float16)f;
+    uint16_t want;
+    memcpy(&want, &ref, 2);
+    uint16_t got = kvs_float_to_fp16(f);
+    if (got != want) {
+      fprintf(stderr, "fp16(%a): got %04x want %04x\n", (double)f, got, want);
+      fail();
+    }
+  }
+  /* Halfway cases round to even. */
+  assert_int_equal(kvs_float_to_fp16(1.0f + 0x1p-11f), 0x3c00);
+  assert_int_equal(kvs_float_to_fp16(1.0f + 3 * 0x1p-11f), 0x3c02);
+  assert_int_equal(kvs_float_to_fp16(65520.0f), 0x7c00);
+  assert_int_equal(kvs_float_to_fp16(65519.0f), 0x7bff);
+  assert_int_equal(kvs_float_to_fp16(0x1p-25f), 0x0000);
+  assert_int_equal(kvs_float_to_fp16(0x1.8p-25f), 0x0001);
+}
+
+static void test_bf16(void **state) {
+  (void)state;
+  assert_int_equal(kvs_float_to_bf16(1.0f), 0x3f80);
+  assert_int_equal(kvs_float_to_bf16(-2.0f), 0xc000);
+  float tie_even, tie_odd;
+  uint32_t u = 0x3f808000u; /* halfway between 0x3f80 and 0x3f81 */
+  memcpy(&tie_even, &u, 4);
+  u = 0x3f818000u; /* halfway between 0x3f81 and 0x3f82 */
+  memcpy(&tie_odd, &u, 4);
+  assert_int_equal(kvs_float_to_bf16(tie_even), 0x3f80);
+  assert_int_equal(kvs_float_to_bf16(tie_odd), 0x3f82);
+  assert_true(isnan(kvs_bf16_to_float(kvs_float_to_bf16(NAN))));
+  assert_int_equal(kvs_float_to_bf16(INFINITY), 0x7f80);
+  /* Against double arithmetic: the nearest bf16, ties to even. */
+  uint64_t rng = 11;
+  for (int i = 0; i < 200000; i++) {
+    float f = (float)ldexp((double)tg_unif(&rng), (int)(tg_next(&rng) % 60) - 30);
+    uint16_t got = kvs_float_to_bf16(f);
+    double lo = kvs_bf16_to_float(got);
+    double up = kvs_bf16_to_float((uint16_t)(got + 1));
+    double dn = kvs_bf16_to_float((uint16_t)(got - 1));
+    double e = fabs(lo - f);
+    assert_true(e <= fabs(up - f));
+    assert_true(e <= fabs(dn - f));
+  }
+  for (uint32_t b = 0; b < 65536; b++)
+    if (!isnan(kvs_bf16_to_float((uint16_t)b)))
+      assert_int_equal(kvs_float_to_bf16(kvs_bf16_to_float((uint16_t)b)), b);
+}
+
+/* ---- write ---------------------------------------------------------------- */
+
+static void check_write(uint32_t dtype, uint32_t src_dtype) {
+  kvs_layout l = {.block_size = 16, .num_layers = 3, .num_kv_heads = 2,
+                  .head_dim = 64, .dtype = dtype, .num_blocks = 9};
+  assert_int_equal(kvs_layout_finish(&l), 0);
+  size_t es = kvs_dtype_size(dtype), ses = kvs_dtype_size(src_dtype);
+  uint64_t bytes = kvs_pool_bytes(&l);
+  char *pool = tg_xmalloc(bytes), *want = tg_xmalloc(bytes);
+  uint64_t rng = 3 + dtype * 10 + src_dtype;
+  for (uint64_t i = 0; i < bytes; i++)
+    pool[i] = (char)tg_next(&rng);
+  memcpy(want, pool, bytes);
+  enum { N = 40 };
+  uint32_t row = l.num_kv_heads * l.head_dim, stride = row + 5;
+  char *k = tg_xmalloc((size_t)N * stride * ses), *v = tg_xmalloc((size_t)N * stride * ses);
+  for (uint32_t i = 0; i < N * stride; i++) {
+    float a = tg_unif(&rng), b = tg_unif(&rng);
+    kvs_convert(k + i * ses, src_dtype, &a, KVS_DTYPE_FP32, 1);
+    kvs_convert(v + i * ses, src_dtype, &b, KVS_DTYPE_FP32, 1);
+  }
+  int64_t slots[N];
+  for (uint32_t i = 0; i < N; i++) /* distinct slots, every 7th skipped */
+    slots[i] = i % 7 == 3 ? -1 : (int64_t)((i * 37 + 5) % (l.num_blocks * l.block_size));
+  uint32_t layer = 1;
+  for (uint32_t i = 0; i < N; i++) {
+    if (slots[i] < 0)
+      continue;
+    uint32_t b = (uint32_t)(slots[i] / l.block_size), t = (uint32_t)(slots[i] % l.block_size);
+    for (uint32_t h = 0; h < l.num_kv_heads; h++) {
+      kvs_convert(kvs_elem_ptr(want, &l, b, layer, 0, t, h), dtype,
+                  k + ((size_t)i * stride + h * l.head_dim) * ses, src_dtype, l.head_dim);
+      kvs_convert(kvs_elem_ptr(want, &l, b, layer, 1, t, h), dtype,
+                  v + ((size_t)i * stride + h * l.head_dim) * ses, src_dtype, l.head_dim);
+    }
+  }
+  kvs_write_args a = {.k = k, .v = v, .slots = slots, .src_token_stride = stride,
+                      .src_dtype = src_dtype, .num_tokens = N};
+  assert_int_equal(kvs_paged_kv_init(&a.kv, pool, &l, layer), 0);
+  assert_int_equal(kvs_cpu_write_kv(&a, NULL), 0);
+  assert_memory_equal(pool, want, bytes);
+  (void)es;
+  /* A slot past the pool is refused before anything is written. */
+  slots[0] = (int64_t)l.num_blocks * l.block_size;
+  assert_int_equal(kvs_cpu_write_kv(&a, NULL), KVS_ERANGE);
+  assert_memory_equal(pool, want, bytes);
+  free(pool);
+  free(want);
+  free(k);
+  free(v);
+}
+
+static void test_write(void **state) {
+  (void)state;
+  for (uint32_t d = 0; d < 3; d++)
+    for (uint32_t s = 0; s < 3; s++)
+      check_write(d, s);
+}
+
+/* ---- attention -------------------------------------------------------------- */
+
+static int run_case(const tg_params *p, int prefill) {
+  tg_case c;
+  if (tg_case_build(&c, p))
+    return -1;
+  size_t n = (size_t)c.num_rows * c.num_heads * p->head_dim;
+  size_t qes = kvs_dtype_size(p->qo_dtype);
+  void *out = tg_xmalloc(n * qes);
+  memset(out, 0xff, n * qes); /* NaN everywhere: every element must be written */
+  double *ref = tg_xmalloc(sizeof(double) * (n ? n : 1));
+  kvs_attn_args a;
+  tg_case_args(&c, &a, c.pool, out, c.q, c.seq_lens, c.q_start, c.tables);
+  int rc = prefill ? kvs_cpu_prefill_attention(&a, NULL)
+                   : kvs_cpu_decode_attention(&a, NULL);
+  if (rc) {
+    fprintf(stderr, "attention returned %d (%s)\n", rc, kvs_strerror(rc));
+    return -1;
+  }
+  tg_naive(&c, ref);
+  double err = tg_max_err(out, p->qo_dtype, ref, n);
+  int bad = !(err <= tg_tol(p->qo_dtype));
+  if (bad)
+    fprintf(stderr,
+            "%s bs=%u kvh=%u D=%u ratio=%u kv=%s qo=%s seqs=%u: max err %g\n",
+            prefill ? "prefill" : "decode", p->block_size, p->num_kv_heads,
+            p->head_dim, p->ratio, kvs_dtype_name(p->dtype),
+            kvs_dtype_name(p->qo_dtype), p->num_seqs, err);
+  free(out);
+  free(ref);
+  tg_case_free(&c);
+  return bad ? -1 : 0;
+}
+
+static void test_decode_shapes(void **state) {
+  (void)state;
+  static const uint32_t bss[] = {8, 16, 32}, ratios[] = {1, 4, 8, 16},
+                        dims[] = {64, 128};
+  int cases = 0;
+  for (uint32_t dt = 0; dt < 3; dt++)
+    for (size_t ib = 0; ib < 3; ib++)
+      for (size_t ir = 0; ir < 4; ir++)
+        for (size_t id = 0; id < 2; id++) {
+          uint32_t bs = bss[ib];
+          /* on a boundary, one past, one short, a single token, long */
+          uint32_t lens[] = {bs, bs + 1, 3 * bs - 1, 1, 4 * bs, 7 * bs + 5};
+          tg_params p = {.block_size = bs, .num_kv_heads = 2,
+                         .head_dim = dims[id], .ratio = ratios[ir], .dtype = dt,
+                         .qo_dtype = (dt + ir) % 3, .num_layers = 3,
+                         .layer = (uint32_t)(ib % 3), .num_seqs = 6,
+                         .lens = lens, .spare_blocks = 5,
+                         .q_scale = ir % 2 ? 6.f : 1.f,
+                         .seed = 1000 + cases};
+          assert_int_equal(run_case(&p, 0), 0);
+          cases++;
+        }
+  assert_int_equal(cases, 72);
+}
+
+static void test_decode_empty_and_one_head(void **state) {
+  (void)state;
+  uint32_t lens[] = {0, 5, 0, 33};
+  tg_params p = {.block_size = 16, .num_kv_heads = 1, .head_dim = 64,
+                 .ratio = 3, .dtype = KVS_DTYPE_FP32, .qo_dtype = KVS_DTYPE_FP32,
+                 .num_layers = 1, .num_seqs = 4, .lens = lens,
+                 .spare_blocks = 2, .q_scale = 2.f, .seed = 5};
+  assert_int_equal(run_case(&p, 0), 0);
+  /* an odd head_dim works on the CPU */
+  p.head_dim = 37;
+  p.dtype = KVS_DTYPE_FP16;
+  assert_int_equal(run_case(&p, 0), 0);
+}
+
+static void test_prefill_shapes(void **state) {
+  (void)state;
+  static const uint32_t bss[] = {8, 16, 32}, ratios[] = {1, 4, 8};
+  int cases = 0;
+  for (uint32_t dt = 0; dt < 3; dt++)
+    for (size_t ib = 0; ib < 3; ib++)
+      for (size_t ir = 0; ir < 3; ir++) {
+        uint32_t bs = bss[ib];
+        /* whole prompt, chunk after a cached prefix on and off a boundary,
+         * a single new token (decode-like), an empty request */
+        uint32_t lens[] = {2 * bs + 3, 3 * bs, 2 * bs + 7, bs + 1, 0};
+        uint32_t qlens[] = {2 * bs + 3, bs, 9, 1, 0};
+        tg_params p = {.block_size = bs, .num_kv_heads = 2,
+                       .head_dim = ir == 1 ? 128 : 64, .ratio = ratios[ir],
+                       .dtype = dt, .qo_dtype = dt, .num_layers = 2,
+                       .layer = 1, .num_seqs = 5, .lens = lens, .qlens = qlens,
+                       .spare_blocks = 3, .q_scale = 3.f, .seed = 77 + cases};
+        assert_int_equal(run_case(&p, 1), 0);
+        cases++;
+      }
+}
+
+/* A case that must fail: a wrong reference would pass silently otherwise. */
+static void test_reference_can_fail(void **state) {
+  (void)state;
+  uint32_t lens[] = {20};
+  tg_params p = {.block_size = 8, .num_kv_heads = 1, .head_dim = 64,
+                 .ratio = 1, .dtype = KVS_DTYPE_FP32, .qo_dtype = KVS_DTYPE_FP32,
+                 .num_layers = 1, .num_seqs = 1, .lens = lens,
+                 .spare_blocks = 2, .q_scale = 4.f, .seed = 9};
+  tg_case c;
+  assert_int_equal(tg_case_build(&c, &p), 0);
+  float out[64];
+  double ref[64];
+  kvs_attn_args a;
+  tg_case_args(&c, &a, c.pool, out, c.q, c.seq_lens, NULL, c.tables);
+  c.tables[1] = c.tables[0]; /* point the 2nd block at the 1st */
+  assert_int_equal(kvs_cpu_decode_attention(&a, NULL), 0);
+  tg_naive(&c, ref);
+  assert_true(tg_max_err(out, KVS_DTYPE_FP32, ref, 64) > 1e-3);
+  tg_case_free(&c);
+}
+
+static void test_attn_errors(void **state) {
+  (void)state;
+  uint32_t lens[] = {10, 20};
+  tg_params p = {.block_size = 8, .num_kv_heads = 2, .head_dim = 64,
+                 .ratio = 2, .dtype = KVS_DTYPE_FP32, .qo_dtype = KVS_DTYPE_FP32,
+                 .num_layers = 1, .num_seqs = 2, .lens = lens,
+                 .spare_blocks = 1, .q_scale = 1.f, .seed = 1};
+  tg_case c;
+  assert_int_equal(tg_case_build(&c, &p), 0);
+  float out[2 * 4 * 64];
+  kvs_attn_args a;
+  tg_case_args(&c, &a, c.pool, out, c.q, c.seq_lens, NULL, c.tables);
+  assert_int_equal(kvs_cpu_decode_attention(&a, NULL), 0);
+  kvs_attn_args b = a;
+  b.num_heads = 3; /* not a multiple of num_kv_heads */
+  assert_int_equal(kvs_cpu_decode_attention(&b, NULL), KVS_EINVAL);
+  b = a;
+  b.max_seq_len = 19; /* below a length */
+  assert_int_equal(kvs_cpu_decode_attention(&b, NULL), KVS_EINVAL);
+  b = a;
+  b.qo_dtype = 7;
+  assert_int_equal(kvs_cpu_decode_attention(&b, NULL), KVS_EINVAL);
+  b = a;
+  b.q_start = c.seq_lens; /* decode takes no q_start */
+  assert_int_equal(kvs_cpu_decode_attention(&b, NULL), KVS_EINVAL);
+  c.tables[0] = c.layout.num_blocks; /* past the pool */
+  assert_int_equal(kvs_cpu_decode_attention(&a, NULL), KVS_ERANGE);
+  uint32_t qs[3] = {0, 11, 12}; /* 11 new tokens in a 10-token request */
+  b = a;
+  b.q_start = qs;
+  b.num_rows = 12;
+  assert_int_equal(kvs_cpu_prefill_attention(&b, NULL), KVS_EINVAL);
+  assert_int_equal(kvs_cpu_decode_attention(NULL, NULL), KVS_EINVAL);
+  tg_case_free(&c);
+}
+
+/* ---- whole blocks ------------------------------------------------------------- */
+
+static void test_blocks(void **state) {
+  (void)state;
+  kvs_layout l = {.block_size = 16, .num_layers = 2, .num_kv_heads = 2,
+                  .head_dim = 64, .dtype = KVS_DTYPE_BF16, .num_blocks = 12};
+  assert_int_equal(kvs_layout_finish(&l), 0);
+  uint64_t bytes = kvs_pool_bytes(&l), st = l.block_stride;
+  char *pool = tg_xmalloc(bytes), *orig = tg_xmalloc(bytes);
+  uint64_t rng = 99;
+  for (uint64_t i = 0; i < bytes; i++)
+    pool[i] = (char)tg_next(&rng);
+  memcpy(orig, pool, bytes);
+
+  uint32_t pairs[] = {3, 7, 5, 5, 0, 11};
+  kvs_copy_args ca = {.base = pool, .block_stride = st, .pairs = pairs,
+                      .num_pairs = 3, .num_blocks = l.num_blocks};
+  assert_int_equal(kvs_cpu_copy_blocks(&ca, NULL), 0);
+  for (uint32_t b = 0; b < l.num_blocks; b++) {
+    uint32_t from = b == 7 ? 3 : b == 11 ? 0 : b;
+    assert_memory_equal(pool + b * st, orig + from * st, st);
+  }
+  pairs[1] = 12;
+  assert_int_equal(kvs_cpu_copy_blocks(&ca, NULL), KVS_ERANGE);
+
+  uint32_t list[] = {9, 2, 4};
+  char *stg = tg_xmalloc(3 * st);
+  kvs_xfer_args xa = {.base = pool, .block_stride = st, .staging = stg,
+                      .blocks = list, .count = 3, .num_blocks = l.num_blocks};
+  assert_int_equal(kvs_cpu_gather_blocks(&xa, NULL), 0);
+  for (uint32_t i = 0; i < 3; i++)
+    assert_memory_equal(stg + i * st, pool + list[i] * st, st);
+  /* scatter them back in another order */
+  uint32_t back[] = {1, 6, 10};
+  xa.blocks = back;
+  memcpy(orig, pool, bytes);
+  assert_int_equal(kvs_cpu_scatter_blocks(&xa, NULL), 0);
+  for (uint32_t b = 0; b < l.num_blocks; b++) {
+    const char *want = b == 1 ? stg : b == 6 ? stg + st : b == 10 ? stg + 2 * st
+                                                                   : orig + b * st;
+    assert_memory_equal(pool + b * st, want, st);
+  }
+  back[2] = 99;
+  assert_int_equal(kvs_cpu_scatter_blocks(&xa, NULL), KVS_ERANGE);
+  free(stg);
+  free(pool);
+  free(orig);
+}
+
+static void test_tables(void **state) {
+  (void)state;
+  assert_string_equal(kvs_kernels_cpu()->name, "cpu");
+  assert_ptr_equal(kvs_kernels_cpu()->decode_attention, kvs_cpu_decode_attention);
+  assert_string_equal(kvs_kernels_cuda()->name, "cuda");
+  const char *why = NULL;
+  int rc = kvs_cuda_available(&why);
+  assert_true(rc == 0 || rc == KVS_ENODEV);
+  assert_non_null(why);
+  if (rc)
+    printf("cuda: %s\n", why);
+  kvs_attn_args a;
+  memset(&a, 0, sizeof a);
+  kvs_layout l = {.block_size = 16, .num_layers = 1, .num_kv_heads = 1,
+                  .head_dim = 64, .dtype = 0, .num_blocks = 4};
+  kvs_layout_finish(&l);
+  kvs_paged_kv_init(&a.kv, (void *)&l, &l, 0);
+  a.num_rows = 2;
+  a.num_heads = 4;
+  a.max_seq_len = 1000;
+  /* 4 partitions of 256: 2 rows x 4 heads x 4 x (64 + 2) floats */
+  assert_int_equal(kvs_attn_workspace_bytes(&a), 4ull * 2 * 4 * 4 * 66);
+  a.max_seq_len = 200;
+  assert_int_equal(kvs_attn_workspace_bytes(&a), 0);
+  assert_int_equal(kvs_paged_kv_init(&a.kv, NULL, &l, 1), KVS_EINVAL);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_fp16_all_bits),
+      cmocka_unit_test(test_fp16_rounding),
+      cmocka_unit_test(test_bf16),
+      cmocka_unit_test(test_write),
+      cmocka_unit_test(test_decode_shapes),
+      cmocka_unit_test(test_decode_empty_and_one_head),
+      cmocka_unit_test(test_prefill_shapes),
+      cmocka_unit_test(test_reference_can_fail),
+      cmocka_unit_test(test_attn_errors),
+      cmocka_unit_test(test_blocks),
+      cmocka_unit_test(test_tables),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,98 @@
+"""Independent cross-check of the C attention twins with numpy.
+
+Reads the cases that test_gpu_numpy wrote (raw pool bytes, q, block tables,
+lengths, and the C kernels' output), decodes the pool with its own layout
+arithmetic (block-major: block, then layer, then K plane / V plane, each
+[block_size][num_kv_heads][head_dim]) and its own dtype decoding, computes
+attention with numpy in float64, and compares.  Exit 0 pass, 1 fail.
+Usage: test_gpu_numpy.py DIR
+"""
+import os
+import sys
+
+import numpy as np
+
+
+def decode(raw, dtype):
+    raw = np.ascontiguousarray(raw)
+    if dtype == 0:
+        return raw.view("<f4").astype(np.float64)
+    if dtype == 1:
+        return raw.view("<f2").astype(np.float64)
+    u = raw.view("<u2").astype(np.uint32) << 16
+    return u.view("<f4").astype(np.float64)
+
+
+ESIZE = {0: 4, 1: 2, 2: 2}
+TOL = {0: 5e-5, 1: 2e-3, 2: 1.6e-2}
+
+
+def check(d, name, meta):
+    (dt, qdt, bs, nl, layer, kvh, dim, nh, nblk, stride, nseq, mb, prefill) = (
+        int(x) for x in meta[:13])
+    scale = float(meta[13])
+    es = ESIZE[dt]
+    rd = lambda ext, t: np.fromfile(os.path.join(d, name + ext), dtype=t)
+    pool = rd(".pool", np.uint8)
+    assert pool.size == nblk * stride, "pool size"
+    lens = rd(".lens", "<u4")
+    tables = rd(".tables", "<u4").reshape(nseq, mb)
+    qstart = rd(".qstart", "<u4") if prefill else np.arange(nseq + 1, dtype=np.uint32)
+    rows = int(qstart[-1])
+    q = decode(rd(".q", np.uint8), qdt).reshape(rows, nh, dim)
+    out = decode(rd(".out", np.uint8), qdt).reshape(rows, nh, dim)
+
+    plane = bs * kvh * dim * es
+
+    def plane_of(b, kv):
+        off = b * stride + (layer * 2 + kv) * plane
+        return decode(pool[off:off + plane], dt).reshape(bs, kvh, dim)
+
+    worst = 0.0
+    group = nh // kvh
+    for s in range(nseq):
+        n = int(lens[s])
+        nb = (n + bs - 1) // bs
+        if nb:
+            K = np.concatenate([plane_of(int(tables[s, j]), 0) for j in range(nb)])[:n]
+            V = np.concatenate([plane_of(int(tables[s, j]), 1) for j in range(nb)])[:n]
+        qlen = int(qstart[s + 1] - qstart[s])
+        for i in range(qlen):
+            r = int(qstart[s]) + i
+            nk = n - qlen + i + 1 if n else 0
+            for hq in range(nh):
+                if nk == 0:
+                    ref = np.zeros(dim)
+                else:
+                    h = hq // group
+                    sc = K[:nk, h, :] @ q[r, hq] * scale
+                    p = np.exp(sc - sc.max())
+                    ref = (p / p.sum()) @ V[:nk, h, :]
+                err = np.max(np.abs(out[r, hq] - ref))
+                if not np.isfinite(err):
+                    err = np.inf
+                worst = max(worst, err)
+    ok = worst <= TOL[qdt]
+    print("%s %s: kv=%d qo=%d bs=%d kvh=%d heads=%d D=%d prefill=%d max err %.3g"
+          % ("ok  " if ok else "FAIL", name, dt, qdt, bs, kvh, nh, dim, prefill, worst))
+    return ok
+
+
+def main():
+    d = sys.argv[1]
+    ok = True
+    count = 0
+    with open(os.path.join(d, "cases.txt")) as f:
+        for line in f:
+            parts = line.split()
+            if parts:
+                ok = check(d, parts[0], parts[1:]) and ok
+                count += 1
+    print("numpy %s, %d cases" % (np.__version__, count))
+    if count == 0:
+        ok = False
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,279 @@
+/*
+ * test_gpu_util.h — helpers shared by the kernel tests: a seeded generator,
+ * a random paged-attention case (pool, shuffled block tables, contiguous
+ * copies of every request's K/V), and the naive contiguous reference
+ * attention, written plainly in double precision.
+ */
+#ifndef TEST_GPU_UTIL_H
+#define TEST_GPU_UTIL_H
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu/kvs_kernels.h"
+
+static inline uint64_t tg_next(uint64_t *s) {
+  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+/* Uniform in [-1, 1). */
+static inline float tg_unif(uint64_t *s) {
+  return (float)((double)(tg_next(s) >> 11) * 0x1p-52 - 1.0);
+}
+
+static inline void *tg_xmalloc(size_t n) {
+  void *p = malloc(n ? n : 1);
+  if (!p) {
+    fprintf(stderr, "out of memory\n");
+    exit(2);
+  }
+  return p;
+}
+
+/* Round a float through a dtype (what the cache can hold). */
+static inline float tg_round(float f, uint32_t dtype) {
+  switch (dtype) {
+  case KVS_DTYPE_FP16:
+    return kvs_fp16_to_float(kvs_float_to_fp16(f));
+  case KVS_DTYPE_BF16:
+    return kvs_bf16_to_float(kvs_float_to_bf16(f));
+  default:
+    return f;
+  }
+}
+
+typedef struct tg_params {
+  uint32_t block_size, num_kv_heads, head_dim, ratio, dtype, qo_dtype;
+  uint32_t num_layers, layer;
+  uint32_t num_seqs;
+  const uint32_t *lens;  /* [num_seqs] keys per request */
+  const uint32_t *qlens; /* NULL: decode; else new tokens per request */
+  uint32_t spare_blocks; /* extra pool blocks holding garbage */
+  float q_scale;         /* magnitude of q (sharpness of the softmax) */
+  uint64_t seed;
+} tg_params;
+
+typedef struct tg_case {
+  tg_params p;
+  kvs_layout layout;
+  void *pool;           /* host pool, kvs_pool_bytes(&layout) */
+  uint32_t *seq_lens;   /* [num_seqs] */
+  uint32_t *q_start;    /* [num_seqs + 1] or NULL */
+  uint32_t *tables;     /* [num_seqs][max_blocks] */
+  uint32_t max_blocks, max_len, num_rows, num_heads;
+  float **k, **v;       /* per request: contiguous [len][kvh][D], rounded */
+  float *qf;            /* [num_rows][H][D], rounded to qo dtype */
+  void *q;              /* same, in qo dtype */
+} tg_case;
+
+static inline void tg_case_free(tg_case *c) {
+  for (uint32_t s = 0; s < c->p.num_seqs; s++) {
+    free(c->k[s]);
+    free(c->v[s]);
+  }
+  free(c->k);
+  free(c->v);
+  free(c->pool);
+  free(c->seq_lens);
+  free(c->q_start);
+  free(c->tables);
+  free(c->qf);
+  free(c->q);
+  memset(c, 0, sizeof *c);
+}
+
+/* Build a case.  Returns 0, or -1 when the layout is refused. */
+static inline int tg_case_build(tg_case *c, const tg_params *p) {
+  memset(c, 0, sizeof *c);
+  c->p = *p;
+  uint64_t rng = p->seed;
+  uint32_t bs = p->block_size, kvh = p->num_kv_heads, D = p->head_dim;
+  c->num_heads = kvh * p->ratio;
+  uint32_t total_blocks = p->spare_blocks;
+  c->max_blocks = 1;
+  for (uint32_t s = 0; s < p->num_seqs; s++) {
+    uint32_t nb = (p->lens[s] + bs - 1) / bs;
+    total_blocks += nb;
+    if (nb > c->max_blocks)
+      c->max_blocks = nb;
+    if (p->lens[s] > c->max_len)
+      c->max_len = p->lens[s];
+  }
+  c->max_blocks += 1; /* a spare column, filled with garbage indexes */
+  kvs_layout l = {.block_size = bs,
+                  .num_layers = p->num_layers,
+                  .num_kv_heads = kvh,
+                  .head_dim = D,
+                  .dtype = p->dtype,
+                  .num_blocks = total_blocks ? total_blocks : 1};
+  if (kvs_layout_finish(&l))
+    return -1;
+  c->layout = l;
+  size_t es = kvs_dtype_size(p->dtype);
+
+  /* Garbage everywhere (other layers, spare blocks, unused slots). */
+  uint64_t pool_elems = kvs_pool_bytes(&l) / es;
+  c->pool = tg_xmalloc(kvs_pool_bytes(&l));
+  for (uint64_t i = 0; i < pool_elems; i++) {
+    float g = 40.f * tg_unif(&rng);
+    kvs_convert((char *)c->pool + i * es, p->dtype, &g, KVS_DTYPE_FP32, 1);
+  }
+
+  /* A shuffled permutation of the pool's blocks hands out the tables. */
+  uint32_t *perm = tg_xmalloc(sizeof(uint32_t) * l.num_blocks);
+  for (uint32_t i = 0; i < l.num_blocks; i++)
+    perm[i] = i;
+  for (uint32_t i = l.num_blocks; i > 1; i--) {
+    uint32_t j = (uint32_t)(tg_next(&rng) % i);
+    uint32_t t = perm[i - 1];
+    perm[i - 1] = perm[j];
+    perm[j] = t;
+  }
+  c->seq_lens = tg_xmalloc(sizeof(uint32_t) * p->num_seqs);
+  c->tables = tg_xmalloc(sizeof(uint32_t) * p->num_seqs * c->max_blocks);
+  c->k = tg_xmalloc(sizeof(float *) * p->num_seqs);
+  c->v = tg_xmalloc(sizeof(float *) * p->num_seqs);
+  uint32_t next = 0;
+  for (uint32_t s = 0; s < p->num_seqs; s++) {
+    uint32_t len = p->lens[s];
+    c->seq_lens[s] = len;
+    uint32_t nb = (len + bs - 1) / bs;
+    for (uint32_t b = 0; b < c->max_blocks; b++)
+      c->tables[s * c->max_blocks + b] =
+          b < nb ? perm[next++] : (uint32_t)(tg_next(&rng) % l.num_blocks);
+    size_t n = (size_t)len * kvh * D;
+    c->k[s] = tg_xmalloc(sizeof(float) * n);
+    c->v[s] = tg_xmalloc(sizeof(float) * n);
+    for (uint32_t t = 0; t < len; t++)
+      for (uint32_t h = 0; h < kvh; h++)
+        for (uint32_t d = 0; d < D; d++) {
+          size_t i = ((size_t)t * kvh + h) * D + d;
+          c->k[s][i] = tg_round(tg_unif(&rng), p->dtype);
+          c->v[s][i] = tg_round(tg_unif(&rng), p->dtype);
+          uint32_t blk = c->tables[s * c->max_blocks + t / bs];
+          char *kp = kvs_elem_ptr(c->pool, &l, blk, p->layer, 0, t % bs, h);
+          char *vp = kvs_elem_ptr(c->pool, &l, blk, p->layer, 1, t % bs, h);
+          kvs_convert(kp + d * es, p->dtype, &c->k[s][i], KVS_DTYPE_FP32, 1);
+          kvs_convert(vp + d * es, p->dtype, &c->v[s][i], KVS_DTYPE_FP32, 1);
+        }
+  }
+  free(perm);
+
+  if (p->qlens) {
+    c->q_start = tg_xmalloc(sizeof(uint32_t) * (p->num_seqs + 1));
+    c->q_start[0] = 0;
+    for (uint32_t s = 0; s < p->num_seqs; s++)
+      c->q_start[s + 1] = c->q_start[s] + p->qlens[s];
+    c->num_rows = c->q_start[p->num_seqs];
+  } else {
+    c->num_rows = p->num_seqs;
+  }
+  size_t nq = (size_t)c->num_rows * c->num_heads * D;
+  c->qf = tg_xmalloc(sizeof(float) * nq);
+  c->q = tg_xmalloc(nq * kvs_dtype_size(p->qo_dtype));
+  for (size_t i = 0; i < nq; i++)
+    c->qf[i] = tg_round(p->q_scale * tg_unif(&rng), p->qo_dtype);
+  kvs_convert(c->q, p->qo_dtype, c->qf, KVS_DTYPE_FP32, nq);
+  return 0;
+}
+
+/* Attention args for the case over a pool at `base` (host or device), with
+ * metadata arrays given (host or device). */
+static inline void tg_case_args(const tg_case *c, kvs_attn_args *a, void *base,
+                                void *out, const void *q,
+                                const uint32_t *seq_lens,
+                                const uint32_t *q_start,
+                                const uint32_t *tables) {
+  memset(a, 0, sizeof *a);
+  kvs_paged_kv_init(&a->kv, base, &c->layout, c->p.layer);
+  a->out = out;
+  a->q = q;
+  a->seq_lens = seq_lens;
+  a->q_start = q_start;
+  a->block_tables = tables;
+  a->num_seqs = c->p.num_seqs;
+  a->num_rows = c->num_rows;
+  a->num_heads = c->num_heads;
+  a->max_blocks_per_seq = c->max_blocks;
+  a->max_seq_len = c->max_len;
+  a->qo_dtype = c->p.qo_dtype;
+  a->scale = 1.0f / sqrtf((float)c->p.head_dim);
+}
+
+/* The naive reference: contiguous K/V, one query head at a time, causal
+ * within the new tokens, double precision.  ref: [num_rows][H][D]. */
+static inline void tg_naive(const tg_case *c, double *ref) {
+  uint32_t kvh = c->p.num_kv_heads, D = c->p.head_dim, H = c->num_heads;
+  double scale = 1.0 / sqrt((double)D);
+  double *w = tg_xmalloc(sizeof(double) * (c->max_len + 1));
+  for (uint32_t s = 0; s < c->p.num_seqs; s++) {
+    uint32_t len = c->p.lens[s];
+    uint32_t qlen = c->q_start ? c->q_start[s + 1] - c->q_start[s] : 1;
+    uint32_t r0 = c->q_start ? c->q_start[s] : s;
+    for (uint32_t i = 0; i < qlen; i++) {
+      uint32_t row = r0 + i;
+      uint32_t nkeys = len == 0 ? 0 : len - qlen + i + 1;
+      for (uint32_t hq = 0; hq < H; hq++) {
+        uint32_t h = hq / (H / kvh);
+        const float *q = c->qf + ((size_t)row * H + hq) * D;
+        double *o = ref + ((size_t)row * H + hq) * D;
+        double mx = -INFINITY, sum = 0;
+        for (uint32_t t = 0; t < nkeys; t++) {
+          const float *k = c->k[s] + ((size_t)t * kvh + h) * D;
+          double x = 0;
+          for (uint32_t d = 0; d < D; d++)
+            x += (double)q[d] * k[d];
+          w[t] = x * scale;
+          if (w[t] > mx)
+            mx = w[t];
+        }
+        for (uint32_t t = 0; t < nkeys; t++) {
+          w[t] = exp(w[t] - mx);
+          sum += w[t];
+        }
+        for (uint32_t d = 0; d < D; d++) {
+          double x = 0;
+          for (uint32_t t = 0; t < nkeys; t++)
+            x += w[t] * c->v[s][((size_t)t * kvh + h) * D + d];
+          o[d] = nkeys ? x / sum : 0.0;
+        }
+      }
+    }
+  }
+  free(w);
+}
+
+/* Largest error allowed for one output element of a dtype (|v| <= 1). */
+static inline double tg_tol(uint32_t qo_dtype) {
+  switch (qo_dtype) {
+  case KVS_DTYPE_FP16:
+    return 2e-3;
+  case KVS_DTYPE_BF16:
+    return 1.6e-2;
+  default:
+    return 5e-5;
+  }
+}
+
+/* Max |out - ref| over n elements of out (in dtype); NaN counts as 1e30. */
+static inline double tg_max_err(const void *out, uint32_t dtype,
+                                const double *ref, size_t n) {
+  double worst = 0;
+  for (size_t i = 0; i < n; i++) {
+    float f;
+    kvs_convert(&f, KVS_DTYPE_FP32,
+                (const char *)out + i * kvs_dtype_size(dtype), dtype, 1);
+    double e = isnan(f) ? 1e30 : fabs((double)f - ref[i]);
+    if (e > worst)
+      worst = e;
+  }
+  return worst;
+}
+
+#endif /* TEST_GPU_UTIL_H */
