@@ -603,9 +603,13 @@ static void wrap(FILE *out, const char *prefix, const char *text,
         brk = end;
       end++;
     }
+    const char *stop;
+
     if (*end && brk)
       end = brk;
-    fprintf(out, "%s%.*s\n", prefix, (int)(end - p), p);
+    for (stop = end; stop > p && stop[-1] == ' ';)
+      stop--;
+    fprintf(out, "%s%.*s\n", prefix, (int)(stop - p), p);
     p = end;
     while (*p == ' ')
       p++;
@@ -681,7 +685,7 @@ void cfg_print_example(FILE *out) {
     wrap(out, "# ", o->help, 76);
     if (o->choices)
       fprintf(out, "# One of: %s.\n", o->choices);
-    fprintf(out, "#%s = %s\n", o->name, o->def);
+    fprintf(out, "#%s =%s%s\n", o->name, o->def[0] ? " " : "", o->def);
   }
 }
 
