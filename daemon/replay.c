@@ -181,6 +181,7 @@ static int replay_one(core *c, const trace *t, const trace_rec *r,
 
   res->requests++;
   res->query_tokens += n;
+  res->lookup_blocks += (n - 1) / bs; /* a refused request misses them all */
   if (replay_div_up(n, bs) > num_blocks) {
     res->refused++;
     res->refused_tokens += n;
@@ -209,7 +210,6 @@ static int replay_one(core *c, const trace *t, const trace_rec *r,
   res->served++;
   res->hit_tokens += hit;
   res->hit_blocks += hit / bs;
-  res->lookup_blocks += (n - 1) / bs;
   replay_sample(c, res);
   if (cfg->decode) {
     for (uint32_t i = 0; i < r->output_length; i++) {

@@ -67,7 +67,8 @@ typedef struct replay_result {
   uint64_t refused_tokens;
   uint64_t query_tokens;    /* prompt tokens of all records */
   uint64_t hit_tokens;      /* prompt tokens found in the cache */
-  uint64_t lookup_blocks;   /* full blocks a lookup may hit: (n - 1) / bs */
+  uint64_t lookup_blocks;   /* full blocks a lookup may hit: (n - 1) / bs,
+                               refused records included (all misses) */
   uint64_t hit_blocks;
   uint64_t decode_tokens;   /* output tokens appended (decode on) */
   uint64_t decode_truncated;/* requests whose decode ran out of blocks */

@@ -293,6 +293,9 @@ static void test_replay_small_capacity(void **state) {
   assert_int_equal(res.served, 2);
   assert_int_equal(res.query_tokens, 3166);
   assert_int_equal(res.hit_tokens, 496);
+  /* Refused records miss every block they could have hit. */
+  assert_int_equal(res.lookup_blocks, 63 + 64 + 37 + 31);
+  assert_int_equal(res.hit_blocks, 31);
 
   /* Decode: C's 600 + 40 tokens fill 40 blocks, D's 513 fit too. */
   cfg.decode = 1;
