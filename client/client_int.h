@@ -46,6 +46,9 @@ struct kvs_client {
  * client broken and return KVS_ECLOSED / KVS_EPROTO / -errno. */
 int kvs__call(kvs_client *c, Kvshare__Request *req, Kvshare__Response **resp);
 
+/* The socket path used when none is given (see kvs_connect). */
+const char *kvs__default_socket(char *buf, size_t len);
+
 /* Drop the last reply. */
 void kvs__drop_last(kvs_client *c);
 

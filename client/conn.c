@@ -2,6 +2,7 @@
  * conn.c — libkvshare: connect, handshake, pool mapping, the round trip.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -265,15 +266,25 @@ out:
   return rc;
 }
 
+const char *kvs__default_socket(char *buf, size_t len) {
+  const char *p = getenv("KVS_SOCKET");
+  if (p && *p)
+    return p;
+  const char *x = getenv("XDG_RUNTIME_DIR");
+  if (x && x[0] == '/' &&
+      (size_t)snprintf(buf, len, "%s/kvshare/kvshared.sock", x) < len)
+    return buf;
+  return KVS_DEFAULT_SOCKET;
+}
+
 int kvs_connect(const char *path, const kvs_connect_opts *opts,
                 kvs_client **out) {
   if (!out)
     return KVS_EINVAL;
   *out = NULL;
+  char def[sizeof(struct sockaddr_un)];
   if (!path)
-    path = getenv("KVS_SOCKET");
-  if (!path || !*path)
-    path = KVS_DEFAULT_SOCKET;
+    path = kvs__default_socket(def, sizeof def);
   struct sockaddr_un sa = {0};
   sa.sun_family = AF_UNIX;
   if (strlen(path) >= sizeof sa.sun_path)
@@ -349,4 +360,12 @@ void *kvs_plane_ptr(const kvs_client *c, uint32_t b, uint32_t layer,
   if (!p || layer >= c->layout.num_layers || kv > 1)
     return NULL;
   return p + kvs_plane_offset(&c->layout, layer, kv);
+}
+
+int kvs_paged_kv_of(const kvs_client *c, uint32_t layer, kvs_paged_kv *kv) {
+  if (!c || !kv || layer >= c->layout.num_layers)
+    return KVS_EINVAL;
+  if (!c->pool_base)
+    return KVS_ESTATE;
+  return kvs_paged_kv_init(kv, c->pool_base, &c->layout, layer);
 }

@@ -1,9 +1,9 @@
 /*
  * kvshare.h — libkvshare, the client library of the kvshare KV-cache service.
  *
- * This is the one public header.  It includes kvs_status.h (status codes)
- * and kvs_layout.h (the block layout and its offset math), which are
- * installed beside it.
+ * This is the one public header.  It includes kvs_status.h (status codes),
+ * kvs_layout.h (the block layout and its offset math) and kvs_kernels.h (the
+ * K/V kernels and their C twins), which are installed beside it.
  *
  * A worker connects to the daemon `kvshared` over its Unix socket.  The
  * connection is a session: every request id (req_id, any 64-bit value the
@@ -75,6 +75,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvs_kernels.h"
 #include "kvs_layout.h"
 #include "kvs_status.h"
 
@@ -104,8 +105,9 @@ typedef struct kvs_connect_opts {
 } kvs_connect_opts;
 
 /*
- * Connect to the daemon at the Unix socket `path` (NULL: $KVS_SOCKET, then
- * KVS_DEFAULT_SOCKET), say Hello, receive the Welcome and the pool's file
+ * Connect to the daemon at the Unix socket `path` (NULL: $KVS_SOCKET, else
+ * the daemon's default: $XDG_RUNTIME_DIR/kvshare/kvshared.sock when that
+ * variable is an absolute path, else KVS_DEFAULT_SOCKET), say Hello, receive the Welcome and the pool's file
  * descriptors, and map the pool.  opts may be NULL (defaults).
  * On success *out is a new client; release it with kvs_close().
  * Errors: KVS_EINVAL, -ENOENT / -ECONNREFUSED (no daemon), KVS_EVERSION,
@@ -152,6 +154,10 @@ void *kvs_block_ptr(const kvs_client *c, uint32_t b);
  * b, or NULL. */
 void *kvs_plane_ptr(const kvs_client *c, uint32_t b, uint32_t layer,
                     uint32_t kv);
+
+/* The paged view of one layer, for the kernels of kvs_kernels.h.
+ * Returns 0, KVS_EINVAL (layer out of range) or KVS_ESTATE (no mapping). */
+int kvs_paged_kv_of(const kvs_client *c, uint32_t layer, kvs_paged_kv *kv);
 
 /* ---- results ------------------------------------------------------------- */
 

@@ -5,7 +5,8 @@
  *   kvshare [--socket PATH] ping [--count N]
  *   kvshare [--socket PATH] layout [--json]
  *
- * PATH defaults to $KVS_SOCKET, then KVS_DEFAULT_SOCKET.  Exit status: 0 ok,
+ * PATH defaults to $KVS_SOCKET, then the daemon's default
+ * ($XDG_RUNTIME_DIR/kvshare/kvshared.sock, else KVS_DEFAULT_SOCKET).  Exit status: 0 ok,
  * 1 the daemon answered with an error (or the invariant check failed), 2
  * usage, 3 cannot connect.
  */
@@ -23,7 +24,8 @@ static void usage(FILE *f) {
           "                            run the pool invariant check)\n"
           "  ping [--count N]          round trips to the daemon\n"
           "  layout [--json]           the pool layout the daemon announces\n"
-          "PATH defaults to $KVS_SOCKET, then %s\n",
+          "PATH defaults to $KVS_SOCKET, then\n"
+          "$XDG_RUNTIME_DIR/kvshare/kvshared.sock, then %s\n",
           KVS_DEFAULT_SOCKET);
 }
 
@@ -174,23 +176,18 @@ int main(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
-  if (!path)
-    path = getenv("KVS_SOCKET");
-  if (!path || !*path)
-    path = KVS_DEFAULT_SOCKET;
-
   kvs_connect_opts opts = {"kvshare-cli", 10000, 1};
   kvs_client *c;
   int rc = kvs_connect(path, &opts, &c);
   if (rc) {
-    fprintf(stderr, "kvshare: cannot connect to %s: %s\n", path,
-            kvs_strerror(rc));
+    fprintf(stderr, "kvshare: cannot connect to %s: %s\n",
+            path ? path : "the default socket", kvs_strerror(rc));
     return 3;
   }
   if (strcmp(cmd, "stats") == 0)
     rc = cmd_stats(c, json, check);
   else if (strcmp(cmd, "ping") == 0)
-    rc = cmd_ping(c, path, count);
+    rc = cmd_ping(c, path ? path : "kvshared", count);
   else
     rc = cmd_layout(c, json);
   kvs_close(c);

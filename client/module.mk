@@ -58,10 +58,11 @@ MOD_CFLAGS_tests_bench_ := $(CLIENT_CFLAGS)
 MOD_CFLAGS_tests_demo_ := $(CLIENT_CFLAGS)
 ITEST_OBJ := $(BUILD)/tests/integration/itest.o
 ITEST_PROGS := $(patsubst %.c,$(BUILD)/%,$(wildcard tests/integration/test_*.c))
-ITEST_LINK = $(ITEST_OBJ) $(CLIENT_LINK) $(BUILD)/libkvsproto.a $(PROTO_LIBS) \
+ITEST_LINK = $(ITEST_OBJ) $(CLIENT_LINK) $(BUILD)/libkvsshm.a $(BUILD)/libkvsproto.a \
+             $(PROTO_LIBS) \
              -Wl,-rpath,'$$ORIGIN/../..'
 $(ITEST_PROGS:%=%.o) $(ITEST_OBJ): | $(PROTO_GEN_H)
-$(ITEST_PROGS): $(BUILD)/%: $(BUILD)/%.o $(ITEST_OBJ) $(CLIENT_DEPS) \
+$(ITEST_PROGS): $(BUILD)/%: $(BUILD)/%.o $(ITEST_OBJ) $(CLIENT_DEPS) $(BUILD)/libkvsshm.a \
                 $(BUILD)/libkvsproto.a
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(ITEST_LINK) -lm
@@ -72,7 +73,7 @@ $(ITEST_PROGS): | $(BUILD)/kvshared $(BUILD)/kvshare
 
 CLIENT_BENCHES := $(patsubst %.c,$(BUILD)/%,$(wildcard tests/bench/bench_client*.c tests/bench/bench_rtt*.c))
 $(CLIENT_BENCHES:%=%.o): | $(PROTO_GEN_H)
-$(CLIENT_BENCHES): $(BUILD)/%: $(BUILD)/%.o $(ITEST_OBJ) $(CLIENT_DEPS) \
+$(CLIENT_BENCHES): $(BUILD)/%: $(BUILD)/%.o $(ITEST_OBJ) $(CLIENT_DEPS) $(BUILD)/libkvsshm.a \
                    $(BUILD)/libkvsproto.a | $(BUILD)/kvshared
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(ITEST_LINK) -lm
@@ -95,7 +96,7 @@ define KVS_CLIENT_INSTALL
 install -m 755 $(CLIENT_SO) $(DESTDIR)$(PREFIX)/lib/
 ln -sf $(notdir $(CLIENT_SO)) $(DESTDIR)$(PREFIX)/lib/$(CLIENT_SONAME)
 ln -sf $(CLIENT_SONAME) $(DESTDIR)$(PREFIX)/lib/libkvshare.so
-install -m 644 client/kvshare.h proto/kvs_status.h shm/kvs_layout.h $(DESTDIR)$(PREFIX)/include/kvshare/
+install -m 644 client/kvshare.h proto/kvs_status.h shm/kvs_layout.h gpu/kvs_kernels.h $(DESTDIR)$(PREFIX)/include/kvshare/
 sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(KVS_VERSION)|' client/kvshare.pc.in >$(DESTDIR)$(PREFIX)/lib/pkgconfig/kvshare.pc
 endef
 INSTALL_EXTRA += $(KVS_CLIENT_INSTALL)

@@ -1,0 +1,251 @@
+/*
+ * itest.c — the integration tests' harness (see itest.h).
+ */
+#include "tests/integration/itest.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+double itest_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+int itest_wait(pid_t pid) {
+  int st;
+  while (waitpid(pid, &st, 0) < 0)
+    if (errno != EINTR)
+      return -1;
+  if (WIFEXITED(st))
+    return WEXITSTATUS(st);
+  return 128 + WTERMSIG(st);
+}
+
+int itest_fd_count(pid_t pid) {
+  char path[64];
+  if (pid)
+    snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
+  else
+    snprintf(path, sizeof path, "/proc/self/fd");
+  DIR *d = opendir(path);
+  if (!d)
+    return -1;
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)))
+    if (e->d_name[0] != '.')
+      n++;
+  closedir(d);
+  return pid ? n : n - 1; /* not the directory's own fd */
+}
+
+static void print_log(const itest_daemon *d) {
+  FILE *f = fopen(d->log, "r");
+  if (!f)
+    return;
+  char line[512];
+  fprintf(stderr, "---- kvshared log (%s)\n", d->log);
+  while (fgets(line, sizeof line, f))
+    fputs(line, stderr);
+  fprintf(stderr, "----\n");
+  fclose(f);
+}
+
+static int log_says(const itest_daemon *d, const char *what) {
+  FILE *f = fopen(d->log, "r");
+  if (!f)
+    return 0;
+  char line[512];
+  int found = 0;
+  while (!found && fgets(line, sizeof line, f))
+    found = strstr(line, what) != NULL;
+  fclose(f);
+  return found;
+}
+
+void itest_daemon_start(itest_daemon *d, const char *const *extra) {
+  memset(d, 0, sizeof *d);
+  const char *build = getenv("KVS_BUILD");
+  if (!build)
+    build = "build";
+  char bin[512];
+  snprintf(bin, sizeof bin, "%s/kvshared", build);
+  if (access(bin, X_OK) != 0) {
+    fprintf(stderr, "SKIP: %s not built\n", bin);
+    exit(77);
+  }
+  const char *tmp = getenv("TMPDIR");
+  snprintf(d->dir, sizeof d->dir, "%s/kvs-itest-XXXXXX", tmp ? tmp : "/tmp");
+  CHECK(mkdtemp(d->dir) != NULL);
+  snprintf(d->socket, sizeof d->socket, "%s/kvshared.sock", d->dir);
+  snprintf(d->log, sizeof d->log, "%s/kvshared.log", d->dir);
+
+  int pfd[2];
+  CHECK(pipe(pfd) == 0);
+  char readyfd[16];
+  snprintf(readyfd, sizeof readyfd, "%d", pfd[1]);
+  const char *argv[64];
+  int n = 0;
+  argv[n++] = bin;
+  argv[n++] = "serve";
+  argv[n++] = "--socket";
+  argv[n++] = d->socket;
+  argv[n++] = "--ready-fd";
+  argv[n++] = readyfd;
+  for (int i = 0; extra && extra[i] && n < 62; i++)
+    argv[n++] = extra[i];
+  argv[n] = NULL;
+
+  fflush(NULL);
+  d->pid = fork();
+  CHECK(d->pid >= 0);
+  if (d->pid == 0) {
+    close(pfd[0]);
+    int lf = open(d->log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int nul = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (lf >= 0) {
+      dup2(lf, 2);
+      dup2(lf, 1);
+    }
+    if (nul >= 0)
+      dup2(nul, 0);
+    execv(bin, (char *const *)argv);
+    _exit(127);
+  }
+  close(pfd[1]);
+  /* Wait for "ready\n" (or the daemon dying), 30 s at most. */
+  char buf[16] = {0};
+  size_t got = 0;
+  double t0 = itest_now();
+  while (got < 6 && itest_now() - t0 < 30) {
+    struct pollfd p = {pfd[0], POLLIN, 0};
+    int pr = poll(&p, 1, 200);
+    if (pr > 0) {
+      ssize_t r = read(pfd[0], buf + got, sizeof buf - 1 - got);
+      if (r <= 0)
+        break;
+      got += (size_t)r;
+    }
+  }
+  /* The daemon closes its end after "ready": wait for that too, so the fd
+   * count below does not include it. */
+  if (strncmp(buf, "ready", 5) == 0) {
+    struct pollfd p = {pfd[0], POLLIN, 0};
+    char rest[16];
+    while (poll(&p, 1, 10000) > 0 && read(pfd[0], rest, sizeof rest) > 0)
+      ;
+  }
+  close(pfd[0]);
+  if (strncmp(buf, "ready", 5) != 0) {
+    int st = -1;
+    if (waitpid(d->pid, &st, WNOHANG) == d->pid) {
+      d->pid = 0;
+      if (log_says(d, "not built yet") || log_says(d, "unknown option")) {
+        print_log(d);
+        fprintf(stderr, "SKIP: this kvshared cannot serve the tests yet\n");
+        exit(77);
+      }
+    }
+    print_log(d);
+    fprintf(stderr, "kvshared did not become ready\n");
+    itest_daemon_kill(d);
+    exit(1);
+  }
+  d->start_fds = itest_fd_count(d->pid);
+}
+
+kvs_client *itest_connect(const itest_daemon *d, const char *name) {
+  kvs_connect_opts o = {name, 30000, 0};
+  kvs_client *c = NULL;
+  int rc = kvs_connect(d->socket, &o, &c);
+  if (rc) {
+    fprintf(stderr, "kvs_connect(%s): %s (%s)\n", d->socket,
+            kvs_status_name(rc), kvs_strerror(rc));
+    exit(1);
+  }
+  return c;
+}
+
+void itest_check_pool(kvs_client *c, uint32_t sessions, uint32_t used,
+                      uint32_t requests) {
+  kvs_stats st;
+  double t0 = itest_now();
+  for (;;) {
+    CHECK_OK(c, kvs_stats_get(c, 1, &st));
+    if (st.sessions == sessions || itest_now() - t0 > 30)
+      break;
+    usleep(2000);
+  }
+  if (st.check != 0 || st.sessions != sessions ||
+      (used != UINT32_MAX && st.used_blocks != used) ||
+      (requests != UINT32_MAX && st.num_requests != requests) ||
+      st.free_blocks + st.cached_blocks + st.used_blocks != st.num_blocks) {
+    fprintf(stderr,
+            "pool check: check=%d (%s) sessions=%u (want %u) used=%u (want "
+            "%u) requests=%u (want %u) free=%u cached=%u num=%u\n",
+            st.check, st.check_message, st.sessions, sessions, st.used_blocks,
+            used, st.num_requests, requests, st.free_blocks, st.cached_blocks,
+            st.num_blocks);
+    exit(1);
+  }
+}
+
+void itest_daemon_kill(itest_daemon *d) {
+  if (d->pid > 0) {
+    kill(d->pid, SIGKILL);
+    itest_wait(d->pid);
+    d->pid = 0;
+  }
+  if (d->dir[0]) {
+    unlink(d->socket);
+    unlink(d->log);
+    rmdir(d->dir);
+  }
+}
+
+void itest_daemon_finish(itest_daemon *d, int my_fds) {
+  kvs_client *c = itest_connect(d, "itest-final");
+  itest_check_pool(c, 1, 0, 0);
+  kvs_close(c);
+  /* Back to the daemon's fds at start (sessions close asynchronously). */
+  double t0 = itest_now();
+  int fds = itest_fd_count(d->pid);
+  while (fds != d->start_fds && itest_now() - t0 < 30) {
+    usleep(2000);
+    fds = itest_fd_count(d->pid);
+  }
+  if (fds != d->start_fds) {
+    fprintf(stderr, "daemon fd leak: %d open, %d at start\n", fds,
+            d->start_fds);
+    itest_daemon_kill(d);
+    exit(1);
+  }
+  if (my_fds >= 0) {
+    int mine = itest_fd_count(0);
+    if (mine != my_fds) {
+      fprintf(stderr, "test fd leak: %d open, %d at start\n", mine, my_fds);
+      itest_daemon_kill(d);
+      exit(1);
+    }
+  }
+  CHECK(kill(d->pid, SIGTERM) == 0);
+  int st = itest_wait(d->pid);
+  d->pid = 0;
+  if (st != 0) {
+    print_log(d);
+    fprintf(stderr, "kvshared exited with %d after SIGTERM\n", st);
+    exit(1);
+  }
+  if (getenv("KVS_ITEST_LOG"))
+    print_log(d);
+  itest_daemon_kill(d);
+}

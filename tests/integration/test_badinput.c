@@ -1,0 +1,524 @@
+/*
+ * test_badinput — bad input gets a clear error and the daemon survives with
+ * its cache intact.
+ *
+ * Frame-level cases use raw sockets and frames built with libkvsproto:
+ * garbage bytes, wrong magic, wrong version (frame and Hello), nonzero
+ * flags, a length over the limit (error, then the daemon closes: the stream
+ * cannot be resynchronised), an undecodable payload, an empty envelope, an
+ * empty request, a Hello after the handshake, a Response sent to the daemon,
+ * a nested batch (error reply, the connection goes on), a request before
+ * Hello, disconnects mid-header and mid-frame, and a burst of random frames.
+ * Request-level cases use libkvshare: request ids unknown or belonging to
+ * another session, block ids out of range or belonging to another request,
+ * double free, commit of positions the request never allocated, tokens not
+ * matching, gaps, zero counts, a fork onto a live id.  Every error must come
+ * with its status code and a non-empty message.  After each case an observer
+ * session checks that its cached prefix still hits with the same blocks and
+ * bytes and that the pool invariant holds; the test ends with the leak
+ * checks.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "kvs_frame.h"
+#include "kvs_shm.h"
+#include "tests/integration/itest.h"
+
+static itest_daemon d;
+static kvs_client *obs;        /* the observer */
+static uint32_t obs_tok[256], obs_n, obs_blocks[16], obs_nfull;
+static int cases;
+
+/* ---- raw connections ---------------------------------------------------- */
+
+static int raw_connect(void) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  CHECK(fd >= 0);
+  struct sockaddr_un sa = {0};
+  sa.sun_family = AF_UNIX;
+  strcpy(sa.sun_path, d.socket);
+  CHECK(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0);
+  struct timeval tv = {20, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return fd;
+}
+
+static void raw_send(int fd, const void *p, size_t n) {
+  CHECK(send(fd, p, n, MSG_NOSIGNAL) == (ssize_t)n);
+}
+
+static void raw_send_env(int fd, const Kvshare__Envelope *env) {
+  uint8_t *buf;
+  size_t len;
+  CHECK(kvs_frame_pack(env, KVS_FRAME_MAX_DEFAULT, &buf, &len) == 0);
+  raw_send(fd, buf, len);
+  free(buf);
+}
+
+/* Reads exactly n bytes; 0, or -1 at end of stream / error.  Passed fds
+ * are closed. */
+static int raw_read(int fd, uint8_t *p, size_t n) {
+  while (n) {
+    int fds[KVS_SHM_MAX_FDS], nfds = 0;
+    ssize_t r = kvs_recv_fds(fd, p, n, fds, KVS_SHM_MAX_FDS, &nfds);
+    for (int i = 0; i < nfds; i++)
+      close(fds[i]);
+    if (r <= 0)
+      return -1;
+    p += r;
+    n -= (size_t)r;
+  }
+  return 0;
+}
+
+/* The next envelope from the daemon, or NULL at end of stream. */
+static Kvshare__Envelope *raw_recv(int fd) {
+  uint8_t hdr[KVS_FRAME_HEADER_SIZE];
+  if (raw_read(fd, hdr, sizeof hdr))
+    return NULL;
+  kvs_frame_header h;
+  CHECK(kvs_frame_header_decode(hdr, KVS_FRAME_MAX_DEFAULT, &h) == 0);
+  uint8_t *payload = malloc(h.length + 1);
+  CHECK(payload);
+  CHECK(raw_read(fd, payload, h.length) == 0);
+  Kvshare__Envelope *env = NULL;
+  CHECK(kvs_envelope_unpack(payload, h.length, 0, &env) == 0);
+  free(payload);
+  return env;
+}
+
+static void send_hello(int fd, uint32_t version) {
+  Kvshare__Hello h = KVSHARE__HELLO__INIT;
+  h.version = version;
+  h.client_name = "badinput";
+  Kvshare__Envelope env = KVSHARE__ENVELOPE__INIT;
+  env.seq = 1;
+  env.body_case = KVSHARE__ENVELOPE__BODY_HELLO;
+  env.hello = &h;
+  raw_send_env(fd, &env);
+}
+
+/* A raw connection past the handshake (the pool fd is closed). */
+static int raw_session(void) {
+  int fd = raw_connect();
+  send_hello(fd, KVS_PROTO_VERSION);
+  Kvshare__Envelope *w = raw_recv(fd);
+  CHECK(w && w->body_case == KVSHARE__ENVELOPE__BODY_WELCOME);
+  CHECK(w->welcome->status == NULL || w->welcome->status->code == 0);
+  kvs_envelope_free(w);
+  return fd;
+}
+
+/* The next reply must be an error `code` with a message (and seq `seq`
+ * unless seq is UINT64_MAX); when closes, the daemon must then close. */
+static void expect_error(int fd, uint64_t seq, int code, int closes,
+                         const char *what) {
+  Kvshare__Envelope *e = raw_recv(fd);
+  if (!e) {
+    fprintf(stderr, "%s: connection closed with no error reply\n", what);
+    exit(1);
+  }
+  /* Before the handshake an error comes as a Welcome with a status. */
+  Kvshare__Status *st = NULL;
+  if (e->body_case == KVSHARE__ENVELOPE__BODY_WELCOME && e->welcome)
+    st = e->welcome->status;
+  else if (e->body_case == KVSHARE__ENVELOPE__BODY_RESPONSE && e->response)
+    st = e->response->status;
+  CHECK(st != NULL);
+  if (st->code != code || !st->message || !st->message[0] ||
+      (seq != UINT64_MAX && e->seq != seq)) {
+    fprintf(stderr, "%s: got %s (%d) \"%s\" seq %llu, wanted %s\n", what,
+            kvs_status_name(st->code), st->code,
+            st->message ? st->message : "", (unsigned long long)e->seq,
+            kvs_status_name(code));
+    exit(1);
+  }
+  printf("  %-40s -> %s: %s\n", what, kvs_status_name(code), st->message);
+  kvs_envelope_free(e);
+  if (closes) {
+    uint8_t b;
+    CHECK(raw_read(fd, &b, 1) == -1);
+  }
+}
+
+/* The connection still works: a ping comes back. */
+static void expect_alive(int fd) {
+  Kvshare__Ping p = KVSHARE__PING__INIT;
+  p.payload.data = (uint8_t *)"alive";
+  p.payload.len = 5;
+  Kvshare__Request r = KVSHARE__REQUEST__INIT;
+  r.op_case = KVSHARE__REQUEST__OP_PING;
+  r.ping = &p;
+  Kvshare__Envelope env = KVSHARE__ENVELOPE__INIT;
+  env.seq = 4242;
+  env.body_case = KVSHARE__ENVELOPE__BODY_REQUEST;
+  env.request = &r;
+  raw_send_env(fd, &env);
+  Kvshare__Envelope *e = raw_recv(fd);
+  CHECK(e && e->seq == 4242 && e->response);
+  CHECK(e->response->result_case == KVSHARE__RESPONSE__RESULT_PONG);
+  CHECK(e->response->pong.len == 5);
+  kvs_envelope_free(e);
+}
+
+/* ---- the observer -------------------------------------------------------- */
+
+static void observe(const char *after) {
+  kvs_lookup_result lr;
+  CHECK_OK(obs, kvs_ping(obs, "obs", 3));
+  CHECK_OK(obs, kvs_lookup(obs, 2, obs_tok, obs_n, NULL, 0, &lr));
+  if (lr.hit_tokens != obs_nfull * kvs_layout_of(obs)->block_size ||
+      memcmp(lr.blocks, obs_blocks, obs_nfull * sizeof(uint32_t)) != 0) {
+    fprintf(stderr, "after %s: the cached prefix changed\n", after);
+    exit(1);
+  }
+  for (uint32_t i = 0; i < obs_nfull; i++) {
+    const uint8_t *p = kvs_block_ptr(obs, obs_blocks[i]);
+    for (uint64_t j = 0; j < kvs_layout_of(obs)->block_stride; j += 61)
+      CHECK(p[j] == (uint8_t)(0x5A ^ i));
+  }
+  CHECK_OK(obs, kvs_free(obs, 2));
+  kvs_stats st;
+  CHECK_OK(obs, kvs_stats_get(obs, 1, &st));
+  if (st.check != 0) {
+    fprintf(stderr, "after %s: invariant check: %s\n", after,
+            st.check_message);
+    exit(1);
+  }
+  cases++;
+}
+
+/* ---- frame-level cases ---------------------------------------------------- */
+
+static void frame_cases(void) {
+  uint8_t hdr[KVS_FRAME_HEADER_SIZE + 64];
+  int fd;
+
+  /* Garbage bytes instead of a frame. */
+  fd = raw_session();
+  for (int i = 0; i < 64; i++)
+    hdr[i] = (uint8_t)(i * 37 + 11);
+  raw_send(fd, hdr, 64);
+  expect_error(fd, 0, KVS_EPROTO, 1, "garbage bytes");
+  close(fd);
+  observe("garbage");
+
+  /* Wrong magic. */
+  fd = raw_session();
+  kvs_frame_header_encode(hdr, 4);
+  hdr[0] = 'X';
+  memset(hdr + KVS_FRAME_HEADER_SIZE, 0, 4);
+  raw_send(fd, hdr, KVS_FRAME_HEADER_SIZE + 4);
+  expect_error(fd, 0, KVS_EPROTO, 1, "wrong magic");
+  close(fd);
+  observe("wrong magic");
+
+  /* Wrong frame version, before any Hello. */
+  fd = raw_connect();
+  kvs_frame_header_encode(hdr, 4);
+  hdr[4] = 99;
+  raw_send(fd, hdr, KVS_FRAME_HEADER_SIZE + 4);
+  expect_error(fd, 0, KVS_EVERSION, 1, "wrong frame version");
+  close(fd);
+  observe("wrong frame version");
+
+  /* Hello with a version the daemon does not speak. */
+  fd = raw_connect();
+  send_hello(fd, 99);
+  expect_error(fd, UINT64_MAX, KVS_EVERSION, 1, "Hello version 99");
+  close(fd);
+  observe("Hello version");
+
+  /* Nonzero flags. */
+  fd = raw_session();
+  kvs_frame_header_encode(hdr, 4);
+  hdr[6] = 1;
+  raw_send(fd, hdr, KVS_FRAME_HEADER_SIZE + 4);
+  expect_error(fd, 0, KVS_EPROTO, 1, "nonzero frame flags");
+  close(fd);
+  observe("flags");
+
+  /* A length over the limit. */
+  fd = raw_session();
+  kvs_frame_header_encode(hdr, kvs_max_frame(obs) + 1);
+  raw_send(fd, hdr, KVS_FRAME_HEADER_SIZE);
+  expect_error(fd, 0, KVS_ETOOBIG, 1, "length over the limit");
+  close(fd);
+  observe("too big");
+
+  /* An undecodable payload (a valid envelope cut short): error, go on. */
+  fd = raw_session();
+  {
+    uint32_t tok[40];
+    for (int i = 0; i < 40; i++)
+      tok[i] = 50 + i;
+    Kvshare__Lookup l = KVSHARE__LOOKUP__INIT;
+    l.req_id = 9;
+    l.n_tokens = 40;
+    l.tokens = tok;
+    Kvshare__Request r = KVSHARE__REQUEST__INIT;
+    r.op_case = KVSHARE__REQUEST__OP_LOOKUP;
+    r.lookup = &l;
+    Kvshare__Envelope env = KVSHARE__ENVELOPE__INIT;
+    env.seq = 2;
+    env.body_case = KVSHARE__ENVELOPE__BODY_REQUEST;
+    env.request = &r;
+    uint8_t buf[512];
+    size_t n = kvshare__envelope__pack(&env, buf + KVS_FRAME_HEADER_SIZE);
+    CHECK(n > 20 && n < sizeof buf - KVS_FRAME_HEADER_SIZE);
+    kvs_frame_header_encode(buf, (uint32_t)(n - 7));
+    raw_send(fd, buf, KVS_FRAME_HEADER_SIZE + n - 7);
+  }
+  expect_error(fd, 0, KVS_EPROTO, 0, "truncated (undecodable) payload");
+  expect_alive(fd);
+  close(fd);
+  observe("truncated payload");
+
+  /* An envelope with no body, a request with no op: unknown messages. */
+  fd = raw_session();
+  {
+    Kvshare__Envelope env = KVSHARE__ENVELOPE__INIT;
+    env.seq = 3;
+    raw_send_env(fd, &env);
+    expect_error(fd, 3, KVS_EUNKNOWN, 0, "envelope with no body");
+    Kvshare__Request r = KVSHARE__REQUEST__INIT;
+    env.seq = 4;
+    env.body_case = KVSHARE__ENVELOPE__BODY_REQUEST;
+    env.request = &r;
+    raw_send_env(fd, &env);
+    expect_error(fd, 4, KVS_EUNKNOWN, 0, "request with no op");
+    /* A field number from the future: decodes as an empty envelope. */
+    uint8_t fut[KVS_FRAME_HEADER_SIZE + 3];
+    kvs_frame_header_encode(fut, 3);
+    fut[KVS_FRAME_HEADER_SIZE] = 0x98; /* tag of field 99, varint: 792 */
+    fut[KVS_FRAME_HEADER_SIZE + 1] = 0x06;
+    fut[KVS_FRAME_HEADER_SIZE + 2] = 0x01; /* value 1 */
+    raw_send(fd, fut, KVS_FRAME_HEADER_SIZE + 3);
+    expect_error(fd, UINT64_MAX, KVS_EUNKNOWN, 0, "unknown field number");
+    /* Hello again, and a Response sent to the daemon. */
+    send_hello(fd, KVS_PROTO_VERSION);
+    expect_error(fd, 1, KVS_EPROTO, 0, "Hello after the handshake");
+    Kvshare__Response resp = KVSHARE__RESPONSE__INIT;
+    env.seq = 5;
+    env.body_case = KVSHARE__ENVELOPE__BODY_RESPONSE;
+    env.response = &resp;
+    raw_send_env(fd, &env);
+    expect_error(fd, 5, KVS_EPROTO, 0, "a Response sent to the daemon");
+    /* A batch inside a batch: that op fails, the batch goes on. */
+    Kvshare__Batch inner = KVSHARE__BATCH__INIT;
+    Kvshare__Request rin = KVSHARE__REQUEST__INIT;
+    rin.op_case = KVSHARE__REQUEST__OP_BATCH;
+    rin.batch = &inner;
+    Kvshare__Ping p = KVSHARE__PING__INIT;
+    Kvshare__Request rping = KVSHARE__REQUEST__INIT;
+    rping.op_case = KVSHARE__REQUEST__OP_PING;
+    rping.ping = &p;
+    Kvshare__Request *ops[2] = {&rin, &rping};
+    Kvshare__Batch outer = KVSHARE__BATCH__INIT;
+    outer.n_ops = 2;
+    outer.ops = ops;
+    Kvshare__Request rb = KVSHARE__REQUEST__INIT;
+    rb.op_case = KVSHARE__REQUEST__OP_BATCH;
+    rb.batch = &outer;
+    env.seq = 6;
+    env.body_case = KVSHARE__ENVELOPE__BODY_REQUEST;
+    env.request = &rb;
+    raw_send_env(fd, &env);
+    Kvshare__Envelope *e = raw_recv(fd);
+    CHECK(e && e->seq == 6 && e->response);
+    CHECK(e->response->result_case == KVSHARE__RESPONSE__RESULT_BATCH);
+    CHECK(e->response->batch->n_replies == 2);
+    Kvshare__Status *s0 = e->response->batch->replies[0]->status;
+    Kvshare__Status *s1 = e->response->batch->replies[1]->status;
+    CHECK(s0 && s0->code == KVS_EINVAL && s0->message[0]);
+    CHECK(!s1 || s1->code == 0);
+    printf("  %-40s -> %s: %s\n", "batch inside a batch",
+           kvs_status_name(s0->code), s0->message);
+    kvs_envelope_free(e);
+  }
+  expect_alive(fd);
+  close(fd);
+  observe("unknown messages");
+
+  /* A request before Hello. */
+  fd = raw_connect();
+  {
+    Kvshare__Ping p = KVSHARE__PING__INIT;
+    Kvshare__Request r = KVSHARE__REQUEST__INIT;
+    r.op_case = KVSHARE__REQUEST__OP_PING;
+    r.ping = &p;
+    Kvshare__Envelope env = KVSHARE__ENVELOPE__INIT;
+    env.seq = 7;
+    env.body_case = KVSHARE__ENVELOPE__BODY_REQUEST;
+    env.request = &r;
+    raw_send_env(fd, &env);
+  }
+  expect_error(fd, UINT64_MAX, KVS_EPROTO, 1, "request before Hello");
+  close(fd);
+  observe("request before Hello");
+
+  /* Disconnects mid-header, mid-frame, and right after Hello. */
+  fd = raw_session();
+  kvs_frame_header_encode(hdr, 100);
+  raw_send(fd, hdr, 5);
+  close(fd);
+  fd = raw_session();
+  raw_send(fd, hdr, KVS_FRAME_HEADER_SIZE + 10);
+  close(fd);
+  fd = raw_connect();
+  send_hello(fd, KVS_PROTO_VERSION);
+  close(fd);
+  printf("  %-40s -> closed by the client\n", "disconnects mid-frame");
+  observe("disconnects");
+
+  /* A burst of random frames: random headers, valid headers with random
+   * payloads, on fresh sessions. */
+  uint64_t seed = 0x9E3779B97F4A7C15ull;
+  for (int i = 0; i < 60; i++) {
+    fd = raw_session();
+    uint8_t buf[KVS_FRAME_HEADER_SIZE + 200];
+    uint32_t n = (uint32_t)(itest_rand(&seed) % 200);
+    for (size_t j = 0; j < sizeof buf; j++)
+      buf[j] = (uint8_t)itest_rand(&seed);
+    if (i % 2)
+      kvs_frame_header_encode(buf, n);
+    raw_send(fd, buf, KVS_FRAME_HEADER_SIZE + n);
+    /* Whatever comes back must be error replies, then maybe a close. */
+    struct pollfd p = {fd, POLLIN, 0};
+    while (poll(&p, 1, 50) > 0) {
+      Kvshare__Envelope *e = raw_recv(fd);
+      if (!e)
+        break;
+      CHECK(e->body_case == KVSHARE__ENVELOPE__BODY_RESPONSE ||
+            e->body_case == KVSHARE__ENVELOPE__BODY_WELCOME);
+      kvs_envelope_free(e);
+    }
+    close(fd);
+  }
+  printf("  %-40s -> survived\n", "60 random frames");
+  observe("random frames");
+}
+
+/* ---- request-level cases --------------------------------------------------- */
+
+#define EXPECT(c, call, code)                                                \
+  do {                                                                       \
+    CHECK_RC(c, call, code);                                                 \
+    CHECK(kvs_last_message(c)[0] != '\0');                                   \
+    printf("  %-40s -> %s: %s\n", #call, kvs_status_name(code),              \
+           kvs_last_message(c));                                             \
+  } while (0)
+
+static void request_cases(void) {
+  kvs_client *a = itest_connect(&d, "session-a");
+  kvs_client *b = itest_connect(&d, "session-b");
+  const kvs_layout *l = kvs_layout_of(a);
+  uint32_t bs = l->block_size;
+  uint32_t tok[128], other[128];
+  for (int i = 0; i < 128; i++) {
+    tok[i] = 900000 + i;
+    other[i] = 800000 + i;
+  }
+  kvs_alloc_result ar;
+  /* Session a owns request 77 and its blocks. */
+  CHECK_OK(a, kvs_lookup(a, 77, tok, 2 * bs, NULL, 0, NULL));
+  CHECK_OK(a, kvs_allocate(a, 77, 2 * bs, &ar));
+  uint32_t ablocks[2] = {ar.blocks[0], ar.blocks[1]};
+
+  /* Request ids of another session (or none): not found. */
+  EXPECT(b, kvs_free(b, 77), KVS_ENOENT);
+  EXPECT(b, kvs_allocate(b, 77, 4, NULL), KVS_ENOENT);
+  EXPECT(b, kvs_append(b, 77, 1, NULL), KVS_ENOENT);
+  EXPECT(b, kvs_commit(b, 77, 0, tok, bs, NULL, 0, NULL), KVS_ENOENT);
+  EXPECT(b, kvs_fork(b, 77, 78), KVS_ENOENT);
+  EXPECT(b, kvs_preempt(b, 77), KVS_ENOENT);
+  EXPECT(b, kvs_free(b, UINT64_MAX), KVS_ENOENT);
+  observe("foreign request ids");
+
+  /* Session b's own request 5. */
+  CHECK_OK(b, kvs_lookup(b, 5, other, 2 * bs, NULL, 0, NULL));
+  CHECK_OK(b, kvs_allocate(b, 5, 2 * bs, &ar));
+  uint32_t bblocks[2] = {ar.blocks[0], ar.blocks[1]};
+  uint32_t bad[2] = {l->num_blocks + 5, bblocks[1]};
+  EXPECT(b, kvs_commit(b, 5, 0, NULL, 2 * bs, bad, 2, NULL), KVS_ERANGE);
+  bad[0] = UINT32_MAX;
+  EXPECT(b, kvs_commit(b, 5, 0, NULL, 2 * bs, bad, 2, NULL), KVS_ERANGE);
+  EXPECT(b, kvs_commit(b, 5, 0, NULL, 2 * bs, ablocks, 2, NULL), KVS_EINVAL);
+  EXPECT(b, kvs_commit(b, 5, 0, NULL, 2 * bs, bblocks, 1, NULL), KVS_EINVAL);
+  /* Positions never allocated (not written by this request). */
+  EXPECT(b, kvs_commit(b, 5, 0, other, 3 * bs, NULL, 0, NULL), KVS_ERANGE);
+  /* A gap after the written positions. */
+  EXPECT(b, kvs_commit(b, 5, bs, NULL, 1, NULL, 0, NULL), KVS_ERANGE);
+  /* Tokens not matching the prompt the request looked up. */
+  EXPECT(b, kvs_commit(b, 5, 0, tok, bs, NULL, 0, NULL), KVS_EMISMATCH);
+  /* Zero counts. */
+  EXPECT(b, kvs_allocate(b, 5, 0, NULL), KVS_EINVAL);
+  EXPECT(b, kvs_lookup(b, 6, other, 0, NULL, 0, NULL), KVS_EINVAL);
+  /* Lookup into a request that is not empty. */
+  EXPECT(b, kvs_lookup(b, 5, other, 2 * bs, NULL, 0, NULL), KVS_ESTATE);
+  /* Fork while slots are still unwritten. */
+  EXPECT(b, kvs_fork(b, 5, 6), KVS_ESTATE);
+  /* Nothing changed: the right commit still works. */
+  uint32_t sealed = 0;
+  CHECK_OK(b, kvs_commit(b, 5, 0, NULL, 2 * bs, bblocks, 2, &sealed));
+  CHECK(sealed == 2);
+  /* Fork onto a live id. */
+  CHECK_OK(b, kvs_fork(b, 5, 6));
+  EXPECT(b, kvs_fork(b, 5, 6), KVS_EEXIST);
+  EXPECT(b, kvs_fork(b, 5, 5), KVS_EEXIST);
+  /* Double free. */
+  CHECK_OK(b, kvs_free(b, 5));
+  EXPECT(b, kvs_free(b, 5), KVS_ENOENT);
+  CHECK_OK(b, kvs_free(b, 6));
+  EXPECT(b, kvs_free(b, 6), KVS_ENOENT);
+  observe("request errors");
+
+  /* Session a's request was never touched by b. */
+  itest_check_pool(obs, 3, obs_nfull + 1 + 2, 2);
+  CHECK_OK(a, kvs_free(a, 77));
+  kvs_close(a);
+  kvs_close(b);
+}
+
+int main(void) {
+  int my_fds = itest_fd_count(0);
+  static const char *const opts[] = {"--num-layers", "2", "--head-dim", "16",
+                                     "--pool-blocks", "256", NULL};
+  itest_daemon_start(&d, opts);
+  obs = itest_connect(&d, "observer");
+  uint32_t bs = kvs_layout_of(obs)->block_size;
+  obs_nfull = 4;
+  obs_n = obs_nfull * bs + 2;
+  for (uint32_t i = 0; i < obs_n; i++)
+    obs_tok[i] = 3000 + i * 3;
+  kvs_alloc_result ar;
+  CHECK_OK(obs, kvs_lookup(obs, 1, obs_tok, obs_n, NULL, 0, NULL));
+  CHECK_OK(obs, kvs_allocate(obs, 1, obs_n, &ar));
+  memcpy(obs_blocks, ar.blocks, ar.num_blocks * sizeof(uint32_t));
+  for (uint32_t i = 0; i < obs_nfull; i++)
+    memset(kvs_block_ptr(obs, obs_blocks[i]), 0x5A ^ i,
+           kvs_layout_of(obs)->block_stride);
+  CHECK_OK(obs, kvs_commit(obs, 1, 0, NULL, obs_n, NULL, 0, NULL));
+
+  printf("frame-level:\n");
+  frame_cases();
+  printf("request-level:\n");
+  request_cases();
+
+  kvs_stats st;
+  CHECK_OK(obs, kvs_stats_get(obs, 1, &st));
+  CHECK(st.protocol_errors >= 12);
+  itest_check_pool(obs, 1, obs_nfull + 1, 1);
+  CHECK_OK(obs, kvs_free(obs, 1));
+  kvs_close(obs);
+  itest_daemon_finish(&d, my_fds);
+  printf("test_badinput: ok (%d cases observed, %llu protocol errors "
+         "counted)\n",
+         cases, (unsigned long long)st.protocol_errors);
+  return 0;
+}

@@ -1,0 +1,91 @@
+#!/bin/bash
+# test_cli — the kvshare CLI against a real kvshared: ping, stats (text,
+# JSON, with the invariant check), layout; exit codes for a missing daemon
+# and bad usage; the daemon stops cleanly on SIGTERM.
+set -u
+build=${KVS_BUILD:-build}
+cli=$build/kvshare
+daemon=$build/kvshared
+fail() { echo "FAIL: $*" >&2; [ -f "$dir/log" ] && sed 's/^/  log| /' "$dir/log" >&2; exit 1; }
+
+[ -x "$cli" ] || fail "$cli not built"
+[ -x "$daemon" ] || { echo "SKIP: $daemon not built"; exit 77; }
+dir=$(mktemp -d "${TMPDIR:-/tmp}/kvs-cli-XXXXXX")
+pid=
+cleanup() { [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null; rm -rf "$dir"; }
+trap cleanup EXIT
+sock=$dir/kvshared.sock
+
+# Start the daemon; it writes "ready" to fd 3 once it listens.
+exec 3>"$dir/ready"
+"$daemon" serve --socket "$sock" --ready-fd 3 --num-layers 2 --head-dim 16 \
+  --pool-blocks 128 >"$dir/log" 2>&1 &
+pid=$!
+exec 3>&-
+for _ in $(seq 300); do
+  grep -q ready "$dir/ready" 2>/dev/null && break
+  kill -0 "$pid" 2>/dev/null || break
+  sleep 0.1
+done
+if ! grep -q ready "$dir/ready" 2>/dev/null; then
+  if grep -q "not built yet" "$dir/log"; then
+    echo "SKIP: this kvshared cannot serve yet"; exit 77
+  fi
+  fail "kvshared did not become ready"
+fi
+
+out=$("$cli" --socket "$sock" ping --count 3) || fail "ping exit $?"
+echo "$out"
+[[ $out == "pong from $sock: session "*", 3 round trips, min "* ]] || fail "ping output: $out"
+
+KVS_SOCKET=$sock "$cli" ping >/dev/null || fail "ping via \$KVS_SOCKET"
+
+out=$("$cli" --socket "$sock" stats) || fail "stats exit $?"
+echo "$out"
+grep -Eq '^num_blocks +128$' <<<"$out" || fail "stats: num_blocks"
+grep -Eq '^used_blocks +0$' <<<"$out" || fail "stats: used_blocks"
+
+out=$("$cli" --socket "$sock" stats --json --check) || fail "stats --json exit $?"
+echo "$out"
+python3 - "$out" <<'EOF' || fail "stats --json is not the expected JSON"
+import json, sys
+s = json.loads(sys.argv[1])
+assert s["num_blocks"] == 128, s
+assert s["free_blocks"] + s["cached_blocks"] + s["used_blocks"] == 128, s
+assert s["check"] == 0 and s["check_status"] == "OK", s
+assert s["sessions"] >= 1, s
+EOF
+
+out=$("$cli" --socket "$sock" layout --json) || fail "layout exit $?"
+echo "$out"
+python3 - "$out" <<'EOF' || fail "layout --json"
+import json, sys
+l = json.loads(sys.argv[1])
+assert l["num_layers"] == 2 and l["head_dim"] == 16 and l["num_blocks"] == 128, l
+assert l["backend"] == "host", l
+assert l["block_stride"] % 4096 == 0, l
+EOF
+
+"$cli" --socket "$dir/nope.sock" ping 2>/dev/null; rc=$?
+[ $rc = 3 ] || fail "no daemon: exit $rc, wanted 3"
+"$cli" --socket "$sock" frobnicate 2>/dev/null; rc=$?
+[ $rc = 2 ] || fail "bad command: exit $rc, wanted 2"
+"$cli" 2>/dev/null; rc=$?
+[ $rc = 2 ] || fail "no command: exit $rc, wanted 2"
+"$cli" --help | grep -q "usage: kvshare" || fail "--help"
+
+# Nothing leaked by the CLI's sessions.
+out=$("$cli" --socket "$sock" stats --json --check)
+python3 - "$out" <<'EOF' || fail "after: $out"
+import json, sys
+s = json.loads(sys.argv[1])
+assert s["sessions"] == 1 and s["used_blocks"] == 0 and s["num_requests"] == 0, s
+assert s["check"] == 0, s
+EOF
+
+kill -TERM "$pid"
+wait "$pid"; rc=$?
+pid=
+[ $rc = 0 ] || fail "kvshared exited $rc after SIGTERM"
+[ -e "$sock" ] && fail "socket left behind"
+echo "test_cli: ok"
