@@ -98,6 +98,7 @@ static CUcontext ctx;
 static CUmodule mod;
 static char dev_name[256];
 static char dev_uuid[64];
+static int dev_sms = 1;
 static CUfunction f_write, f_blocks, f_merge;
 static CUfunction f_attn[DT_N][NV_N][G_N];
 static __thread int tls_current; /* this thread made ctx current */
@@ -249,6 +250,9 @@ static int open_locked(const char *uuid) {
           return map_cu(r);
       }
   cu.cuDeviceGetName(dev_name, sizeof dev_name, pick);
+  if (cu.cuDeviceGetAttribute(&dev_sms, CU_ATTR_MULTIPROCESSOR_COUNT, pick) ||
+      dev_sms < 1)
+    dev_sms = 1;
   memcpy(dev_uuid, pick_uuid, sizeof pick_uuid);
   dev = pick;
   opened = 1;
@@ -456,19 +460,34 @@ static int cuda_attention(const kvs_attn_args *a, int prefill, void *stream) {
   int gi = ratio >= 8 ? 3 : ratio >= 4 ? 2 : ratio >= 2 ? 1 : 0;
   uint32_t G = 1u << gi;
   uint32_t gchunks = (ratio + G - 1) / G;
+  /* Split long rows over several blocks when the rows alone do not give
+   * the chip about four blocks per multiprocessor; each split is a multiple
+   * of KVS__ATTN_PART tokens, so the workspace for `parts` always fits. */
   uint32_t parts = kvs__attn_parts(a->max_seq_len);
-  uint32_t split = parts > 1 && a->workspace &&
-                   a->workspace_bytes >= kvs_attn_workspace_bytes(a);
+  uint64_t base_blocks = (uint64_t)a->num_rows * kv->num_kv_heads * gchunks;
+  uint64_t want = 4ull * (uint64_t)dev_sms;
+  uint32_t nsplit = 1, span = 0;
+  if (parts > 1 && a->workspace &&
+      a->workspace_bytes >= kvs_attn_workspace_bytes(a) && base_blocks < want) {
+    uint64_t k = (want + base_blocks - 1) / base_blocks;
+    nsplit = k < parts ? (uint32_t)k : parts;
+    uint32_t per = (a->max_seq_len + nsplit - 1) / nsplit;
+    span = (per + KVS__ATTN_PART - 1) / KVS__ATTN_PART * KVS__ATTN_PART;
+    nsplit = (a->max_seq_len + span - 1) / span;
+    if (nsplit <= 1)
+      span = 0;
+  }
+  uint32_t split = span;
   unsigned smem = (unsigned)(G * (KVS__ATTN_PART + kv->head_dim) * sizeof(float));
   kvs_attn_args copy = *a;
   int pf = prefill;
   void *params[] = {&copy, &pf, &lanes, &split};
   rc = launch(f_attn[kv->dtype][nv - 1][gi], a->num_rows,
-              kv->num_kv_heads * gchunks, split ? parts : 1, KVS__ATTN_THREADS,
+              kv->num_kv_heads * gchunks, split ? nsplit : 1, KVS__ATTN_THREADS,
               smem, stream, params);
   if (rc || !split)
     return rc;
-  void *mparams[] = {&copy, &pf, &parts};
+  void *mparams[] = {&copy, &pf, &nsplit, &span};
   return launch(f_merge, a->num_rows, a->num_heads, 1, 128, 0, stream, mparams);
 }
 

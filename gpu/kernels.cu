@@ -12,6 +12,8 @@
 #include "kvs_kernels_int.h"
 
 #define NWARPS (KVS__ATTN_THREADS / 32)
+/* Token groups whose loads a warp has in flight at once. */
+#define UNR 4
 
 /* ---- element access ------------------------------------------------------ */
 
@@ -139,9 +141,10 @@ extern "C" __global__ void kvs_blocks_kernel(char *base, uint64_t stride,
 
 /*
  * One block: one query row, one kv head, up to G query heads of its group,
- * and a token range: the whole row (split == 0, online softmax over chunks of
- * KVS__ATTN_PART tokens) or partition blockIdx.z (split != 0, one chunk,
- * partial results to the workspace, merged by kvs_attn_merge_kernel).
+ * and a token range: the whole row (span == 0) or split blockIdx.z, tokens
+ * [z * span, (z + 1) * span) (span != 0, partial results to the workspace,
+ * merged by kvs_attn_merge_kernel).  The range is walked in chunks of
+ * KVS__ATTN_PART tokens with an online softmax.
  *
  * Lanes: a key row of head_dim elements is `lanes` lanes x NV vectors of 16
  * bytes; a warp reads 32 / lanes tokens at a time.  Lane c of a token holds
@@ -149,7 +152,7 @@ extern "C" __global__ void kvs_blocks_kernel(char *base, uint64_t stride,
  */
 template <typename T, int NV, int G>
 __device__ __forceinline__ void attn_body(const kvs_attn_args &a, int prefill,
-                                          uint32_t lanes, uint32_t split) {
+                                          uint32_t lanes, uint32_t span) {
   constexpr int VEC = Vec<T>::N;
   constexpr int E = NV * VEC;
   extern __shared__ float smem[];
@@ -184,9 +187,9 @@ __device__ __forceinline__ void attn_body(const kvs_attn_args &a, int prefill,
   const uint32_t hq0 = h * ratio + (blockIdx.y % gchunks) * G;
   const uint32_t ng = min((uint32_t)G, ratio - (blockIdx.y % gchunks) * G);
   uint32_t t0 = 0, t1 = n;
-  if (split) {
-    t0 = blockIdx.z * KVS__ATTN_PART;
-    t1 = min(n, t0 + KVS__ATTN_PART);
+  if (span) {
+    t0 = blockIdx.z * span;
+    t1 = min(n, t0 + span);
     if (t0 >= t1)
       return; /* the merge kernel never reads this partition */
   }
@@ -228,41 +231,53 @@ __device__ __forceinline__ void attn_body(const kvs_attn_args &a, int prefill,
   for (uint32_t c0 = t0; c0 < t1; c0 += KVS__ATTN_PART) {
     const uint32_t C = min(KVS__ATTN_PART, t1 - c0);
 
-    /* Phase 1: scores of the chunk. */
-    for (uint32_t ib = warp * tpw; ib < C; ib += tpc) {
-      uint32_t idx = ib + sub;
-      bool ok = idx < C;
-      float dotp[G];
+    /* Phase 1: scores of the chunk.  Each warp issues the loads of UNR
+     * token groups before it uses any of them (bytes in flight). */
+    for (uint32_t ib = warp * tpw; ib < C; ib += UNR * tpc) {
+      uint4 raw[UNR][NV];
 #pragma unroll
-      for (int g = 0; g < G; g++)
-        dotp[g] = 0.f;
-      if (ok) {
-        uint32_t j = c0 + idx;
-        const char *row_p = base + (uint64_t)bt[j / kv.block_size] * kv.block_stride +
-                            kv.k_offset +
-                            (uint64_t)(j % kv.block_size) * kv.token_stride * es +
-                            head_off;
-        uint4 raw[NV];
+      for (int u = 0; u < UNR; u++) {
+        uint32_t idx = ib + u * tpc + sub;
+        if (idx < C) {
+          uint32_t j = c0 + idx;
+          const char *row_p =
+              base + (uint64_t)bt[j / kv.block_size] * kv.block_stride +
+              kv.k_offset + (uint64_t)(j % kv.block_size) * kv.token_stride * es +
+              head_off;
 #pragma unroll
-        for (int v = 0; v < NV; v++)
-          raw[v] = __ldg((const uint4 *)(row_p + ((uint64_t)v * lanes + c) * 16));
+          for (int v = 0; v < NV; v++)
+            raw[u][v] =
+                __ldg((const uint4 *)(row_p + ((uint64_t)v * lanes + c) * 16));
+        } else {
+#pragma unroll
+          for (int v = 0; v < NV; v++)
+            raw[u][v] = make_uint4(0, 0, 0, 0);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < UNR; u++) {
+        uint32_t idx = ib + u * tpc + sub;
+        float dotp[G];
+#pragma unroll
+        for (int g = 0; g < G; g++)
+          dotp[g] = 0.f;
 #pragma unroll
         for (int v = 0; v < NV; v++) {
           float f[VEC];
-          Vec<T>::cvt(raw[v], f);
+          Vec<T>::cvt(raw[u][v], f);
 #pragma unroll
           for (int g = 0; g < G; g++)
 #pragma unroll
             for (int k = 0; k < VEC; k++)
               dotp[g] += q[g][v * VEC + k] * f[k];
         }
-      }
 #pragma unroll
-      for (int g = 0; g < G; g++) {
-        for (uint32_t o = lanes / 2; o >= 1; o /= 2)
-          dotp[g] += __shfl_xor_sync(0xffffffffu, dotp[g], o);
-        if (ok && c == 0)
-          logits[g * KVS__ATTN_PART + idx] = dotp[g] * a.scale;
+        for (int g = 0; g < G; g++) {
+          for (uint32_t o = lanes / 2; o >= 1; o /= 2)
+            dotp[g] += __shfl_xor_sync(0xffffffffu, dotp[g], o);
+          if (idx < C && c == 0)
+            logits[g * KVS__ATTN_PART + idx] = dotp[g] * a.scale;
+        }
       }
     }
     __syncthreads();
@@ -303,32 +318,42 @@ __device__ __forceinline__ void attn_body(const kvs_attn_args &a, int prefill,
       for (int e = 0; e < E; e++)
         acc[g][e] *= sc;
     }
-    for (uint32_t ib = warp * tpw; ib < C; ib += tpc) {
-      uint32_t idx = ib + sub;
-      if (idx >= C)
-        break;
-      uint32_t j = c0 + idx;
-      const char *row_p = base + (uint64_t)bt[j / kv.block_size] * kv.block_stride +
-                          kv.v_offset +
-                          (uint64_t)(j % kv.block_size) * kv.token_stride * es +
-                          head_off;
-      uint4 raw[NV];
+    for (uint32_t ib = warp * tpw; ib < C; ib += UNR * tpc) {
+      uint4 raw[UNR][NV];
 #pragma unroll
-      for (int v = 0; v < NV; v++)
-        raw[v] = __ldg((const uint4 *)(row_p + ((uint64_t)v * lanes + c) * 16));
-      float p[G];
+      for (int u = 0; u < UNR; u++) {
+        uint32_t idx = ib + u * tpc + sub;
+        if (idx < C) {
+          uint32_t j = c0 + idx;
+          const char *row_p =
+              base + (uint64_t)bt[j / kv.block_size] * kv.block_stride +
+              kv.v_offset + (uint64_t)(j % kv.block_size) * kv.token_stride * es +
+              head_off;
 #pragma unroll
-      for (int g = 0; g < G; g++)
-        p[g] = g < (int)ng ? logits[g * KVS__ATTN_PART + idx] : 0.f;
+          for (int v = 0; v < NV; v++)
+            raw[u][v] =
+                __ldg((const uint4 *)(row_p + ((uint64_t)v * lanes + c) * 16));
+        }
+      }
 #pragma unroll
-      for (int v = 0; v < NV; v++) {
-        float f[VEC];
-        Vec<T>::cvt(raw[v], f);
+      for (int u = 0; u < UNR; u++) {
+        uint32_t idx = ib + u * tpc + sub;
+        if (idx >= C)
+          break;
+        float p[G];
 #pragma unroll
         for (int g = 0; g < G; g++)
+          p[g] = g < (int)ng ? logits[g * KVS__ATTN_PART + idx] : 0.f;
 #pragma unroll
-          for (int k = 0; k < VEC; k++)
-            acc[g][v * VEC + k] += p[g] * f[k];
+        for (int v = 0; v < NV; v++) {
+          float f[VEC];
+          Vec<T>::cvt(raw[u][v], f);
+#pragma unroll
+          for (int g = 0; g < G; g++)
+#pragma unroll
+            for (int k = 0; k < VEC; k++)
+              acc[g][v * VEC + k] += p[g] * f[k];
+        }
       }
     }
     __syncthreads();
@@ -357,7 +382,7 @@ __device__ __forceinline__ void attn_body(const kvs_attn_args &a, int prefill,
   }
   __syncthreads();
 
-  if (split) {
+  if (span) {
     uint32_t P = gridDim.z;
     float *ws = (float *)a.workspace;
     uint64_t R = a.num_rows, H = a.num_heads;
@@ -384,8 +409,8 @@ __device__ __forceinline__ void attn_body(const kvs_attn_args &a, int prefill,
 #define KVS_ATTN_INST(NAME, T, NV, G)                                        \
   extern "C" __global__ void __launch_bounds__(KVS__ATTN_THREADS)           \
       kvs_attn_##NAME##_nv##NV##_g##G(kvs_attn_args a, int prefill,          \
-                                      uint32_t lanes, uint32_t split) {      \
-    attn_body<T, NV, G>(a, prefill, lanes, split);                           \
+                                      uint32_t lanes, uint32_t span) {       \
+    attn_body<T, NV, G>(a, prefill, lanes, span);                            \
   }
 #define KVS_ATTN_INST_G(NAME, T, NV) \
   KVS_ATTN_INST(NAME, T, NV, 1)      \
@@ -402,7 +427,7 @@ KVS_ATTN_INST_NV(bf16, __nv_bfloat16)
 
 /* Merge the partitions of a split row: grid (row, query head). */
 extern "C" __global__ void kvs_attn_merge_kernel(kvs_attn_args a, int prefill,
-                                                 uint32_t parts) {
+                                                 uint32_t parts, uint32_t span) {
   const uint32_t row = blockIdx.x, hq = blockIdx.y;
   const uint32_t D = a.kv.head_dim;
   uint32_t n;
@@ -421,7 +446,7 @@ extern "C" __global__ void kvs_attn_merge_kernel(kvs_attn_args a, int prefill,
     uint32_t qlen = a.q_start[lo + 1] - a.q_start[lo];
     n = qlen > len ? 0 : len - qlen + (row - a.q_start[lo]) + 1;
   }
-  const uint32_t np = (n + KVS__ATTN_PART - 1) / KVS__ATTN_PART;
+  const uint32_t np = (n + span - 1) / span;
   const float *ws = (const float *)a.workspace;
   const uint64_t R = a.num_rows, H = a.num_heads;
   const uint64_t cell0 = ((uint64_t)row * H + hq) * parts;

@@ -14,9 +14,36 @@
 #include "kvs_kernels_int.h"
 #include "kvs_status.h"
 
-/* Bits -> float for one row of n elements; vectorisable (no branches). */
-static void load_row(float *restrict dst, const void *restrict src,
-                     uint32_t dtype, uint32_t n) {
+/* The helpers below are always inlined so that the attention body compiles
+ * once for the baseline ISA and once for AVX2+FMA (chosen at run time). */
+#define KVS_INLINE static inline __attribute__((always_inline))
+
+KVS_INLINE uint32_t f2u(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+KVS_INLINE float u2f(uint32_t u) {
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/* fp16 bits -> float, exact, branch-free (vectorisable); same result as
+ * kvs_fp16_to_float. */
+KVS_INLINE float h2f(uint16_t h) {
+  uint32_t em = h & 0x7fffu;
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+  uint32_t fin = f2u(u2f(em << 13) * 0x1p112f);
+  uint32_t inf = (em << 13) | 0x7f800000u;
+  uint32_t big = 0u - (uint32_t)(em >= 0x7c00u); /* all ones for inf/NaN */
+  return u2f((inf & big) | (fin & ~big) | sign);
+}
+
+/* Bits -> float for one row of n elements. */
+KVS_INLINE void load_row(float *restrict dst, const void *restrict src,
+                         uint32_t dtype, uint32_t n) {
   if (dtype == KVS_DTYPE_FP32) {
     memcpy(dst, src, (size_t)n * 4);
   } else if (dtype == KVS_DTYPE_BF16) {
@@ -27,7 +54,7 @@ static void load_row(float *restrict dst, const void *restrict src,
   } else {
     const uint16_t *s = src;
     for (uint32_t i = 0; i < n; i++)
-      dst[i] = kvs_fp16_to_float(s[i]);
+      dst[i] = h2f(s[i]);
   }
 }
 
@@ -43,24 +70,88 @@ static void store_row(void *restrict dst, uint32_t dtype,
   }
 }
 
-/* Dot product with eight independent partial sums (fp32). */
-static inline float dot(const float *restrict a, const float *restrict b,
-                        uint32_t n) {
-  float acc[8] = {0};
-  uint32_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (uint32_t j = 0; j < 8; j++)
-      acc[j] += a[i + j] * b[i + j];
-  for (; i < n; i++)
-    acc[0] += a[i] * b[i];
-  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) +
-         ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+/* Eight floats; GCC/Clang vector extension: two SSE registers on the
+ * baseline ISA, one AVX register in the AVX2 clone. */
+typedef float v8f __attribute__((vector_size(32)));
+
+KVS_INLINE v8f ld8(const float *p) {
+  v8f v;
+  memcpy(&v, p, sizeof v);
+  return v;
 }
 
-static inline void axpy(float *restrict y, float w, const float *restrict x,
-                        uint32_t n) {
-  for (uint32_t i = 0; i < n; i++)
+KVS_INLINE void st8(float *p, v8f v) { memcpy(p, &v, sizeof v); }
+
+KVS_INLINE float hsum8(v8f v) {
+  return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+}
+
+/* Dot product, four independent vector chains. */
+KVS_INLINE float dot(const float *restrict a, const float *restrict b,
+                     uint32_t n) {
+  v8f c0 = {0}, c1 = {0}, c2 = {0}, c3 = {0};
+  uint32_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    c0 += ld8(a + i) * ld8(b + i);
+    c1 += ld8(a + i + 8) * ld8(b + i + 8);
+    c2 += ld8(a + i + 16) * ld8(b + i + 16);
+    c3 += ld8(a + i + 24) * ld8(b + i + 24);
+  }
+  for (; i + 8 <= n; i += 8)
+    c0 += ld8(a + i) * ld8(b + i);
+  float t = 0.f;
+  for (; i < n; i++)
+    t += a[i] * b[i];
+  return hsum8((c0 + c1) + (c2 + c3)) + t;
+}
+
+/* Four dot products (query rows q, q + qs, ...) against one key row, which
+ * is loaded once. */
+KVS_INLINE void dot4(const float *restrict q, uint32_t qs,
+                     const float *restrict k, uint32_t n, float *out) {
+  v8f c0 = {0}, c1 = {0}, c2 = {0}, c3 = {0};
+  uint32_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    v8f kv = ld8(k + i);
+    c0 += ld8(q + i) * kv;
+    c1 += ld8(q + qs + i) * kv;
+    c2 += ld8(q + 2 * qs + i) * kv;
+    c3 += ld8(q + 3 * qs + i) * kv;
+  }
+  float t[4] = {0.f, 0.f, 0.f, 0.f};
+  for (; i < n; i++)
+    for (uint32_t r = 0; r < 4; r++)
+      t[r] += q[r * qs + i] * k[i];
+  out[0] = hsum8(c0) + t[0];
+  out[1] = hsum8(c1) + t[1];
+  out[2] = hsum8(c2) + t[2];
+  out[3] = hsum8(c3) + t[3];
+}
+
+KVS_INLINE void axpy(float *restrict y, float w, const float *restrict x,
+                     uint32_t n) {
+  uint32_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    st8(y + i, ld8(y + i) + w * ld8(x + i));
+  for (; i < n; i++)
     y[i] += w * x[i];
+}
+
+/* Four rows y, y + ys, ... += w[r] * x against one value row, loaded once. */
+KVS_INLINE void axpy4(float *restrict y, uint32_t ys, const float *restrict w,
+                      const float *restrict x, uint32_t n) {
+  float w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3];
+  uint32_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    v8f xv = ld8(x + i);
+    st8(y + i, ld8(y + i) + w0 * xv);
+    st8(y + ys + i, ld8(y + ys + i) + w1 * xv);
+    st8(y + 2 * ys + i, ld8(y + 2 * ys + i) + w2 * xv);
+    st8(y + 3 * ys + i, ld8(y + 3 * ys + i) + w3 * xv);
+  }
+  for (; i < n; i++)
+    for (uint32_t r = 0; r < 4; r++)
+      y[r * ys + i] += w[r] * x[i];
 }
 
 /* ---- write ---------------------------------------------------------------- */
@@ -103,87 +194,135 @@ int kvs_cpu_write_kv(const kvs_write_args *a, void *stream) {
 /* ---- attention ------------------------------------------------------------ */
 
 typedef struct attn_scratch {
-  float *q;      /* [G][D] */
-  float *acc;    /* [G][D] */
-  float *row;    /* [D] */
-  float *scores; /* [G][max_len] */
+  float *q;      /* [H][D] */
+  float *acc;    /* [H][D] */
+  float *row;    /* [KVH][D]: one token's keys or values, as floats */
+  float *scores; /* [max_len][H]: token-major, heads contiguous */
+  float *sum;    /* [H] */
   uint32_t max_len;
 } attn_scratch;
 
 /*
- * One query row of request s at position pos, the G query heads of kv head
- * h starting at query head hq0: keys 0..pos.
+ * One query row of request s at position pos, every head: keys 0..pos.
+ * Walks the request's blocks token by token; a token's K (then V) for all
+ * kv heads is one contiguous run of the plane, read once and used by every
+ * query head of every group, so the pool is streamed, not strided.
  */
-static void attend_row(const kvs_attn_args *a, uint32_t s, uint32_t h,
-                       uint32_t hq0, uint32_t G, uint32_t pos,
-                       const char *qrow, char *orow, attn_scratch *w) {
+KVS_INLINE void attend_row_body(const kvs_attn_args *a, uint32_t s,
+                                uint32_t pos, const char *qrow, char *orow,
+                                attn_scratch *w) {
   const kvs_paged_kv *kv = &a->kv;
-  uint32_t D = kv->head_dim;
-  size_t es = kvs_dtype_size(kv->dtype), qes = kvs_dtype_size(a->qo_dtype);
-  uint32_t n = pos + 1;
+  const uint32_t D = kv->head_dim, KVH = kv->num_kv_heads, H = a->num_heads;
+  const uint32_t ratio = H / KVH;
+  const size_t es = kvs_dtype_size(kv->dtype), qes = kvs_dtype_size(a->qo_dtype);
+  const uint32_t n = pos + 1;
   const uint32_t *bt = a->block_tables + (uint64_t)s * a->max_blocks_per_seq;
-  for (uint32_t g = 0; g < G; g++)
-    load_row(w->q + (size_t)g * D, qrow + (size_t)(hq0 + g) * D * qes,
-             a->qo_dtype, D);
+  const int packed = kv->head_stride == D; /* heads back to back in a token */
+  for (uint32_t hq = 0; hq < H; hq++)
+    load_row(w->q + (size_t)hq * D, qrow + (size_t)hq * D * qes, a->qo_dtype,
+             D);
 
   /* Scores. */
   for (uint32_t j = 0; j < n; j++) {
-    const char *blk = (const char *)kv->base +
-                      (uint64_t)bt[j / kv->block_size] * kv->block_stride;
-    uint64_t off = ((uint64_t)(j % kv->block_size) * kv->token_stride +
-                    (uint64_t)h * kv->head_stride) * es;
-    const float *k;
-    if (kv->dtype == KVS_DTYPE_FP32) {
-      k = (const float *)(const void *)(blk + kv->k_offset + off);
-    } else {
-      load_row(w->row, blk + kv->k_offset + off, kv->dtype, D);
-      k = w->row;
+    const char *tok = (const char *)kv->base +
+                      (uint64_t)bt[j / kv->block_size] * kv->block_stride +
+                      kv->k_offset +
+                      (uint64_t)(j % kv->block_size) * kv->token_stride * es;
+    const float *k = w->row;
+    if (packed && kv->dtype == KVS_DTYPE_FP32)
+      k = (const float *)(const void *)tok;
+    else if (packed)
+      load_row(w->row, tok, kv->dtype, KVH * D);
+    else
+      for (uint32_t h = 0; h < KVH; h++)
+        load_row(w->row + (size_t)h * D, tok + (uint64_t)h * kv->head_stride * es,
+                 kv->dtype, D);
+    float *sc = w->scores + (size_t)j * H;
+    for (uint32_t h = 0; h < KVH; h++) {
+      const float *kh = k + (size_t)h * D;
+      uint32_t g = 0;
+      for (; g + 4 <= ratio; g += 4)
+        dot4(w->q + (size_t)(h * ratio + g) * D, D, kh, D, sc + h * ratio + g);
+      for (; g < ratio; g++)
+        sc[h * ratio + g] = dot(w->q + (size_t)(h * ratio + g) * D, kh, D);
     }
-    for (uint32_t g = 0; g < G; g++)
-      w->scores[(size_t)g * w->max_len + j] =
-          dot(w->q + (size_t)g * D, k, D) * a->scale;
+    for (uint32_t hq = 0; hq < H; hq++)
+      sc[hq] *= a->scale;
   }
 
   /* Softmax numerators, in place. */
-  float sum[KVS__ATTN_MAX_GROUP];
-  for (uint32_t g = 0; g < G; g++) {
-    float *sc = w->scores + (size_t)g * w->max_len;
-    float m = -INFINITY;
-    for (uint32_t j = 0; j < n; j++)
-      m = sc[j] > m ? sc[j] : m;
-    float l = 0.f;
-    for (uint32_t j = 0; j < n; j++) {
-      sc[j] = expf(sc[j] - m);
-      l += sc[j];
+  float *mx = w->acc; /* [H], free until the value pass */
+  for (uint32_t hq = 0; hq < H; hq++) {
+    mx[hq] = -INFINITY;
+    w->sum[hq] = 0.f;
+  }
+  for (uint32_t j = 0; j < n; j++) {
+    const float *sc = w->scores + (size_t)j * H;
+    for (uint32_t hq = 0; hq < H; hq++)
+      mx[hq] = sc[hq] > mx[hq] ? sc[hq] : mx[hq];
+  }
+  for (uint32_t j = 0; j < n; j++) {
+    float *sc = w->scores + (size_t)j * H;
+    for (uint32_t hq = 0; hq < H; hq++) {
+      sc[hq] = expf(sc[hq] - mx[hq]);
+      w->sum[hq] += sc[hq];
     }
-    sum[g] = l;
   }
 
   /* Weighted values. */
-  memset(w->acc, 0, (size_t)G * D * sizeof(float));
+  memset(w->acc, 0, (size_t)H * D * sizeof(float));
   for (uint32_t j = 0; j < n; j++) {
-    const char *blk = (const char *)kv->base +
-                      (uint64_t)bt[j / kv->block_size] * kv->block_stride;
-    uint64_t off = ((uint64_t)(j % kv->block_size) * kv->token_stride +
-                    (uint64_t)h * kv->head_stride) * es;
-    const float *v;
-    if (kv->dtype == KVS_DTYPE_FP32) {
-      v = (const float *)(const void *)(blk + kv->v_offset + off);
-    } else {
-      load_row(w->row, blk + kv->v_offset + off, kv->dtype, D);
-      v = w->row;
+    const char *tok = (const char *)kv->base +
+                      (uint64_t)bt[j / kv->block_size] * kv->block_stride +
+                      kv->v_offset +
+                      (uint64_t)(j % kv->block_size) * kv->token_stride * es;
+    const float *v = w->row;
+    if (packed && kv->dtype == KVS_DTYPE_FP32)
+      v = (const float *)(const void *)tok;
+    else if (packed)
+      load_row(w->row, tok, kv->dtype, KVH * D);
+    else
+      for (uint32_t h = 0; h < KVH; h++)
+        load_row(w->row + (size_t)h * D, tok + (uint64_t)h * kv->head_stride * es,
+                 kv->dtype, D);
+    const float *p = w->scores + (size_t)j * H;
+    for (uint32_t h = 0; h < KVH; h++) {
+      const float *vh = v + (size_t)h * D;
+      uint32_t g = 0;
+      for (; g + 4 <= ratio; g += 4)
+        axpy4(w->acc + (size_t)(h * ratio + g) * D, D, p + h * ratio + g, vh, D);
+      for (; g < ratio; g++)
+        axpy(w->acc + (size_t)(h * ratio + g) * D, p[h * ratio + g], vh, D);
     }
-    for (uint32_t g = 0; g < G; g++)
-      axpy(w->acc + (size_t)g * D, w->scores[(size_t)g * w->max_len + j], v,
-           D);
   }
-  for (uint32_t g = 0; g < G; g++) {
-    float *acc = w->acc + (size_t)g * D;
-    float inv = 1.f / sum[g];
+  for (uint32_t hq = 0; hq < H; hq++) {
+    float *acc = w->acc + (size_t)hq * D;
+    float inv = 1.f / w->sum[hq];
     for (uint32_t d = 0; d < D; d++)
       acc[d] *= inv;
-    store_row(orow + (size_t)(hq0 + g) * D * qes, a->qo_dtype, acc, D);
+    store_row(orow + (size_t)hq * D * qes, a->qo_dtype, acc, D);
   }
+}
+
+static void attend_row_base(const kvs_attn_args *a, uint32_t s, uint32_t pos,
+                            const char *qrow, char *orow, attn_scratch *w) {
+  attend_row_body(a, s, pos, qrow, orow, w);
+}
+
+__attribute__((target("avx2,fma"))) static void
+attend_row_avx2(const kvs_attn_args *a, uint32_t s, uint32_t pos,
+                const char *qrow, char *orow, attn_scratch *w) {
+  attend_row_body(a, s, pos, qrow, orow, w);
+}
+
+typedef void (*attend_fn)(const kvs_attn_args *, uint32_t, uint32_t,
+                          const char *, char *, attn_scratch *);
+
+static attend_fn pick_attend(void) {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    return attend_row_avx2;
+  return attend_row_base;
 }
 
 static int cpu_attention(const kvs_attn_args *a, int prefill) {
@@ -192,7 +331,6 @@ static int cpu_attention(const kvs_attn_args *a, int prefill) {
     return rc;
   const kvs_paged_kv *kv = &a->kv;
   uint32_t D = kv->head_dim, H = a->num_heads;
-  uint32_t ratio = H / kv->num_kv_heads;
   size_t qes = kvs_dtype_size(a->qo_dtype);
   uint64_t row_bytes = (uint64_t)H * D * qes;
 
@@ -217,17 +355,19 @@ static int cpu_attention(const kvs_attn_args *a, int prefill) {
     max_len = len > max_len ? len : max_len;
   }
 
-  uint32_t G = ratio < KVS__ATTN_MAX_GROUP ? ratio : KVS__ATTN_MAX_GROUP;
+  uint32_t KVH = kv->num_kv_heads;
   attn_scratch w;
   w.max_len = max_len;
-  float *mem = malloc(((size_t)3 * G * D + D + (size_t)G * max_len) *
-                      sizeof(float));
+  float *mem = malloc(((size_t)2 * H * D + (size_t)KVH * D + H +
+                       (size_t)H * max_len) * sizeof(float));
   if (!mem)
     return KVS_ENOMEM;
   w.q = mem;
-  w.acc = w.q + (size_t)G * D;
-  w.row = w.acc + (size_t)G * D;
-  w.scores = w.row + D;
+  w.acc = w.q + (size_t)H * D;
+  w.row = w.acc + (size_t)H * D;
+  w.sum = w.row + (size_t)KVH * D;
+  w.scores = w.sum + H;
+  attend_fn attend = pick_attend();
 
   for (uint32_t s = 0; s < a->num_seqs; s++) {
     uint32_t len = a->seq_lens[s];
@@ -240,11 +380,7 @@ static int cpu_attention(const kvs_attn_args *a, int prefill) {
         memset(orow, 0, row_bytes);
         continue;
       }
-      uint32_t pos = len - (q1 - q0) + (r - q0);
-      for (uint32_t h = 0; h < kv->num_kv_heads; h++)
-        for (uint32_t g0 = 0; g0 < ratio; g0 += G)
-          attend_row(a, s, h, h * ratio + g0,
-                     ratio - g0 < G ? ratio - g0 : G, pos, qrow, orow, &w);
+      attend(a, s, len - (q1 - q0) + (r - q0), qrow, orow, &w);
     }
   }
   free(mem);

@@ -12,7 +12,7 @@ GPU_ARCHS ?= -gencode arch=compute_80,code=sm_80 \
              -gencode arch=compute_90,code=sm_90 \
              -gencode arch=compute_90,code=compute_90
 GPU_LIBS  := -ldl -lpthread -lm
-MOD_CFLAGS_gpu_ := $(if $(filter 1,$(SAN)),,-O3)
+MOD_CFLAGS_gpu_ := $(if $(filter 1,$(SAN)),,-O3) -Wno-psabi
 
 ifneq ($(NVCC),)
 GPU_FATBIN := $(BUILD)/gpu/kernels.fatbin

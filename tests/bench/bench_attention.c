@@ -91,8 +91,12 @@ int main(int argc, char **argv) {
     float *q = malloc(nq * 4), *out = malloc(nq * 4);
     if (!pool || !tables || !lens || !q || !out)
       return 2;
-    for (uint64_t i = 0; i < pool_bytes / 2; i++) /* finite in every dtype */
-      pool[i] = (uint16_t)(next_rand() & 0x3fff);
+    /* Values in [-1, 1) in the cache dtype (no subnormals, no NaN). */
+    size_t es = kvs_dtype_size(l.dtype);
+    for (uint64_t i = 0; i < pool_bytes / es; i++) {
+      float f = (float)((double)(next_rand() >> 11) * 0x1p-52 * 2.0 - 1.0);
+      kvs_convert((char *)pool + i * es, l.dtype, &f, KVS_DTYPE_FP32, 1);
+    }
     for (size_t i = 0; i < nq; i++)
       q[i] = (float)(next_rand() % 1000) / 1000.f - 0.5f;
     for (uint32_t i = 0; i < l.num_blocks; i++)
