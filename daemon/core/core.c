@@ -31,10 +31,6 @@ static inline uint32_t *btok(const core *c, uint32_t b) {
   return c->btok + (size_t)b * c->cfg.block_size;
 }
 
-static inline uint32_t div_up(uint64_t a, uint32_t b) {
-  return (uint32_t)((a + b - 1) / b);
-}
-
 void core_config_init(core_config *cfg) {
   memset(cfg, 0, sizeof(*cfg));
   cfg->block_size = 16;
@@ -61,11 +57,15 @@ int core_create(const core_config *cfg, core **out) {
   c->cfg.policy = pol->name;
   c->policy = pol;
   c->blocks = calloc(cfg->num_blocks, sizeof(*c->blocks));
+  c->bhash = calloc(cfg->num_blocks, sizeof(*c->bhash));
   c->btok = malloc((size_t)cfg->num_blocks * cfg->block_size * sizeof(uint32_t));
-  if (c->blocks == NULL || c->btok == NULL ||
+  if (c->blocks == NULL || c->bhash == NULL || c->btok == NULL ||
       hidx_init(&c->index, cfg->num_blocks) != 0)
     goto fail;
   c->fq_head = c->fq_tail = KVS_BLOCK_NONE;
+  c->bs_shift = -1;
+  if ((cfg->block_size & (cfg->block_size - 1)) == 0)
+    c->bs_shift = __builtin_ctz(cfg->block_size);
   for (uint32_t b = 0; b < cfg->num_blocks; b++)
     pool_fq_push_tail(c, b);
   *out = c;
@@ -73,6 +73,7 @@ int core_create(const core_config *cfg, core **out) {
 fail:
   hidx_destroy(&c->index);
   free(c->btok);
+  free(c->bhash);
   free(c->blocks);
   free(c);
   return KVS_ENOMEM;
@@ -87,19 +88,20 @@ void core_destroy(core *c) {
     core_req_free(c, c->reqs);
   hidx_destroy(&c->index);
   free(c->btok);
+  free(c->bhash);
   free(c->blocks);
   free(c);
 }
 
 /* ---- blocks ------------------------------------------------------------ */
 
-/* Takes the policy's victim off the free queue; a CACHED victim loses its
- * hash (an eviction).  Caller has checked the queue holds enough blocks. */
-static uint32_t blk_take(core *c) {
-  uint32_t b = c->policy->victim(c);
+/* Takes the head of the free queue; a CACHED block loses its hash (an
+ * eviction).  Caller has checked the queue holds enough blocks. */
+static inline uint32_t blk_take(core *c) {
+  uint32_t b = pool_fq_pop_head(c);
   blk *x = &c->blocks[b];
   if (x->indexed) {
-    hidx_remove(&c->index, x->hash);
+    hidx_remove(&c->index, c->bhash[b]);
     x->indexed = 0;
     c->ncached--;
     c->st.evictions++;
@@ -136,9 +138,7 @@ static void blk_put(core *c, uint32_t b) {
 
 /* ---- requests ---------------------------------------------------------- */
 
-static int grow(uint32_t **arr, uint32_t *cap, uint64_t need) {
-  if (need <= *cap)
-    return 0;
+static int grow_slow(uint32_t **arr, uint32_t *cap, uint64_t need) {
   if (need > UINT32_MAX)
     return KVS_ERANGE;
   uint64_t n = *cap ? *cap : 16;
@@ -152,6 +152,11 @@ static int grow(uint32_t **arr, uint32_t *cap, uint64_t need) {
   *arr = p;
   *cap = (uint32_t)n;
   return 0;
+}
+
+/* Makes room for `need` entries in a request's array. */
+static inline int grow(uint32_t **arr, uint32_t *cap, uint64_t need) {
+  return __builtin_expect(need <= *cap, 1) ? 0 : grow_slow(arr, cap, need);
 }
 
 int core_req_create(core *c, const void *salt, size_t salt_len,
@@ -261,9 +266,9 @@ static int alloc_common(core *c, core_req *r, uint32_t n, core_cow *cow,
   uint64_t end = (uint64_t)r->slots + n;
   if (end > UINT32_MAX - bs)
     return KVS_ERANGE;
-  int need_cow = (r->slots % bs) != 0 &&
+  int need_cow = core_in_block(c, r->slots) != 0 &&
                  c->blocks[r->blocks[r->nblocks - 1]].ref > 1;
-  uint32_t new_blocks = div_up(end, bs) - r->nblocks;
+  uint32_t new_blocks = core_blocks_for(c, end) - r->nblocks;
   uint64_t need = (uint64_t)new_blocks + (uint64_t)need_cow;
   if (need_cow && cow == NULL)
     return KVS_EINVAL;
@@ -310,7 +315,7 @@ static uint32_t seal_blocks(core *c, core_req *r, uint32_t full) {
     if (x->sealed) /* shared with a fork sibling that sealed it (same hash:
                       checked by the caller) */
       continue;
-    x->hash = h;
+    c->bhash[b] = h;
     x->sealed = 1;
     memcpy(btok(c, b), t, (size_t)bs * sizeof(uint32_t));
     uint32_t other = hidx_find(&c->index, h);
@@ -351,7 +356,7 @@ static int seal_conflicts(const core *c, const core_req *r, uint32_t full,
     }
     kvs_hash128 h = blk_hash(c, parent, r->salt, tmp);
     const blk *x = &c->blocks[r->blocks[i]];
-    if (x->sealed && !h_eq(x->hash, h))
+    if (x->sealed && !h_eq(c->bhash[r->blocks[i]], h))
       rc = KVS_EMISMATCH;
     parent = h;
   }
@@ -361,7 +366,6 @@ static int seal_conflicts(const core *c, const core_req *r, uint32_t full,
 
 int core_commit(core *c, core_req *r, uint32_t start, const uint32_t *tokens,
                 uint32_t n, uint32_t *sealed) {
-  const uint32_t bs = c->cfg.block_size;
   int rc;
   if (sealed != NULL)
     *sealed = 0;
@@ -379,7 +383,7 @@ int core_commit(core *c, core_req *r, uint32_t start, const uint32_t *tokens,
         return KVS_EMISMATCH;
   }
   uint32_t new_written = end > r->written ? (uint32_t)end : r->written;
-  uint32_t full = new_written / bs;
+  uint32_t full = core_full_blocks(c, new_written);
   if ((rc = grow(&r->tokens, &r->cap_tokens, end)) != 0)
     return rc;
   if ((rc = seal_conflicts(c, r, full, tokens, start)) != 0)
@@ -443,7 +447,7 @@ int core_block_get(const core *c, uint32_t b, core_block_info *info) {
   const blk *x = &c->blocks[b];
   info->ref = x->ref;
   info->indexed = x->indexed;
-  info->hash = x->hash;
+  info->hash = c->bhash[b];
   info->state = x->ref > 0     ? CORE_BLOCK_IN_USE
                 : x->indexed ? CORE_BLOCK_CACHED
                              : CORE_BLOCK_FREE;
@@ -482,7 +486,7 @@ int core_check(const core *c, char *msg, size_t msg_len) {
   for (const core_req *r = c->reqs; r != NULL; r = r->next, nreqs++) {
     if (r->next != NULL && r->next->prev != r)
       FAIL("request list broken after request %u", nreqs);
-    if (r->nblocks != div_up(r->slots, bs))
+    if (r->nblocks != core_blocks_for(c, r->slots))
       FAIL("request %u: %u blocks for %u slots", nreqs, r->nblocks, r->slots);
     if (r->written > r->slots || r->written > r->known)
       FAIL("request %u: written %u > slots %u or known %u", nreqs, r->written,
@@ -499,7 +503,7 @@ int core_check(const core *c, char *msg, size_t msg_len) {
       if (i < r->sealed) {
         const blk *x = &c->blocks[b];
         kvs_hash128 h = blk_hash(c, parent, r->salt, r->tokens + (size_t)i * bs);
-        if (!x->sealed || !h_eq(x->hash, h))
+        if (!x->sealed || !h_eq(c->bhash[b], h))
           FAIL("request %u: sealed block %u (index %u) has the wrong hash",
                nreqs, b, i);
         parent = h;
@@ -525,7 +529,7 @@ int core_check(const core *c, char *msg, size_t msg_len) {
       FAIL("block %u: FREE but still sealed", b);
     if (x->indexed) {
       indexed++;
-      if (hidx_find(&c->index, x->hash) != b)
+      if (hidx_find(&c->index, c->bhash[b]) != b)
         FAIL("block %u: indexed but the index does not point at it", b);
     }
     ref0 += x->ref == 0;
@@ -558,7 +562,7 @@ int core_check(const core *c, char *msg, size_t msg_len) {
     if (e->b == KVS_BLOCK_NONE)
       continue;
     if (e->b >= nb || !c->blocks[e->b].indexed ||
-        !h_eq(c->blocks[e->b].hash, e->h))
+        !h_eq(c->bhash[e->b], e->h))
       FAIL("index slot %llu: points at block %u which does not hold its hash",
            (unsigned long long)i, e->b);
   }

@@ -4,16 +4,18 @@
 #ifndef KVS_CORE_INT_H
 #define KVS_CORE_INT_H
 
+#include <assert.h>
+
 #include "core.h"
 
-/* One block of the pool: 40 bytes of metadata, plus block_size token ids in
- * core.btok when it is sealed. */
+/* One block of the pool: 16 bytes of hot metadata (what allocation and
+ * release touch), plus its hash in core.bhash and block_size token ids in
+ * core.btok, both valid when it is sealed. */
 typedef struct blk {
-  kvs_hash128 hash; /* valid when sealed */
   uint32_t ref;
   uint32_t prev, next; /* free-queue links, KVS_BLOCK_NONE at the ends */
   uint8_t on_queue;
-  uint8_t sealed;  /* hash and btok valid */
+  uint8_t sealed;  /* bhash and btok valid */
   uint8_t indexed; /* hash present in the prefix index, pointing here */
   uint8_t pad_;
 } blk;
@@ -40,16 +42,16 @@ void hidx_insert(hidx *x, kvs_hash128 h, uint32_t b);
 /* Removes h (which must be present). */
 void hidx_remove(hidx *x, kvs_hash128 h);
 
-/* Eviction policy: where freed blocks go on the free queue and which one an
- * allocation takes.  The queue itself (pool_fq_*) is shared by all policies. */
+/* Eviction policy.  The free queue is kept in eviction order and allocation
+ * always takes its head (pool_fq_pop_head); a policy decides where a released
+ * block goes on the queue and how a lookup hit takes a CACHED block back.
+ * The queue itself (pool_fq_*) is shared by all policies. */
 typedef struct core_policy {
   const char *name;
   /* b's ref reached 0; cached: its hash stays indexed (CACHED), else FREE. */
   void (*release)(core *c, uint32_t b, int cached);
   /* A lookup hit takes CACHED block b off the free queue. */
   void (*take)(core *c, uint32_t b);
-  /* Removes and returns the block to allocate next (queue not empty). */
-  uint32_t (*victim)(core *c);
 } core_policy;
 
 extern const core_policy core_policy_lru;
@@ -70,19 +72,85 @@ struct core {
   core_config cfg;
   const core_policy *policy;
   blk *blocks;
+  kvs_hash128 *bhash; /* num_blocks hashes of sealed blocks */
   uint32_t *btok; /* num_blocks * block_size token ids of sealed blocks */
   uint32_t fq_head, fq_tail, fq_len;
   uint32_t ncached;
+  int bs_shift; /* log2(block_size), or -1 when not a power of two */
   hidx index;
   core_req *reqs;
   uint32_t nreqs;
   core_stats st; /* counters; block counts are derived in core_get_stats */
 };
 
-/* Free queue (pool.c). */
-void pool_fq_push_head(core *c, uint32_t b);
-void pool_fq_push_tail(core *c, uint32_t b);
-void pool_fq_unlink(core *c, uint32_t b);
-uint32_t pool_fq_pop_head(core *c);
+/* The free queue: an intrusive doubly-linked list of the ref-0 blocks in
+ * eviction order (head = next to be allocated).  All O(1); inline because
+ * allocation and release run them once per block. */
+static inline void pool_fq_push_head(core *c, uint32_t b) {
+  blk *x = &c->blocks[b];
+  assert(!x->on_queue && x->ref == 0);
+  x->prev = KVS_BLOCK_NONE;
+  x->next = c->fq_head;
+  if (c->fq_head != KVS_BLOCK_NONE)
+    c->blocks[c->fq_head].prev = b;
+  else
+    c->fq_tail = b;
+  c->fq_head = b;
+  x->on_queue = 1;
+  c->fq_len++;
+}
+
+static inline void pool_fq_push_tail(core *c, uint32_t b) {
+  blk *x = &c->blocks[b];
+  assert(!x->on_queue && x->ref == 0);
+  x->next = KVS_BLOCK_NONE;
+  x->prev = c->fq_tail;
+  if (c->fq_tail != KVS_BLOCK_NONE)
+    c->blocks[c->fq_tail].next = b;
+  else
+    c->fq_head = b;
+  c->fq_tail = b;
+  x->on_queue = 1;
+  c->fq_len++;
+}
+
+static inline void pool_fq_unlink(core *c, uint32_t b) {
+  blk *x = &c->blocks[b];
+  assert(x->on_queue);
+  if (x->prev != KVS_BLOCK_NONE)
+    c->blocks[x->prev].next = x->next;
+  else
+    c->fq_head = x->next;
+  if (x->next != KVS_BLOCK_NONE)
+    c->blocks[x->next].prev = x->prev;
+  else
+    c->fq_tail = x->prev;
+  x->prev = x->next = KVS_BLOCK_NONE;
+  x->on_queue = 0;
+  c->fq_len--;
+}
+
+static inline uint32_t pool_fq_pop_head(core *c) {
+  uint32_t b = c->fq_head;
+  assert(b != KVS_BLOCK_NONE);
+  pool_fq_unlink(c, b);
+  return b;
+}
+
+/* Block arithmetic without a division when block_size is a power of two. */
+static inline uint32_t core_blocks_for(const core *c, uint64_t tokens) {
+  if (c->bs_shift >= 0)
+    return (uint32_t)((tokens + c->cfg.block_size - 1) >> c->bs_shift);
+  return (uint32_t)((tokens + c->cfg.block_size - 1) / c->cfg.block_size);
+}
+
+static inline uint32_t core_full_blocks(const core *c, uint32_t tokens) {
+  return c->bs_shift >= 0 ? tokens >> c->bs_shift : tokens / c->cfg.block_size;
+}
+
+static inline uint32_t core_in_block(const core *c, uint32_t pos) {
+  return c->bs_shift >= 0 ? pos & (c->cfg.block_size - 1)
+                          : pos % c->cfg.block_size;
+}
 
 #endif

@@ -2,7 +2,7 @@
  * policy_lru.c — least recently used.  A block released with its hash cached
  * goes to the tail (most recently used); a block with nothing worth keeping
  * goes to the head, so it is reused before any cached block.  Allocation
- * takes the head.  Requests release their blocks tail-first, so a chain's
+ * takes the head (for every policy: the queue is in eviction order).  Requests release their blocks tail-first, so a chain's
  * tail sits nearer the head than its parents and is evicted first.
  */
 #include "core_int.h"
@@ -16,11 +16,8 @@ static void lru_release(core *c, uint32_t b, int cached) {
 
 static void lru_take(core *c, uint32_t b) { pool_fq_unlink(c, b); }
 
-static uint32_t lru_victim(core *c) { return pool_fq_pop_head(c); }
-
 const core_policy core_policy_lru = {
     .name = "lru",
     .release = lru_release,
     .take = lru_take,
-    .victim = lru_victim,
 };
