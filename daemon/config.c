@@ -107,8 +107,13 @@ static const cfg_option options[] = {
      "Least severe level logged to stderr."},
     {"ready_fd", T_INT, F(ready_fd), -1, INT_MAX, "-1", NULL, "FD", "Process",
      "Once listening, write \"ready\\n\" to this inherited descriptor and "
-     "close it (for tests and supervisors).  -1: none.  The daemon also "
-     "prints \"ready <socket>\" on stdout."},
+     "release it (it is pointed at /dev/null, so its reader sees end of "
+     "file).  For tests and supervisors.  -1: none.  The daemon also prints "
+     "\"ready <socket>\" on stdout."},
+    {"exit_with_parent", T_BOOL, F(exit_with_parent), 0, 1, "no", NULL,
+     "BOOL", "Process",
+     "Stop (as on SIGTERM) when the process that started the daemon exits, "
+     "so a test that dies never leaves a daemon behind."},
     {"shutdown_timeout_ms", T_U32, F(shutdown_timeout_ms), 0, 600000, "2000",
      NULL, "MS", "Process",
      "On SIGTERM/SIGINT, how long replies still queued may take to drain "

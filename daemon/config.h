@@ -55,6 +55,7 @@ typedef struct cfg {
   /* process */
   int log_level;          /* enum log_level */
   int ready_fd;           /* -1: none */
+  int exit_with_parent;
   uint32_t shutdown_timeout_ms;
 
   /* Derived by cfg_finish. */

@@ -362,6 +362,13 @@ static void do_fork(sess *c, const Kvshare__Fork *f, Kvshare__Response *resp,
   if (!room_for_request(c, resp, a))
     return;
   rc = core_fork(c->srv->core, r, &child);
+  if (rc == KVS_ESTATE) {
+    ERR(rc, "fork of request %llu: it has %u slots but only %u are "
+            "committed; commit the rest before forking",
+        (unsigned long long)f->req_id, core_req_num_slots(r),
+        core_req_num_written(r));
+    return;
+  }
   if (rc < 0) {
     core_error(resp, a, rc, "fork", f->req_id);
     return;

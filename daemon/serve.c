@@ -4,11 +4,13 @@
  * request dispatch in dispatch.c.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <grp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -221,13 +223,21 @@ static void announce_ready(const srv *s) {
   if (c->ready_fd >= 0) {
     static const char msg[] = "ready\n";
     ssize_t n;
+    int nul;
 
     do
       n = write(c->ready_fd, msg, sizeof(msg) - 1);
     while (n < 0 && errno == EINTR);
     if (n < 0)
       log_warn(errno, "ready_fd %d", c->ready_fd);
-    close(c->ready_fd);
+    /* Release the pipe (the reader sees end of file) by pointing the
+     * descriptor at /dev/null in one step: the daemon's descriptor table
+     * then stays the same size from here on, for tests that count it. */
+    nul = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (nul < 0 || dup3(nul, c->ready_fd, O_CLOEXEC) < 0)
+      close(c->ready_fd);
+    if (nul >= 0)
+      close(nul);
   }
   printf("ready %s\n", c->socket);
   fflush(stdout);
@@ -368,6 +378,15 @@ int serve_main(int argc, char **argv) {
     return 0;
   }
   log_level_cur = c.log_level;
+  if (c.exit_with_parent) {
+    pid_t parent = getppid();
+
+    /* SIGTERM when the parent goes; it may have gone already. */
+    if (prctl(PR_SET_PDEATHSIG, SIGTERM) < 0 || getppid() != parent) {
+      fprintf(stderr, "kvshared: exit_with_parent: the parent is gone\n");
+      return 1;
+    }
+  }
   /* A peer that closes early must not kill the daemon with SIGPIPE. */
   signal(SIGPIPE, SIG_IGN);
   return run(&c);
