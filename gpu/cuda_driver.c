@@ -461,11 +461,13 @@ static int cuda_attention(const kvs_attn_args *a, int prefill, void *stream) {
   uint32_t G = 1u << gi;
   uint32_t gchunks = (ratio + G - 1) / G;
   /* Split long rows over several blocks when the rows alone do not give
-   * the chip about four blocks per multiprocessor; each split is a multiple
-   * of KVS__ATTN_PART tokens, so the workspace for `parts` always fits. */
+   * the chip about eight blocks per multiprocessor (two to three waves at
+   * 3 blocks per SM: a partial last wave costs less); each split is a
+   * multiple of KVS__ATTN_PART tokens, so the workspace for `parts` always
+   * fits. */
   uint32_t parts = kvs__attn_parts(a->max_seq_len);
   uint64_t base_blocks = (uint64_t)a->num_rows * kv->num_kv_heads * gchunks;
-  uint64_t want = 4ull * (uint64_t)dev_sms;
+  uint64_t want = 8ull * (uint64_t)dev_sms;
   uint32_t nsplit = 1, span = 0;
   if (parts > 1 && a->workspace &&
       a->workspace_bytes >= kvs_attn_workspace_bytes(a) && base_blocks < want) {
@@ -478,7 +480,8 @@ static int cuda_attention(const kvs_attn_args *a, int prefill, void *stream) {
       span = 0;
   }
   uint32_t split = span;
-  unsigned smem = (unsigned)(G * (KVS__ATTN_PART + kv->head_dim) * sizeof(float));
+  unsigned smem =
+      (unsigned)(G * (KVS__ATTN_PART + 2 * kv->head_dim) * sizeof(float));
   kvs_attn_args copy = *a;
   int pf = prefill;
   void *params[] = {&copy, &pf, &lanes, &split};

@@ -159,8 +159,9 @@ __device__ __forceinline__ void attn_body(const kvs_attn_args &a, int prefill,
   const kvs_paged_kv &kv = a.kv;
   const uint32_t D = kv.head_dim;
   float *logits = smem;                    /* [G][PART] */
-  float *red = logits + G * KVS__ATTN_PART; /* [G][D] */
-  __shared__ float sm_m[G], sm_l[G], sm_scale[G];
+  float *red = logits + G * KVS__ATTN_PART; /* [G][D]: output accumulator */
+  float *sq = red + G * D;                  /* [G][D]: q as floats */
+  __shared__ float sm_m[G], sm_l[G];
 
   const uint32_t row = blockIdx.x;
   uint32_t s, n;
@@ -201,30 +202,23 @@ __device__ __forceinline__ void attn_body(const kvs_attn_args &a, int prefill,
   const uint32_t *bt = a.block_tables + (uint64_t)s * a.max_blocks_per_seq;
   const char *base = (const char *)kv.base;
   const uint64_t head_off = (uint64_t)h * kv.head_stride * es;
+  const uint64_t tok_bytes = kv.token_stride * es;
+  /* Block sizes are powers of two in practice: shift and mask then. */
+  const bool bs_pow2 = (kv.block_size & (kv.block_size - 1)) == 0;
+  const uint32_t bs_shift = __ffs(kv.block_size) - 1, bs_mask = kv.block_size - 1;
 
-  for (uint32_t i = tid; i < G * D; i += blockDim.x)
+  /* q of the G heads, as floats, in shared memory: each phase 1 loads its
+   * lane's slice into registers, so q and the value accumulators are never
+   * live at the same time (registers decide how many blocks fit an SM). */
+  const char *qrow0 = (const char *)a.q + ((uint64_t)row * a.num_heads + hq0) * D * qes;
+  for (uint32_t i = tid; i < G * D; i += blockDim.x) {
     red[i] = 0.f;
+    uint32_t g = i / D;
+    sq[i] = g < ng ? ld_elem(qrow0, i, a.qo_dtype) : 0.f;
+  }
   if (tid < G) {
     sm_m[tid] = -INFINITY;
     sm_l[tid] = 0.f;
-  }
-
-  float q[G][E];
-  float acc[G][E];
-#pragma unroll
-  for (int g = 0; g < G; g++) {
-    const char *qrow = (const char *)a.q +
-                       ((uint64_t)row * a.num_heads + hq0 + min(g, (int)ng - 1)) *
-                           D * qes;
-#pragma unroll
-    for (int v = 0; v < NV; v++)
-#pragma unroll
-      for (int k = 0; k < VEC; k++)
-        q[g][v * VEC + k] =
-            ld_elem(qrow, (uint64_t)(v * lanes + c) * VEC + k, a.qo_dtype);
-#pragma unroll
-    for (int e = 0; e < E; e++)
-      acc[g][e] = 0.f;
   }
   __syncthreads();
 
@@ -233,56 +227,94 @@ __device__ __forceinline__ void attn_body(const kvs_attn_args &a, int prefill,
 
     /* Phase 1: scores of the chunk.  Each warp issues the loads of UNR
      * token groups before it uses any of them (bytes in flight). */
-    for (uint32_t ib = warp * tpw; ib < C; ib += UNR * tpc) {
-      uint4 raw[UNR][NV];
+    {
+      float q[G][E];
 #pragma unroll
-      for (int u = 0; u < UNR; u++) {
-        uint32_t idx = ib + u * tpc + sub;
-        if (idx < C) {
-          uint32_t j = c0 + idx;
-          const char *row_p =
-              base + (uint64_t)bt[j / kv.block_size] * kv.block_stride +
-              kv.k_offset + (uint64_t)(j % kv.block_size) * kv.token_stride * es +
-              head_off;
+      for (int g = 0; g < G; g++)
 #pragma unroll
-          for (int v = 0; v < NV; v++)
-            raw[u][v] =
-                __ldg((const uint4 *)(row_p + ((uint64_t)v * lanes + c) * 16));
-        } else {
+        for (int v = 0; v < NV; v++)
 #pragma unroll
-          for (int v = 0; v < NV; v++)
-            raw[u][v] = make_uint4(0, 0, 0, 0);
+          for (int k = 0; k < VEC; k += 4) {
+            float4 t = *(const float4 *)&sq[g * D + (v * lanes + c) * VEC + k];
+            q[g][v * VEC + k] = t.x;
+            q[g][v * VEC + k + 1] = t.y;
+            q[g][v * VEC + k + 2] = t.z;
+            q[g][v * VEC + k + 3] = t.w;
+          }
+      for (uint32_t ib = warp * tpw; ib < C; ib += UNR * tpc) {
+        uint4 raw[UNR][NV];
+#pragma unroll
+        for (int u = 0; u < UNR; u++) {
+          uint32_t idx = ib + u * tpc + sub;
+          if (idx < C) {
+            uint32_t j = c0 + idx;
+            uint32_t bi = bs_pow2 ? j >> bs_shift : j / kv.block_size;
+            uint32_t bo = bs_pow2 ? j & bs_mask : j % kv.block_size;
+            const char *row_p = base + (uint64_t)bt[bi] * kv.block_stride +
+                                kv.k_offset + bo * tok_bytes + head_off;
+#pragma unroll
+            for (int v = 0; v < NV; v++)
+              raw[u][v] = __ldg(
+                  (const uint4 *)(row_p + ((uint64_t)v * lanes + c) * 16));
+          } else {
+#pragma unroll
+            for (int v = 0; v < NV; v++)
+              raw[u][v] = make_uint4(0, 0, 0, 0);
+          }
         }
-      }
 #pragma unroll
-      for (int u = 0; u < UNR; u++) {
-        uint32_t idx = ib + u * tpc + sub;
-        float dotp[G];
-#pragma unroll
-        for (int g = 0; g < G; g++)
-          dotp[g] = 0.f;
-#pragma unroll
-        for (int v = 0; v < NV; v++) {
-          float f[VEC];
-          Vec<T>::cvt(raw[u][v], f);
+        for (int u = 0; u < UNR; u++) {
+          uint32_t idx = ib + u * tpc + sub;
+          float dotp[G];
 #pragma unroll
           for (int g = 0; g < G; g++)
+            dotp[g] = 0.f;
 #pragma unroll
-            for (int k = 0; k < VEC; k++)
-              dotp[g] += q[g][v * VEC + k] * f[k];
-        }
+          for (int v = 0; v < NV; v++) {
+            float f[VEC];
+            Vec<T>::cvt(raw[u][v], f);
 #pragma unroll
-        for (int g = 0; g < G; g++) {
-          for (uint32_t o = lanes / 2; o >= 1; o /= 2)
-            dotp[g] += __shfl_xor_sync(0xffffffffu, dotp[g], o);
-          if (idx < C && c == 0)
-            logits[g * KVS__ATTN_PART + idx] = dotp[g] * a.scale;
+            for (int g = 0; g < G; g++)
+#pragma unroll
+              for (int k = 0; k < VEC; k++)
+                dotp[g] += q[g][v * VEC + k] * f[k];
+          }
+          if (G <= lanes) {
+            /* Transposing butterfly: each step halves the values a lane
+             * keeps (G/2 + G/4 + ... + 1 shuffles, then plain steps), and
+             * lane c ends with head c / (lanes / G). */
+#pragma unroll
+            for (int st = 0, nv = G; nv > 1; st++, nv /= 2) {
+              uint32_t o = lanes >> (st + 1);
+              bool upper = (c & o) != 0;
+#pragma unroll
+              for (int i = 0; i < nv / 2; i++) {
+                float send = upper ? dotp[i] : dotp[i + nv / 2];
+                float keep = upper ? dotp[i + nv / 2] : dotp[i];
+                dotp[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+              }
+            }
+            uint32_t per = lanes / G;
+            for (uint32_t o = per / 2; o >= 1; o /= 2)
+              dotp[0] += __shfl_xor_sync(0xffffffffu, dotp[0], o);
+            if (idx < C && c % per == 0)
+              logits[(c / per) * KVS__ATTN_PART + idx] = dotp[0] * a.scale;
+          } else {
+#pragma unroll
+            for (int g = 0; g < G; g++) {
+              for (uint32_t o = lanes / 2; o >= 1; o /= 2)
+                dotp[g] += __shfl_xor_sync(0xffffffffu, dotp[g], o);
+              if (idx < C && c == 0)
+                logits[g * KVS__ATTN_PART + idx] = dotp[g] * a.scale;
+            }
+          }
         }
       }
     }
     __syncthreads();
 
-    /* Phase 2: running max and sum, probabilities in place. */
+    /* Phase 2: running max and sum, probabilities in place; warp g also
+     * rescales the accumulated output row g to the new max. */
     if (warp < ng) {
       float *lg = logits + warp * KVS__ATTN_PART;
       float cm = -INFINITY;
@@ -300,87 +332,87 @@ __device__ __forceinline__ void attn_body(const kvs_attn_args &a, int prefill,
       }
       for (int o = 16; o >= 1; o /= 2)
         sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      float sc = m_old == -INFINITY ? 0.f : expf(m_old - m_new);
+      for (uint32_t d = lane; d < D; d += 32)
+        red[warp * D + d] *= sc;
       __syncwarp();
       if (lane == 0) {
-        float sc = m_old == -INFINITY ? 0.f : expf(m_old - m_new);
-        sm_scale[warp] = sc;
         sm_l[warp] = sm_l[warp] * sc + sum;
         sm_m[warp] = m_new;
       }
     }
     __syncthreads();
 
-    /* Phase 3: weighted values. */
+    /* Phase 3: weighted values of the chunk, then into red. */
+    {
+      float acc[G][E];
 #pragma unroll
-    for (int g = 0; g < G; g++) {
-      float sc = g < (int)ng ? sm_scale[g] : 0.f;
+      for (int g = 0; g < G; g++)
 #pragma unroll
-      for (int e = 0; e < E; e++)
-        acc[g][e] *= sc;
-    }
-    for (uint32_t ib = warp * tpw; ib < C; ib += UNR * tpc) {
-      uint4 raw[UNR][NV];
+        for (int e = 0; e < E; e++)
+          acc[g][e] = 0.f;
+      for (uint32_t ib = warp * tpw; ib < C; ib += UNR * tpc) {
+        uint4 raw[UNR][NV];
 #pragma unroll
-      for (int u = 0; u < UNR; u++) {
-        uint32_t idx = ib + u * tpc + sub;
-        if (idx < C) {
-          uint32_t j = c0 + idx;
-          const char *row_p =
-              base + (uint64_t)bt[j / kv.block_size] * kv.block_stride +
-              kv.v_offset + (uint64_t)(j % kv.block_size) * kv.token_stride * es +
-              head_off;
+        for (int u = 0; u < UNR; u++) {
+          uint32_t idx = ib + u * tpc + sub;
+          if (idx < C) {
+            uint32_t j = c0 + idx;
+            uint32_t bi = bs_pow2 ? j >> bs_shift : j / kv.block_size;
+            uint32_t bo = bs_pow2 ? j & bs_mask : j % kv.block_size;
+            const char *row_p = base + (uint64_t)bt[bi] * kv.block_stride +
+                                kv.v_offset + bo * tok_bytes + head_off;
 #pragma unroll
-          for (int v = 0; v < NV; v++)
-            raw[u][v] =
-                __ldg((const uint4 *)(row_p + ((uint64_t)v * lanes + c) * 16));
+            for (int v = 0; v < NV; v++)
+              raw[u][v] = __ldg(
+                  (const uint4 *)(row_p + ((uint64_t)v * lanes + c) * 16));
+          }
         }
-      }
 #pragma unroll
-      for (int u = 0; u < UNR; u++) {
-        uint32_t idx = ib + u * tpc + sub;
-        if (idx >= C)
-          break;
-        float p[G];
-#pragma unroll
-        for (int g = 0; g < G; g++)
-          p[g] = g < (int)ng ? logits[g * KVS__ATTN_PART + idx] : 0.f;
-#pragma unroll
-        for (int v = 0; v < NV; v++) {
-          float f[VEC];
-          Vec<T>::cvt(raw[u][v], f);
+        for (int u = 0; u < UNR; u++) {
+          uint32_t idx = ib + u * tpc + sub;
+          if (idx >= C)
+            break;
+          float p[G];
 #pragma unroll
           for (int g = 0; g < G; g++)
+            p[g] = logits[g * KVS__ATTN_PART + idx];
 #pragma unroll
-            for (int k = 0; k < VEC; k++)
-              acc[g][v * VEC + k] += p[g] * f[k];
+          for (int v = 0; v < NV; v++) {
+            float f[VEC];
+            Vec<T>::cvt(raw[u][v], f);
+#pragma unroll
+            for (int g = 0; g < G; g++)
+#pragma unroll
+              for (int k = 0; k < VEC; k++)
+                acc[g][v * VEC + k] += p[g] * f[k];
+          }
         }
+      }
+      /* Sum over the tokens a warp's lanes held, then over warps. */
+#pragma unroll
+      for (int g = 0; g < G; g++)
+#pragma unroll
+        for (int e = 0; e < E; e++) {
+          float x = acc[g][e];
+          for (uint32_t o = lanes; o < 32; o *= 2)
+            x += __shfl_xor_sync(0xffffffffu, x, o);
+          acc[g][e] = x;
+        }
+      if (sub == 0) {
+#pragma unroll
+        for (int g = 0; g < G; g++)
+          if (g < (int)ng)
+#pragma unroll
+            for (int v = 0; v < NV; v++)
+#pragma unroll
+              for (int k = 0; k < VEC; k++)
+                atomicAdd(&red[g * D + (v * lanes + c) * VEC + k],
+                          acc[g][v * VEC + k]);
       }
     }
     __syncthreads();
   }
-
-  /* Sum over the tokens a warp's lanes held, then over warps. */
-#pragma unroll
-  for (int g = 0; g < G; g++)
-#pragma unroll
-    for (int e = 0; e < E; e++) {
-      float x = acc[g][e];
-      for (uint32_t o = lanes; o < 32; o *= 2)
-        x += __shfl_xor_sync(0xffffffffu, x, o);
-      acc[g][e] = x;
-    }
-  if (sub == 0) {
-#pragma unroll
-    for (int g = 0; g < G; g++)
-      if (g < (int)ng)
-#pragma unroll
-        for (int v = 0; v < NV; v++)
-#pragma unroll
-          for (int k = 0; k < VEC; k++)
-            atomicAdd(&red[g * D + (v * lanes + c) * VEC + k],
-                      acc[g][v * VEC + k]);
-  }
-  __syncthreads();
 
   if (span) {
     uint32_t P = gridDim.z;
@@ -406,8 +438,16 @@ __device__ __forceinline__ void attn_body(const kvs_attn_args &a, int prefill,
   }
 }
 
+/* Blocks per SM each instantiation is built for: fewer live values per
+ * lane (G query heads x E elements) leave room for more. */
+#define KVS_ATTN_W(T, NV, G) ((G) * (NV) * (16 / (int)sizeof(T)))
+#define KVS_ATTN_MINB(T, NV, G)                                  \
+  ((NV) == 1 ? (KVS_ATTN_W(T, NV, G) <= 32 ? 3 : KVS_ATTN_W(T, NV, G) <= 64 ? 2 : 1) \
+             : (KVS_ATTN_W(T, NV, G) <= 32 ? 2 : 1))
+
 #define KVS_ATTN_INST(NAME, T, NV, G)                                        \
-  extern "C" __global__ void __launch_bounds__(KVS__ATTN_THREADS)           \
+  extern "C" __global__ void __launch_bounds__(                             \
+      KVS__ATTN_THREADS, KVS_ATTN_MINB(T, NV, G))                           \
       kvs_attn_##NAME##_nv##NV##_g##G(kvs_attn_args a, int prefill,          \
                                       uint32_t lanes, uint32_t span) {       \
     attn_body<T, NV, G>(a, prefill, lanes, span);                            \

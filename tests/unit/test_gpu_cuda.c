@@ -144,6 +144,22 @@ static void test_attention(void) {
       attn_case(&p, 1);
       k++;
     }
+  /* odd group sizes (a partial last group of query heads) and a head too
+   * small for the transposing reduction (fp16, D=32: 4 lanes < 8 heads) */
+  static const struct {
+    uint32_t dim, ratio, dtype;
+  } odd[] = {{32, 8, KVS_DTYPE_FP16}, {32, 8, KVS_DTYPE_FP32},
+             {64, 2, KVS_DTYPE_BF16}, {128, 3, KVS_DTYPE_FP16},
+             {128, 6, KVS_DTYPE_FP32}, {64, 12, KVS_DTYPE_FP16}};
+  for (size_t i = 0; i < sizeof odd / sizeof odd[0]; i++) {
+    uint32_t lens[] = {1, 16, 49, 700, 0, 257};
+    tg_params p = {.block_size = 16, .num_kv_heads = 2, .head_dim = odd[i].dim,
+                   .ratio = odd[i].ratio, .dtype = odd[i].dtype,
+                   .qo_dtype = odd[i].dtype, .num_layers = 1, .layer = 0,
+                   .num_seqs = 6, .lens = lens, .spare_blocks = 3,
+                   .q_scale = 4.f, .seed = 4000 + (uint64_t)i};
+    attn_case(&p, 0);
+  }
   /* a head_dim the CUDA kernel does not take: refused, not wrong */
   uint32_t lens[] = {5};
   tg_params p = {.block_size = 16, .num_kv_heads = 1, .head_dim = 40,
