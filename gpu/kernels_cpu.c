@@ -154,6 +154,49 @@ KVS_INLINE void axpy4(float *restrict y, uint32_t ys, const float *restrict w,
       y[r * ys + i] += w[r] * x[i];
 }
 
+/* Tiles of up to KVS__CPU_TILE tokens (one block) for the value pass: the
+ * output rows stay in registers across the tile's tokens. */
+#define KVS__CPU_TILE 8u
+
+/* y[r] (r < R, rows ys apart) += sum over t < T of p[t * ps + r] * x[t]. */
+KVS_INLINE void axpy_tile(float *restrict y, uint32_t ys, uint32_t R,
+                          const float *restrict p, uint32_t ps,
+                          const float *const *x, uint32_t T, uint32_t n) {
+  uint32_t d = 0;
+  if (R == 4) {
+    for (; d + 16 <= n; d += 16) {
+      v8f a[8];
+      for (uint32_t r = 0; r < 4; r++) {
+        a[2 * r] = ld8(y + r * ys + d);
+        a[2 * r + 1] = ld8(y + r * ys + d + 8);
+      }
+      for (uint32_t t = 0; t < T; t++) {
+        v8f xl = ld8(x[t] + d), xh = ld8(x[t] + d + 8);
+        for (uint32_t r = 0; r < 4; r++) {
+          float w = p[t * ps + r];
+          a[2 * r] += w * xl;
+          a[2 * r + 1] += w * xh;
+        }
+      }
+      for (uint32_t r = 0; r < 4; r++) {
+        st8(y + r * ys + d, a[2 * r]);
+        st8(y + r * ys + d + 8, a[2 * r + 1]);
+      }
+    }
+  }
+  for (; d + 8 <= n; d += 8)
+    for (uint32_t r = 0; r < R; r++) {
+      v8f acc = ld8(y + r * ys + d);
+      for (uint32_t t = 0; t < T; t++)
+        acc += p[t * ps + r] * ld8(x[t] + d);
+      st8(y + r * ys + d, acc);
+    }
+  for (; d < n; d++)
+    for (uint32_t r = 0; r < R; r++)
+      for (uint32_t t = 0; t < T; t++)
+        y[r * ys + d] += p[t * ps + r] * x[t][d];
+}
+
 /* ---- write ---------------------------------------------------------------- */
 
 int kvs_cpu_write_kv(const kvs_write_args *a, void *stream) {
@@ -196,7 +239,7 @@ int kvs_cpu_write_kv(const kvs_write_args *a, void *stream) {
 typedef struct attn_scratch {
   float *q;      /* [H][D] */
   float *acc;    /* [H][D] */
-  float *row;    /* [KVH][D]: one token's keys or values, as floats */
+  float *row;    /* [TILE][KVH][D]: tokens' keys or values, as floats */
   float *scores; /* [max_len][H]: token-major, heads contiguous */
   float *sum;    /* [H] */
   uint32_t max_len;
@@ -269,31 +312,46 @@ KVS_INLINE void attend_row_body(const kvs_attn_args *a, uint32_t s,
     }
   }
 
-  /* Weighted values. */
+  /* Weighted values, a tile of tokens of one block at a time. */
   memset(w->acc, 0, (size_t)H * D * sizeof(float));
-  for (uint32_t j = 0; j < n; j++) {
-    const char *tok = (const char *)kv->base +
-                      (uint64_t)bt[j / kv->block_size] * kv->block_stride +
-                      kv->v_offset +
-                      (uint64_t)(j % kv->block_size) * kv->token_stride * es;
-    const float *v = w->row;
-    if (packed && kv->dtype == KVS_DTYPE_FP32)
-      v = (const float *)(const void *)tok;
-    else if (packed)
-      load_row(w->row, tok, kv->dtype, KVH * D);
-    else
-      for (uint32_t h = 0; h < KVH; h++)
-        load_row(w->row + (size_t)h * D, tok + (uint64_t)h * kv->head_stride * es,
-                 kv->dtype, D);
-    const float *p = w->scores + (size_t)j * H;
+  for (uint32_t j0 = 0; j0 < n;) {
+    uint32_t off = j0 % kv->block_size;
+    uint32_t T = kv->block_size - off;
+    T = T < n - j0 ? T : n - j0;
+    T = T < KVS__CPU_TILE ? T : KVS__CPU_TILE;
+    const char *tok0 = (const char *)kv->base +
+                       (uint64_t)bt[j0 / kv->block_size] * kv->block_stride +
+                       kv->v_offset + (uint64_t)off * kv->token_stride * es;
+    const float *vt[KVS__CPU_TILE];
+    for (uint32_t t = 0; t < T; t++) {
+      const char *tok = tok0 + (uint64_t)t * kv->token_stride * es;
+      float *buf = w->row + (size_t)t * KVH * D;
+      if (packed && kv->dtype == KVS_DTYPE_FP32) {
+        vt[t] = (const float *)(const void *)tok;
+        continue;
+      }
+      if (packed)
+        load_row(buf, tok, kv->dtype, KVH * D);
+      else
+        for (uint32_t h = 0; h < KVH; h++)
+          load_row(buf + (size_t)h * D, tok + (uint64_t)h * kv->head_stride * es,
+                   kv->dtype, D);
+      vt[t] = buf;
+    }
+    const float *p = w->scores + (size_t)j0 * H;
     for (uint32_t h = 0; h < KVH; h++) {
-      const float *vh = v + (size_t)h * D;
+      const float *xh[KVS__CPU_TILE];
+      for (uint32_t t = 0; t < T; t++)
+        xh[t] = vt[t] + (size_t)h * D;
       uint32_t g = 0;
       for (; g + 4 <= ratio; g += 4)
-        axpy4(w->acc + (size_t)(h * ratio + g) * D, D, p + h * ratio + g, vh, D);
+        axpy_tile(w->acc + (size_t)(h * ratio + g) * D, D, 4,
+                  p + h * ratio + g, H, xh, T, D);
       for (; g < ratio; g++)
-        axpy(w->acc + (size_t)(h * ratio + g) * D, p[h * ratio + g], vh, D);
+        axpy_tile(w->acc + (size_t)(h * ratio + g) * D, D, 1,
+                  p + h * ratio + g, H, xh, T, D);
     }
+    j0 += T;
   }
   for (uint32_t hq = 0; hq < H; hq++) {
     float *acc = w->acc + (size_t)hq * D;
@@ -358,14 +416,14 @@ static int cpu_attention(const kvs_attn_args *a, int prefill) {
   uint32_t KVH = kv->num_kv_heads;
   attn_scratch w;
   w.max_len = max_len;
-  float *mem = malloc(((size_t)2 * H * D + (size_t)KVH * D + H +
+  float *mem = malloc(((size_t)2 * H * D + (size_t)KVS__CPU_TILE * KVH * D + H +
                        (size_t)H * max_len) * sizeof(float));
   if (!mem)
     return KVS_ENOMEM;
   w.q = mem;
   w.acc = w.q + (size_t)H * D;
   w.row = w.acc + (size_t)H * D;
-  w.sum = w.row + (size_t)KVH * D;
+  w.sum = w.row + (size_t)KVS__CPU_TILE * KVH * D;
   w.scores = w.sum + H;
   attend_fn attend = pick_attend();
 
