@@ -164,13 +164,15 @@ int kvs_paged_kv_of(const kvs_client *c, uint32_t layer, kvs_paged_kv *kv);
 typedef struct kvs_lookup_result {
   uint32_t hit_tokens;    /* tokens of the prompt already cached */
   uint32_t num_blocks;
-  const uint32_t *blocks; /* the request's block table after the lookup */
+  const uint32_t *blocks; /* the request's block table after the lookup
+                             (never NULL, even when num_blocks is 0) */
 } kvs_lookup_result;
 
 typedef struct kvs_alloc_result {
   uint32_t first_index;   /* block-table index of blocks[0] */
   uint32_t num_blocks;
-  const uint32_t *blocks; /* blocks appended to the request's table */
+  const uint32_t *blocks; /* blocks appended to the request's table
+                             (never NULL) */
   int has_cow;            /* 1: copy block cow_src into cow_dst (e.g. with
                              kvs_cpu_copy_blocks) before writing; the table
                              now holds cow_dst at cow_index */

@@ -53,9 +53,8 @@ all: $(CLIENT_DEPS)
 # Each tests/integration/test_*.c is one program, linked with itest.c (a
 # small harness that starts a real kvshared) and libkvshare; test_*.sh are
 # scripts.  They need kvshared and the CLI built.
+# (Target-specific, since tests/bench/ and tests/demo/ are shared folders.)
 MOD_CFLAGS_tests_integration_ := $(CLIENT_CFLAGS)
-MOD_CFLAGS_tests_bench_ := $(CLIENT_CFLAGS)
-MOD_CFLAGS_tests_demo_ := $(CLIENT_CFLAGS)
 ITEST_OBJ := $(BUILD)/tests/integration/itest.o
 ITEST_PROGS := $(patsubst %.c,$(BUILD)/%,$(wildcard tests/integration/test_*.c))
 ITEST_LINK = $(ITEST_OBJ) $(CLIENT_LINK) $(BUILD)/libkvsshm.a $(BUILD)/libkvsproto.a \
@@ -77,12 +76,14 @@ $(CLIENT_BENCHES): $(BUILD)/%: $(BUILD)/%.o $(ITEST_OBJ) $(CLIENT_DEPS) $(BUILD)
                    $(BUILD)/libkvsproto.a | $(BUILD)/kvshared
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(ITEST_LINK) -lm
+$(CLIENT_BENCHES:%=%.o): CPPFLAGS += $(CLIENT_CFLAGS)
 BENCHES += $(CLIENT_BENCHES)
 all: $(CLIENT_BENCHES)
 
 DEMO_WORKERS := $(patsubst %.c,$(BUILD)/%,$(wildcard tests/demo/worker*.c))
 DEMO_MODEL_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/demo/toymodel.c))
 $(DEMO_WORKERS:%=%.o): | $(PROTO_GEN_H)
+$(DEMO_WORKERS:%=%.o): CPPFLAGS += $(CLIENT_CFLAGS)
 $(DEMO_WORKERS): $(BUILD)/%: $(BUILD)/%.o $(DEMO_MODEL_OBJS) $(CLIENT_DEPS)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(DEMO_MODEL_OBJS) $(CLIENT_LINK) \

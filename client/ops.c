@@ -6,12 +6,17 @@
 #include "client/client_int.h"
 #include "client/ops_int.h"
 
+/* Never NULL, even for no blocks (so callers may memcpy from it). */
+static const uint32_t no_blocks[1] = {KVS_BLOCK_NONE};
+
 /* A successful op that produced nothing may come back with no result: read
  * that as an empty one. */
 int kvs__lookup_result(const Kvshare__Response *r, kvs_lookup_result *res) {
   if (r->result_case == KVSHARE__RESPONSE__RESULT__NOT_SET) {
-    if (res)
+    if (res) {
       memset(res, 0, sizeof *res);
+      res->blocks = no_blocks;
+    }
     return 0;
   }
   if (r->result_case != KVSHARE__RESPONSE__RESULT_LOOKUP || !r->lookup)
@@ -19,7 +24,7 @@ int kvs__lookup_result(const Kvshare__Response *r, kvs_lookup_result *res) {
   if (res) {
     res->hit_tokens = r->lookup->hit_tokens;
     res->num_blocks = (uint32_t)r->lookup->n_blocks;
-    res->blocks = r->lookup->blocks;
+    res->blocks = res->num_blocks ? r->lookup->blocks : no_blocks;
   }
   return 0;
 }
@@ -28,6 +33,7 @@ int kvs__alloc_result(const Kvshare__Response *r, kvs_alloc_result *res) {
   if (r->result_case == KVSHARE__RESPONSE__RESULT__NOT_SET) {
     if (res) {
       memset(res, 0, sizeof *res);
+      res->blocks = no_blocks;
       res->cow_src = res->cow_dst = KVS_BLOCK_NONE;
     }
     return 0;
@@ -38,7 +44,7 @@ int kvs__alloc_result(const Kvshare__Response *r, kvs_alloc_result *res) {
     const Kvshare__AllocResult *a = r->alloc;
     res->first_index = a->first_index;
     res->num_blocks = (uint32_t)a->n_blocks;
-    res->blocks = a->blocks;
+    res->blocks = res->num_blocks ? a->blocks : no_blocks;
     res->has_cow = a->has_cow ? 1 : 0;
     res->cow_src = a->has_cow ? a->cow_src : KVS_BLOCK_NONE;
     res->cow_dst = a->has_cow ? a->cow_dst : KVS_BLOCK_NONE;

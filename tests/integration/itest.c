@@ -9,6 +9,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -48,6 +49,27 @@ int itest_fd_count(pid_t pid) {
   return pid ? n : n - 1; /* not the directory's own fd */
 }
 
+/* Prints "fd -> target" for each open fd of pid. */
+static void print_fds(pid_t pid, const char *when) {
+  char path[64], link[400], target[256];
+  snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
+  DIR *dir = opendir(path);
+  if (!dir)
+    return;
+  fprintf(stderr, "daemon fds %s:", when);
+  struct dirent *e;
+  while ((e = readdir(dir))) {
+    if (e->d_name[0] == '.')
+      continue;
+    snprintf(link, sizeof link, "%s/%s", path, e->d_name);
+    ssize_t n = readlink(link, target, sizeof target - 1);
+    target[n > 0 ? n : 0] = '\0';
+    fprintf(stderr, " %s=%s", e->d_name, target);
+  }
+  fprintf(stderr, "\n");
+  closedir(dir);
+}
+
 static void print_log(const itest_daemon *d) {
   FILE *f = fopen(d->log, "r");
   if (!f)
@@ -72,8 +94,26 @@ static int log_says(const itest_daemon *d, const char *what) {
   return found;
 }
 
+/* A test that fails (exit from CHECK) must not leave its daemon running:
+ * the process that started it kills it at exit. */
+static itest_daemon *running;
+static pid_t owner;
+
+static void kill_at_exit(void) {
+  if (running && getpid() == owner && running->pid > 0) {
+    fprintf(stderr, "(stopping kvshared %d after a failure)\n",
+            (int)running->pid);
+    itest_daemon_kill(running);
+  }
+}
+
 void itest_daemon_start(itest_daemon *d, const char *const *extra) {
   memset(d, 0, sizeof *d);
+  if (!owner) {
+    owner = getpid();
+    atexit(kill_at_exit);
+  }
+  running = d;
   const char *build = getenv("KVS_BUILD");
   if (!build)
     build = "build";
@@ -110,6 +150,8 @@ void itest_daemon_start(itest_daemon *d, const char *const *extra) {
   CHECK(d->pid >= 0);
   if (d->pid == 0) {
     close(pfd[0]);
+    /* Dies with the test, even when the test is killed. */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
     int lf = open(d->log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     int nul = open("/dev/null", O_RDWR | O_CLOEXEC);
     if (lf >= 0) {
@@ -161,6 +203,8 @@ void itest_daemon_start(itest_daemon *d, const char *const *extra) {
     exit(1);
   }
   d->start_fds = itest_fd_count(d->pid);
+  if (getenv("KVS_ITEST_FDS"))
+    print_fds(d->pid, "at start");
 }
 
 kvs_client *itest_connect(const itest_daemon *d, const char *name) {
@@ -226,6 +270,7 @@ void itest_daemon_finish(itest_daemon *d, int my_fds) {
   if (fds != d->start_fds) {
     fprintf(stderr, "daemon fd leak: %d open, %d at start\n", fds,
             d->start_fds);
+    print_fds(d->pid, "now");
     itest_daemon_kill(d);
     exit(1);
   }

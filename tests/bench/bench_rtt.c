@@ -1,0 +1,488 @@
+/*
+ * bench_rtt — the daemon's round trip against a raw Unix-socket ping-pong.
+ *
+ * Starts a kvshared (in a temporary directory, as the integration tests do)
+ * and, in the same run, an echo process on a Unix socket pair that reads a
+ * request of N bytes and writes a reply of M bytes, N and M being the exact
+ * frame sizes of the daemon op it is compared with.  Measurements are
+ * interleaved (raw, daemon, raw, daemon, ...) and the median round trip of
+ * each is reported, with their ratio:
+ *   - ping: one Ping (16-byte payload) through kvshared
+ *   - append: one Append of 1 token (a real core operation)
+ *   - batched steps of 256 ops: a prefill step (64 requests x lookup /
+ *     allocate / commit / free) and a decode step (128 requests x append /
+ *     commit); block-ops per second and the ratio of the step's round trip
+ *     to the small raw ping-pong and to a raw ping-pong of the same bytes.
+ * KVS_BENCH_QUICK=1 runs fewer rounds.
+ */
+#include <signal.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "kvs_frame.h"
+#include "tests/integration/itest.h"
+
+static itest_daemon d;
+static int quick;
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* ---- the raw ping-pong --------------------------------------------------- */
+
+typedef struct raw {
+  int fd;
+  pid_t pid;
+  size_t req, resp;
+  uint8_t *buf;
+} raw;
+
+static int read_full(int fd, uint8_t *p, size_t n) {
+  while (n) {
+    ssize_t r = read(fd, p, n);
+    if (r <= 0)
+      return -1;
+    p += r;
+    n -= (size_t)r;
+  }
+  return 0;
+}
+
+static int write_full(int fd, const uint8_t *p, size_t n) {
+  while (n) {
+    ssize_t w = write(fd, p, n);
+    if (w <= 0)
+      return -1;
+    p += w;
+    n -= (size_t)w;
+  }
+  return 0;
+}
+
+static void raw_start(raw *r, size_t req, size_t resp) {
+  int sv[2];
+  CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+  r->req = req;
+  r->resp = resp;
+  r->buf = calloc(1, req > resp ? req : resp);
+  CHECK(r->buf);
+  fflush(NULL);
+  r->pid = fork();
+  CHECK(r->pid >= 0);
+  if (r->pid == 0) {
+    /* Keep only its end: other echo processes' sockets (inherited) must
+     * not stay open here. */
+    for (int fd = 3; fd < 1024; fd++)
+      if (fd != sv[1])
+        close(fd);
+    /* The echo side does what a server minimally must: read the request,
+     * write the reply. */
+    while (read_full(sv[1], r->buf, req) == 0)
+      if (write_full(sv[1], r->buf, resp))
+        break;
+    _exit(0);
+  }
+  close(sv[1]);
+  r->fd = sv[0];
+}
+
+static double raw_rtt(raw *r) {
+  double t0 = itest_now();
+  CHECK(write_full(r->fd, r->buf, r->req) == 0);
+  CHECK(read_full(r->fd, r->buf, r->resp) == 0);
+  return (itest_now() - t0) * 1e6;
+}
+
+static void raw_stop(raw *r) {
+  close(r->fd);
+  itest_wait(r->pid);
+  free(r->buf);
+}
+
+/* Frame sizes of a request and its reply. */
+static size_t req_size(Kvshare__Request *rq) {
+  Kvshare__Envelope e = KVSHARE__ENVELOPE__INIT;
+  e.seq = 100000;
+  e.body_case = KVSHARE__ENVELOPE__BODY_REQUEST;
+  e.request = rq;
+  return kvs_frame_size(&e);
+}
+
+static size_t resp_size(Kvshare__Response *rs) {
+  Kvshare__Envelope e = KVSHARE__ENVELOPE__INIT;
+  e.seq = 100000;
+  e.body_case = KVSHARE__ENVELOPE__BODY_RESPONSE;
+  e.response = rs;
+  return kvs_frame_size(&e);
+}
+
+/* ---- the measurements ---------------------------------------------------- */
+
+typedef struct series {
+  double *v;
+  int n, cap;
+} series;
+
+static void add(series *s, double x) {
+  if (s->n == s->cap) {
+    s->cap = s->cap ? 2 * s->cap : 1024;
+    s->v = realloc(s->v, (size_t)s->cap * sizeof *s->v);
+    CHECK(s->v);
+  }
+  s->v[s->n++] = x;
+}
+
+static const char payload16[16] = "0123456789abcdef";
+
+static void bench_small(kvs_client *c, double *raw_small) {
+  /* Exact frame sizes of Ping(16 B) and Append(1). */
+  Kvshare__Ping p = KVSHARE__PING__INIT;
+  p.payload.data = (uint8_t *)payload16;
+  p.payload.len = 16;
+  Kvshare__Request rq = KVSHARE__REQUEST__INIT;
+  rq.op_case = KVSHARE__REQUEST__OP_PING;
+  rq.ping = &p;
+  Kvshare__Status ok = KVSHARE__STATUS__INIT;
+  Kvshare__Response rs = KVSHARE__RESPONSE__INIT;
+  rs.status = &ok;
+  rs.result_case = KVSHARE__RESPONSE__RESULT_PONG;
+  rs.pong = p.payload;
+  size_t ping_req = req_size(&rq), ping_resp = resp_size(&rs);
+
+  Kvshare__Append ap = KVSHARE__APPEND__INIT;
+  ap.req_id = 1;
+  ap.num_tokens = 1;
+  rq.op_case = KVSHARE__REQUEST__OP_APPEND;
+  rq.append = &ap;
+  Kvshare__AllocResult ar = KVSHARE__ALLOC_RESULT__INIT;
+  ar.first_index = 100;
+  rs.result_case = KVSHARE__RESPONSE__RESULT_ALLOC;
+  rs.alloc = &ar;
+  size_t app_req = req_size(&rq), app_resp = resp_size(&rs);
+
+  raw rp, ra;
+  raw_start(&rp, ping_req, ping_resp);
+  raw_start(&ra, app_req, app_resp);
+  series sraw_p = {0}, sd_p = {0}, sraw_a = {0}, sd_a = {0};
+  uint32_t bs = kvs_layout_of(c)->block_size;
+  uint32_t tok[4] = {1, 2, 3, 4};
+  int rounds = quick ? 4 : 20, per = quick ? 500 : 2000;
+  uint64_t req = 1;
+  CHECK_OK(c, kvs_lookup(c, req, tok, 4, NULL, 0, NULL));
+  uint32_t appended = 0;
+  /* Warm up. */
+  for (int i = 0; i < 200; i++) {
+    raw_rtt(&rp);
+    CHECK_OK(c, kvs_ping(c, payload16, 16));
+  }
+  for (int r = 0; r < rounds; r++) {
+    for (int i = 0; i < per; i++)
+      add(&sraw_p, raw_rtt(&rp));
+    for (int i = 0; i < per; i++) {
+      double t0 = itest_now();
+      CHECK_OK(c, kvs_ping(c, payload16, 16));
+      add(&sd_p, (itest_now() - t0) * 1e6);
+    }
+    for (int i = 0; i < per; i++)
+      add(&sraw_a, raw_rtt(&ra));
+    for (int i = 0; i < per; i++) {
+      if (appended == 64 * bs) { /* keep the request small */
+        CHECK_OK(c, kvs_free(c, req));
+        CHECK_OK(c, kvs_lookup(c, ++req, tok, 4, NULL, 0, NULL));
+        appended = 0;
+      }
+      double t0 = itest_now();
+      CHECK_OK(c, kvs_append(c, req, 1, NULL));
+      add(&sd_a, (itest_now() - t0) * 1e6);
+      appended++;
+    }
+  }
+  CHECK_OK(c, kvs_free(c, req));
+  raw_stop(&rp);
+  raw_stop(&ra);
+  double mrp = median(sraw_p.v, sraw_p.n), mdp = median(sd_p.v, sd_p.n);
+  double mra = median(sraw_a.v, sraw_a.n), mda = median(sd_a.v, sd_a.n);
+  printf("small op, median round trip over %d samples each (interleaved):\n",
+         sd_p.n);
+  printf("  raw unix-socket ping-pong %3zu B / %3zu B   %7.2f us\n", ping_req,
+         ping_resp, mrp);
+  printf("  Ping(16 B) through kvshared             %7.2f us   ratio %.2fx "
+         "(target <= 1.25x)\n",
+         mdp, mdp / mrp);
+  printf("  raw unix-socket ping-pong %3zu B / %3zu B   %7.2f us\n", app_req,
+         app_resp, mra);
+  printf("  Append(1 token) through kvshared        %7.2f us   ratio %.2fx "
+         "(target <= 1.25x)\n",
+         mda, mda / mra);
+  *raw_small = mrp;
+  free(sraw_p.v);
+  free(sd_p.v);
+  free(sraw_a.v);
+  free(sd_a.v);
+}
+
+/* A prefill step: NREQ x (lookup, allocate, commit, free) = 4 NREQ ops. */
+#define PREFILL_REQS 64
+#define DECODE_REQS 128
+
+static void bench_batch(kvs_client *c, double raw_small) {
+  uint32_t bs = kvs_layout_of(c)->block_size;
+  uint32_t plen = 2 * bs + 5; /* 2 shared system blocks + the user's turn */
+  uint32_t *tok = malloc((size_t)PREFILL_REQS * plen * sizeof *tok);
+  kvs_batch *b;
+  CHECK_OK(c, kvs_batch_new(&b));
+  series sp = {0}, sdec = {0}, sraw = {0}, sraw2 = {0};
+  int steps = quick ? 100 : 400;
+  uint64_t id = 1000;
+  size_t preq = 0, presp = 0, dreq = 0, dresp = 0;
+  uint64_t blocks_touched = 0;
+
+  /* The shared system prompt is cached first. */
+  for (uint32_t i = 0; i < plen; i++)
+    tok[i] = i < 2 * bs ? 7 + i : 99 + i;
+  CHECK_OK(c, kvs_lookup(c, 1, tok, plen, NULL, 0, NULL));
+  CHECK_OK(c, kvs_allocate(c, 1, plen, NULL));
+  CHECK_OK(c, kvs_commit(c, 1, 0, NULL, plen, NULL, 0, NULL));
+  CHECK_OK(c, kvs_free(c, 1));
+
+  /* Prefill steps. */
+  for (int s = 0; s < steps; s++) {
+    kvs_batch_reset(b);
+    for (int r = 0; r < PREFILL_REQS; r++) {
+      uint32_t *t = tok + (size_t)r * plen;
+      for (uint32_t i = 0; i < plen; i++)
+        t[i] = i < 2 * bs ? 7 + i : 100000 + (uint32_t)(s * PREFILL_REQS + r) * 64 + i;
+      kvs_batch_lookup(b, id + (uint64_t)r, t, plen, NULL, 0);
+      kvs_batch_allocate(b, id + (uint64_t)r, plen - 2 * bs);
+      kvs_batch_commit(b, id + (uint64_t)r, 2 * bs, NULL, plen - 2 * bs,
+                       NULL, 0);
+      kvs_batch_free_req(b, id + (uint64_t)r);
+    }
+    double t0 = itest_now();
+    CHECK_OK(c, kvs_batch_submit(c, b));
+    add(&sp, (itest_now() - t0) * 1e6);
+    for (uint32_t i = 0; i < kvs_batch_count(b); i++)
+      CHECK(kvs_batch_status(b, i) == 0);
+    kvs_lookup_result lr;
+    CHECK_OK(c, kvs_batch_lookup_result(b, 4, &lr));
+    CHECK(lr.hit_tokens == 2 * bs);
+    blocks_touched += (uint64_t)PREFILL_REQS * (2 + 1 + 1);
+    id += PREFILL_REQS;
+  }
+  {
+    /* Exact sizes: pack what the last submit sent.  The reply size is
+     * estimated from the same op list (statuses + results). */
+    Kvshare__Request **ops = calloc(4 * PREFILL_REQS, sizeof *ops);
+    Kvshare__Request *rq = calloc(4 * PREFILL_REQS, sizeof *rq);
+    Kvshare__Lookup *lk = calloc(PREFILL_REQS, sizeof *lk);
+    Kvshare__Allocate *al = calloc(PREFILL_REQS, sizeof *al);
+    Kvshare__Commit *cm = calloc(PREFILL_REQS, sizeof *cm);
+    Kvshare__Free *fr = calloc(PREFILL_REQS, sizeof *fr);
+    Kvshare__Response **rps = calloc(4 * PREFILL_REQS, sizeof *rps);
+    Kvshare__Response *rp = calloc(4 * PREFILL_REQS, sizeof *rp);
+    Kvshare__LookupResult *lres = calloc(PREFILL_REQS, sizeof *lres);
+    Kvshare__AllocResult *ares = calloc(PREFILL_REQS, sizeof *ares);
+    Kvshare__CommitResult *cres = calloc(PREFILL_REQS, sizeof *cres);
+    Kvshare__Status st = KVSHARE__STATUS__INIT;
+    uint32_t blk[3] = {4000, 4001, 4002};
+    for (int r = 0; r < PREFILL_REQS; r++) {
+      Kvshare__Request ri = KVSHARE__REQUEST__INIT;
+      Kvshare__Response si = KVSHARE__RESPONSE__INIT;
+      kvshare__lookup__init(&lk[r]);
+      lk[r].req_id = id + (uint64_t)r;
+      lk[r].n_tokens = plen;
+      lk[r].tokens = tok + (size_t)r * plen;
+      kvshare__allocate__init(&al[r]);
+      al[r].req_id = id + (uint64_t)r;
+      al[r].num_tokens = plen - 2 * bs;
+      kvshare__commit__init(&cm[r]);
+      cm[r].req_id = id + (uint64_t)r;
+      cm[r].start = 2 * bs;
+      cm[r].num_tokens = plen - 2 * bs;
+      kvshare__free__init(&fr[r]);
+      fr[r].req_id = id + (uint64_t)r;
+      for (int k = 0; k < 4; k++) {
+        rq[4 * r + k] = ri;
+        rp[4 * r + k] = si;
+        rp[4 * r + k].status = &st;
+        ops[4 * r + k] = &rq[4 * r + k];
+        rps[4 * r + k] = &rp[4 * r + k];
+      }
+      rq[4 * r].op_case = KVSHARE__REQUEST__OP_LOOKUP;
+      rq[4 * r].lookup = &lk[r];
+      rq[4 * r + 1].op_case = KVSHARE__REQUEST__OP_ALLOCATE;
+      rq[4 * r + 1].allocate = &al[r];
+      rq[4 * r + 2].op_case = KVSHARE__REQUEST__OP_COMMIT;
+      rq[4 * r + 2].commit = &cm[r];
+      rq[4 * r + 3].op_case = KVSHARE__REQUEST__OP_FREE;
+      rq[4 * r + 3].free = &fr[r];
+      kvshare__lookup_result__init(&lres[r]);
+      lres[r].hit_tokens = 2 * bs;
+      lres[r].n_blocks = 2;
+      lres[r].blocks = blk;
+      kvshare__alloc_result__init(&ares[r]);
+      ares[r].first_index = 2;
+      ares[r].n_blocks = 1;
+      ares[r].blocks = blk + 2;
+      kvshare__commit_result__init(&cres[r]);
+      rp[4 * r].result_case = KVSHARE__RESPONSE__RESULT_LOOKUP;
+      rp[4 * r].lookup = &lres[r];
+      rp[4 * r + 1].result_case = KVSHARE__RESPONSE__RESULT_ALLOC;
+      rp[4 * r + 1].alloc = &ares[r];
+      rp[4 * r + 2].result_case = KVSHARE__RESPONSE__RESULT_COMMIT;
+      rp[4 * r + 2].commit = &cres[r];
+    }
+    Kvshare__Batch batch = KVSHARE__BATCH__INIT;
+    batch.n_ops = 4 * PREFILL_REQS;
+    batch.ops = ops;
+    Kvshare__Request top = KVSHARE__REQUEST__INIT;
+    top.op_case = KVSHARE__REQUEST__OP_BATCH;
+    top.batch = &batch;
+    preq = req_size(&top);
+    Kvshare__BatchResult br = KVSHARE__BATCH_RESULT__INIT;
+    br.n_replies = 4 * PREFILL_REQS;
+    br.replies = rps;
+    Kvshare__Response tr = KVSHARE__RESPONSE__INIT;
+    tr.status = &st;
+    tr.result_case = KVSHARE__RESPONSE__RESULT_BATCH;
+    tr.batch = &br;
+    presp = resp_size(&tr);
+    free(ops), free(rq), free(lk), free(al), free(cm), free(fr);
+    free(rps), free(rp), free(lres), free(ares), free(cres);
+  }
+
+  /* Decode steps: DECODE_REQS running requests, each step appends one token
+   * to each and commits it (2 x DECODE_REQS ops). */
+  uint32_t dtok[DECODE_REQS];
+  for (int r = 0; r < DECODE_REQS; r++) {
+    uint32_t t[8] = {1, 2, 3, 4, 5, 6, 7, (uint32_t)r};
+    CHECK_OK(c, kvs_lookup(c, 50000 + (uint64_t)r, t, 8, NULL, 0, NULL));
+    CHECK_OK(c, kvs_allocate(c, 50000 + (uint64_t)r, 8, NULL));
+    CHECK_OK(c, kvs_commit(c, 50000 + (uint64_t)r, 0, NULL, 8, NULL, 0, NULL));
+  }
+  int dsteps = quick ? 60 : 8 * (int)bs;
+  for (int s = 0; s < dsteps; s++) {
+    kvs_batch_reset(b);
+    for (int r = 0; r < DECODE_REQS; r++) {
+      dtok[r] = 900 + (uint32_t)s;
+      kvs_batch_append(b, 50000 + (uint64_t)r, 1);
+      kvs_batch_commit(b, 50000 + (uint64_t)r, 8 + (uint32_t)s, &dtok[r], 1,
+                       NULL, 0);
+    }
+    double t0 = itest_now();
+    CHECK_OK(c, kvs_batch_submit(c, b));
+    add(&sdec, (itest_now() - t0) * 1e6);
+    for (uint32_t i = 0; i < kvs_batch_count(b); i++)
+      CHECK(kvs_batch_status(b, i) == 0);
+  }
+  {
+    Kvshare__Append ap = KVSHARE__APPEND__INIT;
+    ap.req_id = 50000;
+    ap.num_tokens = 1;
+    Kvshare__Commit cm = KVSHARE__COMMIT__INIT;
+    cm.req_id = 50000;
+    cm.start = 100;
+    cm.n_tokens = 1;
+    cm.tokens = dtok;
+    cm.num_tokens = 1;
+    Kvshare__Request ra = KVSHARE__REQUEST__INIT, rc = KVSHARE__REQUEST__INIT;
+    ra.op_case = KVSHARE__REQUEST__OP_APPEND;
+    ra.append = &ap;
+    rc.op_case = KVSHARE__REQUEST__OP_COMMIT;
+    rc.commit = &cm;
+    Kvshare__Request *ops[2 * DECODE_REQS];
+    for (int r = 0; r < DECODE_REQS; r++) {
+      ops[2 * r] = &ra;
+      ops[2 * r + 1] = &rc;
+    }
+    Kvshare__Batch batch = KVSHARE__BATCH__INIT;
+    batch.n_ops = 2 * DECODE_REQS;
+    batch.ops = ops;
+    Kvshare__Request top = KVSHARE__REQUEST__INIT;
+    top.op_case = KVSHARE__REQUEST__OP_BATCH;
+    top.batch = &batch;
+    dreq = req_size(&top);
+    Kvshare__Status st = KVSHARE__STATUS__INIT;
+    Kvshare__AllocResult ar = KVSHARE__ALLOC_RESULT__INIT;
+    ar.first_index = 7;
+    Kvshare__Response r0 = KVSHARE__RESPONSE__INIT, r1 = KVSHARE__RESPONSE__INIT;
+    r0.status = &st;
+    r0.result_case = KVSHARE__RESPONSE__RESULT_ALLOC;
+    r0.alloc = &ar;
+    r1.status = &st;
+    Kvshare__Response *rps[2 * DECODE_REQS];
+    for (int r = 0; r < DECODE_REQS; r++) {
+      rps[2 * r] = &r0;
+      rps[2 * r + 1] = &r1;
+    }
+    Kvshare__BatchResult br = KVSHARE__BATCH_RESULT__INIT;
+    br.n_replies = 2 * DECODE_REQS;
+    br.replies = rps;
+    Kvshare__Response tr = KVSHARE__RESPONSE__INIT;
+    tr.status = &st;
+    tr.result_case = KVSHARE__RESPONSE__RESULT_BATCH;
+    tr.batch = &br;
+    dresp = resp_size(&tr);
+  }
+  for (int r = 0; r < DECODE_REQS; r++)
+    CHECK_OK(c, kvs_free(c, 50000 + (uint64_t)r));
+
+  /* Raw ping-pongs of the same bytes as the prefill step. */
+  raw rw;
+  raw_start(&rw, preq, presp);
+  for (int i = 0; i < steps; i++)
+    add(&sraw, raw_rtt(&rw));
+  raw_stop(&rw);
+  raw_start(&rw, dreq, dresp);
+  for (int i = 0; i < dsteps; i++)
+    add(&sraw2, raw_rtt(&rw));
+  raw_stop(&rw);
+
+  double mp = median(sp.v, sp.n), md = median(sdec.v, sdec.n);
+  double mraw = median(sraw.v, sraw.n), mraw2 = median(sraw2.v, sraw2.n);
+  int pops = 4 * PREFILL_REQS, dops = 2 * DECODE_REQS;
+  printf("batched steps, median round trip (%d / %d steps):\n", sp.n,
+         sdec.n);
+  printf("  prefill step: %d ops (%d x lookup/allocate/commit/free), %zu B / "
+         "%zu B\n",
+         pops, PREFILL_REQS, preq, presp);
+  printf("    %8.1f us   %.2f M block-ops/s   %.1fx the small raw "
+         "ping-pong, %.2fx a raw ping-pong of the same bytes (%.1f us)\n",
+         mp, pops / mp, mp / raw_small, mp / mraw, mraw);
+  printf("  decode step: %d ops (%d x append/commit), %zu B / %zu B\n", dops,
+         DECODE_REQS, dreq, dresp);
+  printf("    %8.1f us   %.2f M block-ops/s   %.1fx the small raw "
+         "ping-pong, %.2fx a raw ping-pong of the same bytes (%.1f us)\n",
+         md, dops / md, md / raw_small, md / mraw2, mraw2);
+  (void)blocks_touched;
+  free(sp.v);
+  free(sdec.v);
+  free(sraw.v);
+  free(sraw2.v);
+  kvs_batch_free(b);
+  free(tok);
+}
+
+int main(void) {
+  quick = getenv("KVS_BENCH_QUICK") != NULL;
+  int my_fds = itest_fd_count(0);
+  static const char *const opts[] = {"--num-layers", "2", "--head-dim", "16",
+                                     "--pool-blocks", "16384",
+                                     "--log-level", "warn", NULL};
+  itest_daemon_start(&d, opts);
+  kvs_client *c = itest_connect(&d, "bench_rtt");
+  double raw_small;
+  bench_small(c, &raw_small);
+  bench_batch(c, raw_small);
+  kvs_close(c);
+  itest_daemon_finish(&d, my_fds);
+  return 0;
+}
