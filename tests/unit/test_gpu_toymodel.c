@@ -34,6 +34,7 @@ static void test_deterministic(void **state) {
   assert_memory_not_equal(ka, kb, sizeof ka);
   toy_qkv(&a, 1, 77, 6, qb, kb, vb); /* another position differs */
   assert_memory_not_equal(ka, kb, sizeof ka);
+  toy_free(&c);
   assert_int_equal(toy_init(&c, 2, 5, 2, 16, 1), -EINVAL);
   toy_free(&a);
   toy_free(&b);
