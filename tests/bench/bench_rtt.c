@@ -13,8 +13,11 @@
  *     allocate / commit / free) and a decode step (128 requests x append /
  *     commit); block-ops per second and the ratio of the step's round trip
  *     to the small raw ping-pong and to a raw ping-pong of the same bytes.
- * KVS_BENCH_QUICK=1 runs fewer rounds.
+ * With 2 or more CPUs the small ops are measured twice, with the client and
+ * the servers pinned to different cores and to the same core; the batched
+ * steps run on different cores.  KVS_BENCH_QUICK=1 runs fewer rounds.
  */
+#include <sched.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -25,6 +28,27 @@
 
 static itest_daemon d;
 static int quick;
+/* CPU placement: the client on client_cpu, the servers (kvshared and the
+ * echo processes) on server_cpu; -1: not pinned. */
+static int client_cpu = -1, server_cpu = -1;
+
+static void pin(pid_t pid, int cpu) {
+  if (cpu < 0)
+    return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  sched_setaffinity(pid, sizeof set, &set);
+}
+
+static void unpin(pid_t pid) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  for (long i = 0; i < n && i < CPU_SETSIZE; i++)
+    CPU_SET(i, &set);
+  sched_setaffinity(pid, sizeof set, &set);
+}
 
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
@@ -83,6 +107,7 @@ static void raw_start(raw *r, size_t req, size_t resp) {
     for (int fd = 3; fd < 1024; fd++)
       if (fd != sv[1])
         close(fd);
+    pin(0, server_cpu);
     /* The echo side does what a server minimally must: read the request,
      * write the reply. */
     while (read_full(sv[1], r->buf, req) == 0)
@@ -142,7 +167,7 @@ static void add(series *s, double x) {
 
 static const char payload16[16] = "0123456789abcdef";
 
-static void bench_small(kvs_client *c, double *raw_small) {
+static void bench_small(kvs_client *c, const char *mode, double *raw_small) {
   /* Exact frame sizes of Ping(16 B) and Append(1). */
   Kvshare__Ping p = KVSHARE__PING__INIT;
   p.payload.data = (uint8_t *)payload16;
@@ -210,8 +235,9 @@ static void bench_small(kvs_client *c, double *raw_small) {
   raw_stop(&ra);
   double mrp = median(sraw_p.v, sraw_p.n), mdp = median(sd_p.v, sd_p.n);
   double mra = median(sraw_a.v, sraw_a.n), mda = median(sd_a.v, sd_a.n);
-  printf("small op, median round trip over %d samples each (interleaved):\n",
-         sd_p.n);
+  printf("small op, %s, median round trip over %d samples each "
+         "(interleaved):\n",
+         mode, sd_p.n);
   printf("  raw unix-socket ping-pong %3zu B / %3zu B   %7.2f us\n", ping_req,
          ping_resp, mrp);
   printf("  Ping(16 B) through kvshared             %7.2f us   ratio %.2fx "
@@ -479,9 +505,28 @@ int main(void) {
                                      "--log-level", "warn", NULL};
   itest_daemon_start(&d, opts);
   kvs_client *c = itest_connect(&d, "bench_rtt");
-  double raw_small;
-  bench_small(c, &raw_small);
+  double raw_small, unused;
+  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  /* Where the two processes run changes a Unix-socket round trip a lot
+   * (a cross-core wake-up can cost more than the work): measure both
+   * placements, the same for the raw baseline and for the daemon. */
+  if (ncpu >= 2) {
+    client_cpu = 0;
+    server_cpu = 1;
+    pin(0, client_cpu);
+    pin(d.pid, server_cpu);
+    bench_small(c, "client and server on different cores", &raw_small);
+    server_cpu = 0;
+    pin(d.pid, server_cpu);
+    bench_small(c, "client and server on the same core", &unused);
+    server_cpu = 1;
+    pin(d.pid, server_cpu);
+  } else {
+    bench_small(c, "one core", &raw_small);
+  }
   bench_batch(c, raw_small);
+  unpin(0);
+  unpin(d.pid);
   kvs_close(c);
   itest_daemon_finish(&d, my_fds);
   return 0;
