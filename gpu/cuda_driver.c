@@ -99,6 +99,10 @@ static CUmodule mod;
 static char dev_name[256];
 static char dev_uuid[64];
 static int dev_sms = 1;
+/* Attention blocks per SM the split aims at (a tuning knob for the bench). */
+int kvs__cuda_attn_blocks_per_sm = 0;
+/* Largest query-head group one attention block takes (bench knob). */
+int kvs__cuda_attn_max_group = 8;
 static CUfunction f_write, f_blocks, f_merge;
 static CUfunction f_attn[DT_N][NV_N][G_N];
 static __thread int tls_current; /* this thread made ctx current */
@@ -458,22 +462,48 @@ static int cuda_attention(const kvs_attn_args *a, int prefill, void *stream) {
     return rc;
   uint32_t ratio = a->num_heads / kv->num_kv_heads;
   int gi = ratio >= 8 ? 3 : ratio >= 4 ? 2 : ratio >= 2 ? 1 : 0;
+  while (gi > 0 && (1 << gi) > kvs__cuda_attn_max_group)
+    gi--;
   uint32_t G = 1u << gi;
   uint32_t gchunks = (ratio + G - 1) / G;
-  /* Split long rows over several blocks when the rows alone do not give
-   * the chip about eight blocks per multiprocessor (two to three waves at
-   * 3 blocks per SM: a partial last wave costs less); each split is a
-   * multiple of KVS__ATTN_PART tokens, so the workspace for `parts` always
-   * fits. */
+  /*
+   * Split long rows over several blocks (each split a multiple of
+   * KVS__ATTN_PART tokens, so the workspace for `parts` always fits).  The
+   * number of splits is the one whose blocks fill whole waves best: blocks
+   * resident per SM is what the kernel's __launch_bounds__ promise
+   * (KVS_ATTN_MINB in kernels.cu).  A non-zero kvs__cuda_attn_blocks_per_sm
+   * instead aims at that many blocks per SM (bench knob).
+   */
   uint32_t parts = kvs__attn_parts(a->max_seq_len);
   uint64_t base_blocks = (uint64_t)a->num_rows * kv->num_kv_heads * gchunks;
-  uint64_t want = 8ull * (uint64_t)dev_sms;
   uint32_t nsplit = 1, span = 0;
   if (parts > 1 && a->workspace &&
-      a->workspace_bytes >= kvs_attn_workspace_bytes(a) && base_blocks < want) {
-    uint64_t k = (want + base_blocks - 1) / base_blocks;
-    nsplit = k < parts ? (uint32_t)k : parts;
-    uint32_t per = (a->max_seq_len + nsplit - 1) / nsplit;
+      a->workspace_bytes >= kvs_attn_workspace_bytes(a)) {
+    uint32_t w = G * nv * (uint32_t)(16 / es);
+    uint32_t per_sm = nv == 1 ? (w <= 32 ? 3 : w <= 64 ? 2 : 1) : (w <= 32 ? 2 : 1);
+    uint64_t slots = (uint64_t)per_sm * dev_sms;
+    uint32_t best = 1;
+    if (kvs__cuda_attn_blocks_per_sm > 0) {
+      uint64_t want = (uint64_t)kvs__cuda_attn_blocks_per_sm * dev_sms;
+      uint64_t k = base_blocks < want ? (want + base_blocks - 1) / base_blocks : 1;
+      best = k < parts ? (uint32_t)k : parts;
+    } else {
+      double best_eff = -1.0;
+      for (uint32_t cand = 1; cand <= parts && cand <= 64; cand++) {
+        uint32_t per = (a->max_seq_len + cand - 1) / cand;
+        uint32_t sp = (per + KVS__ATTN_PART - 1) / KVS__ATTN_PART * KVS__ATTN_PART;
+        if ((a->max_seq_len + sp - 1) / sp != cand)
+          continue;
+        uint64_t blocks = base_blocks * cand;
+        uint64_t waves = (blocks + slots - 1) / slots;
+        double eff = (double)blocks / (double)(waves * slots);
+        if (eff > best_eff + 0.02) {
+          best_eff = eff;
+          best = cand;
+        }
+      }
+    }
+    uint32_t per = (a->max_seq_len + best - 1) / best;
     span = (per + KVS__ATTN_PART - 1) / KVS__ATTN_PART * KVS__ATTN_PART;
     nsplit = (a->max_seq_len + span - 1) / span;
     if (nsplit <= 1)

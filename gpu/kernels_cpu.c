@@ -128,6 +128,32 @@ KVS_INLINE void dot4(const float *restrict q, uint32_t qs,
   out[3] = hsum8(c3) + t[3];
 }
 
+/* Four query rows against two key rows: 8 dot products, out[t * os + r]. */
+KVS_INLINE void dot4x2(const float *restrict q, uint32_t qs,
+                       const float *restrict k0, const float *restrict k1,
+                       uint32_t n, float *out, uint32_t os) {
+  v8f c[8] = {{0}};
+  uint32_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    v8f ka = ld8(k0 + i), kb = ld8(k1 + i);
+    for (uint32_t r = 0; r < 4; r++) {
+      v8f qv = ld8(q + r * qs + i);
+      c[r] += qv * ka;
+      c[4 + r] += qv * kb;
+    }
+  }
+  float t[8] = {0};
+  for (; i < n; i++)
+    for (uint32_t r = 0; r < 4; r++) {
+      t[r] += q[r * qs + i] * k0[i];
+      t[4 + r] += q[r * qs + i] * k1[i];
+    }
+  for (uint32_t r = 0; r < 4; r++) {
+    out[r] = hsum8(c[r]) + t[r];
+    out[os + r] = hsum8(c[4 + r]) + t[4 + r];
+  }
+}
+
 KVS_INLINE void axpy(float *restrict y, float w, const float *restrict x,
                      uint32_t n) {
   uint32_t i = 0;
@@ -197,6 +223,9 @@ KVS_INLINE void axpy_tile(float *restrict y, uint32_t ys, uint32_t R,
         y[r * ys + d] += p[t * ps + r] * x[t][d];
 }
 
+/* Software prefetch of the next tile in the attention passes (bench knob). */
+int kvs__cpu_prefetch = 1;
+
 /* ---- write ---------------------------------------------------------------- */
 
 int kvs_cpu_write_kv(const kvs_write_args *a, void *stream) {
@@ -242,8 +271,63 @@ typedef struct attn_scratch {
   float *row;    /* [TILE][KVH][D]: tokens' keys or values, as floats */
   float *scores; /* [max_len][H]: token-major, heads contiguous */
   float *sum;    /* [H] */
+  const float *tile[KVS__CPU_TILE]; /* rows of the current tile */
   uint32_t max_len;
 } attn_scratch;
+
+/*
+ * The tokens j0 .. j0+T-1 of a request that lie in one block (T <= TILE):
+ * rows[t] points at token j0+t's [KVH][D] keys (plane_off = k_offset) or
+ * values, as floats: straight into the pool for packed fp32, else converted
+ * into buf.  Returns T.
+ */
+KVS_INLINE uint32_t tile_rows(const kvs_attn_args *a, const uint32_t *bt,
+                              uint32_t j0, uint32_t n, uint64_t plane_off,
+                              float *buf, const float **rows) {
+  const kvs_paged_kv *kv = &a->kv;
+  const uint32_t D = kv->head_dim, KVH = kv->num_kv_heads;
+  const size_t es = kvs_dtype_size(kv->dtype);
+  uint32_t off = j0 % kv->block_size;
+  uint32_t T = kv->block_size - off;
+  T = T < n - j0 ? T : n - j0;
+  T = T < KVS__CPU_TILE ? T : KVS__CPU_TILE;
+  const char *tok0 = (const char *)kv->base +
+                     (uint64_t)bt[j0 / kv->block_size] * kv->block_stride +
+                     plane_off + (uint64_t)off * kv->token_stride * es;
+  int packed = kv->head_stride == D;
+  /* Prefetch the next tile (often in another block, where the hardware
+   * prefetcher has to start over). */
+  uint32_t j1 = j0 + T;
+  if (j1 < n && kvs__cpu_prefetch) {
+    uint32_t off1 = j1 % kv->block_size;
+    uint32_t T1 = kv->block_size - off1;
+    T1 = T1 < n - j1 ? T1 : n - j1;
+    T1 = T1 < KVS__CPU_TILE ? T1 : KVS__CPU_TILE;
+    const char *p1 = (const char *)kv->base +
+                     (uint64_t)bt[j1 / kv->block_size] * kv->block_stride +
+                     plane_off + (uint64_t)off1 * kv->token_stride * es;
+    uint64_t bytes = ((uint64_t)(T1 - 1) * kv->token_stride +
+                      (uint64_t)(KVH - 1) * kv->head_stride + D) * es;
+    for (uint64_t b = 0; b < bytes; b += 64)
+      __builtin_prefetch(p1 + b, 0, 3);
+  }
+  for (uint32_t t = 0; t < T; t++) {
+    const char *tok = tok0 + (uint64_t)t * kv->token_stride * es;
+    float *dst = buf + (size_t)t * KVH * D;
+    if (packed && kv->dtype == KVS_DTYPE_FP32) {
+      rows[t] = (const float *)(const void *)tok;
+      continue;
+    }
+    if (packed)
+      load_row(dst, tok, kv->dtype, KVH * D);
+    else
+      for (uint32_t h = 0; h < KVH; h++)
+        load_row(dst + (size_t)h * D, tok + (uint64_t)h * kv->head_stride * es,
+                 kv->dtype, D);
+    rows[t] = dst;
+  }
+  return T;
+}
 
 /*
  * One query row of request s at position pos, every head: keys 0..pos.
@@ -257,40 +341,37 @@ KVS_INLINE void attend_row_body(const kvs_attn_args *a, uint32_t s,
   const kvs_paged_kv *kv = &a->kv;
   const uint32_t D = kv->head_dim, KVH = kv->num_kv_heads, H = a->num_heads;
   const uint32_t ratio = H / KVH;
-  const size_t es = kvs_dtype_size(kv->dtype), qes = kvs_dtype_size(a->qo_dtype);
+  const size_t qes = kvs_dtype_size(a->qo_dtype);
   const uint32_t n = pos + 1;
   const uint32_t *bt = a->block_tables + (uint64_t)s * a->max_blocks_per_seq;
-  const int packed = kv->head_stride == D; /* heads back to back in a token */
   for (uint32_t hq = 0; hq < H; hq++)
     load_row(w->q + (size_t)hq * D, qrow + (size_t)hq * D * qes, a->qo_dtype,
              D);
 
-  /* Scores. */
-  for (uint32_t j = 0; j < n; j++) {
-    const char *tok = (const char *)kv->base +
-                      (uint64_t)bt[j / kv->block_size] * kv->block_stride +
-                      kv->k_offset +
-                      (uint64_t)(j % kv->block_size) * kv->token_stride * es;
-    const float *k = w->row;
-    if (packed && kv->dtype == KVS_DTYPE_FP32)
-      k = (const float *)(const void *)tok;
-    else if (packed)
-      load_row(w->row, tok, kv->dtype, KVH * D);
-    else
-      for (uint32_t h = 0; h < KVH; h++)
-        load_row(w->row + (size_t)h * D, tok + (uint64_t)h * kv->head_stride * es,
-                 kv->dtype, D);
-    float *sc = w->scores + (size_t)j * H;
+  /* Scores, a tile of tokens of one block at a time. */
+  for (uint32_t j0 = 0; j0 < n;) {
+    uint32_t T = tile_rows(a, bt, j0, n, kv->k_offset, w->row, w->tile);
     for (uint32_t h = 0; h < KVH; h++) {
-      const float *kh = k + (size_t)h * D;
       uint32_t g = 0;
-      for (; g + 4 <= ratio; g += 4)
-        dot4(w->q + (size_t)(h * ratio + g) * D, D, kh, D, sc + h * ratio + g);
+      for (; g + 4 <= ratio; g += 4) {
+        const float *qg = w->q + (size_t)(h * ratio + g) * D;
+        uint32_t t = 0;
+        for (; t + 2 <= T; t += 2)
+          dot4x2(qg, D, w->tile[t] + (size_t)h * D, w->tile[t + 1] + (size_t)h * D,
+                 D, w->scores + (size_t)(j0 + t) * H + h * ratio + g, H);
+        for (; t < T; t++)
+          dot4(qg, D, w->tile[t] + (size_t)h * D, D,
+               w->scores + (size_t)(j0 + t) * H + h * ratio + g);
+      }
       for (; g < ratio; g++)
-        sc[h * ratio + g] = dot(w->q + (size_t)(h * ratio + g) * D, kh, D);
+        for (uint32_t t = 0; t < T; t++)
+          w->scores[(size_t)(j0 + t) * H + h * ratio + g] =
+              dot(w->q + (size_t)(h * ratio + g) * D, w->tile[t] + (size_t)h * D, D);
     }
-    for (uint32_t hq = 0; hq < H; hq++)
-      sc[hq] *= a->scale;
+    for (uint32_t t = 0; t < T; t++)
+      for (uint32_t hq = 0; hq < H; hq++)
+        w->scores[(size_t)(j0 + t) * H + hq] *= a->scale;
+    j0 += T;
   }
 
   /* Softmax numerators, in place. */
@@ -315,29 +396,8 @@ KVS_INLINE void attend_row_body(const kvs_attn_args *a, uint32_t s,
   /* Weighted values, a tile of tokens of one block at a time. */
   memset(w->acc, 0, (size_t)H * D * sizeof(float));
   for (uint32_t j0 = 0; j0 < n;) {
-    uint32_t off = j0 % kv->block_size;
-    uint32_t T = kv->block_size - off;
-    T = T < n - j0 ? T : n - j0;
-    T = T < KVS__CPU_TILE ? T : KVS__CPU_TILE;
-    const char *tok0 = (const char *)kv->base +
-                       (uint64_t)bt[j0 / kv->block_size] * kv->block_stride +
-                       kv->v_offset + (uint64_t)off * kv->token_stride * es;
-    const float *vt[KVS__CPU_TILE];
-    for (uint32_t t = 0; t < T; t++) {
-      const char *tok = tok0 + (uint64_t)t * kv->token_stride * es;
-      float *buf = w->row + (size_t)t * KVH * D;
-      if (packed && kv->dtype == KVS_DTYPE_FP32) {
-        vt[t] = (const float *)(const void *)tok;
-        continue;
-      }
-      if (packed)
-        load_row(buf, tok, kv->dtype, KVH * D);
-      else
-        for (uint32_t h = 0; h < KVH; h++)
-          load_row(buf + (size_t)h * D, tok + (uint64_t)h * kv->head_stride * es,
-                   kv->dtype, D);
-      vt[t] = buf;
-    }
+    uint32_t T = tile_rows(a, bt, j0, n, kv->v_offset, w->row, w->tile);
+    const float *const *vt = w->tile;
     const float *p = w->scores + (size_t)j0 * H;
     for (uint32_t h = 0; h < KVH; h++) {
       const float *xh[KVS__CPU_TILE];

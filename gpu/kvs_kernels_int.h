@@ -29,6 +29,14 @@ static inline KVS_HD uint32_t kvs__attn_parts(uint32_t max_seq_len) {
   return (max_seq_len + KVS__ATTN_PART - 1) / KVS__ATTN_PART;
 }
 
+/* Tuning knobs of the CUDA attention launch, for the benches: blocks per SM
+ * the split aims at (0, the default: fill whole waves), and the largest
+ * group of query heads one block takes (default 8). */
+extern int kvs__cuda_attn_blocks_per_sm;
+extern int kvs__cuda_attn_max_group;
+/* The C twins prefetch the next tile of keys/values (default 1). */
+extern int kvs__cpu_prefetch;
+
 /* Validation shared by both backends (host-side fields only). */
 int kvs__check_paged_kv(const kvs_paged_kv *kv);
 int kvs__check_attn(const kvs_attn_args *a, int prefill);

@@ -2,7 +2,9 @@
  * bench_attention.c — CPU paged decode attention (the C twin, one thread):
  * GB/s of K/V read, beside memcpy bandwidth measured in the same run.
  *
- *   bench_attention [quick]
+ *   bench_attention [quick|sweep]
+ *
+ * sweep: the long-sequence configurations again without software prefetch.
  *
  * Bytes counted for attention: every K and V element of every request's keys,
  * read once.  memcpy: bytes copied per second (each byte is read once and
@@ -16,6 +18,7 @@
 #include <time.h>
 
 #include "gpu/kvs_kernels.h"
+#include "gpu/kvs_kernels_int.h"
 
 static double now(void) {
   struct timespec ts;
@@ -58,6 +61,7 @@ static double memcpy_gbs(size_t bytes, int runs) {
 
 int main(int argc, char **argv) {
   int quick = argc > 1 && strcmp(argv[1], "quick") == 0;
+  int sweep = argc > 1 && strcmp(argv[1], "sweep") == 0;
   int runs = quick ? 3 : 7;
   double mc = memcpy_gbs(quick ? (128u << 20) : (512u << 20), runs);
   printf("memcpy (one thread, %s MiB buffers): %.2f GB/s copied\n",
@@ -72,13 +76,18 @@ int main(int argc, char **argv) {
       {KVS_DTYPE_FP16, 4, 4096, 32, 8, 128}, {KVS_DTYPE_FP16, 4, 4096, 8, 8, 128},
       {KVS_DTYPE_FP32, 2, 16384, 32, 8, 128}, {KVS_DTYPE_BF16, 4, 4096, 64, 8, 128},
   };
-  for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++) {
-    uint32_t B = cfg[ci].batch, len = cfg[ci].len;
-    if (quick && len > 4096)
+  size_t ncfg = sizeof cfg / sizeof cfg[0];
+  for (size_t ci = 0; ci < (sweep ? 2 * ncfg : ncfg); ci++) {
+    if (ci == ncfg) {
+      kvs__cpu_prefetch = 0;
+      printf("without software prefetch:\n");
+    }
+    uint32_t B = cfg[ci % ncfg].batch, len = cfg[ci % ncfg].len;
+    if ((quick && len > 4096) || (ci >= ncfg && len < 4096))
       continue;
     kvs_layout l = {.block_size = 16, .num_layers = 2,
-                    .num_kv_heads = cfg[ci].kvh, .head_dim = cfg[ci].dim,
-                    .dtype = cfg[ci].dtype};
+                    .num_kv_heads = cfg[ci % ncfg].kvh, .head_dim = cfg[ci % ncfg].dim,
+                    .dtype = cfg[ci % ncfg].dtype};
     uint32_t mb = (len + 15) / 16;
     l.num_blocks = B * mb;
     if (kvs_layout_finish(&l))
@@ -87,7 +96,7 @@ int main(int argc, char **argv) {
     uint16_t *pool = malloc(pool_bytes);
     uint32_t *tables = malloc(sizeof(uint32_t) * l.num_blocks);
     uint32_t *lens = malloc(sizeof(uint32_t) * B);
-    size_t nq = (size_t)B * cfg[ci].heads * l.head_dim;
+    size_t nq = (size_t)B * cfg[ci % ncfg].heads * l.head_dim;
     float *q = malloc(nq * 4), *out = malloc(nq * 4);
     if (!pool || !tables || !lens || !q || !out)
       return 2;
@@ -116,7 +125,7 @@ int main(int argc, char **argv) {
     a.seq_lens = lens;
     a.block_tables = tables;
     a.num_seqs = a.num_rows = B;
-    a.num_heads = cfg[ci].heads;
+    a.num_heads = cfg[ci % ncfg].heads;
     a.max_blocks_per_seq = mb;
     a.max_seq_len = len;
     a.qo_dtype = KVS_DTYPE_FP32;
@@ -134,7 +143,7 @@ int main(int argc, char **argv) {
                 kvs_dtype_size(l.dtype);
     double gbs = kv / t[runs / 2] / 1e9;
     printf("%-5s %-5u %-6u %-5u %-4u %-4u %9.1f %9.2f %8.2f %8.2f\n",
-           kvs_dtype_name(l.dtype), B, len, cfg[ci].heads, l.num_kv_heads,
+           kvs_dtype_name(l.dtype), B, len, cfg[ci % ncfg].heads, l.num_kv_heads,
            l.head_dim, kv / (1 << 20), t[runs / 2] * 1e3, gbs, gbs / mc);
     free(pool);
     free(tables);

@@ -4,7 +4,10 @@
  * device's nominal memory bandwidth.  Prints "skipped: no GPU" and exits 0
  * where CUDA cannot run (it is in `make bench`).
  *
- *   bench_attention_gpu [reps]
+ *   bench_attention_gpu [reps [sweep|profile]]
+ *
+ * sweep: also times two configurations at several split targets (blocks
+ * per SM); profile: one configuration only, for a profiler.
  *
  * Times are CUDA-event times (median of 5 runs of `reps` back-to-back calls,
  * after warm-up).  Bytes counted: every K and V element of every request's
@@ -15,6 +18,7 @@
 #include <string.h>
 
 #include "gpu/kvs_kernels.h"
+#include "gpu/kvs_kernels_int.h"
 #include "kvs_status.h"
 
 #define CU(call)                                                          \
@@ -78,6 +82,86 @@ static void fill_random(void *d, size_t bytes) {
   free(h);
 }
 
+typedef struct {
+  uint32_t dtype, batch, len, heads, kvh, dim;
+} bench_cfg;
+
+static void run_cfg(const bench_cfg *c, int reps, int one_pass, double copy_bw,
+                    double peak) {
+  kvs_layout l = {.block_size = 16, .num_layers = 2,
+                  .num_kv_heads = c->kvh, .head_dim = c->dim,
+                  .dtype = c->dtype};
+  uint32_t B = c->batch, len = c->len;
+  uint32_t mb = (len + l.block_size - 1) / l.block_size;
+  l.num_blocks = B * mb;
+  if (kvs_layout_finish(&l)) {
+    printf("layout refused\n");
+    exit(1);
+  }
+  uint32_t *tables = malloc(sizeof(uint32_t) * l.num_blocks);
+  uint32_t *lens = malloc(sizeof(uint32_t) * B);
+  for (uint32_t i = 0; i < l.num_blocks; i++)
+    tables[i] = i;
+  for (uint32_t i = l.num_blocks; i > 1; i--) { /* shuffled tables */
+    uint32_t j = (uint32_t)(next_rand() % i), t = tables[i - 1];
+    tables[i - 1] = tables[j];
+    tables[j] = t;
+  }
+  for (uint32_t s = 0; s < B; s++)
+    lens[s] = len;
+  size_t qbytes = (size_t)B * c->heads * l.head_dim * 2;
+  void *d_pool, *d_q, *d_out, *d_tab, *d_lens, *d_ws = NULL;
+  CU(kvs_cuda_malloc(&d_pool, kvs_pool_bytes(&l)));
+  fill_random(d_pool, kvs_pool_bytes(&l));
+  CU(kvs_cuda_malloc(&d_q, qbytes));
+  fill_random(d_q, qbytes);
+  CU(kvs_cuda_malloc(&d_out, qbytes));
+  CU(kvs_cuda_malloc(&d_tab, sizeof(uint32_t) * l.num_blocks));
+  CU(kvs_cuda_memcpy_htod(d_tab, tables, sizeof(uint32_t) * l.num_blocks));
+  CU(kvs_cuda_malloc(&d_lens, sizeof(uint32_t) * B));
+  CU(kvs_cuda_memcpy_htod(d_lens, lens, sizeof(uint32_t) * B));
+  kvs_attn_args a;
+  memset(&a, 0, sizeof a);
+  CU(kvs_paged_kv_init(&a.kv, d_pool, &l, 1));
+  a.out = d_out;
+  a.q = d_q;
+  a.seq_lens = d_lens;
+  a.block_tables = d_tab;
+  a.num_seqs = a.num_rows = B;
+  a.num_heads = c->heads;
+  a.max_blocks_per_seq = mb;
+  a.max_seq_len = len;
+  a.qo_dtype = KVS_DTYPE_FP16;
+  a.scale = 0.088f;
+  uint64_t wsb = kvs_attn_workspace_bytes(&a);
+  if (wsb)
+    CU(kvs_cuda_malloc(&d_ws, wsb));
+  double kv_bytes = 2.0 * B * len * l.num_kv_heads * l.head_dim *
+                    kvs_dtype_size(l.dtype);
+  for (int split = 1; split >= 0; split--) {
+    if (split && !wsb)
+      continue;
+    if (!split && !one_pass)
+      continue; /* the one-pass path, for two configurations only */
+    a.workspace = split ? d_ws : NULL;
+    a.workspace_bytes = split ? wsb : 0;
+    float ms = median_ms(do_decode, &a, reps);
+    double bw = kv_bytes / (ms * 1e-3) / 1e9;
+    printf("%-5s %-5u %-6u %-5u %-6u %-4u %-6s %10.1f %10.1f %9.0f %7.0f%% %7.0f%%\n",
+           kvs_dtype_name(l.dtype), B, len, c->heads, l.num_kv_heads,
+           l.head_dim, split ? "yes" : "no", kv_bytes / (1 << 20), ms * 1e3,
+           bw, 100.0 * bw / copy_bw, 100.0 * bw / peak);
+  }
+  kvs_cuda_free(d_pool);
+  kvs_cuda_free(d_q);
+  kvs_cuda_free(d_out);
+  kvs_cuda_free(d_tab);
+  kvs_cuda_free(d_lens);
+  kvs_cuda_free(d_ws);
+  free(tables);
+  free(lens);
+}
+
 int main(int argc, char **argv) {
   int reps = argc > 1 ? atoi(argv[1]) : 20;
   const char *why;
@@ -109,9 +193,8 @@ int main(int argc, char **argv) {
   printf("\n%-5s %-5s %-6s %-5s %-6s %-4s %-6s %10s %10s %9s %8s %8s\n", "kv",
          "batch", "seqlen", "heads", "kvh", "D", "split", "KV MiB", "time us",
          "GB/s", "%copy", "%nominal");
-  static const struct {
-    uint32_t dtype, batch, len, heads, kvh, dim;
-  } cfg[] = {
+
+  static const bench_cfg cfg[] = {
       {KVS_DTYPE_FP16, 16, 2048, 32, 8, 128},
       {KVS_DTYPE_FP16, 16, 4096, 32, 8, 128},
       {KVS_DTYPE_FP16, 32, 4096, 32, 8, 128},
@@ -124,79 +207,28 @@ int main(int argc, char **argv) {
       {KVS_DTYPE_FP16, 32, 4096, 64, 8, 128},  /* GQA 8 */
       {KVS_DTYPE_FP16, 32, 4096, 32, 4, 64},
   };
-  for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++) {
-    kvs_layout l = {.block_size = 16, .num_layers = 2,
-                    .num_kv_heads = cfg[ci].kvh, .head_dim = cfg[ci].dim,
-                    .dtype = cfg[ci].dtype};
-    uint32_t B = cfg[ci].batch, len = cfg[ci].len;
-    uint32_t mb = (len + l.block_size - 1) / l.block_size;
-    l.num_blocks = B * mb;
-    if (kvs_layout_finish(&l)) {
-      printf("layout refused\n");
-      return 1;
+  const char *mode = argc > 2 ? argv[2] : "";
+  if (strcmp(mode, "profile") == 0) {
+    run_cfg(&cfg[2], reps, 0, copy_bw, peak);
+    return 0;
+  }
+  for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++)
+    run_cfg(&cfg[ci], reps, ci == 0 || ci == 2, copy_bw, peak);
+  if (strcmp(mode, "sweep") == 0) {
+    static const int bps[] = {2, 4, 8, 16};
+    for (size_t i = 0; i < sizeof bps / sizeof bps[0]; i++) {
+      kvs__cuda_attn_blocks_per_sm = bps[i];
+      printf("split aiming at %d blocks per SM (default: whole waves):\n", bps[i]);
+      run_cfg(&cfg[0], reps, 0, copy_bw, peak);
+      run_cfg(&cfg[2], reps, 0, copy_bw, peak);
+      run_cfg(&cfg[5], reps, 0, copy_bw, peak);
     }
-    uint32_t *tables = malloc(sizeof(uint32_t) * l.num_blocks);
-    uint32_t *lens = malloc(sizeof(uint32_t) * B);
-    for (uint32_t i = 0; i < l.num_blocks; i++)
-      tables[i] = i;
-    for (uint32_t i = l.num_blocks; i > 1; i--) { /* shuffled tables */
-      uint32_t j = (uint32_t)(next_rand() % i), t = tables[i - 1];
-      tables[i - 1] = tables[j];
-      tables[j] = t;
-    }
-    for (uint32_t s = 0; s < B; s++)
-      lens[s] = len;
-    size_t qbytes = (size_t)B * cfg[ci].heads * l.head_dim * 2;
-    void *d_pool, *d_q, *d_out, *d_tab, *d_lens, *d_ws = NULL;
-    CU(kvs_cuda_malloc(&d_pool, kvs_pool_bytes(&l)));
-    fill_random(d_pool, kvs_pool_bytes(&l));
-    CU(kvs_cuda_malloc(&d_q, qbytes));
-    fill_random(d_q, qbytes);
-    CU(kvs_cuda_malloc(&d_out, qbytes));
-    CU(kvs_cuda_malloc(&d_tab, sizeof(uint32_t) * l.num_blocks));
-    CU(kvs_cuda_memcpy_htod(d_tab, tables, sizeof(uint32_t) * l.num_blocks));
-    CU(kvs_cuda_malloc(&d_lens, sizeof(uint32_t) * B));
-    CU(kvs_cuda_memcpy_htod(d_lens, lens, sizeof(uint32_t) * B));
-    kvs_attn_args a;
-    memset(&a, 0, sizeof a);
-    CU(kvs_paged_kv_init(&a.kv, d_pool, &l, 1));
-    a.out = d_out;
-    a.q = d_q;
-    a.seq_lens = d_lens;
-    a.block_tables = d_tab;
-    a.num_seqs = a.num_rows = B;
-    a.num_heads = cfg[ci].heads;
-    a.max_blocks_per_seq = mb;
-    a.max_seq_len = len;
-    a.qo_dtype = KVS_DTYPE_FP16;
-    a.scale = 0.088f;
-    uint64_t wsb = kvs_attn_workspace_bytes(&a);
-    if (wsb)
-      CU(kvs_cuda_malloc(&d_ws, wsb));
-    double kv_bytes = 2.0 * B * len * l.num_kv_heads * l.head_dim *
-                      kvs_dtype_size(l.dtype);
-    for (int split = 1; split >= 0; split--) {
-      if (split && !wsb)
-        continue;
-      if (!split && ci != 0 && ci != 2)
-        continue; /* the one-pass path, for two configurations only */
-      a.workspace = split ? d_ws : NULL;
-      a.workspace_bytes = split ? wsb : 0;
-      float ms = median_ms(do_decode, &a, reps);
-      double bw = kv_bytes / (ms * 1e-3) / 1e9;
-      printf("%-5s %-5u %-6u %-5u %-6u %-4u %-6s %10.1f %10.1f %9.0f %7.0f%% %7.0f%%\n",
-             kvs_dtype_name(l.dtype), B, len, cfg[ci].heads, l.num_kv_heads,
-             l.head_dim, split ? "yes" : "no", kv_bytes / (1 << 20), ms * 1e3,
-             bw, 100.0 * bw / copy_bw, 100.0 * bw / peak);
-    }
-    kvs_cuda_free(d_pool);
-    kvs_cuda_free(d_q);
-    kvs_cuda_free(d_out);
-    kvs_cuda_free(d_tab);
-    kvs_cuda_free(d_lens);
-    kvs_cuda_free(d_ws);
-    free(tables);
-    free(lens);
+    kvs__cuda_attn_blocks_per_sm = 0;
+    kvs__cuda_attn_max_group = 4;
+    printf("query heads per block capped at 4 (default 8):\n");
+    run_cfg(&cfg[9], reps, 0, copy_bw, peak);
+    run_cfg(&cfg[10], reps, 0, copy_bw, peak);
+    kvs__cuda_attn_max_group = 8;
   }
   printf("\n%%copy: against the device-to-device copy above (read+write bytes);"
          " %%nominal: against %.0f GB/s.\n", peak);
