@@ -62,6 +62,7 @@ int kvs_batch_new(kvs_batch **out) {
   return *out ? 0 : KVS_ENOMEM;
 }
 
+/* Frees the last reply (its results become invalid). */
 static void drop_reply(kvs_batch *b) {
   if (b->reply)
     kvs_envelope_free(b->reply);
@@ -109,10 +110,15 @@ static int grow(void **p, size_t *cap, size_t need, size_t elem) {
 }
 
 /* A new op (zeroed) or NULL.  Adding ops to a submitted batch starts a new
- * one: the old results go. */
+ * one; the old reply stays allocated until the next submit, reset or free,
+ * so its results may be passed to the new ops (they are copied). */
 static bop *add(kvs_batch *b, Kvshare__Request__OpCase kind) {
-  if (b->submitted)
-    kvs_batch_reset(b);
+  if (b->submitted) {
+    b->submitted = 0;
+    b->n = 0;
+    b->nu32 = 0;
+    b->nbytes = 0;
+  }
   if (b->n == INT32_MAX)
     return NULL;
   size_t cap = b->cap;

@@ -134,14 +134,18 @@ static int send_env(kvs_client *c, const Kvshare__Envelope *env) {
 int kvs__call(kvs_client *c, Kvshare__Request *req, Kvshare__Response **resp) {
   *resp = NULL;
   c->msg[0] = '\0';
-  kvs__drop_last(c);
-  if (c->broken)
+  if (c->broken) {
+    kvs__drop_last(c);
     return KVS_ECLOSED;
+  }
   Kvshare__Envelope env = KVSHARE__ENVELOPE__INIT;
   env.seq = c->next_seq++;
   env.body_case = KVSHARE__ENVELOPE__BODY_REQUEST;
   env.request = req;
   int rc = send_env(c, &env);
+  /* Only now may the previous reply go: the request may point into it
+   * (a result's blocks passed straight to the next call). */
+  kvs__drop_last(c);
   if (rc == KVS_ETOOBIG)
     return rc; /* nothing was sent: the connection is still usable */
   if (rc)

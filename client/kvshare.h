@@ -48,8 +48,9 @@
  *   - Block ids in results (kvs_lookup_result.blocks, kvs_alloc_result.blocks)
  *     point into memory owned by the client (direct calls) or the batch
  *     (batched ops).  They stay valid until the next call on the same client
- *     (direct calls) or until the batch is submitted again, reset or freed
- *     (batched ops).  Copy them out to keep them.
+ *     returns (so they may be passed as an argument to that call, e.g. an
+ *     allocation's blocks to kvs_commit), or until the batch is submitted
+ *     again, reset or freed (batched ops).  Copy them out to keep them.
  *   - kvs_layout() and kvs_pool_base() stay valid until kvs_close().
  *   - Arrays the caller passes in (tokens, blocks, salt, payload) are read
  *     during the call only (or, for the batch builder, copied when the op is
@@ -260,6 +261,9 @@ int kvs_ping(kvs_client *c, const void *payload, size_t len);
  * once.  The daemon runs the ops in order; each has its own status (a failed
  * op does not stop the ones after it).  Results are read per op index after
  * kvs_batch_submit().  A batch may be reset and reused: its memory is kept.
+ * Adding an op to a submitted batch starts the next batch (the ops are
+ * dropped); the previous results stay readable by pointer until the next
+ * submit, reset or free, so they may be passed to the new ops.
  */
 
 /* A new, empty batch.  KVS_EINVAL or KVS_ENOMEM. */

@@ -92,8 +92,18 @@ for ((i = 0; i < workers; i++)); do
 done
 wpids=()
 # The round trip, measured once the workers are done (a quiet machine).
-"$worker" --socket "$sock" --id "$workers" --rtt-only >"$dir/rtt.out" \
-  2>"$dir/rtt.err" || { ok=0; sed 's/^/  | /' "$dir/rtt.err" >&2; }
+# With two CPUs or more, the client runs on CPU 0 and both servers (kvshared
+# and the raw echo process) on CPU 1, so the two see the same wake-ups.
+rtt_pin=()
+placement="unpinned"
+if [ "$(nproc)" -ge 2 ] && command -v taskset >/dev/null &&
+   taskset -pc 1 "$pid" >/dev/null 2>&1; then
+  rtt_pin=(taskset -c 0)
+  placement="client on CPU 0, servers on CPU 1"
+fi
+"${rtt_pin[@]}" "$worker" --socket "$sock" --id "$workers" --rtt-only \
+  ${rtt_pin:+--pin-server 1} >"$dir/rtt.out" 2>"$dir/rtt.err" ||
+  { ok=0; sed 's/^/  | /' "$dir/rtt.err" >&2; }
 cat "$dir"/worker*.out >"$dir/results"
 stats=$("$cli" --socket "$sock" stats --json --check) || die "kvshare stats"
 
@@ -104,7 +114,8 @@ pid=
 [ $drc = 0 ] || { ok=0; echo "kvshared exited $drc after SIGTERM" >&2; }
 [ -e "$sock" ] && { ok=0; echo "kvshared left its socket behind" >&2; }
 
-python3 - "$dir/results" "$stats" "$layout" "$workers" "$ok" "$dir/rtt.out" <<'EOF'
+python3 - "$dir/results" "$stats" "$layout" "$workers" "$ok" "$dir/rtt.out" \
+  "$placement" <<'EOF'
 import json, sys
 path, stats, layout, nworkers, ok = sys.argv[1], json.loads(sys.argv[2]), \
     json.loads(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1"
@@ -158,8 +169,9 @@ print(f"attention rows checked against the from-scratch output: "
       f"{total('rows_checked')} (max relative error {maxerr:.2g})")
 if rt and rt[0]["rtt_raw_us"] > 0:
     d, raw = rt[0]["rtt_daemon_us"], rt[0]["rtt_raw_us"]
-    print(f"round trip: ping through kvshared {d:.1f} us, raw Unix-socket "
-          f"ping-pong of the same size {raw:.1f} us: {d / raw:.2f}x (median)")
+    print(f"round trip ({sys.argv[7]}): ping through kvshared {d:.1f} us, "
+          f"raw Unix-socket ping-pong of the same size {raw:.1f} us: "
+          f"{d / raw:.2f}x (medians)")
 print(f"round trips to the daemon: {total('round_trips')} "
       f"(one batch per decode step)")
 print(f"invariant check: {stats['check_status']}")

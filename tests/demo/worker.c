@@ -2,7 +2,7 @@
  * worker — one inference worker of the kvshare demo (tests/demo.sh).
  *
  *   worker --socket PATH --id W [--users U] [--turns T] [--sys N]
- *          [--reply R] [--seed S] [--rtt | --rtt-only]
+ *          [--reply R] [--seed S] [--rtt | --rtt-only] [--pin-server CPU]
  *
  * A chat workload: every user's conversation starts with the same system
  * prompt (N tokens, shared by all workers); each turn appends the user's new
@@ -28,9 +28,11 @@
  * It prints one line "RESULT key=value ..." for the demo's report, and exits
  * 0 only if every check passed.  --rtt also measures the daemon's ping round
  * trip against a raw Unix-socket ping-pong of the same frame sizes;
- * --rtt-only measures only that (no workload).
+ * --rtt-only measures only that (no workload); --pin-server CPU runs the
+ * echo process on that CPU (put kvshared there too for a like comparison).
  */
 #include <math.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,7 +49,7 @@
 
 static const char *sock;
 static int wid, users = 3, turns = 4, sys_len = 100, reply = 6, do_rtt;
-static int rtt_only;
+static int rtt_only, pin_server = -1;
 static uint64_t seed = 42;
 
 static kvs_client *c;
@@ -302,6 +304,12 @@ static void rtt(double *daemon_us, double *raw_us) {
   if (pid == 0) {
     char buf[REQ];
     close(sv[0]);
+    if (pin_server >= 0) { /* where kvshared runs, for a like comparison */
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      CPU_SET(pin_server, &set);
+      sched_setaffinity(0, sizeof set, &set);
+    }
     for (;;) {
       size_t got = 0;
       while (got < REQ) {
@@ -376,6 +384,8 @@ int main(int argc, char **argv) {
       sys_len = atoi(val);
     else if (!strcmp(o, "--reply"))
       reply = atoi(val);
+    else if (!strcmp(o, "--pin-server"))
+      pin_server = atoi(val);
     else if (!strcmp(o, "--seed"))
       seed = strtoull(val, NULL, 10);
     else {

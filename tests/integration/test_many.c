@@ -207,7 +207,7 @@ int main(void) {
   int my_fds = itest_fd_count(0);
   static const char *const opts[] = {
       "--num-layers", "1",  "--num-kv-heads",    "1",   "--head-dim", "8",
-      "--pool-blocks", "600", "--max-connections", "256", NULL};
+      "--pool-blocks", "160", "--max-connections", "256", NULL};
   itest_daemon_start(&d, opts);
   kvs_client *c = itest_connect(&d, "many-main");
 
