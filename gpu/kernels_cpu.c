@@ -223,8 +223,9 @@ KVS_INLINE void axpy_tile(float *restrict y, uint32_t ys, uint32_t R,
         y[r * ys + d] += p[t * ps + r] * x[t][d];
 }
 
-/* Software prefetch of the next tile in the attention passes (bench knob). */
-int kvs__cpu_prefetch = 1;
+/* Software prefetch of the next tile in the attention passes (bench knob;
+ * off: on the Xeon of docs/benchmarks.md it cost 10-30%). */
+int kvs__cpu_prefetch = 0;
 
 /* ---- write ---------------------------------------------------------------- */
 

@@ -34,7 +34,7 @@ static inline KVS_HD uint32_t kvs__attn_parts(uint32_t max_seq_len) {
  * group of query heads one block takes (default 8). */
 extern int kvs__cuda_attn_blocks_per_sm;
 extern int kvs__cuda_attn_max_group;
-/* The C twins prefetch the next tile of keys/values (default 1). */
+/* The C twins prefetch the next tile of keys/values (default 0). */
 extern int kvs__cpu_prefetch;
 
 /* Validation shared by both backends (host-side fields only). */

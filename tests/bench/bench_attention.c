@@ -4,7 +4,7 @@
  *
  *   bench_attention [quick|sweep]
  *
- * sweep: the long-sequence configurations again without software prefetch.
+ * sweep: the long-sequence configurations again with software prefetch.
  *
  * Bytes counted for attention: every K and V element of every request's keys,
  * read once.  memcpy: bytes copied per second (each byte is read once and
@@ -79,8 +79,8 @@ int main(int argc, char **argv) {
   size_t ncfg = sizeof cfg / sizeof cfg[0];
   for (size_t ci = 0; ci < (sweep ? 2 * ncfg : ncfg); ci++) {
     if (ci == ncfg) {
-      kvs__cpu_prefetch = 0;
-      printf("without software prefetch:\n");
+      kvs__cpu_prefetch = 1;
+      printf("with software prefetch of the next tile:\n");
     }
     uint32_t B = cfg[ci % ncfg].batch, len = cfg[ci % ncfg].len;
     if ((quick && len > 4096) || (ci >= ncfg && len < 4096))
