@@ -71,7 +71,7 @@ static const cfg_option options[] = {
      "Where the block pool lives.  host: a memfd shared with the workers.  "
      "auto: the GPU when this build has a GPU backend and a GPU is present, "
      "else host (logged)."},
-    {"pool_blocks", T_U32, F(pool_blocks), 1, UINT32_MAX - 1, "4096", NULL,
+    {"pool_blocks", T_U32, F(pool_blocks), 1, CFG_MAX_BLOCKS, "4096", NULL,
      "N", "Pool", "Blocks in the pool (unless pool_bytes is set)."},
     {"pool_bytes", T_SIZE, F(pool_bytes), 0, 1ull << 44, "0", NULL, "BYTES",
      "Pool",
@@ -563,8 +563,11 @@ int cfg_finish(cfg *c, char *err, size_t err_len) {
                   "pool_bytes %llu is smaller than one block (%llu bytes)",
                   (unsigned long long)c->pool_bytes,
                   (unsigned long long)l->block_stride);
-    if (n >= KVS_BLOCK_NONE)
-      n = KVS_BLOCK_NONE - 1;
+    if (n > CFG_MAX_BLOCKS)
+      return fail(err, err_len,
+                  "pool_bytes %llu makes %llu blocks, more than %u",
+                  (unsigned long long)c->pool_bytes, (unsigned long long)n,
+                  CFG_MAX_BLOCKS);
     l->num_blocks = (uint32_t)n;
   } else {
     l->num_blocks = c->pool_blocks;

@@ -22,6 +22,7 @@
 #include "kvs_layout.h"
 
 #define CFG_MAX_IDS 32
+#define CFG_MAX_BLOCKS (1u << 26) /* the core keeps ~100 bytes per block */
 #define CFG_SOCKET_MAX 108 /* sizeof(sockaddr_un.sun_path) */
 
 typedef struct cfg_idlist {

@@ -217,27 +217,25 @@ static void on_signal(uv_signal_t *h, int signum) {
   srv_stop(h->data, signum == SIGTERM ? "SIGTERM" : "SIGINT");
 }
 
-static void announce_ready(const srv *s) {
+/* Tells whoever started the daemon that it listens.  The ready descriptor
+ * is released by pointing it at /dev/null in one dup3: the reader sees end
+ * of file, and from then on the daemon's descriptor table does not change
+ * until a client connects (tests count it).  nul is opened before and kept,
+ * for the same reason. */
+static void announce_ready(srv *s) {
   const cfg *c = s->cfg;
 
   if (c->ready_fd >= 0) {
     static const char msg[] = "ready\n";
     ssize_t n;
-    int nul;
 
     do
       n = write(c->ready_fd, msg, sizeof(msg) - 1);
     while (n < 0 && errno == EINTR);
     if (n < 0)
       log_warn(errno, "ready_fd %d", c->ready_fd);
-    /* Release the pipe (the reader sees end of file) by pointing the
-     * descriptor at /dev/null in one step: the daemon's descriptor table
-     * then stays the same size from here on, for tests that count it. */
-    nul = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    if (nul < 0 || dup3(nul, c->ready_fd, O_CLOEXEC) < 0)
+    if (s->null_fd < 0 || dup3(s->null_fd, c->ready_fd, O_CLOEXEC) < 0)
       close(c->ready_fd);
-    if (nul >= 0)
-      close(nul);
   }
   printf("ready %s\n", c->socket);
   fflush(stdout);
@@ -268,6 +266,7 @@ static int run(const cfg *c) {
 
   memset(&s, 0, sizeof(s));
   s.cfg = c;
+  s.null_fd = c->ready_fd >= 0 ? open("/dev/null", O_RDONLY | O_CLOEXEC) : -1;
   s.layout = c->layout;
   s.self_uid = getuid();
 
@@ -277,7 +276,7 @@ static int run(const cfg *c) {
   rc = backend_open(c, &s.layout, &s.pool, err, sizeof(err));
   if (rc < 0) {
     log_error(0, "pool: %s", err);
-    return 1;
+    goto out_pool;
   }
   if (make_core(&s) < 0)
     goto out_pool;
@@ -343,6 +342,8 @@ out_core:
   core_destroy(s.core);
 out_pool:
   backend_close(s.pool);
+  if (s.null_fd >= 0)
+    close(s.null_fd);
   return status;
 }
 

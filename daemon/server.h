@@ -37,6 +37,7 @@ struct srv {
   core *core;
   backend *pool;
   uid_t self_uid;
+  int null_fd;           /* /dev/null, for releasing ready_fd; or -1 */
   sess *sessions;        /* every open connection (doubly linked) */
   uint32_t nsessions;    /* accepted ones (rejected ones not counted) */
   uint64_t next_session_id;

@@ -237,6 +237,13 @@ static void test_finish(void **state) {
   assert_int_equal(cfg_finish(&c, err, sizeof(err)), KVS_EINVAL);
   assert_non_null(strstr(err, "smaller than one block"));
 
+  cfg_init(&c); /* 16 TiB of 128 KiB blocks: too many blocks */
+  assert_int_equal(cfg_set(&c, "pool_bytes", "16T", err, sizeof(err)), 0);
+  assert_int_equal(cfg_finish(&c, err, sizeof(err)), KVS_EINVAL);
+  assert_non_null(strstr(err, "blocks, more than"));
+  assert_int_equal(cfg_set(&c, "pool_blocks", "67108865", err, sizeof(err)),
+                   KVS_EINVAL);
+
   cfg_init(&c);
   assert_int_equal(cfg_set(&c, "pool_blocks", "10", err, sizeof(err)), 0);
   assert_int_equal(cfg_set(&c, "reserve_blocks", "10", err, sizeof(err)), 0);
