@@ -92,7 +92,8 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static int load_rc = 1;          /* 1: not tried; 0 ok; else status */
 static const char *load_reason = "";
 static char reason_buf[256];
-static int opened;               /* device, context and module ready */
+static int opened; /* device, context and module ready: written once under
+                      lock (release), read without it (acquire) */
 static CUdevice dev;
 static CUcontext ctx;
 static CUmodule mod;
@@ -259,7 +260,7 @@ static int open_locked(const char *uuid) {
     dev_sms = 1;
   memcpy(dev_uuid, pick_uuid, sizeof pick_uuid);
   dev = pick;
-  opened = 1;
+  __atomic_store_n(&opened, 1, __ATOMIC_RELEASE);
   return 0;
 }
 
@@ -278,13 +279,18 @@ int kvs_cuda_open(const char *uuid) {
 /* Every entry point: the device open (first device if nobody chose) and its
  * context current in this thread. */
 static int ready(void) {
-  if (opened && tls_current)
+  if (tls_current && __atomic_load_n(&opened, __ATOMIC_ACQUIRE))
     return 0;
   return kvs_cuda_open(NULL);
 }
 
-const char *kvs_cuda_device_name(void) { return opened ? dev_name : ""; }
-const char *kvs_cuda_device_uuid(void) { return opened ? dev_uuid : ""; }
+const char *kvs_cuda_device_name(void) {
+  return __atomic_load_n(&opened, __ATOMIC_ACQUIRE) ? dev_name : "";
+}
+
+const char *kvs_cuda_device_uuid(void) {
+  return __atomic_load_n(&opened, __ATOMIC_ACQUIRE) ? dev_uuid : "";
+}
 
 /* ---- memory helpers ----------------------------------------------------------- */
 
