@@ -3,7 +3,8 @@
 # protoc-c writes $(BUILD)/proto/kvshare.pb-c.{c,h}; they are never committed
 # or edited.  Any object that includes kvs_frame.h or kvshare.pb-c.h needs an
 # order dependency on the header:   $(MY_OBJS): | $(PROTO_GEN_H)
-# Link users with $(BUILD)/libkvsproto.a $(PROTO_LIBS).
+# Link users with $(BUILD)/libkvsproto.a $(PROTO_LIBS) (an internal static
+# library, built with -fPIC for libkvshare.so; not installed).
 PROTOC_C   ?= protoc-c
 PROTO_GEN_C := $(BUILD)/proto/kvshare.pb-c.c
 PROTO_GEN_H := $(BUILD)/proto/kvshare.pb-c.h
@@ -11,7 +12,6 @@ PROTO_OBJS := $(BUILD)/proto/kvs_status.o $(BUILD)/proto/kvs_frame.o \
               $(BUILD)/proto/kvshare.pb-c.o
 PROTO_LIBS  = $(call DEP_LIBS,libprotobuf-c)
 MOD_CFLAGS_proto_ := $(call DEP_CFLAGS,libprotobuf-c)
-LIBS += $(BUILD)/libkvsproto.a
 
 # One recipe makes both files (a grouped target: GNU make >= 4.3).
 $(PROTO_GEN_C) $(PROTO_GEN_H) &: proto/kvshare.proto
