@@ -30,3 +30,13 @@ $(CONFIG_TESTS): $(BUILD)/%: $(BUILD)/%.o $(BUILD)/daemon/config.o \
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(BUILD)/daemon/config.o $(BUILD)/libkvsproto.a \
 	  $(PROTO_LIBS) $(TEST_LIBS)
+
+# `make install`: the example config and the systemd unit, for the admin to
+# copy into /etc (see docs/operations.md); the unit runs $(PREFIX)/bin/kvshared.
+define KVS_DAEMON_INSTALL
+
+install -d $(DESTDIR)$(PREFIX)/share/kvshare
+install -m 644 deploy/kvshared.conf $(DESTDIR)$(PREFIX)/share/kvshare/
+sed -e 's|/usr/local/bin/kvshared|$(PREFIX)/bin/kvshared|' deploy/kvshared.service >$(DESTDIR)$(PREFIX)/share/kvshare/kvshared.service
+endef
+INSTALL_EXTRA += $(KVS_DAEMON_INSTALL)
