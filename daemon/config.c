@@ -62,6 +62,10 @@ static const cfg_option options[] = {
     {"max_requests", T_U32, F(max_requests), 1, 1u << 24, "65536", NULL, "N",
      "Listening",
      "Most live requests per session; creating one more fails with ELIMIT."},
+    {"max_batch_ops", T_U32, F(max_batch_ops), 1, 1u << 20, "16384", NULL,
+     "N", "Listening",
+     "Most ops in one Batch; a longer Batch is refused whole with ELIMIT "
+     "(none of its ops runs)."},
     {"max_frame", T_SIZE, F(max_frame), 1024, 1u << 30, "16M", NULL, "BYTES",
      "Listening",
      "Largest frame payload accepted.  A longer frame gets ETOOBIG and the "

@@ -38,6 +38,7 @@ typedef struct cfg {
   cfg_idlist allow_gids;
   uint32_t max_connections;
   uint32_t max_requests;  /* per session */
+  uint32_t max_batch_ops;
   uint64_t max_frame;
   /* the pool */
   char backend[16];

@@ -465,6 +465,11 @@ static void do_batch(sess *c, const Kvshare__Batch *b, Kvshare__Response *resp,
   Kvshare__Response **replies = NULL;
   size_t i;
 
+  if (b->n_ops > c->srv->cfg->max_batch_ops) {
+    ERR(KVS_ELIMIT, "batch of %zu ops is over max_batch_ops (%u); none ran",
+        b->n_ops, c->srv->cfg->max_batch_ops);
+    return;
+  }
   if (b->n_ops)
     replies = disp_alloc(a, b->n_ops * sizeof(*replies));
   if (!res || (b->n_ops && !replies)) {
