@@ -91,12 +91,13 @@ int kvs_frame_pack(const Kvshare__Envelope *env, uint32_t max_frame,
 /*
  * Decodes one payload (the bytes after the header).  At most alloc_limit
  * bytes are live at any time while decoding (0 = KVS_UNPACK_LIMIT(len)), so
- * a payload cannot make the decoder allocate out of proportion to its size
- * (a Batch of empty ops decodes to about 20 times its wire size).  Returns 0 and
- * *out (free with kvs_envelope_free), or KVS_EPROTO (undecodable, or over
- * the allocation limit).
+ * a payload cannot make the decoder allocate out of proportion to its size.
+ * Real messages decode to a few times their wire size; a large Batch of
+ * empty ops (about 20 times) is refused by the default limit.  Returns 0
+ * and *out (free with kvs_envelope_free), or KVS_EPROTO (undecodable, or
+ * over the allocation limit).
  */
-#define KVS_UNPACK_LIMIT(len) ((size_t)(len) * 32u + (1u << 20))
+#define KVS_UNPACK_LIMIT(len) ((size_t)(len) * 16u + (1u << 20))
 int kvs_envelope_unpack(const uint8_t *payload, size_t len,
                         size_t alloc_limit, Kvshare__Envelope **out);
 
