@@ -104,8 +104,11 @@ static int dev_sms = 1;
 int kvs__cuda_attn_blocks_per_sm = 0;
 /* Largest query-head group one attention block takes (bench knob). */
 int kvs__cuda_attn_max_group = 8;
+/* Use the tensor-core kernel where it applies (bench knob). */
+int kvs__cuda_attn_mma = 1;
 static CUfunction f_write, f_blocks, f_merge;
 static CUfunction f_attn[DT_N][NV_N][G_N];
+static CUfunction f_mma[2][2]; /* [fp16, bf16][d64, d128] */
 static __thread int tls_current; /* this thread made ctx current */
 
 static int map_cu(CUresult r) {
@@ -254,6 +257,14 @@ static int open_locked(const char *uuid) {
         if ((r = cu.cuModuleGetFunction(&f_attn[t][v][g], mod, name)))
           return map_cu(r);
       }
+  for (int t = 0; t < 2; t++)
+    for (int d = 0; d < 2; d++) {
+      char name[64];
+      snprintf(name, sizeof name, "kvs_attn_mma_%s_d%d", t ? "bf16" : "fp16",
+               d ? 128 : 64);
+      if ((r = cu.cuModuleGetFunction(&f_mma[t][d], mod, name)))
+        return map_cu(r);
+    }
   cu.cuDeviceGetName(dev_name, sizeof dev_name, pick);
   if (cu.cuDeviceGetAttribute(&dev_sms, CU_ATTR_MULTIPROCESSOR_COUNT, pick) ||
       dev_sms < 1)
@@ -467,7 +478,12 @@ static int cuda_attention(const kvs_attn_args *a, int prefill, void *stream) {
   if (rc)
     return rc;
   uint32_t ratio = a->num_heads / kv->num_kv_heads;
-  int gi = ratio >= 8 ? 3 : ratio >= 4 ? 2 : ratio >= 2 ? 1 : 0;
+  /* Tensor cores for GQA groups of 4 or more over a 16-bit cache, q/out in
+   * the same dtype (the products then round nothing the C twin keeps). */
+  int mma = kvs__cuda_attn_mma && kvs__cuda_attn_max_group >= 8 && ratio >= 4 &&
+            (kv->dtype == KVS_DTYPE_FP16 || kv->dtype == KVS_DTYPE_BF16) &&
+            a->qo_dtype == kv->dtype && (kv->head_dim == 64 || kv->head_dim == 128);
+  int gi = ratio >= 8 || mma ? 3 : ratio >= 4 ? 2 : ratio >= 2 ? 1 : 0;
   while (gi > 0 && (1 << gi) > kvs__cuda_attn_max_group)
     gi--;
   uint32_t G = 1u << gi;
@@ -487,6 +503,8 @@ static int cuda_attention(const kvs_attn_args *a, int prefill, void *stream) {
       a->workspace_bytes >= kvs_attn_workspace_bytes(a)) {
     uint32_t w = G * nv * (uint32_t)(16 / es);
     uint32_t per_sm = nv == 1 ? (w <= 32 ? 3 : w <= 64 ? 2 : 1) : (w <= 32 ? 2 : 1);
+    if (mma)
+      per_sm = 2;
     uint64_t slots = (uint64_t)per_sm * dev_sms;
     uint32_t best = 1;
     if (kvs__cuda_attn_blocks_per_sm > 0) {
@@ -516,14 +534,23 @@ static int cuda_attention(const kvs_attn_args *a, int prefill, void *stream) {
       span = 0;
   }
   uint32_t split = span;
-  unsigned smem =
-      (unsigned)(G * (KVS__ATTN_PART + 2 * kv->head_dim) * sizeof(float));
   kvs_attn_args copy = *a;
   int pf = prefill;
-  void *params[] = {&copy, &pf, &lanes, &split};
-  rc = launch(f_attn[kv->dtype][nv - 1][gi], a->num_rows,
-              kv->num_kv_heads * gchunks, split ? nsplit : 1, KVS__ATTN_THREADS,
-              smem, stream, params);
+  if (mma) {
+    unsigned msmem =
+        (unsigned)(G * (KVS__ATTN_PART + kv->head_dim) * sizeof(float));
+    void *params[] = {&copy, &pf, &split};
+    rc = launch(f_mma[kv->dtype == KVS_DTYPE_BF16][kv->head_dim == 128],
+                a->num_rows, kv->num_kv_heads * gchunks, split ? nsplit : 1,
+                KVS__ATTN_THREADS, msmem, stream, params);
+  } else {
+    unsigned smem =
+        (unsigned)(G * (KVS__ATTN_PART + 2 * kv->head_dim) * sizeof(float));
+    void *params[] = {&copy, &pf, &lanes, &split};
+    rc = launch(f_attn[kv->dtype][nv - 1][gi], a->num_rows,
+                kv->num_kv_heads * gchunks, split ? nsplit : 1,
+                KVS__ATTN_THREADS, smem, stream, params);
+  }
   if (rc || !split)
     return rc;
   void *mparams[] = {&copy, &pf, &nsplit, &span};

@@ -465,6 +465,312 @@ KVS_ATTN_INST_NV(fp32, float)
 KVS_ATTN_INST_NV(fp16, __half)
 KVS_ATTN_INST_NV(bf16, __nv_bfloat16)
 
+/* ---- attention on tensor cores (GQA, 16-bit caches) ---------------------------- */
+
+/* D = A.B + C, m16n8k16, A row-major 16x16, B column-major 16x8, fp32 C/D. */
+template <typename T> struct Mma;
+template <> struct Mma<__half> {
+  static __device__ __forceinline__ void run(float *d, uint32_t a0, uint32_t a1,
+                                             uint32_t a2, uint32_t a3,
+                                             uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *(uint32_t *)&h;
+  }
+};
+template <> struct Mma<__nv_bfloat16> {
+  static __device__ __forceinline__ void run(float *d, uint32_t a0, uint32_t a1,
+                                             uint32_t a2, uint32_t a3,
+                                             uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *(uint32_t *)&h;
+  }
+};
+
+__device__ __forceinline__ uint32_t u4_get(const uint4 &v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+/*
+ * Same contract and grid as attn_body, for q/out and cache of the same 16-bit
+ * dtype, head_dim D (64 or 128) and up to 8 query heads per block (rows of
+ * the 16-row tensor-core tiles; the others are zero).  Lane (g, t) = (lane /
+ * 4, lane % 4).
+ *
+ * Scores S = Q K^T, m16n8k16 per 16 dimensions: a warp takes 8 tokens; lane
+ * (g, t) loads 16-byte pieces t, t+4, ... of token g's key row, and the
+ * reduction index k is mapped onto dimensions so that those pieces are its B
+ * fragments as loaded (Q's fragments use the same map).  S[head g][tokens 2t,
+ * 2t+1] comes out in lane (g, t).
+ *
+ * Values O^T += V^T P^T, m16n8k16 per 16 tokens: rows are dimensions, columns
+ * the 8 heads.  Lane (g, t) loads dims [8g', 8g'+8) (g' = g, g+8) of tokens
+ * 2t, 2t+1, 2t+8, 2t+9 and pairs the two tokens' halves with byte permutes;
+ * row g of tile (v, m) is dimension 8(g + 8v) + 2m, row g+8 the next one.
+ * The probabilities are rounded to the cache dtype for the product (as flash
+ * attention does); sums, max and accumulators stay fp32.
+ */
+template <typename T, int D>
+__device__ __forceinline__ void attn_mma_body(const kvs_attn_args &a, int prefill,
+                                              uint32_t span) {
+  constexpr int G = 8;
+  constexpr int NC = D / 32; /* 16-byte pieces per lane in a key row */
+  constexpr int NVD = D / 64; /* value vectors per token per lane */
+  extern __shared__ float smem[];
+  const kvs_paged_kv &kv = a.kv;
+  float *logits = smem;                     /* [G][PART] */
+  float *red = logits + G * KVS__ATTN_PART; /* [G][D] */
+  __shared__ float sm_m[G], sm_l[G], sm_scale[G];
+
+  const uint32_t row = blockIdx.x;
+  uint32_t s, n;
+  if (!prefill) {
+    s = row;
+    n = a.seq_lens[s];
+  } else {
+    uint32_t lo = 0, hi = a.num_seqs;
+    while (hi - lo > 1) {
+      uint32_t mid = (lo + hi) / 2;
+      if (a.q_start[mid] <= row)
+        lo = mid;
+      else
+        hi = mid;
+    }
+    s = lo;
+    uint32_t len = a.seq_lens[s];
+    uint32_t qlen = a.q_start[s + 1] - a.q_start[s];
+    n = qlen > len ? 0 : len - qlen + (row - a.q_start[s]) + 1;
+  }
+  const uint32_t ratio = a.num_heads / kv.num_kv_heads;
+  const uint32_t gchunks = (ratio + G - 1) / G;
+  const uint32_t h = blockIdx.y / gchunks;
+  const uint32_t hq0 = h * ratio + (blockIdx.y % gchunks) * G;
+  const uint32_t ng = min((uint32_t)G, ratio - (blockIdx.y % gchunks) * G);
+  uint32_t t0 = 0, t1 = n;
+  if (span) {
+    t0 = blockIdx.z * span;
+    t1 = min(n, t0 + span);
+    if (t0 >= t1)
+      return;
+  }
+  const uint32_t tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const uint32_t g = lane / 4, t = lane % 4;
+  const uint32_t *bt = a.block_tables + (uint64_t)s * a.max_blocks_per_seq;
+  const char *base = (const char *)kv.base;
+  const uint64_t head_off = (uint64_t)h * kv.head_stride * 2;
+  const uint64_t tok_bytes = kv.token_stride * 2;
+  const bool bs_pow2 = (kv.block_size & (kv.block_size - 1)) == 0;
+  const uint32_t bs_shift = __ffs(kv.block_size) - 1, bs_mask = kv.block_size - 1;
+
+  for (uint32_t i = tid; i < G * D; i += blockDim.x)
+    red[i] = 0.f;
+  if (tid < G) {
+    sm_m[tid] = -INFINITY;
+    sm_l[tid] = 0.f;
+  }
+
+  /* Q fragments: head g, pieces t + 4i of its row. */
+  uint4 qf[NC];
+  {
+    const char *qrow = (const char *)a.q + ((uint64_t)row * a.num_heads + hq0 + g) * D * 2;
+#pragma unroll
+    for (int i = 0; i < NC; i++)
+      qf[i] = g < ng ? *(const uint4 *)(qrow + (t + 4 * i) * 16) : make_uint4(0, 0, 0, 0);
+  }
+  float o[2 * NVD * 4][4]; /* value tiles (v, m) */
+#pragma unroll
+  for (int i = 0; i < 2 * NVD * 4; i++)
+    o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  __syncthreads();
+
+  for (uint32_t c0 = t0; c0 < t1; c0 += KVS__ATTN_PART) {
+    const uint32_t C = min(KVS__ATTN_PART, t1 - c0);
+
+    /* Phase 1: two 8-token tiles per warp per step. */
+    for (uint32_t tb = warp * 16; tb < C; tb += NWARPS * 16) {
+      uint4 kr[2][NC];
+#pragma unroll
+      for (int u = 0; u < 2; u++) {
+        uint32_t idx = tb + u * 8 + g;
+        if (idx < C) {
+          uint32_t j = c0 + idx;
+          uint32_t bi = bs_pow2 ? j >> bs_shift : j / kv.block_size;
+          uint32_t bo = bs_pow2 ? j & bs_mask : j % kv.block_size;
+          const char *rp = base + (uint64_t)bt[bi] * kv.block_stride + kv.k_offset +
+                           bo * tok_bytes + head_off;
+#pragma unroll
+          for (int i = 0; i < NC; i++)
+            kr[u][i] = __ldg((const uint4 *)(rp + (t + 4 * i) * 16));
+        } else {
+#pragma unroll
+          for (int i = 0; i < NC; i++)
+            kr[u][i] = make_uint4(0, 0, 0, 0);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < 2; u++) {
+        float sc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int i = 0; i < NC; i++)
+#pragma unroll
+          for (int hh = 0; hh < 2; hh++)
+            Mma<T>::run(sc, u4_get(qf[i], 2 * hh), 0u, u4_get(qf[i], 2 * hh + 1), 0u,
+                        u4_get(kr[u][i], 2 * hh), u4_get(kr[u][i], 2 * hh + 1));
+        uint32_t idx = tb + u * 8 + 2 * t;
+        if (g < ng) {
+          if (idx < C)
+            logits[g * KVS__ATTN_PART + idx] = sc[0] * a.scale;
+          if (idx + 1 < C)
+            logits[g * KVS__ATTN_PART + idx + 1] = sc[1] * a.scale;
+        }
+      }
+    }
+    __syncthreads();
+
+    /* Phase 2: running max and sum, probabilities in place. */
+    if (warp < ng) {
+      float *lg = logits + warp * KVS__ATTN_PART;
+      float cm = -INFINITY;
+      for (uint32_t k = lane; k < C; k += 32)
+        cm = fmaxf(cm, lg[k]);
+      for (int of = 16; of >= 1; of /= 2)
+        cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, of));
+      float m_old = sm_m[warp];
+      float m_new = fmaxf(m_old, cm);
+      float sum = 0.f;
+      for (uint32_t k = lane; k < C; k += 32) {
+        float p = expf(lg[k] - m_new);
+        lg[k] = p;
+        sum += p;
+      }
+      for (int of = 16; of >= 1; of /= 2)
+        sum += __shfl_xor_sync(0xffffffffu, sum, of);
+      __syncwarp();
+      if (lane == 0) {
+        float sc = m_old == -INFINITY ? 0.f : expf(m_old - m_new);
+        sm_scale[warp] = sc;
+        sm_l[warp] = sm_l[warp] * sc + sum;
+        sm_m[warp] = m_new;
+      }
+    } else if (warp < G && tid % 32 == 0) {
+      sm_scale[warp] = 0.f;
+    }
+    __syncthreads();
+
+    /* Phase 3: O^T += V^T P^T, 16 tokens per step. */
+    {
+      float s0 = sm_scale[2 * t], s1 = sm_scale[2 * t + 1];
+#pragma unroll
+      for (int i = 0; i < 2 * NVD * 4; i++) {
+        o[i][0] *= s0;
+        o[i][1] *= s1;
+        o[i][2] *= s0;
+        o[i][3] *= s1;
+      }
+    }
+    for (uint32_t kb = warp * 16; kb < C; kb += NWARPS * 16) {
+      uint4 vr[4][NVD]; /* tokens 2t, 2t+1, 2t+8, 2t+9 */
+#pragma unroll
+      for (int r = 0; r < 4; r++) {
+        uint32_t idx = kb + 2 * t + (r & 1) + (r >> 1) * 8;
+        if (idx < C) {
+          uint32_t j = c0 + idx;
+          uint32_t bi = bs_pow2 ? j >> bs_shift : j / kv.block_size;
+          uint32_t bo = bs_pow2 ? j & bs_mask : j % kv.block_size;
+          const char *rp = base + (uint64_t)bt[bi] * kv.block_stride + kv.v_offset +
+                           bo * tok_bytes + head_off;
+#pragma unroll
+          for (int v = 0; v < NVD; v++)
+            vr[r][v] = __ldg((const uint4 *)(rp + (g + 8 * v) * 16));
+        } else {
+#pragma unroll
+          for (int v = 0; v < NVD; v++)
+            vr[r][v] = make_uint4(0, 0, 0, 0);
+        }
+      }
+      /* P^T fragments: head g, tokens 2t, 2t+1 and 2t+8, 2t+9. */
+      float p[4];
+#pragma unroll
+      for (int r = 0; r < 4; r++) {
+        uint32_t idx = kb + 2 * t + (r & 1) + (r >> 1) * 8;
+        p[r] = (g < ng && idx < C) ? logits[g * KVS__ATTN_PART + idx] : 0.f;
+      }
+      uint32_t b0 = Mma<T>::pack(p[0], p[1]), b1 = Mma<T>::pack(p[2], p[3]);
+#pragma unroll
+      for (int v = 0; v < NVD; v++)
+#pragma unroll
+        for (int m = 0; m < 4; m++) {
+          uint32_t x0 = u4_get(vr[0][v], m), x1 = u4_get(vr[1][v], m);
+          uint32_t x8 = u4_get(vr[2][v], m), x9 = u4_get(vr[3][v], m);
+          Mma<T>::run(o[v * 4 + m], __byte_perm(x0, x1, 0x5410),
+                      __byte_perm(x0, x1, 0x7632), __byte_perm(x8, x9, 0x5410),
+                      __byte_perm(x8, x9, 0x7632), b0, b1);
+        }
+    }
+    __syncthreads();
+  }
+
+  /* Columns 2t, 2t+1 are heads; rows dims 8(g + 8v) + 2m (+1). */
+#pragma unroll
+  for (int v = 0; v < NVD; v++)
+#pragma unroll
+    for (int m = 0; m < 4; m++) {
+      uint32_t d = 8 * (g + 8 * v) + 2 * m;
+      if (2 * t < ng) {
+        atomicAdd(&red[(2 * t) * D + d], o[v * 4 + m][0]);
+        atomicAdd(&red[(2 * t) * D + d + 1], o[v * 4 + m][2]);
+      }
+      if (2 * t + 1 < ng) {
+        atomicAdd(&red[(2 * t + 1) * D + d], o[v * 4 + m][1]);
+        atomicAdd(&red[(2 * t + 1) * D + d + 1], o[v * 4 + m][3]);
+      }
+    }
+  __syncthreads();
+
+  if (span) {
+    uint32_t P = gridDim.z;
+    float *ws = (float *)a.workspace;
+    uint64_t R = a.num_rows, H = a.num_heads;
+    for (uint32_t i = tid; i < ng * D; i += blockDim.x) {
+      uint32_t gg = i / D, d = i % D;
+      uint64_t cell = ((uint64_t)row * H + hq0 + gg) * P + blockIdx.z;
+      ws[2 * R * H * P + cell * D + d] = red[gg * D + d];
+    }
+    if (tid < ng) {
+      uint64_t cell = ((uint64_t)row * H + hq0 + tid) * P + blockIdx.z;
+      ws[cell] = sm_m[tid];
+      ws[R * H * P + cell] = sm_l[tid];
+    }
+  } else {
+    for (uint32_t i = tid; i < ng * D; i += blockDim.x) {
+      uint32_t gg = i / D, d = i % D;
+      float v = n ? red[gg * D + d] / sm_l[gg] : 0.f;
+      st_elem(a.out, ((uint64_t)row * a.num_heads + hq0 + gg) * D + d, a.qo_dtype, v);
+    }
+  }
+}
+
+#define KVS_ATTN_MMA_INST(NAME, T, D)                                          \
+  extern "C" __global__ void __launch_bounds__(KVS__ATTN_THREADS, 2)          \
+      kvs_attn_mma_##NAME##_d##D(kvs_attn_args a, int prefill, uint32_t span) { \
+    attn_mma_body<T, D>(a, prefill, span);                                     \
+  }
+KVS_ATTN_MMA_INST(fp16, __half, 64)
+KVS_ATTN_MMA_INST(fp16, __half, 128)
+KVS_ATTN_MMA_INST(bf16, __nv_bfloat16, 64)
+KVS_ATTN_MMA_INST(bf16, __nv_bfloat16, 128)
+
 /* Merge the partitions of a split row: grid (row, query head). */
 extern "C" __global__ void kvs_attn_merge_kernel(kvs_attn_args a, int prefill,
                                                  uint32_t parts, uint32_t span) {

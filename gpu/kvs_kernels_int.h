@@ -34,6 +34,9 @@ static inline KVS_HD uint32_t kvs__attn_parts(uint32_t max_seq_len) {
  * group of query heads one block takes (default 8). */
 extern int kvs__cuda_attn_blocks_per_sm;
 extern int kvs__cuda_attn_max_group;
+/* 1 (default): GQA >= 4 over fp16/bf16 with q/out of the same dtype and
+ * head_dim 64 or 128 runs on tensor cores; 0: always the CUDA-core kernel. */
+extern int kvs__cuda_attn_mma;
 /* The C twins prefetch the next tile of keys/values (default 0). */
 extern int kvs__cpu_prefetch;
 

@@ -6,8 +6,9 @@
  *
  *   bench_attention_gpu [reps [sweep|profile]]
  *
- * sweep: also times two configurations at several split targets (blocks
- * per SM); profile: one configuration only, for a profiler.
+ * sweep: also times configurations at several split targets (blocks per
+ * SM), on the CUDA-core kernel only, and with at most 4 query heads per
+ * block; profile: one configuration only, for a profiler.
  *
  * Times are CUDA-event times (median of 5 runs of `reps` back-to-back calls,
  * after warm-up).  Bytes counted: every K and V element of every request's
@@ -109,7 +110,7 @@ static void run_cfg(const bench_cfg *c, int reps, int one_pass, double copy_bw,
   }
   for (uint32_t s = 0; s < B; s++)
     lens[s] = len;
-  size_t qbytes = (size_t)B * c->heads * l.head_dim * 2;
+  size_t qbytes = (size_t)B * c->heads * l.head_dim * kvs_dtype_size(l.dtype);
   void *d_pool, *d_q, *d_out, *d_tab, *d_lens, *d_ws = NULL;
   CU(kvs_cuda_malloc(&d_pool, kvs_pool_bytes(&l)));
   fill_random(d_pool, kvs_pool_bytes(&l));
@@ -131,7 +132,7 @@ static void run_cfg(const bench_cfg *c, int reps, int one_pass, double copy_bw,
   a.num_heads = c->heads;
   a.max_blocks_per_seq = mb;
   a.max_seq_len = len;
-  a.qo_dtype = KVS_DTYPE_FP16;
+  a.qo_dtype = l.dtype; /* q/out in the cache dtype */
   a.scale = 0.088f;
   uint64_t wsb = kvs_attn_workspace_bytes(&a);
   if (wsb)
@@ -224,6 +225,14 @@ int main(int argc, char **argv) {
       run_cfg(&cfg[5], reps, 0, copy_bw, peak);
     }
     kvs__cuda_attn_blocks_per_sm = 0;
+    kvs__cuda_attn_mma = 0;
+    printf("CUDA-core kernel only (default: tensor cores for GQA >= 4, 16-bit):\n");
+    run_cfg(&cfg[2], reps, 0, copy_bw, peak);
+    run_cfg(&cfg[5], reps, 0, copy_bw, peak);
+    run_cfg(&cfg[6], reps, 0, copy_bw, peak);
+    run_cfg(&cfg[9], reps, 0, copy_bw, peak);
+    run_cfg(&cfg[10], reps, 0, copy_bw, peak);
+    kvs__cuda_attn_mma = 1;
     kvs__cuda_attn_max_group = 4;
     printf("query heads per block capped at 4 (default 8):\n");
     run_cfg(&cfg[9], reps, 0, copy_bw, peak);

@@ -5,6 +5,7 @@
  * libraries builds it (make KVS_NO_DEPS=1 gpu-check).  Exits 77 with
  * "skipped: no GPU (...)" where CUDA cannot run.
  */
+#include "gpu/kvs_kernels_int.h"
 #include "kvs_status.h"
 #include "test_gpu_util.h"
 
@@ -148,9 +149,13 @@ static void test_attention(void) {
    * small for the transposing reduction (fp16, D=32: 4 lanes < 8 heads) */
   static const struct {
     uint32_t dim, ratio, dtype;
-  } odd[] = {{32, 8, KVS_DTYPE_FP16}, {32, 8, KVS_DTYPE_FP32},
-             {64, 2, KVS_DTYPE_BF16}, {128, 3, KVS_DTYPE_FP16},
-             {128, 6, KVS_DTYPE_FP32}, {64, 12, KVS_DTYPE_FP16}};
+  } odd[] = {{32, 8, KVS_DTYPE_FP16},  {32, 8, KVS_DTYPE_FP32},
+             {64, 2, KVS_DTYPE_BF16},  {128, 3, KVS_DTYPE_FP16},
+             {128, 6, KVS_DTYPE_FP32}, {64, 12, KVS_DTYPE_FP16},
+             /* tensor-core kernel: GQA >= 4, 16-bit, q/out same dtype */
+             {128, 4, KVS_DTYPE_FP16}, {128, 8, KVS_DTYPE_BF16},
+             {64, 6, KVS_DTYPE_BF16},  {128, 16, KVS_DTYPE_FP16},
+             {128, 5, KVS_DTYPE_BF16}};
   for (size_t i = 0; i < sizeof odd / sizeof odd[0]; i++) {
     uint32_t lens[] = {1, 16, 49, 700, 0, 257};
     tg_params p = {.block_size = 16, .num_kv_heads = 2, .head_dim = odd[i].dim,
@@ -317,6 +322,11 @@ int main(void) {
   test_write();
   test_blocks();
   test_attention();
+  /* the same shapes again on the CUDA-core kernel only */
+  printf("-- without the tensor-core kernel:\n");
+  kvs__cuda_attn_mma = 0;
+  test_attention();
+  kvs__cuda_attn_mma = 1;
   printf("%s: %d failure(s)\n", failures ? "FAIL" : "PASS", failures);
   return failures ? 1 : 0;
 }
