@@ -89,7 +89,6 @@ extern "C" __global__ void kvs_write_kv_kernel(kvs_write_args a) {
     return;
   uint64_t b = (uint64_t)slot / kv.block_size;
   uint64_t t = (uint64_t)slot % kv.block_size;
-  size_t des = kvs_dtype_size(kv.dtype);
   char *blk = (char *)kv.base + b * kv.block_stride;
   uint32_t row = kv.num_kv_heads * kv.head_dim;
   for (uint32_t e = threadIdx.x; e < row; e += blockDim.x) {
@@ -99,7 +98,6 @@ extern "C" __global__ void kvs_write_kv_kernel(kvs_write_args a) {
     st_elem(blk + kv.k_offset, dst, kv.dtype, ld_elem(a.k, src, a.src_dtype));
     st_elem(blk + kv.v_offset, dst, kv.dtype, ld_elem(a.v, src, a.src_dtype));
   }
-  (void)des;
 }
 
 /* ---- whole blocks ------------------------------------------------------------ */
@@ -343,7 +341,7 @@ __device__ __forceinline__ void attn_body(const kvs_attn_args &a, int prefill,
     }
     __syncthreads();
 
-    /* Phase 3: weighted values of the chunk, then into red. */
+    /* Phase 3: weighted values of the chunk, then added into red. */
     {
       float acc[G][E];
 #pragma unroll
