@@ -21,6 +21,7 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "kvs_frame.h"
@@ -149,6 +150,122 @@ static size_t resp_size(Kvshare__Response *rs) {
   return kvs_frame_size(&e);
 }
 
+/* ---- a minimal protocol server ---------------------------------------------
+ * A blocking process that speaks just enough of the protocol for Ping:
+ * Welcome (no pool), then for each frame: decode, answer a Pong, encode.  It
+ * separates the cost of the protocol (framing and protobuf on both ends,
+ * libkvshare's call path) from the daemon's own (event loop, dispatch). */
+
+typedef struct mini {
+  pid_t pid;
+  kvs_client *c;
+  char path[108];
+} mini;
+
+static void mini_serve(int fd) {
+  uint8_t *buf = malloc(1 << 16), *out = malloc(1 << 16);
+  size_t have = 0;
+  for (;;) {
+    /* One read per request, as the raw echo does (frames are small). */
+    size_t flen = 0;
+    int pr;
+    while ((pr = kvs_frame_parse(buf, have, 1 << 15, &flen)) == 0) {
+      ssize_t r = read(fd, buf + have, (1 << 16) - have);
+      if (r <= 0)
+        goto out;
+      have += (size_t)r;
+    }
+    if (pr < 0)
+      break;
+    kvs_frame_header h;
+    kvs_frame_header_decode(buf, 1 << 15, &h);
+    Kvshare__Envelope *in;
+    if (kvs_envelope_unpack(buf + KVS_FRAME_HEADER_SIZE, h.length, 0, &in))
+      break;
+    Kvshare__Envelope env = KVSHARE__ENVELOPE__INIT;
+    Kvshare__Welcome w = KVSHARE__WELCOME__INIT;
+    Kvshare__Layout l = KVSHARE__LAYOUT__INIT;
+    Kvshare__PoolExport pe = KVSHARE__POOL_EXPORT__INIT;
+    Kvshare__Status st = KVSHARE__STATUS__INIT;
+    Kvshare__Response r = KVSHARE__RESPONSE__INIT;
+    env.seq = in->seq;
+    if (in->body_case == KVSHARE__ENVELOPE__BODY_HELLO) {
+      kvs_layout lay = {16, 1, 1, 8, KVS_DTYPE_FP32, 1, 0};
+      kvs_layout_finish(&lay);
+      l.block_size = lay.block_size;
+      l.num_layers = lay.num_layers;
+      l.num_kv_heads = lay.num_kv_heads;
+      l.head_dim = lay.head_dim;
+      l.dtype = lay.dtype;
+      l.num_blocks = lay.num_blocks;
+      l.block_stride = lay.block_stride;
+      pe.backend = "host";
+      pe.size = kvs_pool_bytes(&lay);
+      w.status = &st;
+      w.version = KVS_PROTO_VERSION;
+      w.layout = &l;
+      w.pool = &pe;
+      env.body_case = KVSHARE__ENVELOPE__BODY_WELCOME;
+      env.welcome = &w;
+    } else {
+      r.status = &st;
+      if (in->body_case == KVSHARE__ENVELOPE__BODY_REQUEST && in->request &&
+          in->request->op_case == KVSHARE__REQUEST__OP_PING) {
+        r.result_case = KVSHARE__RESPONSE__RESULT_PONG;
+        r.pong = in->request->ping->payload;
+      }
+      env.body_case = KVSHARE__ENVELOPE__BODY_RESPONSE;
+      env.response = &r;
+    }
+    long n = kvs_frame_pack_into(&env, 1 << 16, out, 1 << 16);
+    kvs_envelope_free(in);
+    if (n < 0 || write_full(fd, out, (size_t)n))
+      break;
+    memmove(buf, buf + flen, have - flen);
+    have -= flen;
+  }
+out:
+  free(buf);
+  free(out);
+}
+
+static void mini_start(mini *m) {
+  CHECK(strlen(d.dir) + 10 < sizeof m->path);
+  memcpy(m->path, d.dir, strlen(d.dir));
+  memcpy(m->path + strlen(d.dir), "/mini.sock", 11);
+  int lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  CHECK(lfd >= 0);
+  struct sockaddr_un sa = {0};
+  sa.sun_family = AF_UNIX;
+  memcpy(sa.sun_path, m->path, sizeof m->path);
+  CHECK(bind(lfd, (struct sockaddr *)&sa, sizeof sa) == 0);
+  CHECK(listen(lfd, 1) == 0);
+  fflush(NULL);
+  m->pid = fork();
+  CHECK(m->pid >= 0);
+  if (m->pid == 0) {
+    pin(0, server_cpu);
+    int fd = accept(lfd, NULL, NULL);
+    for (int i = 3; i < 1024; i++)
+      if (i != fd)
+        close(i);
+    if (fd >= 0)
+      mini_serve(fd);
+    _exit(0);
+  }
+  close(lfd);
+  kvs_connect_opts o = {"bench-mini", 30000, 1};
+  kvs_client *c = NULL;
+  CHECK(kvs_connect(m->path, &o, &c) == 0);
+  m->c = c;
+}
+
+static void mini_stop(mini *m) {
+  kvs_close(m->c);
+  itest_wait(m->pid);
+  unlink(m->path);
+}
+
 /* ---- the measurements ---------------------------------------------------- */
 
 typedef struct series {
@@ -196,7 +313,9 @@ static void bench_small(kvs_client *c, const char *mode, double *raw_small) {
   raw rp, ra;
   raw_start(&rp, ping_req, ping_resp);
   raw_start(&ra, app_req, app_resp);
-  series sraw_p = {0}, sd_p = {0}, sraw_a = {0}, sd_a = {0};
+  series sraw_p = {0}, sd_p = {0}, sraw_a = {0}, sd_a = {0}, sm_p = {0};
+  mini m;
+  mini_start(&m);
   uint32_t bs = kvs_layout_of(c)->block_size;
   uint32_t tok[4] = {1, 2, 3, 4};
   int rounds = quick ? 4 : 20, per = quick ? 500 : 2000;
@@ -216,6 +335,11 @@ static void bench_small(kvs_client *c, const char *mode, double *raw_small) {
       CHECK_OK(c, kvs_ping(c, payload16, 16));
       add(&sd_p, (itest_now() - t0) * 1e6);
     }
+    for (int i = 0; i < per; i++) {
+      double t0 = itest_now();
+      CHECK_OK(m.c, kvs_ping(m.c, payload16, 16));
+      add(&sm_p, (itest_now() - t0) * 1e6);
+    }
     for (int i = 0; i < per; i++)
       add(&sraw_a, raw_rtt(&ra));
     for (int i = 0; i < per; i++) {
@@ -233,6 +357,8 @@ static void bench_small(kvs_client *c, const char *mode, double *raw_small) {
   CHECK_OK(c, kvs_free(c, req));
   raw_stop(&rp);
   raw_stop(&ra);
+  mini_stop(&m);
+  double mmp = median(sm_p.v, sm_p.n);
   double mrp = median(sraw_p.v, sraw_p.n), mdp = median(sd_p.v, sd_p.n);
   double mra = median(sraw_a.v, sraw_a.n), mda = median(sd_a.v, sd_a.n);
   printf("small op, %s, median round trip over %d samples each "
@@ -240,6 +366,9 @@ static void bench_small(kvs_client *c, const char *mode, double *raw_small) {
          mode, sd_p.n);
   printf("  raw unix-socket ping-pong %3zu B / %3zu B   %7.2f us\n", ping_req,
          ping_resp, mrp);
+  printf("  Ping(16 B) to a minimal blocking server %7.2f us   ratio %.2fx "
+         "(the protocol's floor)\n",
+         mmp, mmp / mrp);
   printf("  Ping(16 B) through kvshared             %7.2f us   ratio %.2fx "
          "(target <= 1.25x)\n",
          mdp, mdp / mrp);
@@ -253,6 +382,7 @@ static void bench_small(kvs_client *c, const char *mode, double *raw_small) {
   free(sd_p.v);
   free(sraw_a.v);
   free(sd_a.v);
+  free(sm_p.v);
 }
 
 /* A prefill step: NREQ x (lookup, allocate, commit, free) = 4 NREQ ops. */
