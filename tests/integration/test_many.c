@@ -18,7 +18,7 @@
 #include "tests/integration/itest.h"
 
 #define NCLIENTS 72
-#define STEPS 120
+#define STEPS 600
 #define NREQ 6
 
 static itest_daemon d;
