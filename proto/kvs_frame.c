@@ -131,11 +131,84 @@ static void budget_free(void *data, void *p) {
   free(p);
 }
 
+/* Reads a varint at *p (below end); 0, or -1 when it is cut or too long. */
+static int read_varint(const uint8_t **p, const uint8_t *end, uint64_t *v) {
+  unsigned shift = 0;
+
+  *v = 0;
+  while (*p < end && shift < 64) {
+    uint8_t b = *(*p)++;
+
+    *v |= (uint64_t)(b & 0x7f) << shift;
+    if (!(b & 0x80))
+      return 0;
+    shift += 7;
+  }
+  return -1;
+}
+
+/*
+ * protobuf-c unpacks nested messages by recursion with no depth limit, so a
+ * few tens of kilobytes of Request { Batch { Request { Batch ... } } } would
+ * overflow the stack.  This walks the wire format with the message's
+ * descriptor first, descending only into message-typed fields, and refuses a
+ * payload nested deeper than KVS_UNPACK_MAX_DEPTH (or malformed on the way).
+ * Its own recursion is bounded by that limit.
+ */
+static int check_nesting(const ProtobufCMessageDescriptor *d,
+                         const uint8_t *p, const uint8_t *end,
+                         unsigned depth) {
+  if (depth > KVS_UNPACK_MAX_DEPTH)
+    return -1;
+  while (p < end) {
+    uint64_t key, v;
+
+    if (read_varint(&p, end, &key) < 0)
+      return -1;
+    switch (key & 7) {
+    case 0: /* varint */
+      if (read_varint(&p, end, &v) < 0)
+        return -1;
+      break;
+    case 1: /* 64-bit */
+      if ((size_t)(end - p) < 8)
+        return -1;
+      p += 8;
+      break;
+    case 5: /* 32-bit */
+      if ((size_t)(end - p) < 4)
+        return -1;
+      p += 4;
+      break;
+    case 2: { /* length-delimited: bytes, string, packed, or a message */
+      const ProtobufCFieldDescriptor *f = NULL;
+
+      if (read_varint(&p, end, &v) < 0 || v > (uint64_t)(end - p))
+        return -1;
+      if ((key >> 3) <= UINT32_MAX)
+        f = protobuf_c_message_descriptor_get_field(d, (unsigned)(key >> 3));
+      if (f && f->type == PROTOBUF_C_TYPE_MESSAGE &&
+          check_nesting(f->descriptor, p, p + v, depth + 1) < 0)
+        return -1;
+      p += v;
+      break;
+    }
+    default: /* groups (3, 4) and unknown wire types: protobuf-c refuses */
+      return -1;
+    }
+  }
+  return 0;
+}
+
 int kvs_envelope_unpack(const uint8_t *payload, size_t len,
                         size_t alloc_limit, Kvshare__Envelope **out) {
   struct budget b = {0, alloc_limit ? alloc_limit : KVS_UNPACK_LIMIT(len)};
   ProtobufCAllocator a = {budget_alloc, budget_free, &b};
 
+  *out = NULL;
+  if (check_nesting(&kvshare__envelope__descriptor, payload, payload + len,
+                    0) < 0)
+    return KVS_EPROTO;
   *out = kvshare__envelope__unpack(&a, len, payload);
   return *out ? 0 : KVS_EPROTO;
 }

@@ -94,10 +94,15 @@ int kvs_frame_pack(const Kvshare__Envelope *env, uint32_t max_frame,
  * a payload cannot make the decoder allocate out of proportion to its size.
  * Real messages decode to a few times their wire size; a large Batch of
  * empty ops (about 20 times) is refused by the default limit.  Returns 0
- * and *out (free with kvs_envelope_free), or KVS_EPROTO (undecodable, or
- * over the allocation limit).
+ * and *out (free with kvs_envelope_free), or KVS_EPROTO (undecodable, over
+ * the allocation limit, or messages nested deeper than
+ * KVS_UNPACK_MAX_DEPTH).
  */
 #define KVS_UNPACK_LIMIT(len) ((size_t)(len) * 16u + (1u << 20))
+/* Deepest nesting of messages accepted (the Envelope is depth 0; a Batch
+ * inside a Batch is depth 4).  Deeper payloads are refused with KVS_EPROTO
+ * before protobuf-c, which recurses without a limit, sees them. */
+#define KVS_UNPACK_MAX_DEPTH 16u
 int kvs_envelope_unpack(const uint8_t *payload, size_t len,
                         size_t alloc_limit, Kvshare__Envelope **out);
 

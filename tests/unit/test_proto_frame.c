@@ -235,6 +235,82 @@ static void test_alloc_limit(void **state) {
   free(ops);
 }
 
+/* Appends a varint. */
+static size_t put_varint(uint8_t *p, uint64_t v) {
+  size_t n = 0;
+
+  while (v >= 0x80) {
+    p[n++] = (uint8_t)(v | 0x80);
+    v >>= 7;
+  }
+  p[n++] = (uint8_t)v;
+  return n;
+}
+
+/* An Envelope holding Request { Batch { ops: Request { Batch ... } } },
+ * `levels` Batches deep, built inside out at the end of buf; returns its
+ * start.  Each level wraps the previous one in two length-delimited fields. */
+static uint8_t *nested_batches(uint8_t *buf, size_t cap, unsigned levels,
+                               size_t *len) {
+  uint8_t *end = buf + cap, *p = end, hdr[24];
+  unsigned i;
+
+  for (i = 0; i < levels; i++) {
+    size_t h;
+
+    h = put_varint(hdr, (1 << 3) | 2);          /* Batch.ops */
+    h += put_varint(hdr + h, (uint64_t)(end - p));
+    p -= h;
+    memcpy(p, hdr, h);
+    h = put_varint(hdr, (9 << 3) | 2);          /* Request.batch */
+    h += put_varint(hdr + h, (uint64_t)(end - p));
+    p -= h;
+    memcpy(p, hdr, h);
+  }
+  {
+    size_t h = put_varint(hdr, (4 << 3) | 2);   /* Envelope.request */
+
+    h += put_varint(hdr + h, (uint64_t)(end - p));
+    p -= h;
+    memcpy(p, hdr, h);
+  }
+  *len = (size_t)(end - p);
+  return p;
+}
+
+/* Regression: protobuf-c recurses once per nested message with no limit; a
+ * 34 KB frame of nested Batches overflowed the daemon's stack (SIGSEGV). */
+static void test_deep_nesting(void **state) {
+  size_t cap = 4u << 20, len;
+  uint8_t *buf = malloc(cap), *p;
+  Kvshare__Envelope *out = NULL;
+
+  (void)state;
+  assert_non_null(buf);
+  /* A Batch inside a Batch still decodes (the daemon answers it EINVAL). */
+  p = nested_batches(buf, cap, 2, &len);
+  assert_int_equal(kvs_envelope_unpack(p, len, 0, &out), 0);
+  assert_int_equal(out->request->op_case, KVSHARE__REQUEST__OP_BATCH);
+  assert_int_equal(out->request->batch->ops[0]->op_case,
+                   KVSHARE__REQUEST__OP_BATCH);
+  kvs_envelope_free(out);
+  /* Up to the limit: Envelope 0, Request 1, Batch 2, ... */
+  p = nested_batches(buf, cap, (KVS_UNPACK_MAX_DEPTH - 1) / 2, &len);
+  assert_int_equal(kvs_envelope_unpack(p, len, 0, &out), 0);
+  kvs_envelope_free(out);
+  p = nested_batches(buf, cap, KVS_UNPACK_MAX_DEPTH / 2 + 1, &len);
+  assert_int_equal(kvs_envelope_unpack(p, len, 0, &out), KVS_EPROTO);
+  assert_null(out);
+  /* Far past it: refused, not a stack overflow. */
+  p = nested_batches(buf, cap, 200000, &len);
+  assert_int_equal(kvs_envelope_unpack(p, len, 0, &out), KVS_EPROTO);
+  assert_null(out);
+  /* Cut in the middle of the nesting: refused as well. */
+  p = nested_batches(buf, cap, 1000, &len);
+  assert_int_equal(kvs_envelope_unpack(p, len / 2, 0, &out), KVS_EPROTO);
+  free(buf);
+}
+
 static void test_status_names(void **state) {
   (void)state;
   assert_string_equal(kvs_status_name(KVS_ETOOBIG), "ETOOBIG");
@@ -250,6 +326,7 @@ int main(void) {
       cmocka_unit_test(test_oversize),
       cmocka_unit_test(test_truncated_and_garbage),
       cmocka_unit_test(test_alloc_limit),
+      cmocka_unit_test(test_deep_nesting),
       cmocka_unit_test(test_status_names),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
