@@ -115,7 +115,9 @@ static void *budget_alloc(void *data, size_t size) {
   struct budget *b = data;
   void *p;
 
-  if (size > b->limit - b->used)
+  /* used may pass limit by malloc's rounding: then limit - used would wrap
+   * around and let any size through. */
+  if (b->used >= b->limit || size > b->limit - b->used)
     return NULL;
   p = malloc(size);
   if (p)

@@ -231,6 +231,16 @@ static void test_alloc_limit(void **state) {
                                        len - KVS_FRAME_HEADER_SIZE, 4096,
                                        &out),
                    KVS_EPROTO);
+  /* Regression: malloc's rounding could carry the count of live bytes past
+   * the limit, and `limit - used` then wrapped around and let everything
+   * through.  No budget much smaller than the decode needs may succeed. */
+  for (i = 1; i < 20000; i += 7) {
+    out = NULL;
+    assert_int_equal(kvs_envelope_unpack(buf + KVS_FRAME_HEADER_SIZE,
+                                         len - KVS_FRAME_HEADER_SIZE, i, &out),
+                     KVS_EPROTO);
+    assert_null(out);
+  }
   free(buf);
   free(ops);
 }
