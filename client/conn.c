@@ -198,16 +198,23 @@ static int handshake(kvs_client *c, const kvs_connect_opts *opts) {
   env.seq = c->next_seq++;
   env.body_case = KVSHARE__ENVELOPE__BODY_HELLO;
   env.hello = &hello;
-  int rc = send_env(c, &env);
-  if (rc)
-    return rc;
+  /* A daemon that refuses the connection (ELIMIT, EPERM) answers before the
+   * Hello and closes: if the Hello cannot be sent, its answer may still be
+   * there to read. */
+  int send_rc = send_env(c, &env);
+  if (send_rc && send_rc != KVS_ECLOSED)
+    return send_rc;
 
   int fds[KVS_FRAME_MAX_FDS];
   int nfds = 0;
   Kvshare__Envelope *r = NULL;
-  rc = recv_frame(c, KVS__CLIENT_MAX_FRAME, fds, &nfds, KVS_FRAME_MAX_FDS, &r);
-  if (rc)
+  int rc = recv_frame(c, KVS__CLIENT_MAX_FRAME, fds, &nfds, KVS_FRAME_MAX_FDS,
+                      &r);
+  if (rc) {
+    if (send_rc)
+      rc = send_rc;
     goto out;
+  }
   if (r->body_case == KVSHARE__ENVELOPE__BODY_RESPONSE && r->response &&
       r->response->status && r->response->status->code < 0) {
     copy_str(c->msg, sizeof c->msg, r->response->status->message);

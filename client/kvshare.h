@@ -26,7 +26,7 @@
  *   kvs_fork      a child request sharing every block (copy-on-write)
  *   kvs_free      release a request's blocks and forget it
  *   kvs_preempt   release a request's blocks, keep the request
- *   kvs_stats     counters, optionally the daemon's pool invariant check
+ *   kvs_stats_get counters, optionally the daemon's pool invariant check
  *   kvs_ping      an echo round trip
  *
  * Return values
@@ -51,7 +51,7 @@
  *     returns (so they may be passed as an argument to that call, e.g. an
  *     allocation's blocks to kvs_commit), or until the batch is submitted
  *     again, reset or freed (batched ops).  Copy them out to keep them.
- *   - kvs_layout() and kvs_pool_base() stay valid until kvs_close().
+ *   - kvs_layout_of() and kvs_pool_base() stay valid until kvs_close().
  *   - Arrays the caller passes in (tokens, blocks, salt, payload) are read
  *     during the call only (or, for the batch builder, copied when the op is
  *     added).

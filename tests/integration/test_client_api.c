@@ -7,7 +7,7 @@
  * limit fails with ETOOBIG before anything is sent and the connection goes
  * on; a result's blocks passed straight into the next call; per-op results
  * of the wrong kind; the accessors (layout, pool, session, model id, plane
- * and paged views).  Then the daemon is killed under a connected client:
+ * and paged views); a daemon at its connection limit refuses with ELIMIT.  Then the daemon is killed under a connected client:
  * the next call fails with ECLOSED and every later one too, the pool
  * mapping stays readable until kvs_close, and nothing leaks (ASan, fds).
  */
@@ -121,6 +121,18 @@ int main(void) {
   kvs_batch_free(b);
 
   /* The clean path: nothing leaked, the daemon stops cleanly. */
+  kvs_close(c);
+  itest_daemon_finish(&d, my_fds);
+
+  /* A daemon at its connection limit refuses in the Welcome. */
+  static const char *const one[] = {"--num-layers", "1", "--head-dim", "8",
+                                    "--pool-blocks", "16",
+                                    "--max-connections", "1", NULL};
+  itest_daemon_start(&d, one);
+  c = itest_connect(&d, "first");
+  kvs_client *c2 = (kvs_client *)1;
+  CHECK(kvs_connect(d.socket, NULL, &c2) == KVS_ELIMIT && c2 == NULL);
+  CHECK_OK(c, kvs_ping(c, "ok", 2));
   kvs_close(c);
   itest_daemon_finish(&d, my_fds);
 
