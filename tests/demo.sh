@@ -16,7 +16,8 @@
 #
 # Knobs (environment): KVS_DEMO_WORKERS (4), KVS_DEMO_USERS (3 per worker),
 # KVS_DEMO_TURNS (4), KVS_DEMO_SYS (100 system-prompt tokens),
-# KVS_DEMO_REPLY (6 decoded tokens per turn).
+# KVS_DEMO_REPLY (6 decoded tokens per turn); KVS_DEMO_DAEMON_ARGS: extra
+# kvshared options (the demo itself uses none; tests pass --dtype fp16 ...).
 set -u
 build=${1:-build}
 workers=${KVS_DEMO_WORKERS:-4}
@@ -48,7 +49,9 @@ sock=$dir/kvshared.sock
 echo "== kvshare demo: $workers workers x $users users x $turns turns," \
      "a shared $sys-token system prompt"
 exec 3>"$dir/ready"
-"$daemon" serve --socket "$sock" --ready-fd 3 >"$dir/kvshared.log" 2>&1 &
+# shellcheck disable=SC2086
+"$daemon" serve --socket "$sock" --ready-fd 3 ${KVS_DEMO_DAEMON_ARGS:-} \
+  >"$dir/kvshared.log" 2>&1 &
 pid=$!
 exec 3>&-
 for _ in $(seq 300); do
@@ -57,7 +60,7 @@ for _ in $(seq 300); do
   sleep 0.1
 done
 grep -q ready "$dir/ready" 2>/dev/null || die "kvshared did not start"
-echo "kvshared $pid listening on $sock (built-in defaults)"
+echo "kvshared $pid listening on $sock (${KVS_DEMO_DAEMON_ARGS:-built-in defaults})"
 grep -m1 -i "backend" "$dir/kvshared.log" | sed 's/^/  log: /'
 layout=$("$cli" --socket "$sock" layout --json) || die "kvshare layout"
 

@@ -413,7 +413,9 @@ int main(int argc, char **argv) {
     fprintf(stderr, "worker %d: toy model: %d\n", wid, rc);
     return 1;
   }
-  tol = L->dtype == KVS_DTYPE_FP32 ? 1e-4 : 2e-2;
+  /* toy_reference rounds K and V through the cache dtype too, so what is
+   * left is the order of fp32 accumulation. */
+  tol = L->dtype == KVS_DTYPE_FP32 ? 1e-4 : 1e-3;
   size_t maxrows = MAX_TOKENS;
   q = malloc(maxrows * M.num_heads * L->head_dim * sizeof *q);
   out = malloc(maxrows * M.num_heads * L->head_dim * sizeof *out);

@@ -1,0 +1,17 @@
+#!/bin/bash
+# test_demo — the demo (tests/demo.sh) at a small size with half-precision
+# pools: fp16 and bf16 caches, where every cached block must still match
+# byte for byte and every attention row must match the from-scratch output
+# within the dtype's tolerance.  (make demo runs the fp32 defaults.)
+set -u
+build=${KVS_BUILD:-build}
+[ -x "$build/tests/demo/worker" ] || { echo "FAIL: demo worker not built"; exit 1; }
+[ -x "$build/kvshared" ] || { echo "SKIP: kvshared not built"; exit 77; }
+for dt in fp16 bf16; do
+  echo "== $dt"
+  KVS_DEMO_WORKERS=3 KVS_DEMO_USERS=2 KVS_DEMO_TURNS=3 KVS_DEMO_SYS=40 \
+  KVS_DEMO_REPLY=3 \
+  KVS_DEMO_DAEMON_ARGS="--dtype $dt --num-layers 2 --num-kv-heads 2 --head-dim 32 --pool-blocks 512" \
+    tests/demo.sh "$build" || { echo "FAIL: the demo with a $dt pool"; exit 1; }
+done
+echo "test_demo: ok"
