@@ -48,8 +48,9 @@ struct kvs_batch {
   bmsg *msgs;
   Kvshare__Request **reqs;
   uint32_t msgcap;
-  /* the reply of the last submit */
+  /* the reply of the last submit, decoded in arena */
   Kvshare__Envelope *reply;
+  kvs__arena arena;
   Kvshare__Response **replies;
   uint32_t nreplies;
   int submitted;
@@ -64,8 +65,7 @@ int kvs_batch_new(kvs_batch **out) {
 
 /* Frees the last reply (its results become invalid). */
 static void drop_reply(kvs_batch *b) {
-  if (b->reply)
-    kvs_envelope_free(b->reply);
+  kvs__arena_reset(&b->arena);
   b->reply = NULL;
   b->replies = NULL;
   b->nreplies = 0;
@@ -76,6 +76,7 @@ void kvs_batch_free(kvs_batch *b) {
   if (!b)
     return;
   drop_reply(b);
+  kvs__arena_destroy(&b->arena);
   free(b->ops);
   free(b->u32);
   free(b->bytes);
@@ -352,9 +353,13 @@ int kvs_batch_submit(kvs_client *c, kvs_batch *b) {
     c->broken = 1; /* the reply does not match what was sent */
     return KVS_EPROTO;
   }
-  /* Take the reply over from the client. */
+  /* Take the reply over from the client: it lives in the client's arena,
+   * so the batch takes that arena and gives the client its own (empty). */
   b->reply = c->last;
   c->last = NULL;
+  kvs__arena tmp = b->arena;
+  b->arena = c->arena;
+  c->arena = tmp;
   if (b->n) {
     b->replies = r->batch->replies;
     b->nreplies = (uint32_t)r->batch->n_replies;

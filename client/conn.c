@@ -25,10 +25,8 @@ static void copy_str(char *dst, size_t cap, const char *src) {
 }
 
 void kvs__drop_last(kvs_client *c) {
-  if (c->last) {
-    kvs_envelope_free(c->last);
-    c->last = NULL;
-  }
+  c->last = NULL;
+  kvs__arena_reset(&c->arena);
 }
 
 static int fail(kvs_client *c, int rc) {
@@ -80,8 +78,9 @@ static int recv_frame(kvs_client *c, uint32_t max_frame, int *fds, int *nfds,
     if (pr < 0)
       return pr;
     if (pr == 1) {
-      int rc = kvs_envelope_unpack(c->rbuf + c->rpos + KVS_FRAME_HEADER_SIZE,
-                                   flen - KVS_FRAME_HEADER_SIZE, 0, out);
+      int rc = kvs__arena_unpack(&c->arena,
+                                 c->rbuf + c->rpos + KVS_FRAME_HEADER_SIZE,
+                                 flen - KVS_FRAME_HEADER_SIZE, out);
       c->rpos += flen;
       if (c->rpos == c->rlen)
         c->rpos = c->rlen = 0;
@@ -273,7 +272,7 @@ out:
   for (int i = 0; i < nfds; i++)
     if (fds[i] >= 0)
       close(fds[i]);
-  kvs_envelope_free(r);
+  kvs__arena_reset(&c->arena); /* the Welcome */
   return rc;
 }
 
@@ -341,6 +340,7 @@ void kvs_close(kvs_client *c) {
   if (!c)
     return;
   kvs__drop_last(c);
+  kvs__arena_destroy(&c->arena);
   kvs_region_close(&c->pool);
   if (c->fd >= 0)
     close(c->fd);
