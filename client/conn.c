@@ -120,14 +120,16 @@ static int recv_frame(kvs_client *c, uint32_t max_frame, int *fds, int *nfds,
 
 /* Packs env as one frame into c->wbuf and sends it. */
 static int send_env(kvs_client *c, const Kvshare__Envelope *env) {
-  size_t need = kvs_frame_size(env);
-  int rc = ensure_cap(&c->wbuf, &c->wcap, need);
+  /* (Sized once: kvs_frame_pack_into would size the message again.) */
+  size_t len = kvshare__envelope__get_packed_size(env);
+  if (len > c->max_frame)
+    return KVS_ETOOBIG;
+  int rc = ensure_cap(&c->wbuf, &c->wcap, KVS_FRAME_HEADER_SIZE + len);
   if (rc)
     return rc;
-  long n = kvs_frame_pack_into(env, c->max_frame, c->wbuf, c->wcap);
-  if (n < 0)
-    return (int)n;
-  return send_all(c->fd, c->wbuf, (size_t)n);
+  kvs_frame_header_encode(c->wbuf, (uint32_t)len);
+  kvshare__envelope__pack(env, c->wbuf + KVS_FRAME_HEADER_SIZE);
+  return send_all(c->fd, c->wbuf, KVS_FRAME_HEADER_SIZE + len);
 }
 
 int kvs__call(kvs_client *c, Kvshare__Request *req, Kvshare__Response **resp) {
