@@ -101,7 +101,10 @@ typedef struct kvs_batch kvs_batch;
 
 typedef struct kvs_connect_opts {
   const char *client_name; /* shown in the daemon's logs; NULL: "libkvshare" */
-  int timeout_ms;          /* per-call socket timeout; 0: wait forever */
+  int timeout_ms;          /* per-call socket timeout; 0: wait forever.  A
+                              call that times out returns -EAGAIN and
+                              leaves the client broken (the reply may
+                              still come, out of step) */
   int no_map;              /* 1: do not map the pool (tools such as the CLI) */
 } kvs_connect_opts;
 

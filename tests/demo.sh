@@ -152,6 +152,12 @@ for r in sorted(rows, key=lambda r: r["worker"]):
           f"{int(r['blocks_allocated']):>6} {int(r['hit_blocks_checked']):>8} "
           f"{int(r['rows_checked']):>7} {r['seconds']:>5.2f}")
 print()
+others = [r for r in rows if r["worker"] > 0]
+if others:
+    print("first request of each later worker: "
+          + ", ".join(f"worker {int(r['worker'])} found {int(r['first_hit'])} "
+                      f"tokens cached" for r in sorted(others, key=lambda r: r["worker"]))
+          + " (the system prompt, computed by worker 0)")
 prompt, hit = total("prompt_tokens"), total("hit_tokens")
 rate = hit / prompt if prompt else 0
 print(f"prefill tokens:     {prompt} in prompts, {hit} served from the cache, "
@@ -182,6 +188,8 @@ print(f"invariant check: {stats['check_status']}")
 check("every worker finished", len(rows) == nworkers and ok)
 check("no worker reported a failure", total("failures") == 0)
 check("the cache saved prefill tokens", hit > 0)
+check("later workers reused worker 0's system prompt",
+      all(r["first_hit"] > 0 for r in others))
 check("shared blocks were verified", total("hit_blocks_checked") > 0)
 check("attention matched from scratch", total("rows_checked") > 0)
 check("no block in use after the workers", used == 0 and stats["num_requests"] == 0)

@@ -61,7 +61,7 @@ static double tol;
 /* Counters for the report. */
 static long n_req, prompt_tokens, hit_tokens, computed_tokens, decode_tokens;
 static long blocks_alloc, hit_blocks_checked, rows_checked, failures;
-static long round_trips;
+static long round_trips, first_hit = -1;
 static double max_err;
 
 #define FAIL(...)                                                            \
@@ -233,6 +233,8 @@ static void turn(conv *cv, int t, kvs_batch *b, uint64_t req) {
   uint32_t table[MAX_TOKENS / 4];
   uint32_t nblocks = lr.num_blocks, h = lr.hit_tokens;
   memcpy(table, lr.blocks, nblocks * sizeof *table);
+  if (first_hit < 0)
+    first_hit = h;
   n_req++;
   prompt_tokens += n;
   hit_tokens += h;
@@ -449,10 +451,10 @@ int main(int argc, char **argv) {
          "computed_tokens=%ld decode_tokens=%ld blocks_allocated=%ld "
          "hit_blocks_checked=%ld rows_checked=%ld max_rel_err=%.3g "
          "round_trips=%ld seconds=%.2f rtt_daemon_us=%.2f rtt_raw_us=%.2f "
-         "failures=%ld\n",
+         "first_hit=%ld failures=%ld\n",
          wid, n_req, prompt_tokens, hit_tokens, computed_tokens, decode_tokens,
          blocks_alloc, hit_blocks_checked, rows_checked, max_err, round_trips,
-         secs, d_us, r_us, failures);
+         secs, d_us, r_us, first_hit, failures);
   free(cv);
   free(q);
   free(out);
