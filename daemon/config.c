@@ -66,6 +66,13 @@ static const cfg_option options[] = {
      "N", "Listening",
      "Most ops in one Batch; a longer Batch is refused whole with ELIMIT "
      "(none of its ops runs)."},
+    {"max_session_tokens", T_U64, F(max_session_tokens), 1, 1ull << 40,
+     "67108864", NULL, "N", "Listening",
+     "Most token positions the requests of one session may hold together "
+     "(a request counts the larger of its known tokens and its slots; a "
+     "forked child counts again).  A Lookup, Allocate, Append or Fork that "
+     "would go over it fails with ELIMIT.  Bounds the memory one client can "
+     "make the daemon keep (about 4 bytes per position)."},
     {"max_frame", T_SIZE, F(max_frame), 1024, 1u << 30, "16M", NULL, "BYTES",
      "Listening",
      "Largest frame payload accepted.  A longer frame gets ETOOBIG and the "

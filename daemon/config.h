@@ -39,6 +39,7 @@ typedef struct cfg {
   uint32_t max_connections;
   uint32_t max_requests;  /* per session */
   uint32_t max_batch_ops;
+  uint64_t max_session_tokens;
   uint64_t max_frame;
   /* the pool */
   char backend[16];

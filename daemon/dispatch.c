@@ -100,6 +100,47 @@ static int room_for_request(sess *c, Kvshare__Response *resp,
   return 0;
 }
 
+/*
+ * The session's token budget (max_session_tokens): each request is charged
+ * the larger of its known tokens and its slots — what the core keeps for it
+ * in proportion to its length.  Without it one Lookup of a long prompt and a
+ * Batch of Forks (each copying the prompt) made the daemon allocate
+ * gigabytes from a few kilobytes of input.
+ */
+static uint64_t req_cost(const core_req *r) {
+  uint32_t k = core_req_num_known(r), s = core_req_num_slots(r);
+
+  return k > s ? k : s;
+}
+
+/* Would `more` positions (beyond `released`, given back by the same op) go
+ * over the budget?  Answers ELIMIT when so. */
+static int over_budget(sess *c, uint64_t more, uint64_t released,
+                       const char *op, uint64_t id, Kvshare__Response *resp,
+                       disp_arena *a) {
+  uint64_t max = c->srv->cfg->max_session_tokens;
+
+  if (c->tokens_held - released + more <= max)
+    return 0;
+  ERR(KVS_ELIMIT, "%s of request %llu: the session would hold %llu token "
+                  "positions, over max_session_tokens (%llu); free requests "
+                  "first",
+      op, (unsigned long long)id,
+      (unsigned long long)(c->tokens_held - released + more),
+      (unsigned long long)max);
+  return 1;
+}
+
+/* Charges request id (in the map) for what it holds now. */
+static void account(sess *c, uint64_t id, const core_req *r) {
+  uint64_t *cost = reqmap_cost(&c->reqs, id), now = req_cost(r);
+
+  if (!cost)
+    return;
+  c->tokens_held = c->tokens_held - *cost + now;
+  *cost = now;
+}
+
 /* Copies blocks [from, n) of r's table into the arena. */
 static uint32_t *copy_table(core_req *r, uint32_t from, size_t *count,
                             disp_arena *a) {
@@ -137,6 +178,9 @@ static void do_lookup(sess *c, const Kvshare__Lookup *l,
         (unsigned long long)l->req_id);
     return;
   }
+  if (over_budget(c, l->n_tokens, r ? *reqmap_cost(&c->reqs, l->req_id) : 0,
+                  "lookup", l->req_id, resp, a))
+    return;
   if (!r) {
     if (l->salt.len > SALT_MAX) {
       ERR(KVS_EINVAL, "salt of %zu bytes is longer than %d", l->salt.len,
@@ -170,6 +214,7 @@ static void do_lookup(sess *c, const Kvshare__Lookup *l,
       goto fail;
     }
   }
+  account(c, l->req_id, r);
   res = disp_alloc(a, sizeof(*res));
   if (!res) {
     ERR(KVS_ENOMEM, "out of memory");
@@ -212,6 +257,8 @@ static void do_alloc(sess *c, uint64_t id, uint32_t n, int append,
         op, (unsigned long long)id, n, l->num_blocks, l->block_size);
     return;
   }
+  if (over_budget(c, n, 0, op, id, resp, a))
+    return;
   core_req_blocks(r, &before);
   rc = append ? core_append(c->srv->core, r, n, &cow)
               : core_allocate(c->srv->core, r, n, &cow);
@@ -224,6 +271,7 @@ static void do_alloc(sess *c, uint64_t id, uint32_t n, int append,
     core_error(resp, a, rc, op, id);
     return;
   }
+  account(c, id, r);
   res = disp_alloc(a, sizeof(*res));
   if (!res) {
     ERR(KVS_ENOMEM, "out of memory");
@@ -335,6 +383,7 @@ static void do_commit(sess *c, const Kvshare__Commit *m,
     core_error(resp, a, rc, "commit", m->req_id);
     return;
   }
+  account(c, m->req_id, r);
   res = disp_alloc(a, sizeof(*res));
   if (!res) {
     ERR(KVS_ENOMEM, "out of memory");
@@ -361,6 +410,8 @@ static void do_fork(sess *c, const Kvshare__Fork *f, Kvshare__Response *resp,
   }
   if (!room_for_request(c, resp, a))
     return;
+  if (over_budget(c, req_cost(r), 0, "fork", f->req_id, resp, a))
+    return;
   rc = core_fork(c->srv->core, r, &child);
   if (rc == KVS_ESTATE) {
     ERR(rc, "fork of request %llu: it has %u slots but only %u are "
@@ -379,12 +430,14 @@ static void do_fork(sess *c, const Kvshare__Fork *f, Kvshare__Response *resp,
     core_error(resp, a, rc, "fork", f->req_id);
     return;
   }
+  account(c, f->child_id, child);
   ok(resp, a);
 }
 
 static void do_free(sess *c, uint64_t id, Kvshare__Response *resp,
                     disp_arena *a) {
-  core_req *r = reqmap_del(&c->reqs, id);
+  uint64_t cost = 0;
+  core_req *r = reqmap_del(&c->reqs, id, &cost);
 
   if (!r) {
     ERR(KVS_ENOENT, "free of request %llu: no such request in this session "
@@ -392,6 +445,7 @@ static void do_free(sess *c, uint64_t id, Kvshare__Response *resp,
         (unsigned long long)id);
     return;
   }
+  c->tokens_held -= cost;
   core_req_free(c->srv->core, r);
   ok(resp, a);
 }
@@ -408,6 +462,7 @@ static void do_preempt(sess *c, uint64_t id, Kvshare__Response *resp,
     core_error(resp, a, rc, "preempt", id);
     return;
   }
+  account(c, id, r);
   ok(resp, a);
 }
 

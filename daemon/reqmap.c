@@ -44,13 +44,21 @@ core_req *reqmap_get(const reqmap *m, uint64_t id) {
   return s ? s->req : NULL;
 }
 
-static void insert(reqmap_slot *slots, size_t cap, uint64_t id, core_req *r) {
+uint64_t *reqmap_cost(const reqmap *m, uint64_t id) {
+  reqmap_slot *s = find(m, id);
+
+  return s ? &s->cost : NULL;
+}
+
+static void insert(reqmap_slot *slots, size_t cap, uint64_t id, core_req *r,
+                   uint64_t cost) {
   size_t i = hash_id(id) & (cap - 1);
 
   while (slots[i].req)
     i = (i + 1) & (cap - 1);
   slots[i].id = id;
   slots[i].req = r;
+  slots[i].cost = cost;
 }
 
 int reqmap_put(reqmap *m, uint64_t id, core_req *req) {
@@ -62,12 +70,13 @@ int reqmap_put(reqmap *m, uint64_t id, core_req *req) {
       return KVS_ENOMEM;
     for (i = 0; i < m->cap; i++)
       if (m->slots[i].req)
-        insert(slots, cap, m->slots[i].id, m->slots[i].req);
+        insert(slots, cap, m->slots[i].id, m->slots[i].req,
+               m->slots[i].cost);
     free(m->slots);
     m->slots = slots;
     m->cap = cap;
   }
-  insert(m->slots, m->cap, id, req);
+  insert(m->slots, m->cap, id, req, 0);
   m->count++;
   return 0;
 }
@@ -95,13 +104,15 @@ static void remove_slot(reqmap *m, size_t i) {
   m->count--;
 }
 
-core_req *reqmap_del(reqmap *m, uint64_t id) {
+core_req *reqmap_del(reqmap *m, uint64_t id, uint64_t *cost) {
   reqmap_slot *s = find(m, id);
   core_req *r;
 
   if (!s)
     return NULL;
   r = s->req;
+  if (cost)
+    *cost = s->cost;
   remove_slot(m, (size_t)(s - m->slots));
   return r;
 }

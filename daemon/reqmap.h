@@ -14,6 +14,7 @@
 typedef struct reqmap_slot {
   uint64_t id;
   core_req *req; /* NULL: empty slot */
+  uint64_t cost; /* token positions charged to the session for it */
 } reqmap_slot;
 
 typedef struct reqmap {
@@ -25,10 +26,14 @@ typedef struct reqmap {
 void reqmap_init(reqmap *m);
 void reqmap_destroy(reqmap *m); /* frees the table, not the requests */
 core_req *reqmap_get(const reqmap *m, uint64_t id);
-/* Adds id (which must not be there).  0 or KVS_ENOMEM. */
+/* Adds id (which must not be there), with cost 0.  0 or KVS_ENOMEM. */
 int reqmap_put(reqmap *m, uint64_t id, core_req *req);
-/* Removes id; returns its request or NULL. */
-core_req *reqmap_del(reqmap *m, uint64_t id);
+/* The cost recorded for id (NULL when id is not there); valid until the
+ * next put or del. */
+uint64_t *reqmap_cost(const reqmap *m, uint64_t id);
+/* Removes id; returns its request (and its cost in *cost, may be NULL) or
+ * NULL. */
+core_req *reqmap_del(reqmap *m, uint64_t id, uint64_t *cost);
 /* Calls fn on every request and empties the map (fn must not use m). */
 void reqmap_drain(reqmap *m, void (*fn)(core_req *req, void *arg), void *arg);
 

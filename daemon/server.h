@@ -65,6 +65,7 @@ struct sess {
   size_t rlen, rcap;
   size_t writes;  /* uv_write requests in flight */
   reqmap reqs;
+  uint64_t tokens_held; /* sum of the costs in reqs (max_session_tokens) */
 };
 
 /* session.c */

@@ -61,6 +61,7 @@ static void free_requests(sess *c) {
     log_debug(0, "session %llu: freeing %zu requests",
               (unsigned long long)c->id, c->reqs.count);
   reqmap_drain(&c->reqs, free_one, c->srv->core);
+  c->tokens_held = 0;
 }
 
 static void on_closed(uv_handle_t *h) {
