@@ -73,7 +73,8 @@ TEST_SCRIPTS := # test scripts run by `make test` after the programs
 BENCHES    :=   # benchmark programs or scripts run by `make bench`
 
 include proto/module.mk shm/module.mk gpu/module.mk daemon/module.mk \
-        client/module.mk tests/module.mk tests/bench/module.mk
+        client/module.mk tests/module.mk tests/bench/module.mk \
+        tests/fuzz/module.mk
 
 all: $(PROGRAMS) $(LIBS) $(UNIT_TESTS)
 

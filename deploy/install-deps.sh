@@ -1,9 +1,14 @@
 #!/bin/sh
 # Installs the Debian packages kvshare builds and tests with.  Run as root.
 # Called by `make` when pkg-config cannot find a dependency.
+#   --fuzz   also clang and libFuzzer, for `make fuzz` (never needed by
+#            `make` or `make test`)
 set -eu
 PKGS="build-essential pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler \
 liburing-dev libcmocka-dev libxxhash-dev libjansson-dev python3 python3-numpy"
+if [ "${1:-}" = "--fuzz" ]; then
+  PKGS="$PKGS clang-14 libclang-rt-14-dev"
+fi
 missing=""
 for p in $PKGS; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

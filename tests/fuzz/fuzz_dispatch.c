@@ -1,0 +1,269 @@
+/*
+ * fuzz_dispatch.c — the daemon's input path without a socket: bytes ->
+ * kvs_frame_parse -> kvs_envelope_unpack -> disp_request against an
+ * in-process core -> the reply packed as session.c packs it, then decoded
+ * again.  A libFuzzer target (LLVMFuzzerTestOneInput; `make fuzz`), also
+ * driven by test_fuzz_dispatch.c with deterministic inputs in `make test`.
+ *
+ * An input is one of:
+ *   byte 0 even: chunks [u8 session][u16 length LE][payload], each payload
+ *                framed with a valid header (two sessions, to check that
+ *                neither can reach the other's requests);
+ *   byte 0 odd:  a raw byte stream for session 0, framed or not.
+ * After every frame the pool invariant is checked; at the end of the input
+ * both sessions are closed (their requests freed, as on a disconnect) and
+ * every block must be back.  Any violation aborts.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/log.h"
+#include "daemon/server.h"
+#include "tests/fuzz/fuzz_target.h"
+
+#define NSESS 2
+
+static cfg fz_cfg;
+static unsigned long n_frames, n_undecodable, n_requests, n_ok, n_err;
+static unsigned long n_by_op[16];
+static srv fz_srv;
+static sess *fz_sess[NSESS];
+
+static void die(const char *what, const char *detail) {
+  fprintf(stderr, "fuzz_dispatch: %s%s%s\n", what, detail ? ": " : "",
+          detail ? detail : "");
+  abort();
+}
+
+static void setup(void) {
+  static const char *opts[][2] = {
+      {"pool_blocks", "48"},  {"block_size", "4"},     {"num_layers", "1"},
+      {"num_kv_heads", "1"},  {"head_dim", "8"},       {"max_requests", "6"},
+      {"max_batch_ops", "20"}, {"reserve_blocks", "2"}, {"max_frame", "64K"},
+      {"max_session_tokens", "300"},
+      {"socket", "/nonexistent/fuzz.sock"}};
+  core_config cc;
+  char err[256];
+  size_t i;
+
+  cfg_init(&fz_cfg);
+  for (i = 0; i < sizeof(opts) / sizeof(opts[0]); i++)
+    if (cfg_set(&fz_cfg, opts[i][0], opts[i][1], err, sizeof(err)) < 0)
+      die("config", err);
+  if (cfg_finish(&fz_cfg, err, sizeof(err)) < 0)
+    die("config", err);
+  log_level_cur = getenv("FUZZ_LOG") ? LOG_DEBUG : -1;
+  memset(&fz_srv, 0, sizeof(fz_srv));
+  fz_srv.cfg = &fz_cfg;
+  fz_srv.layout = fz_cfg.layout;
+  core_config_init(&cc);
+  cc.num_blocks = fz_srv.layout.num_blocks;
+  cc.block_size = fz_srv.layout.block_size;
+  cc.reserve_blocks = fz_cfg.reserve_blocks;
+  cc.root = core_root_hash(&fz_srv.layout, fz_cfg.model_id);
+  if (core_create(&cc, &fz_srv.core) < 0)
+    die("core_create", NULL);
+  for (i = 0; i < NSESS; i++) {
+    fz_sess[i] = calloc(1, sizeof(sess));
+    if (!fz_sess[i])
+      die("out of memory", NULL);
+    fz_sess[i]->srv = &fz_srv;
+    fz_sess[i]->id = i + 1;
+    fz_sess[i]->handshaken = 1;
+    reqmap_init(&fz_sess[i]->reqs);
+  }
+  fz_srv.nsessions = NSESS;
+}
+
+static void check_pool(const char *when) {
+  char msg[512];
+  size_t k, i;
+
+  /* Each session's token charge is the sum over its requests of
+   * max(known, slots), and each request's recorded cost is its own. */
+  for (k = 0; k < NSESS; k++) {
+    const reqmap *m = &fz_sess[k]->reqs;
+    uint64_t sum = 0;
+
+    for (i = 0; i < m->cap; i++) {
+      const core_req *r = m->slots[i].req;
+      uint64_t want;
+
+      if (!r)
+        continue;
+      want = core_req_num_known(r) > core_req_num_slots(r)
+                 ? core_req_num_known(r)
+                 : core_req_num_slots(r);
+      if (m->slots[i].cost != want)
+        die("a request's token charge is off", when);
+      sum += want;
+    }
+    if (sum != fz_sess[k]->tokens_held)
+      die("a session's token charge is off", when);
+    if (sum > fz_cfg.max_session_tokens)
+      die("a session is over max_session_tokens", when);
+  }
+
+  if (core_check(fz_srv.core, msg, sizeof(msg)) < 0) {
+    fprintf(stderr, "fuzz_dispatch: %s\n", when);
+    die("pool invariant", msg);
+  }
+}
+
+/* The reply as session.c builds it; then decoded again and checked. */
+static void reply(const Kvshare__Request *req, uint64_t seq,
+                  Kvshare__Response *resp) {
+  Kvshare__Envelope env, *back = NULL;
+  uint8_t *buf;
+  size_t len;
+  int rc;
+
+  kvshare__envelope__init(&env);
+  env.seq = seq;
+  env.body_case = KVSHARE__ENVELOPE__BODY_RESPONSE;
+  env.response = resp;
+  if (!resp->status)
+    die("a response without a status", NULL);
+  if (resp->status->code > 0)
+    die("a positive status code", NULL);
+  if (resp->status->code < 0 &&
+      (!resp->status->message || !resp->status->message[0]))
+    die("an error without a message", kvs_status_name(resp->status->code));
+  if (kvs_frame_size(&env) - KVS_FRAME_HEADER_SIZE > fz_cfg.max_frame)
+    return; /* session.c answers ETOOBIG instead */
+  rc = kvs_frame_pack(&env, (uint32_t)fz_cfg.max_frame, &buf, &len);
+  if (rc < 0)
+    die("packing a reply", kvs_status_name(rc));
+  rc = kvs_envelope_unpack(buf + KVS_FRAME_HEADER_SIZE,
+                           len - KVS_FRAME_HEADER_SIZE, 0, &back);
+  if (rc < 0)
+    die("the daemon's reply does not decode", NULL);
+  if (back->seq != seq || back->body_case != KVSHARE__ENVELOPE__BODY_RESPONSE)
+    die("reply seq or body", NULL);
+  if (req->op_case == KVSHARE__REQUEST__OP_BATCH &&
+      back->response->status->code == 0 &&
+      (back->response->result_case != KVSHARE__RESPONSE__RESULT_BATCH ||
+       back->response->batch->n_replies != req->batch->n_ops))
+    die("a batch reply without one reply per op", NULL);
+  kvs_envelope_free(back);
+  free(buf);
+}
+
+static void one_frame(sess *c, const uint8_t *payload, size_t len) {
+  Kvshare__Envelope *env;
+  Kvshare__Response resp;
+  disp_arena a = {NULL};
+
+  fz_srv.frames_in++;
+  n_frames++;
+  if (kvs_envelope_unpack(payload, len, 0, &env) < 0) {
+    n_undecodable++;
+    return; /* EPROTO, the connection goes on */
+  }
+  if (env->body_case == KVSHARE__ENVELOPE__BODY_REQUEST) {
+    kvshare__response__init(&resp);
+    disp_request(c, env->request, &resp, &a);
+    n_requests++;
+    n_by_op[(unsigned)env->request->op_case & 15]++;
+    if (resp.status && resp.status->code == 0)
+      n_ok++;
+    else
+      n_err++;
+    reply(env->request, env->seq, &resp);
+    disp_arena_free(&a);
+    check_pool("after a request");
+  }
+  kvs_envelope_free(env);
+}
+
+/* The session's read buffer: whole frames are handled, a bad header or a
+ * cut frame ends the connection. */
+static void stream(sess *c, const uint8_t *p, size_t n) {
+  uint32_t max = (uint32_t)fz_cfg.max_frame;
+  size_t flen;
+
+  while (n) {
+    int rc = kvs_frame_parse(p, n, max, &flen);
+
+    if (rc <= 0)
+      return;
+    one_frame(c, p + KVS_FRAME_HEADER_SIZE, flen - KVS_FRAME_HEADER_SIZE);
+    p += flen;
+    n -= flen;
+  }
+}
+
+void fuzz_dispatch_report(FILE *out) {
+  core_stats st;
+  unsigned i;
+
+  core_get_stats(fz_srv.core, &st);
+  fprintf(out, "%lu frames, %lu undecodable, %lu requests (%lu ok, %lu "
+          "errors); by op:", n_frames, n_undecodable, n_requests, n_ok, n_err);
+  for (i = 0; i < 16; i++)
+    if (n_by_op[i])
+      fprintf(out, " %u:%lu", i, n_by_op[i]);
+  fprintf(out, "\ncore: %llu lookups, %llu hit blocks, %llu allocated, %llu "
+          "evictions, %llu cow, %llu sealed, %llu duplicates, %llu no_space\n",
+          (unsigned long long)st.lookups, (unsigned long long)st.hit_blocks,
+          (unsigned long long)st.allocated_blocks,
+          (unsigned long long)st.evictions, (unsigned long long)st.cow_copies,
+          (unsigned long long)st.sealed_blocks,
+          (unsigned long long)st.duplicate_blocks,
+          (unsigned long long)st.no_space);
+}
+
+static void free_one(core_req *r, void *arg) { core_req_free(arg, r); }
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  static int ready;
+  core_stats st;
+  size_t i;
+
+  if (!ready) {
+    setup();
+    ready = 1;
+  }
+  if (size == 0)
+    return 0;
+  if (data[0] & 1) {
+    stream(fz_sess[0], data + 1, size - 1);
+  } else {
+    size_t pos = 1;
+
+    while (size - pos >= 3) {
+      sess *c = fz_sess[data[pos] % NSESS];
+      size_t len = (size_t)data[pos + 1] | (size_t)data[pos + 2] << 8;
+      uint8_t *f;
+
+      pos += 3;
+      if (len > size - pos)
+        len = size - pos;
+      f = malloc(KVS_FRAME_HEADER_SIZE + len + 1);
+      if (!f)
+        die("out of memory", NULL);
+      kvs_frame_header_encode(f, (uint32_t)len);
+      if (len)
+        memcpy(f + KVS_FRAME_HEADER_SIZE, data + pos, len);
+      stream(c, f, KVS_FRAME_HEADER_SIZE + len);
+      free(f);
+      pos += len;
+    }
+  }
+  /* Both connections close: every request goes, every block comes back. */
+  for (i = 0; i < NSESS; i++) {
+    reqmap_drain(&fz_sess[i]->reqs, free_one, fz_srv.core);
+    fz_sess[i]->tokens_held = 0; /* as session.c's free_requests */
+  }
+  check_pool("after the sessions closed");
+  core_get_stats(fz_srv.core, &st);
+  if (st.used_blocks || st.num_requests) {
+    char msg[128];
+
+    snprintf(msg, sizeof(msg), "%u blocks in use by %u requests",
+             st.used_blocks, st.num_requests);
+    die("blocks leaked after close", msg);
+  }
+  return 0;
+}

@@ -1,0 +1,379 @@
+/* fuzz_gen.c — see fuzz_gen.h. */
+#include "tests/fuzz/fuzz_gen.h"
+
+#include <string.h>
+
+#include "kvs_frame.h"
+
+void fz_seed(fz_rng *r, uint64_t seed) {
+  r->s = seed * 0x9e3779b97f4a7c15ull + 0x2545f4914f6cdd1dull;
+  if (!r->s)
+    r->s = 1;
+}
+
+uint64_t fz_next(fz_rng *r) { /* xorshift64* */
+  r->s ^= r->s >> 12;
+  r->s ^= r->s << 25;
+  r->s ^= r->s >> 27;
+  return r->s * 0x2545f4914f6cdd1dull;
+}
+
+uint32_t fz_below(fz_rng *r, uint32_t n) {
+  return (uint32_t)((fz_next(r) >> 32) % n);
+}
+
+#define MAX_TOKENS 96
+#define MAX_OPS 24
+
+/* Storage for one random Request and what it points at. */
+struct op_store {
+  Kvshare__Request req;
+  Kvshare__Lookup lookup;
+  Kvshare__Allocate alloc;
+  Kvshare__Append append;
+  Kvshare__Commit commit;
+  Kvshare__Fork fork;
+  Kvshare__Free free_;
+  Kvshare__Preempt preempt;
+  Kvshare__Stats stats;
+  Kvshare__Ping ping;
+  uint32_t tokens[MAX_TOKENS];
+  uint32_t blocks[8];
+  uint8_t bytes[64];
+};
+
+static uint32_t some_count(fz_rng *r) {
+  switch (fz_below(r, 8)) {
+  case 0:
+    return 0;
+  case 1:
+    return (uint32_t)fz_next(r); /* anything */
+  case 2:
+    return 1u << fz_below(r, 32);
+  default:
+    return 1 + fz_below(r, 40);
+  }
+}
+
+static void fill_tokens(fz_rng *r, uint32_t *t, size_t n) {
+  uint32_t stem = fz_below(r, 3);
+  size_t i;
+
+  /* A few shared stems, so lookups hit each other's prefixes; now and then
+   * a token off the stem. */
+  for (i = 0; i < n; i++)
+    t[i] = fz_below(r, 16) ? stem * 1000 + (uint32_t)i : fz_below(r, 4);
+}
+
+static void random_op(fz_rng *r, struct op_store *o, int allow_batch) {
+  uint64_t id = fz_below(r, 8);
+  size_t n;
+
+  kvshare__request__init(&o->req);
+  switch (fz_below(r, allow_batch ? 10 : 9)) {
+  case 0:
+    kvshare__lookup__init(&o->lookup);
+    o->lookup.req_id = id;
+    n = fz_below(r, 8) ? 1 + fz_below(r, MAX_TOKENS) : 0;
+    fill_tokens(r, o->tokens, n);
+    o->lookup.n_tokens = n;
+    o->lookup.tokens = o->tokens;
+    if (!fz_below(r, 4)) {
+      memset(o->bytes, (int)fz_below(r, 3), sizeof(o->bytes));
+      o->lookup.salt.data = o->bytes;
+      o->lookup.salt.len = fz_below(r, sizeof(o->bytes));
+    }
+    o->req.op_case = KVSHARE__REQUEST__OP_LOOKUP;
+    o->req.lookup = &o->lookup;
+    break;
+  case 1:
+    kvshare__allocate__init(&o->alloc);
+    o->alloc.req_id = id;
+    o->alloc.num_tokens = some_count(r);
+    o->req.op_case = KVSHARE__REQUEST__OP_ALLOCATE;
+    o->req.allocate = &o->alloc;
+    break;
+  case 2:
+    kvshare__append__init(&o->append);
+    o->append.req_id = id;
+    o->append.num_tokens = fz_below(r, 4) ? 1 : some_count(r);
+    o->req.op_case = KVSHARE__REQUEST__OP_APPEND;
+    o->req.append = &o->append;
+    break;
+  case 3:
+    kvshare__commit__init(&o->commit);
+    o->commit.req_id = id;
+    o->commit.start = fz_below(r, 4) ? fz_below(r, 64) : some_count(r);
+    n = fz_below(r, 3) ? fz_below(r, MAX_TOKENS) : 0;
+    fill_tokens(r, o->tokens, n);
+    o->commit.n_tokens = n;
+    o->commit.tokens = o->tokens;
+    o->commit.num_tokens = fz_below(r, 2) ? (uint32_t)n : some_count(r);
+    if (!fz_below(r, 3)) {
+      size_t i, nb = fz_below(r, 8);
+
+      for (i = 0; i < nb; i++)
+        o->blocks[i] = fz_below(r, 4) ? fz_below(r, 300) : (uint32_t)fz_next(r);
+      o->commit.n_blocks = nb;
+      o->commit.blocks = o->blocks;
+    }
+    o->req.op_case = KVSHARE__REQUEST__OP_COMMIT;
+    o->req.commit = &o->commit;
+    break;
+  case 4:
+    kvshare__fork__init(&o->fork);
+    o->fork.req_id = id;
+    o->fork.child_id = fz_below(r, 8);
+    o->req.op_case = KVSHARE__REQUEST__OP_FORK;
+    o->req.fork = &o->fork;
+    break;
+  case 5:
+    kvshare__free__init(&o->free_);
+    o->free_.req_id = id;
+    o->req.op_case = KVSHARE__REQUEST__OP_FREE;
+    o->req.free = &o->free_;
+    break;
+  case 6:
+    kvshare__preempt__init(&o->preempt);
+    o->preempt.req_id = id;
+    o->req.op_case = KVSHARE__REQUEST__OP_PREEMPT;
+    o->req.preempt = &o->preempt;
+    break;
+  case 7:
+    kvshare__stats__init(&o->stats);
+    o->stats.check = fz_below(r, 2);
+    o->req.op_case = KVSHARE__REQUEST__OP_STATS;
+    o->req.stats = &o->stats;
+    break;
+  case 8:
+    kvshare__ping__init(&o->ping);
+    o->ping.payload.data = o->bytes;
+    o->ping.payload.len = fz_below(r, sizeof(o->bytes));
+    memset(o->bytes, 'p', sizeof(o->bytes));
+    o->req.op_case = KVSHARE__REQUEST__OP_PING;
+    o->req.ping = &o->ping;
+    break;
+  default:
+    break; /* a Batch: filled by the caller */
+  }
+}
+
+/* A Batch that makes sense: lookup, allocate, commit, decode steps, maybe a
+ * fork and a free — so that blocks get sealed, hit, shared and copied. */
+static size_t coherent(fz_rng *r, struct op_store *ops) {
+  uint64_t id = fz_below(r, 8), child = fz_below(r, 8);
+  uint32_t n = 1 + fz_below(r, 40), stem = fz_below(r, 3), i, k = 0, steps;
+
+  kvshare__lookup__init(&ops[k].lookup);
+  for (i = 0; i < n; i++)
+    ops[k].tokens[i] = stem * 1000 + i;
+  ops[k].lookup.req_id = id;
+  ops[k].lookup.n_tokens = n;
+  ops[k].lookup.tokens = ops[k].tokens;
+  ops[k].req.op_case = KVSHARE__REQUEST__OP_LOOKUP;
+  ops[k].req.lookup = &ops[k].lookup;
+  k++;
+  kvshare__allocate__init(&ops[k].alloc);
+  ops[k].alloc.req_id = id;
+  ops[k].alloc.num_tokens = n;
+  ops[k].req.op_case = KVSHARE__REQUEST__OP_ALLOCATE;
+  ops[k].req.allocate = &ops[k].alloc;
+  k++;
+  kvshare__commit__init(&ops[k].commit);
+  ops[k].commit.req_id = id;
+  ops[k].commit.num_tokens = n;
+  ops[k].req.op_case = KVSHARE__REQUEST__OP_COMMIT;
+  ops[k].req.commit = &ops[k].commit;
+  k++;
+  if (fz_below(r, 2)) {
+    kvshare__fork__init(&ops[k].fork);
+    ops[k].fork.req_id = id;
+    ops[k].fork.child_id = child;
+    ops[k].req.op_case = KVSHARE__REQUEST__OP_FORK;
+    ops[k].req.fork = &ops[k].fork;
+  k++;
+    if (fz_below(r, 2))
+      id = child;
+  }
+  steps = fz_below(r, 6);
+  for (i = 0; i < steps && k + 2 <= MAX_OPS; i++) {
+    kvshare__append__init(&ops[k].append);
+    ops[k].append.req_id = id;
+    ops[k].append.num_tokens = 1;
+    ops[k].req.op_case = KVSHARE__REQUEST__OP_APPEND;
+    ops[k].req.append = &ops[k].append;
+  k++;
+    kvshare__commit__init(&ops[k].commit);
+    ops[k].commit.req_id = id;
+    ops[k].commit.start = n + i;
+    ops[k].tokens[0] = 7 + fz_below(r, 2);
+    ops[k].commit.n_tokens = 1;
+    ops[k].commit.tokens = ops[k].tokens;
+    ops[k].req.op_case = KVSHARE__REQUEST__OP_COMMIT;
+    ops[k].req.commit = &ops[k].commit;
+  k++;
+  }
+  if (fz_below(r, 3) == 0 && k < MAX_OPS) {
+    kvshare__free__init(&ops[k].free_);
+    ops[k].free_.req_id = fz_below(r, 2) ? id : child;
+    ops[k].req.op_case = KVSHARE__REQUEST__OP_FREE;
+    ops[k].req.free = &ops[k].free_;
+  k++;
+  }
+  return k;
+}
+
+size_t fz_request(fz_rng *r, uint64_t seq, uint8_t *out, size_t cap) {
+  static struct op_store ops[MAX_OPS + 1];
+  static Kvshare__Request *ptrs[MAX_OPS];
+  Kvshare__Envelope env;
+  Kvshare__Batch batch;
+  size_t len;
+
+  random_op(r, &ops[MAX_OPS], 1);
+  if (fz_below(r, 3) == 0) {
+    size_t i, n;
+
+    for (i = 0; i < MAX_OPS; i++)
+      kvshare__request__init(&ops[i].req);
+    n = coherent(r, ops);
+    kvshare__batch__init(&batch);
+    for (i = 0; i < n; i++)
+      ptrs[i] = &ops[i].req;
+    batch.n_ops = n;
+    batch.ops = ptrs;
+    kvshare__request__init(&ops[MAX_OPS].req);
+    ops[MAX_OPS].req.op_case = KVSHARE__REQUEST__OP_BATCH;
+    ops[MAX_OPS].req.batch = &batch;
+  } else if (ops[MAX_OPS].req.op_case == KVSHARE__REQUEST__OP__NOT_SET) {
+    size_t i, n = fz_below(r, MAX_OPS + 1);
+
+    kvshare__batch__init(&batch);
+    for (i = 0; i < n; i++) {
+      random_op(r, &ops[i], 0);
+      if (ops[i].req.op_case == KVSHARE__REQUEST__OP__NOT_SET) {
+        /* a nested Batch (refused in its slot) */
+        static Kvshare__Batch inner = KVSHARE__BATCH__INIT;
+
+        ops[i].req.op_case = KVSHARE__REQUEST__OP_BATCH;
+        ops[i].req.batch = &inner;
+      }
+      ptrs[i] = &ops[i].req;
+    }
+    batch.n_ops = n;
+    batch.ops = ptrs;
+    ops[MAX_OPS].req.op_case = KVSHARE__REQUEST__OP_BATCH;
+    ops[MAX_OPS].req.batch = &batch;
+  }
+  kvshare__envelope__init(&env);
+  env.seq = seq;
+  env.body_case = KVSHARE__ENVELOPE__BODY_REQUEST;
+  env.request = &ops[MAX_OPS].req;
+  len = kvshare__envelope__get_packed_size(&env);
+  if (len > cap)
+    return 0;
+  return kvshare__envelope__pack(&env, out);
+}
+
+size_t fz_hello(uint64_t seq, uint8_t *out, size_t cap) {
+  Kvshare__Envelope env;
+  Kvshare__Hello h;
+
+  kvshare__envelope__init(&env);
+  kvshare__hello__init(&h);
+  h.version = KVS_PROTO_VERSION;
+  h.client_name = (char *)"fuzz";
+  env.seq = seq;
+  env.body_case = KVSHARE__ENVELOPE__BODY_HELLO;
+  env.hello = &h;
+  if (kvshare__envelope__get_packed_size(&env) > cap)
+    return 0;
+  return kvshare__envelope__pack(&env, out);
+}
+
+size_t fz_mutate(fz_rng *r, uint8_t *buf, size_t len, size_t cap) {
+  unsigned k, rounds = 1 + fz_below(r, 4);
+
+  for (k = 0; k < rounds; k++) {
+    switch (fz_below(r, 6)) {
+    case 0: /* flip a bit */
+      if (len)
+        buf[fz_below(r, (uint32_t)len)] ^= (uint8_t)(1u << fz_below(r, 8));
+      break;
+    case 1: /* a random byte */
+      if (len)
+        buf[fz_below(r, (uint32_t)len)] = (uint8_t)fz_next(r);
+      break;
+    case 2: /* cut the tail */
+      if (len)
+        len = fz_below(r, (uint32_t)len);
+      break;
+    case 3: /* insert random bytes */
+      if (len < cap) {
+        size_t at = fz_below(r, (uint32_t)len + 1), n = 1 + fz_below(r, 8);
+
+        if (n > cap - len)
+          n = cap - len;
+        memmove(buf + at + n, buf + at, len - at);
+        for (size_t i = 0; i < n; i++)
+          buf[at + i] = (uint8_t)fz_next(r);
+        len += n;
+      }
+      break;
+    case 4: /* a big varint (a length or a count) */
+      if (len >= 5) {
+        size_t at = fz_below(r, (uint32_t)len - 4);
+
+        buf[at] = 0xff;
+        buf[at + 1] = 0xff;
+        buf[at + 2] = 0xff;
+        buf[at + 3] = 0xff;
+        buf[at + 4] = 0x0f;
+      }
+      break;
+    default: /* duplicate a slice (a repeated field twice, a oneof twice) */
+      if (len && len < cap) {
+        size_t from = fz_below(r, (uint32_t)len);
+        size_t n = 1 + fz_below(r, (uint32_t)(len - from));
+
+        if (n > cap - len)
+          n = cap - len;
+        memmove(buf + from + n, buf + from, len - from);
+        len += n;
+      }
+      break;
+    }
+  }
+  return len;
+}
+
+size_t fz_frame(fz_rng *r, uint64_t seq, uint8_t *out, size_t cap,
+                int keep_framing) {
+  uint32_t kind = keep_framing ? 3 + fz_below(r, 87) : fz_below(r, 100);
+  size_t len;
+
+  if (cap < KVS_FRAME_HEADER_SIZE + 64)
+    return 0;
+  if (kind < 3) { /* garbage bytes */
+    len = 1 + fz_below(r, 64);
+    for (size_t i = 0; i < len; i++)
+      out[i] = (uint8_t)fz_next(r);
+    return len;
+  }
+  if (kind < 6) /* a Hello after the handshake */
+    len = fz_hello(seq, out + KVS_FRAME_HEADER_SIZE,
+                   cap - KVS_FRAME_HEADER_SIZE);
+  else
+    len = fz_request(r, seq, out + KVS_FRAME_HEADER_SIZE,
+                     cap - KVS_FRAME_HEADER_SIZE);
+  if (kind >= 60 && kind < 90) /* a mutated payload, framed honestly */
+    len = fz_mutate(r, out + KVS_FRAME_HEADER_SIZE, len,
+                    cap - KVS_FRAME_HEADER_SIZE);
+  kvs_frame_header_encode(out, (uint32_t)len);
+  len += KVS_FRAME_HEADER_SIZE;
+  if (kind >= 90 && kind < 95) /* a mutated header */
+    out[fz_below(r, KVS_FRAME_HEADER_SIZE)] ^= (uint8_t)(1u << fz_below(r, 8));
+  else if (kind >= 95) /* mutate the whole frame */
+    len = fz_mutate(r, out, len, cap);
+  return len;
+}
