@@ -23,6 +23,13 @@ grep -q '^kvs__' <<<"$syms" && fail "internal kvs__ symbols exported"
 for s in kvs_connect kvs_batch_submit kvs_strerror kvs_cpu_write_kv kvs_kernels_cpu; do
   grep -qx "$s" <<<"$syms" || fail "$s not exported"
 done
+# ... and every function the public headers declare is exported (the
+# headers' static inline helpers are not functions of the library).
+for h in client/kvshare.h gpu/kvs_kernels.h proto/kvs_status.h; do
+  grep -v '^[[:space:]]*\*\|^[[:space:]]*/\*\|^#\|static inline' "$h" | grep -oE '\bkvs_[a-z0-9_]+\(' | tr -d '('
+done | sort -u >"$dir/declared"
+missing=$(grep -vxF -f <(printf '%s\n' "$syms") "$dir/declared")
+[ -z "$missing" ] || fail "declared in a public header but not exported: $missing"
 readelf -d "$build/libkvshare.so" | grep -q 'SONAME.*libkvshare.so.0' || fail "soname"
 
 mkdir -p "$dir/include/kvshare"
