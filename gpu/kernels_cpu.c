@@ -223,9 +223,9 @@ KVS_INLINE void axpy_tile(float *restrict y, uint32_t ys, uint32_t R,
         y[r * ys + d] += p[t * ps + r] * x[t][d];
 }
 
-/* Software prefetch of the next tile in the attention passes (bench knob;
- * off: on the Xeon of docs/benchmarks.md it cost 10-30%). */
-int kvs__cpu_prefetch = 0;
+/* Software prefetch of the next tile (portable body) or block (AVX2 body)
+ * in the attention passes: 0 off, 1 (default) into L2, 2 into L1. */
+int kvs__cpu_prefetch = 1;
 
 /* ---- write ---------------------------------------------------------------- */
 
@@ -309,8 +309,12 @@ KVS_INLINE uint32_t tile_rows(const kvs_attn_args *a, const uint32_t *bt,
                      plane_off + (uint64_t)off1 * kv->token_stride * es;
     uint64_t bytes = ((uint64_t)(T1 - 1) * kv->token_stride +
                       (uint64_t)(KVH - 1) * kv->head_stride + D) * es;
-    for (uint64_t b = 0; b < bytes; b += 64)
-      __builtin_prefetch(p1 + b, 0, 3);
+    for (uint64_t b = 0; b < bytes; b += 64) {
+      if (kvs__cpu_prefetch == 1)
+        __builtin_prefetch(p1 + b, 0, 2);
+      else
+        __builtin_prefetch(p1 + b, 0, 3);
+    }
   }
   for (uint32_t t = 0; t < T; t++) {
     const char *tok = tok0 + (uint64_t)t * kv->token_stride * es;
@@ -428,19 +432,377 @@ static void attend_row_base(const kvs_attn_args *a, uint32_t s, uint32_t pos,
   attend_row_body(a, s, pos, qrow, orow, w);
 }
 
-__attribute__((target("avx2,fma"))) static void
-attend_row_avx2(const kvs_attn_args *a, uint32_t s, uint32_t pos,
-                const char *qrow, char *orow, attn_scratch *w) {
-  attend_row_body(a, s, pos, qrow, orow, w);
+/* ---- attention: the AVX2 + FMA + F16C body (x86-64) ------------------------
+ *
+ * The portable body above converts each tile of K/V rows into a scratch tile
+ * of floats (32 KiB for 8 tokens x 8 kv heads x 128: the size of L1, where q
+ * also has to live), reads it back, and ends every dot product with its own
+ * horizontal sum.  This body converts rows in registers straight from the
+ * pool (vcvtph2ps for fp16, a zero-extend and shift for bf16), once per
+ * group of up to four query heads, and blocks registers over heads and
+ * tokens:
+ *   - scores: R query heads x TT tokens (4x2, 2x4 or 1x8: 8 accumulators),
+ *     the R*TT sums reduced together with a tree of horizontal adds;
+ *   - values: R query heads x 8/R vectors of dimensions (8 accumulators)
+ *     over all tokens of a block;
+ *   - softmax on 8 scores at a time, head-major, with a vector exp.
+ * Every sum is fp32.  One function per cache dtype, picked at run time.
+ */
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+#define KVS_X86 __attribute__((target("avx2,fma,f16c")))
+#define KVS_X86_INLINE \
+  static inline __attribute__((always_inline, target("avx2,fma,f16c")))
+
+/* 8 elements of dtype dt at p, as floats (dt is a constant after inlining). */
+KVS_X86_INLINE __m256 x_ld8(const void *p, uint32_t dt) {
+  if (dt == KVS_DTYPE_FP16)
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+  if (dt == KVS_DTYPE_BF16)
+    return _mm256_castsi256_ps(_mm256_slli_epi32(
+        _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+  return _mm256_loadu_ps((const float *)p);
 }
+
+/* The first n < 8 elements at p, zero-padded to 8. */
+KVS_X86_INLINE __m256 x_ld8_tail(const void *p, uint32_t dt, uint32_t n) {
+  float f[8] = {0};
+  uint16_t h[8] = {0};
+  if (dt == KVS_DTYPE_FP32) {
+    memcpy(f, p, (size_t)n * 4);
+    return _mm256_loadu_ps(f);
+  }
+  memcpy(h, p, (size_t)n * 2);
+  return x_ld8(h, dt);
+}
+
+/* Lane i of the result: the sum of the 8 lanes of c[i]. */
+KVS_X86_INLINE __m256 x_reduce8(const __m256 *c) {
+  __m256 a = _mm256_hadd_ps(c[0], c[1]), b = _mm256_hadd_ps(c[2], c[3]);
+  __m256 e = _mm256_hadd_ps(c[4], c[5]), f = _mm256_hadd_ps(c[6], c[7]);
+  a = _mm256_hadd_ps(a, b); /* [c0 c1 c2 c3 | c0 c1 c2 c3] halves */
+  e = _mm256_hadd_ps(e, f);
+  return _mm256_add_ps(_mm256_permute2f128_ps(a, e, 0x20),
+                       _mm256_permute2f128_ps(a, e, 0x31));
+}
+
+KVS_X86_INLINE float x_hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+/*
+ * Scores of R query heads (q, rows Dp floats apart, zero-padded) against TT
+ * key rows (k, rows ks bytes apart), R * TT <= 8, times scale:
+ * sc[r * n + t] (head-major).
+ */
+KVS_X86_INLINE void x_scores(const float *q, uint32_t Dp, uint32_t R,
+                             const char *k, uint64_t ks, uint32_t TT,
+                             uint32_t D, uint32_t dt, float scale, float *sc,
+                             uint32_t n) {
+  const size_t es = kvs_dtype_size(dt);
+  __m256 c[8];
+  for (uint32_t i = 0; i < 8; i++)
+    c[i] = _mm256_setzero_ps();
+  uint32_t d = 0;
+  for (; d + 8 <= D; d += 8) {
+    __m256 kv[8];
+    for (uint32_t t = 0; t < TT; t++)
+      kv[t] = x_ld8(k + t * ks + d * es, dt);
+    for (uint32_t r = 0; r < R; r++) {
+      __m256 qv = _mm256_loadu_ps(q + (size_t)r * Dp + d);
+      for (uint32_t t = 0; t < TT; t++)
+        c[t * R + r] = _mm256_fmadd_ps(qv, kv[t], c[t * R + r]);
+    }
+  }
+  if (d < D)
+    for (uint32_t t = 0; t < TT; t++) {
+      __m256 kv = x_ld8_tail(k + t * ks + d * es, dt, D - d);
+      for (uint32_t r = 0; r < R; r++)
+        c[t * R + r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)r * Dp + d),
+                                       kv, c[t * R + r]);
+    }
+  float o[8];
+  if (R * TT == 8) {
+    _mm256_storeu_ps(o, _mm256_mul_ps(x_reduce8(c), _mm256_set1_ps(scale)));
+  } else {
+    for (uint32_t i = 0; i < R * TT; i++)
+      o[i] = x_hsum(c[i]) * scale;
+  }
+  for (uint32_t t = 0; t < TT; t++)
+    for (uint32_t r = 0; r < R; r++)
+      sc[(size_t)r * n + t] = o[t * R + r];
+}
+
+/* x_scores over T tokens: 8 / R at a time, then one at a time (R is a
+ * constant at every call, so each instance keeps its accumulators in
+ * registers). */
+KVS_X86_INLINE void x_scores_rows(const float *q, uint32_t Dp, uint32_t R,
+                                  const char *k, uint64_t ks, uint32_t T,
+                                  uint32_t D, uint32_t dt, float scale,
+                                  float *sc, uint32_t n) {
+  uint32_t t = 0;
+  for (; t + 8 / R <= T; t += 8 / R)
+    x_scores(q, Dp, R, k + t * ks, ks, 8 / R, D, dt, scale, sc + t, n);
+  for (; t < T; t++)
+    x_scores(q, Dp, R, k + t * ks, ks, 1, D, dt, scale, sc + t, n);
+}
+
+/*
+ * acc[r] (R rows Dp floats apart, r < R) += sum over t < T of
+ * p[r * n + t] * v[t] (value rows vs bytes apart, D elements).
+ */
+KVS_X86_INLINE void x_values(float *acc, uint32_t Dp, uint32_t R,
+                             const float *p, uint32_t n, const char *v,
+                             uint64_t vs, uint32_t T, uint32_t D,
+                             uint32_t dt) {
+  const size_t es = kvs_dtype_size(dt);
+  const uint32_t V = 8 / R; /* vectors of dimensions per pass */
+  uint32_t d = 0;
+  for (; d + 8 * V <= D; d += 8 * V) {
+    __m256 a[8];
+    for (uint32_t r = 0; r < R; r++)
+      for (uint32_t i = 0; i < V; i++)
+        a[r * V + i] = _mm256_loadu_ps(acc + (size_t)r * Dp + d + 8 * i);
+    for (uint32_t t = 0; t < T; t++) {
+      __m256 x[8];
+      for (uint32_t i = 0; i < V; i++)
+        x[i] = x_ld8(v + t * vs + (d + 8 * i) * es, dt);
+      for (uint32_t r = 0; r < R; r++) {
+        __m256 w = _mm256_broadcast_ss(p + (size_t)r * n + t);
+        for (uint32_t i = 0; i < V; i++)
+          a[r * V + i] = _mm256_fmadd_ps(w, x[i], a[r * V + i]);
+      }
+    }
+    for (uint32_t r = 0; r < R; r++)
+      for (uint32_t i = 0; i < V; i++)
+        _mm256_storeu_ps(acc + (size_t)r * Dp + d + 8 * i, a[r * V + i]);
+  }
+  for (; d < D; d += 8) { /* one vector at a time, the last one padded */
+    __m256 a[4];
+    for (uint32_t r = 0; r < R; r++)
+      a[r] = _mm256_loadu_ps(acc + (size_t)r * Dp + d);
+    for (uint32_t t = 0; t < T; t++) {
+      __m256 x = d + 8 <= D ? x_ld8(v + t * vs + d * es, dt)
+                            : x_ld8_tail(v + t * vs + d * es, dt, D - d);
+      for (uint32_t r = 0; r < R; r++)
+        a[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + (size_t)r * n + t), x,
+                               a[r]);
+    }
+    for (uint32_t r = 0; r < R; r++)
+      _mm256_storeu_ps(acc + (size_t)r * Dp + d, a[r]);
+  }
+}
+
+/* exp(x) for x <= 0, 8 at a time: 2^k * e^r, |r| <= ln2/2, a degree-7
+ * Taylor polynomial (error below 1e-8 relative); x below -87 gives
+ * exp(-87) ~ 1.6e-38 instead of a smaller number or 0 (nothing a sum that
+ * holds a 1 can tell apart). */
+KVS_X86_INLINE __m256 x_exp(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.f));
+  __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 y = _mm256_set1_ps(1.f / 5040.f);
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.f / 720.f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.f / 120.f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.f / 24.f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.f / 6.f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(0.5f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.f));
+  __m256i e = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+/* Softmax numerators of one head's n scores, in place; returns their sum. */
+KVS_X86_INLINE float x_softmax(float *sc, uint32_t n) {
+  __m256 m = _mm256_set1_ps(-INFINITY);
+  uint32_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    m = _mm256_max_ps(m, _mm256_loadu_ps(sc + j));
+  float mx = -INFINITY;
+  for (; j < n; j++)
+    mx = sc[j] > mx ? sc[j] : mx;
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_movehdup_ps(h));
+  mx = _mm_cvtss_f32(h) > mx ? _mm_cvtss_f32(h) : mx;
+  __m256 mv = _mm256_set1_ps(mx), s = _mm256_setzero_ps();
+  for (j = 0; j + 8 <= n; j += 8) {
+    __m256 e = x_exp(_mm256_sub_ps(_mm256_loadu_ps(sc + j), mv));
+    _mm256_storeu_ps(sc + j, e);
+    s = _mm256_add_ps(s, e);
+  }
+  if (j < n) {
+    float t[8] = {0};
+    memcpy(t, sc + j, (size_t)(n - j) * 4);
+    __m256 e = x_exp(_mm256_sub_ps(_mm256_loadu_ps(t), mv));
+    _mm256_storeu_ps(t, e);
+    memcpy(sc + j, t, (size_t)(n - j) * 4);
+    float tail = 0.f;
+    for (uint32_t i = 0; i < n - j; i++)
+      tail += t[i];
+    return x_hsum(s) + tail;
+  }
+  return x_hsum(s);
+}
+
+/* The tokens of request row (s, pos) that lie in block i of its table:
+ * their first token's K or V plane (plane_off) and their count. */
+KVS_X86_INLINE const char *x_block(const kvs_attn_args *a, const uint32_t *bt,
+                                   uint32_t i, uint32_t n, uint64_t plane_off,
+                                   uint32_t *T) {
+  const kvs_paged_kv *kv = &a->kv;
+  uint32_t j0 = i * kv->block_size;
+  *T = n - j0 < kv->block_size ? n - j0 : kv->block_size;
+  return (const char *)kv->base + (uint64_t)bt[i] * kv->block_stride +
+         plane_off;
+}
+
+/* Prefetch kv head h's rows of the next block's T tokens (plane at p) into
+ * L2 (prefetcht1: into L1 it would evict the block being read), one head at
+ * a time so the requests are spread over the block's work.  mode 0: none. */
+KVS_X86_INLINE void x_prefetch(const char *p, uint64_t ts, uint32_t T,
+                               uint64_t row, int mode) {
+  if (!mode)
+    return;
+  for (uint32_t t = 0; t < T; t++)
+    for (uint64_t b = 0; b < row; b += 64) {
+      if (mode == 1)
+        __builtin_prefetch(p + t * ts + b, 0, 2);
+      else
+        __builtin_prefetch(p + t * ts + b, 0, 3);
+    }
+}
+
+KVS_X86_INLINE void attend_row_x86(const kvs_attn_args *a, uint32_t s,
+                                   uint32_t pos, const char *qrow, char *orow,
+                                   attn_scratch *w, const uint32_t dt) {
+  const kvs_paged_kv *kv = &a->kv;
+  const uint32_t D = kv->head_dim, KVH = kv->num_kv_heads, H = a->num_heads;
+  const uint32_t Dp = (D + 7) & ~7u, ratio = H / KVH;
+  const uint32_t R = ratio % 4 == 0 ? 4 : ratio % 2 == 0 ? 2 : 1;
+  const size_t es = kvs_dtype_size(dt), qes = kvs_dtype_size(a->qo_dtype);
+  const uint64_t ts = kv->token_stride * es, hs = kv->head_stride * es;
+  const uint32_t n = pos + 1, bs = kv->block_size;
+  const uint32_t nb = (n + bs - 1) / bs;
+  const uint32_t *bt = a->block_tables + (uint64_t)s * a->max_blocks_per_seq;
+  const int pf = kvs__cpu_prefetch;
+  float *sc = w->scores; /* [H][n] */
+  for (uint32_t hq = 0; hq < H; hq++) {
+    float *qd = w->q + (size_t)hq * Dp;
+    load_row(qd, qrow + (size_t)hq * D * qes, a->qo_dtype, D);
+    memset(qd + D, 0, (size_t)(Dp - D) * 4);
+  }
+
+  /* Scores, a block at a time: every kv head, R query heads x TT tokens. */
+  for (uint32_t i = 0; i < nb; i++) {
+    uint32_t T;
+    const char *kp = x_block(a, bt, i, n, kv->k_offset, &T);
+    uint32_t T1 = 0;
+    const char *kp1 = i + 1 < nb ? x_block(a, bt, i + 1, n, kv->k_offset, &T1)
+                                 : kp;
+    const uint32_t j0 = i * bs;
+    for (uint32_t h = 0; h < KVH; h++) {
+      x_prefetch(kp1 + h * hs, ts, T1, (uint64_t)D * es, pf);
+      for (uint32_t g = 0; g < ratio; g += R) {
+        const float *qg = w->q + (size_t)(h * ratio + g) * Dp;
+        float *sg = sc + (size_t)(h * ratio + g) * n + j0;
+        const char *kh = kp + h * hs;
+        if (R == 4)
+          x_scores_rows(qg, Dp, 4, kh, ts, T, D, dt, a->scale, sg, n);
+        else if (R == 2)
+          x_scores_rows(qg, Dp, 2, kh, ts, T, D, dt, a->scale, sg, n);
+        else
+          x_scores_rows(qg, Dp, 1, kh, ts, T, D, dt, a->scale, sg, n);
+      }
+    }
+  }
+
+  for (uint32_t hq = 0; hq < H; hq++)
+    w->sum[hq] = x_softmax(sc + (size_t)hq * n, n);
+
+  /* Weighted values, a block at a time. */
+  memset(w->acc, 0, (size_t)H * Dp * sizeof(float));
+  for (uint32_t i = 0; i < nb; i++) {
+    uint32_t T;
+    const char *vp = x_block(a, bt, i, n, kv->v_offset, &T);
+    uint32_t T1 = 0;
+    const char *vp1 = i + 1 < nb ? x_block(a, bt, i + 1, n, kv->v_offset, &T1)
+                                 : vp;
+    const uint32_t j0 = i * bs;
+    for (uint32_t h = 0; h < KVH; h++) {
+      x_prefetch(vp1 + h * hs, ts, T1, (uint64_t)D * es, pf);
+      for (uint32_t g = 0; g < ratio; g += R) {
+        float *ag = w->acc + (size_t)(h * ratio + g) * Dp;
+        const float *pg = sc + (size_t)(h * ratio + g) * n + j0;
+        if (R == 4)
+          x_values(ag, Dp, 4, pg, n, vp + h * hs, ts, T, D, dt);
+        else if (R == 2)
+          x_values(ag, Dp, 2, pg, n, vp + h * hs, ts, T, D, dt);
+        else
+          x_values(ag, Dp, 1, pg, n, vp + h * hs, ts, T, D, dt);
+      }
+    }
+  }
+  for (uint32_t hq = 0; hq < H; hq++) {
+    float *acc = w->acc + (size_t)hq * Dp;
+    float inv = 1.f / w->sum[hq];
+    for (uint32_t d = 0; d < D; d++)
+      acc[d] *= inv;
+    store_row(orow + (size_t)hq * D * qes, a->qo_dtype, acc, D);
+  }
+}
+
+KVS_X86 static void attend_row_x86_f32(const kvs_attn_args *a, uint32_t s,
+                                       uint32_t pos, const char *qrow,
+                                       char *orow, attn_scratch *w) {
+  attend_row_x86(a, s, pos, qrow, orow, w, KVS_DTYPE_FP32);
+}
+
+KVS_X86 static void attend_row_x86_f16(const kvs_attn_args *a, uint32_t s,
+                                       uint32_t pos, const char *qrow,
+                                       char *orow, attn_scratch *w) {
+  attend_row_x86(a, s, pos, qrow, orow, w, KVS_DTYPE_FP16);
+}
+
+KVS_X86 static void attend_row_x86_bf16(const kvs_attn_args *a, uint32_t s,
+                                        uint32_t pos, const char *qrow,
+                                        char *orow, attn_scratch *w) {
+  attend_row_x86(a, s, pos, qrow, orow, w, KVS_DTYPE_BF16);
+}
+#endif /* x86 */
 
 typedef void (*attend_fn)(const kvs_attn_args *, uint32_t, uint32_t,
                           const char *, char *, attn_scratch *);
 
-static attend_fn pick_attend(void) {
+/* 1: the portable body even where the AVX2 one could run (tests, bench). */
+int kvs__cpu_attn_portable = 0;
+
+int kvs__cpu_attn_simd(void) {
+#if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-    return attend_row_avx2;
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+         __builtin_cpu_supports("f16c");
+#else
+  return 0;
+#endif
+}
+
+static attend_fn pick_attend(uint32_t dtype) {
+#if defined(__x86_64__) || defined(__i386__)
+  if (!kvs__cpu_attn_portable && kvs__cpu_attn_simd())
+    return dtype == KVS_DTYPE_FP16   ? attend_row_x86_f16
+           : dtype == KVS_DTYPE_BF16 ? attend_row_x86_bf16
+                                     : attend_row_x86_f32;
+#endif
+  (void)dtype;
   return attend_row_base;
 }
 
@@ -477,16 +839,19 @@ static int cpu_attention(const kvs_attn_args *a, int prefill) {
   uint32_t KVH = kv->num_kv_heads;
   attn_scratch w;
   w.max_len = max_len;
-  float *mem = malloc(((size_t)2 * H * D + (size_t)KVS__CPU_TILE * KVH * D + H +
+  /* q and acc rows are padded to a multiple of 8 floats (the AVX2 body
+   * reads whole vectors; the portable one uses the first D of each). */
+  size_t Dp = (D + 7) & ~(size_t)7;
+  float *mem = malloc(((size_t)2 * H * Dp + (size_t)KVS__CPU_TILE * KVH * D + H +
                        (size_t)H * max_len) * sizeof(float));
   if (!mem)
     return KVS_ENOMEM;
   w.q = mem;
-  w.acc = w.q + (size_t)H * D;
-  w.row = w.acc + (size_t)H * D;
+  w.acc = w.q + (size_t)H * Dp;
+  w.row = w.acc + (size_t)H * Dp;
   w.sum = w.row + (size_t)KVS__CPU_TILE * KVH * D;
   w.scores = w.sum + H;
-  attend_fn attend = pick_attend();
+  attend_fn attend = pick_attend(kv->dtype);
 
   for (uint32_t s = 0; s < a->num_seqs; s++) {
     uint32_t len = a->seq_lens[s];

@@ -37,8 +37,14 @@ extern int kvs__cuda_attn_max_group;
 /* 1 (default): GQA >= 4 over fp16/bf16 with q/out of the same dtype and
  * head_dim 64 or 128 runs on tensor cores; 0: always the CUDA-core kernel. */
 extern int kvs__cuda_attn_mma;
-/* The C twins prefetch the next tile of keys/values (default 0). */
+/* The C twins prefetch the next tile/block of keys/values: 0 no, 1 (default)
+ * into L2, 2 into L1. */
 extern int kvs__cpu_prefetch;
+/* C attention: 0 (default) runs the AVX2+FMA+F16C body where the CPU has
+ * those (kvs__cpu_attn_simd() != 0), 1 forces the portable C body. */
+extern int kvs__cpu_attn_portable;
+/* Non-zero when this CPU can run the AVX2+FMA+F16C attention body. */
+int kvs__cpu_attn_simd(void);
 
 /* Validation shared by both backends (host-side fields only). */
 int kvs__check_paged_kv(const kvs_paged_kv *kv);

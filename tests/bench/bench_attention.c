@@ -2,15 +2,21 @@
  * bench_attention.c — CPU paged decode attention (the C twin, one thread):
  * GB/s of K/V read, beside memcpy bandwidth measured in the same run.
  *
- *   bench_attention [quick|sweep]
+ *   bench_attention [quick|sweep] [portable] [row=N] [prefetch=0|1|2]
  *
- * sweep: the long-sequence configurations again with software prefetch.
+ * quick: fewer runs, no row longer than 4096.  sweep: the long-sequence rows
+ * again under the other settings (AVX2 and portable bodies, prefetch off,
+ * into L2, into L1).  portable: the portable C body even where the AVX2 one
+ * runs.  row=N: only the table's row N (for perf).  prefetch: the
+ * kvs__cpu_prefetch knob (default 1, the library's).
  *
  * Bytes counted for attention: every K and V element of every request's keys,
  * read once.  memcpy: bytes copied per second (each byte is read once and
  * written once) over buffers far larger than the caches, one thread.  The
  * ratio is attention GB/s over memcpy GB/s; the target is >= 0.5 for long
- * sequences.  Times are wall-clock medians of several runs.
+ * sequences.  Times are medians of several runs, in CPU time of the thread
+ * (both memcpy and attention), so that other processes on a shared machine
+ * do not count.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,9 +26,11 @@
 #include "gpu/kvs_kernels.h"
 #include "gpu/kvs_kernels_int.h"
 
+/* CPU time of this thread: on a shared machine the time other processes
+ * hold the core does not count (stalls on memory do). */
 static double now(void) {
   struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
@@ -60,12 +68,33 @@ static double memcpy_gbs(size_t bytes, int runs) {
 }
 
 int main(int argc, char **argv) {
-  int quick = argc > 1 && strcmp(argv[1], "quick") == 0;
-  int sweep = argc > 1 && strcmp(argv[1], "sweep") == 0;
+  int quick = 0, sweep = 0;
+  long only = -1;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "quick") == 0)
+      quick = 1;
+    else if (strcmp(argv[i], "sweep") == 0)
+      sweep = 1;
+    else if (strcmp(argv[i], "portable") == 0)
+      kvs__cpu_attn_portable = 1;
+    else if (strncmp(argv[i], "row=", 4) == 0)
+      only = strtol(argv[i] + 4, NULL, 10);
+    else if (strncmp(argv[i], "prefetch=", 9) == 0)
+      kvs__cpu_prefetch = atoi(argv[i] + 9);
+    else {
+      fprintf(stderr, "usage: bench_attention [quick|sweep] [portable] "
+                      "[row=N] [prefetch=0|1|2]\n");
+      return 2;
+    }
+  }
   int runs = quick ? 3 : 7;
   double mc = memcpy_gbs(quick ? (128u << 20) : (512u << 20), runs);
   printf("memcpy (one thread, %s MiB buffers): %.2f GB/s copied\n",
          quick ? "128" : "512", mc);
+  printf("attention body: %s, prefetch %d\n",
+         kvs__cpu_attn_portable || !kvs__cpu_attn_simd() ? "portable C"
+                                                          : "AVX2+FMA+F16C",
+         kvs__cpu_prefetch);
   printf("\n%-5s %-5s %-6s %-5s %-4s %-4s %9s %9s %8s %8s\n", "kv", "batch",
          "seqlen", "heads", "kvh", "D", "KV MiB", "ms", "GB/s", "x memcpy");
   static const struct {
@@ -75,15 +104,31 @@ int main(int argc, char **argv) {
       {KVS_DTYPE_FP32, 4, 4096, 32, 8, 128}, {KVS_DTYPE_BF16, 4, 4096, 32, 8, 128},
       {KVS_DTYPE_FP16, 4, 4096, 32, 8, 128}, {KVS_DTYPE_FP16, 4, 4096, 8, 8, 128},
       {KVS_DTYPE_FP32, 2, 16384, 32, 8, 128}, {KVS_DTYPE_BF16, 4, 4096, 64, 8, 128},
+      {KVS_DTYPE_FP16, 4, 4096, 64, 8, 128},  {KVS_DTYPE_BF16, 4, 256, 32, 8, 128},
+      {KVS_DTYPE_BF16, 4, 256, 64, 8, 128},
   };
   size_t ncfg = sizeof cfg / sizeof cfg[0];
-  for (size_t ci = 0; ci < (sweep ? 2 * ncfg : ncfg); ci++) {
-    if (ci == ncfg) {
-      kvs__cpu_prefetch = 1;
-      printf("with software prefetch of the next tile:\n");
+  /* sweep: the long rows again under each other setting. */
+  const int base_portable = kvs__cpu_attn_portable, base_pf = kvs__cpu_prefetch;
+  static const struct {
+    int portable, prefetch;
+  } var[] = {{0, 0}, {0, 1}, {0, 2}, {1, 0}, {1, 1}};
+  size_t nvar = sweep ? 1 + sizeof var / sizeof var[0] : 1;
+  for (size_t ci = 0; ci < nvar * ncfg; ci++) {
+    if (ci % ncfg == 0 && ci > 0) {
+      size_t vi = ci / ncfg - 1;
+      if (var[vi].portable == base_portable && var[vi].prefetch == base_pf) {
+        ci += ncfg - 1;
+        continue;
+      }
+      kvs__cpu_attn_portable = var[vi].portable;
+      kvs__cpu_prefetch = var[vi].prefetch;
+      printf("%s body, prefetch %d:\n",
+             var[vi].portable ? "portable" : "AVX2", var[vi].prefetch);
     }
     uint32_t B = cfg[ci % ncfg].batch, len = cfg[ci % ncfg].len;
-    if ((quick && len > 4096) || (ci >= ncfg && len < 4096))
+    if ((quick && len > 4096) || (ci >= ncfg && len < 4096) ||
+        (only >= 0 && ci % ncfg != (size_t)only))
       continue;
     kvs_layout l = {.block_size = 16, .num_layers = 2,
                     .num_kv_heads = cfg[ci % ncfg].kvh, .head_dim = cfg[ci % ncfg].dim,

@@ -5,7 +5,9 @@
  * against a naive contiguous attention over many shapes (block sizes 8/16/32,
  * GQA ratios 1/4/8 and 16, head_dim 64/128, lengths on and off block
  * boundaries, shuffled block tables, fp32/fp16/bf16), block copy and
- * gather/scatter against memcmp, and argument checks.
+ * gather/scatter against memcmp, and argument checks.  The attention tests
+ * run on the body this CPU picks (AVX2+FMA+F16C on x86-64 that has it) and
+ * again on the portable C body (kvs__cpu_attn_portable).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -13,6 +15,7 @@
 
 #include <cmocka.h>
 
+#include "gpu/kvs_kernels_int.h"
 #include "kvs_status.h"
 #include "test_gpu_util.h"
 
@@ -253,6 +256,44 @@ static void test_prefill_shapes(void **state) {
       }
 }
 
+/* Group sizes that take the 2- and 1-head register blocks of the AVX2 body,
+ * head sizes with a tail of 1 to 7 elements, tiny and odd block sizes,
+ * every prefetch mode. */
+static void test_decode_odd_groups(void **state) {
+  (void)state;
+  static const uint32_t ratios[] = {2, 3, 6, 12}, dims[] = {8, 24, 37, 72, 130},
+                        bss[] = {1, 4, 5, 16};
+  int cases = 0;
+  for (uint32_t dt = 0; dt < 3; dt++)
+    for (size_t ir = 0; ir < 4; ir++)
+      for (size_t id = 0; id < 5; id++) {
+        uint32_t bs = bss[(ir + id) % 4];
+        uint32_t lens[] = {1, bs + 2, 9 * bs + 3, 2, 17};
+        tg_params p = {.block_size = bs, .num_kv_heads = 1 + (uint32_t)(id % 3),
+                       .head_dim = dims[id], .ratio = ratios[ir], .dtype = dt,
+                       .qo_dtype = (uint32_t)(dt + id) % 3, .num_layers = 2,
+                       .layer = (uint32_t)(ir % 2), .num_seqs = 5,
+                       .lens = lens, .spare_blocks = 3, .q_scale = 4.f,
+                       .seed = 500 + cases};
+        kvs__cpu_prefetch = cases % 3;
+        int rc = run_case(&p, 0);
+        kvs__cpu_prefetch = 1;
+        assert_int_equal(rc, 0);
+        cases++;
+      }
+  assert_int_equal(cases, 60);
+}
+
+/* Which body ran; the AVX2 one is reported skipped where the CPU lacks it
+ * (the tests above then ran the portable body twice). */
+static void test_attn_bodies(void **state) {
+  (void)state;
+  if (!kvs__cpu_attn_simd()) {
+    printf("AVX2+FMA+F16C attention body: this CPU lacks it\n");
+    skip();
+  }
+}
+
 /* A case that must fail: a wrong reference would pass silently otherwise. */
 static void test_reference_can_fail(void **state) {
   (void)state;
@@ -386,6 +427,22 @@ static void test_tables(void **state) {
   assert_int_equal(kvs_paged_kv_init(&a.kv, NULL, &l, 1), KVS_EINVAL);
 }
 
+static int portable_on(void **state) {
+  (void)state;
+  kvs__cpu_attn_portable = 1;
+  return 0;
+}
+
+static int portable_off(void **state) {
+  (void)state;
+  kvs__cpu_attn_portable = 0;
+  return 0;
+}
+
+/* A test run again on the portable body, under its own name. */
+#define PORTABLE(f) \
+  { #f " (portable body)", f, portable_on, portable_off, NULL }
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fp16_all_bits),
@@ -394,8 +451,16 @@ int main(void) {
       cmocka_unit_test(test_write),
       cmocka_unit_test(test_decode_shapes),
       cmocka_unit_test(test_decode_empty_and_one_head),
+      cmocka_unit_test(test_decode_odd_groups),
       cmocka_unit_test(test_prefill_shapes),
       cmocka_unit_test(test_reference_can_fail),
+      cmocka_unit_test(test_attn_bodies),
+      /* the same on the portable C body */
+      PORTABLE(test_decode_shapes),
+      PORTABLE(test_decode_empty_and_one_head),
+      PORTABLE(test_decode_odd_groups),
+      PORTABLE(test_prefill_shapes),
+      PORTABLE(test_reference_can_fail),
       cmocka_unit_test(test_attn_errors),
       cmocka_unit_test(test_blocks),
       cmocka_unit_test(test_tables),
