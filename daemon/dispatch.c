@@ -16,31 +16,178 @@
 
 #define SALT_MAX 256
 
-struct arena_node {
-  struct arena_node *next;
+#define CHUNK_MIN (16u << 10)
+#define CHUNK_KEEP (64u << 10)
+
+struct disp_chunk {
+  disp_chunk *next; /* older */
+  size_t size, used;
   max_align_t data[];
 };
 
 void *disp_alloc(disp_arena *a, size_t size) {
-  struct arena_node *n = malloc(sizeof(*n) + size);
+  disp_chunk *c = a->head;
+  size_t need = (size + 15) & ~(size_t)15;
+  void *p;
 
-  if (!n)
+  if (need < size || (a->limit && need > a->limit - a->total))
     return NULL;
-  n->next = a->head;
-  a->head = n;
-  return n->data;
+  if (!c || c->size - c->used < need) {
+    size_t cap = c ? c->size * 2 : CHUNK_MIN;
+
+    while (cap < need)
+      cap *= 2;
+    c = malloc(sizeof(*c) + cap);
+    if (!c)
+      return NULL;
+    c->size = cap;
+    c->used = 0;
+    c->next = a->head;
+    a->head = c;
+  }
+  p = (char *)c->data + c->used;
+  c->used += need;
+  a->total += need;
+  return p;
+}
+
+void disp_arena_reset(disp_arena *a) {
+  disp_chunk *c = a->head;
+
+  /* Free every chunk but the oldest, and that one too when it is big. */
+  while (c && (c->next || c->size > CHUNK_KEEP)) {
+    disp_chunk *next = c->next;
+
+    free(c);
+    c = next;
+  }
+  a->head = c;
+  if (c)
+    c->used = 0;
+  a->total = 0;
+  a->limit = 0;
 }
 
 void disp_arena_free(disp_arena *a) {
-  struct arena_node *n = a->head;
+  disp_chunk *c = a->head;
 
-  while (n) {
-    struct arena_node *next = n->next;
+  while (c) {
+    disp_chunk *next = c->next;
 
-    free(n);
-    n = next;
+    free(c);
+    c = next;
   }
   a->head = NULL;
+  a->total = 0;
+  a->limit = 0;
+}
+
+static void *pb_alloc(void *data, size_t size) { return disp_alloc(data, size); }
+static void pb_free(void *data, void *p) {
+  (void)data;
+  (void)p; /* the arena is reset as a whole */
+}
+
+int disp_unpack(disp_arena *a, const uint8_t *payload, size_t len,
+                Kvshare__Envelope **out) {
+  ProtobufCAllocator pa = {pb_alloc, pb_free, a};
+  size_t limit = KVS_UNPACK_LIMIT(len);
+  int rc;
+
+  /* The budget counts from what the arena already holds. */
+  a->limit = a->total + limit < a->total ? SIZE_MAX : a->total + limit;
+  rc = kvs_envelope_unpack_with(payload, len, &pa, out);
+  a->limit = 0;
+  return rc;
+}
+
+/* ---- the reply, sized once ---------------------------------------- */
+
+static size_t varint_size(uint64_t v) {
+  size_t n = 1;
+
+  while (v >= 0x80) {
+    v >>= 7;
+    n++;
+  }
+  return n;
+}
+
+static uint8_t *put_varint(uint8_t *p, uint64_t v) {
+  while (v >= 0x80) {
+    *p++ = (uint8_t)(v | 0x80);
+    v >>= 7;
+  }
+  *p++ = (uint8_t)v;
+  return p;
+}
+
+/* Field numbers and tags of the messages written by hand below. */
+#define TAG_LD(field) ((uint8_t)((field) << 3 | 2))
+#define TAG_VARINT(field) ((uint8_t)((field) << 3))
+enum {
+  F_ENVELOPE_SEQ = 1, F_ENVELOPE_RESPONSE = 5, /* Envelope */
+  F_RESPONSE_STATUS = 1, F_RESPONSE_BATCH = 6, /* Response */
+  F_BATCH_REPLIES = 1                          /* BatchResult */
+};
+
+size_t disp_reply_size(disp_reply *r, disp_arena *a, uint64_t seq,
+                       const Kvshare__Response *resp) {
+  size_t i, st;
+
+  r->seq = seq;
+  r->resp = resp;
+  r->sizes = NULL;
+  if (resp->result_case == KVSHARE__RESPONSE__RESULT_BATCH &&
+      resp->batch->n_replies &&
+      (r->sizes = disp_alloc(a, resp->batch->n_replies * sizeof(size_t)))) {
+    /* Response { status, batch: BatchResult { replies... } } by hand;
+     * each reply is sized once, here. */
+    r->batch_size = 0;
+    for (i = 0; i < resp->batch->n_replies; i++) {
+      r->sizes[i] =
+          kvshare__response__get_packed_size(resp->batch->replies[i]);
+      r->batch_size += 1 + varint_size(r->sizes[i]) + r->sizes[i];
+    }
+    st = resp->status ? kvshare__status__get_packed_size(resp->status) : 0;
+    r->resp_size = (resp->status ? 1 + varint_size(st) + st : 0) + 1 +
+                   varint_size(r->batch_size) + r->batch_size;
+  } else {
+    r->resp_size = kvshare__response__get_packed_size(resp);
+  }
+  r->payload = (seq ? 1 + varint_size(seq) : 0) + 1 +
+               varint_size(r->resp_size) + r->resp_size;
+  return KVS_FRAME_HEADER_SIZE + r->payload;
+}
+
+void disp_reply_encode(const disp_reply *r, uint8_t *out) {
+  const Kvshare__Response *resp = r->resp;
+  uint8_t *p = out + KVS_FRAME_HEADER_SIZE;
+  size_t i;
+
+  kvs_frame_header_encode(out, (uint32_t)r->payload);
+  if (r->seq) {
+    *p++ = TAG_VARINT(F_ENVELOPE_SEQ);
+    p = put_varint(p, r->seq);
+  }
+  *p++ = TAG_LD(F_ENVELOPE_RESPONSE);
+  p = put_varint(p, r->resp_size);
+  if (!r->sizes) {
+    kvshare__response__pack(resp, p);
+    return;
+  }
+  if (resp->status) {
+    *p++ = TAG_LD(F_RESPONSE_STATUS);
+    p = put_varint(p, kvshare__status__get_packed_size(resp->status));
+    p += kvshare__status__pack(resp->status, p);
+  }
+  *p++ = TAG_LD(F_RESPONSE_BATCH);
+  p = put_varint(p, r->batch_size);
+  for (i = 0; i < resp->batch->n_replies; i++) {
+    *p++ = TAG_LD(F_BATCH_REPLIES);
+    p = put_varint(p, r->sizes[i]);
+    p += kvshare__response__pack(resp->batch->replies[i], p);
+  }
 }
 
 /* A static Status for when the arena cannot allocate. */
@@ -67,15 +214,12 @@ void disp_status(Kvshare__Response *resp, disp_arena *a, int code,
   resp->status = st;
 }
 
-static void ok(Kvshare__Response *resp, disp_arena *a) {
-  Kvshare__Status *st = disp_alloc(a, sizeof(*st));
+/* Every OK reply points at this one (packing only reads it). */
+static Kvshare__Status ok_status = KVSHARE__STATUS__INIT;
 
-  if (!st) {
-    resp->status = &nomem_status;
-    return;
-  }
-  kvshare__status__init(st);
-  resp->status = st;
+static void ok(Kvshare__Response *resp, disp_arena *a) {
+  (void)a;
+  resp->status = &ok_status;
 }
 
 #define ERR(...) (disp_status(resp, a, __VA_ARGS__))

@@ -339,6 +339,7 @@ static int run(const cfg *c) {
     status = 1;
   }
 out_core:
+  disp_arena_free(&s.arena);
   core_destroy(s.core);
 out_pool:
   backend_close(s.pool);

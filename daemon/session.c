@@ -141,11 +141,30 @@ static void on_write(uv_write_t *req, int status) {
   }
 }
 
-/* Queues bytes[off, len) of an already framed reply. */
+/* Sends bytes[off, len) of an already framed reply: at once when nothing
+ * is queued before it and the socket takes it all (no uv_write_t, no
+ * callback), else the rest is queued. */
 static int queue_bytes(sess *c, struct wreq *w, size_t off) {
-  uv_buf_t b = uv_buf_init((char *)w->data + off, (unsigned)(w->len - off));
+  uv_buf_t b;
   int rc;
 
+  if (c->writes == 0) {
+    b = uv_buf_init((char *)w->data + off, (unsigned)(w->len - off));
+    rc = uv_try_write((uv_stream_t *)&c->pipe, &b, 1);
+    if (rc >= 0 && (size_t)rc == w->len - off) {
+      free(w);
+      return 0;
+    }
+    if (rc >= 0) {
+      off += (size_t)rc;
+    } else if (rc != UV_EAGAIN) {
+      free(w);
+      log_debug(rc, "session %llu: write", (unsigned long long)c->id);
+      close_now(c);
+      return rc;
+    }
+  }
+  b = uv_buf_init((char *)w->data + off, (unsigned)(w->len - off));
   w->c = c;
   rc = uv_write(&w->req, (uv_stream_t *)&c->pipe, &b, 1, on_write);
   if (rc < 0) {
@@ -323,24 +342,33 @@ static void handle_hello(sess *c, uint64_t seq, const Kvshare__Hello *h) {
     free(wr);
 }
 
+/* The reply lives in the server's arena (reset by handle_frame). */
 static void handle_request(sess *c, uint64_t seq, const Kvshare__Request *req) {
-  Kvshare__Envelope env;
+  disp_arena *a = &c->srv->arena;
   Kvshare__Response resp;
-  disp_arena a = {NULL};
+  disp_reply r;
+  struct wreq *w;
+  size_t len;
 
-  kvshare__envelope__init(&env);
   kvshare__response__init(&resp);
-  env.seq = seq;
-  env.body_case = KVSHARE__ENVELOPE__BODY_RESPONSE;
-  env.response = &resp;
-  disp_request(c, req, &resp, &a);
-  if (kvs_frame_size(&env) - KVS_FRAME_HEADER_SIZE > c->srv->cfg->max_frame)
+  disp_request(c, req, &resp, a);
+  len = disp_reply_size(&r, a, seq, &resp);
+  if (len - KVS_FRAME_HEADER_SIZE > c->srv->cfg->max_frame) {
     /* The ops ran; only their results are too big to send back. */
     send_error(c, seq, KVS_ETOOBIG, "the reply (%zu bytes) is over max_frame; "
-               "split the batch", kvs_frame_size(&env));
-  else
-    sess_send(c, &env);
-  disp_arena_free(&a);
+               "split the batch", len);
+    return;
+  }
+  w = malloc(sizeof(*w) + len);
+  if (!w) {
+    log_error(KVS_ENOMEM, "session %llu: reply of %zu bytes",
+              (unsigned long long)c->id, len);
+    close_now(c);
+    return;
+  }
+  disp_reply_encode(&r, w->data);
+  w->len = len;
+  queue_bytes(c, w, 0);
 }
 
 static void handle_frame(sess *c, const uint8_t *payload, size_t len) {
@@ -349,8 +377,10 @@ static void handle_frame(sess *c, const uint8_t *payload, size_t len) {
   int rc;
 
   s->frames_in++;
-  rc = kvs_envelope_unpack(payload, len, 0, &env);
+  /* The envelope and the reply live in s->arena until the reset below. */
+  rc = disp_unpack(&s->arena, payload, len, &env);
   if (rc < 0) {
+    disp_arena_reset(&s->arena);
     protocol_error(c, 0, !c->handshaken, KVS_EPROTO,
                    c->handshaken ? "undecodable message"
                                  : "undecodable message; expected Hello");
@@ -362,7 +392,7 @@ static void handle_frame(sess *c, const uint8_t *payload, size_t len) {
     else
       protocol_error(c, env->seq, 1, KVS_EPROTO,
                      "the first message must be Hello");
-    kvs_envelope_free(env);
+    disp_arena_reset(&s->arena);
     return;
   }
   switch (env->body_case) {
@@ -381,7 +411,7 @@ static void handle_frame(sess *c, const uint8_t *payload, size_t len) {
     protocol_error(c, env->seq, 0, KVS_EUNKNOWN, "unknown message type");
     break;
   }
-  kvs_envelope_free(env);
+  disp_arena_reset(&s->arena);
 }
 
 static int reserve(sess *c, size_t need) {

@@ -207,11 +207,17 @@ int kvs_envelope_unpack(const uint8_t *payload, size_t len,
   struct budget b = {0, alloc_limit ? alloc_limit : KVS_UNPACK_LIMIT(len)};
   ProtobufCAllocator a = {budget_alloc, budget_free, &b};
 
+  return kvs_envelope_unpack_with(payload, len, &a, out);
+}
+
+int kvs_envelope_unpack_with(const uint8_t *payload, size_t len,
+                             ProtobufCAllocator *alloc,
+                             Kvshare__Envelope **out) {
   *out = NULL;
   if (check_nesting(&kvshare__envelope__descriptor, payload, payload + len,
                     0) < 0)
     return KVS_EPROTO;
-  *out = kvshare__envelope__unpack(&a, len, payload);
+  *out = kvshare__envelope__unpack(alloc, len, payload);
   return *out ? 0 : KVS_EPROTO;
 }
 

@@ -106,6 +106,13 @@ int kvs_frame_pack(const Kvshare__Envelope *env, uint32_t max_frame,
 int kvs_envelope_unpack(const uint8_t *payload, size_t len,
                         size_t alloc_limit, Kvshare__Envelope **out);
 
+/* The same checks (the nesting depth) with the caller's allocator, which
+ * enforces its own limit; the caller frees the envelope accordingly (e.g.
+ * all at once, with an arena). */
+int kvs_envelope_unpack_with(const uint8_t *payload, size_t len,
+                             ProtobufCAllocator *alloc,
+                             Kvshare__Envelope **out);
+
 /* Frees an envelope from kvs_envelope_unpack.  NULL is fine. */
 void kvs_envelope_free(Kvshare__Envelope *env);
 

@@ -1,8 +1,10 @@
 /*
  * fuzz_dispatch.c — the daemon's input path without a socket: bytes ->
  * kvs_frame_parse -> kvs_envelope_unpack -> disp_request against an
- * in-process core -> the reply packed as session.c packs it, then decoded
- * again.  A libFuzzer target (LLVMFuzzerTestOneInput; `make fuzz`), also
+ * in-process core -> the reply encoded as session.c encodes it (sized once,
+ * disp_reply_encode), compared byte for byte with protobuf-c's own packing
+ * of the same envelope, then decoded again.  Requests are decoded into the
+ * arena as the daemon does (disp_unpack).  A libFuzzer target (LLVMFuzzerTestOneInput; `make fuzz`), also
  * driven by test_fuzz_dispatch.c with deterministic inputs in `make test`.
  *
  * An input is one of:
@@ -111,12 +113,15 @@ static void check_pool(const char *when) {
   }
 }
 
+static disp_arena arena = DISP_ARENA_INIT;
+
 /* The reply as session.c builds it; then decoded again and checked. */
 static void reply(const Kvshare__Request *req, uint64_t seq,
                   Kvshare__Response *resp) {
   Kvshare__Envelope env, *back = NULL;
-  uint8_t *buf;
-  size_t len;
+  uint8_t *buf, *mine;
+  disp_reply dr;
+  size_t len, mylen;
   int rc;
 
   kvshare__envelope__init(&env);
@@ -135,6 +140,15 @@ static void reply(const Kvshare__Request *req, uint64_t seq,
   rc = kvs_frame_pack(&env, (uint32_t)fz_cfg.max_frame, &buf, &len);
   if (rc < 0)
     die("packing a reply", kvs_status_name(rc));
+  /* The daemon's encoder must give exactly protobuf-c's bytes. */
+  mylen = disp_reply_size(&dr, &arena, seq, resp);
+  mine = malloc(mylen);
+  if (!mine)
+    die("out of memory", NULL);
+  disp_reply_encode(&dr, mine);
+  if (mylen != len || memcmp(mine, buf, len) != 0)
+    die("disp_reply_encode differs from protobuf-c's packing", NULL);
+  free(mine);
   rc = kvs_envelope_unpack(buf + KVS_FRAME_HEADER_SIZE,
                            len - KVS_FRAME_HEADER_SIZE, 0, &back);
   if (rc < 0)
@@ -151,19 +165,28 @@ static void reply(const Kvshare__Request *req, uint64_t seq,
 }
 
 static void one_frame(sess *c, const uint8_t *payload, size_t len) {
-  Kvshare__Envelope *env;
+  Kvshare__Envelope *env, *ref = NULL;
   Kvshare__Response resp;
-  disp_arena a = {NULL};
+  disp_arena *a = &arena;
+  int rc;
 
   fz_srv.frames_in++;
   n_frames++;
-  if (kvs_envelope_unpack(payload, len, 0, &env) < 0) {
+  /* The arena decoder and the malloc one agree on what decodes (away from
+   * their allocation limits, which they count differently). */
+  rc = disp_unpack(a, payload, len, &env);
+  if (len < 4096 &&
+      (kvs_envelope_unpack(payload, len, 0, &ref) < 0) != (rc < 0))
+    die("disp_unpack and kvs_envelope_unpack disagree", NULL);
+  kvs_envelope_free(ref);
+  if (rc < 0) {
+    disp_arena_reset(a);
     n_undecodable++;
     return; /* EPROTO, the connection goes on */
   }
   if (env->body_case == KVSHARE__ENVELOPE__BODY_REQUEST) {
     kvshare__response__init(&resp);
-    disp_request(c, env->request, &resp, &a);
+    disp_request(c, env->request, &resp, a);
     n_requests++;
     n_by_op[(unsigned)env->request->op_case & 15]++;
     if (resp.status && resp.status->code == 0)
@@ -171,10 +194,9 @@ static void one_frame(sess *c, const uint8_t *payload, size_t len) {
     else
       n_err++;
     reply(env->request, env->seq, &resp);
-    disp_arena_free(&a);
     check_pool("after a request");
   }
-  kvs_envelope_free(env);
+  disp_arena_reset(a);
 }
 
 /* The session's read buffer: whole frames are handled, a bad header or a
