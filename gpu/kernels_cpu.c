@@ -514,6 +514,9 @@ KVS_X86_INLINE void x_scores(const float *q, uint32_t Dp, uint32_t R,
       kv[t] = x_ld8(k + t * ks + d * es, dt);
     for (uint32_t r = 0; r < R; r++) {
       __m256 qv = _mm256_loadu_ps(q + (size_t)r * Dp + d);
+      /* Keep q in a register: folded into each FMA as a memory operand it
+       * would be loaded TT times (the loads, not the FMAs, would bound). */
+      __asm__("" : "+x"(qv));
       for (uint32_t t = 0; t < TT; t++)
         c[t * R + r] = _mm256_fmadd_ps(qv, kv[t], c[t * R + r]);
     }
