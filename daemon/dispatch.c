@@ -620,6 +620,12 @@ static void do_stats(sess *c, const Kvshare__Stats *q, Kvshare__Response *resp,
     ERR(KVS_ENOMEM, "out of memory");
     return;
   }
+  /* The check walks the whole pool: once per frame, so that a Batch of
+   * Stats{check} cannot stall the loop for max_batch_ops walks. */
+  if (q->check && s->check_frame == s->frames_in) {
+    ERR(KVS_ELIMIT, "one Stats with check per frame; this one did not run");
+    return;
+  }
   core_get_stats(s->core, &st);
   kvshare__stats_result__init(res);
   res->num_blocks = st.num_blocks;
@@ -642,6 +648,8 @@ static void do_stats(sess *c, const Kvshare__Stats *q, Kvshare__Response *resp,
   res->protocol_errors = s->protocol_errors;
   if (q->check) {
     char *msg = disp_alloc(a, 512);
+
+    s->check_frame = s->frames_in;
 
     if (!msg) {
       ERR(KVS_ENOMEM, "out of memory");

@@ -52,6 +52,7 @@ struct srv {
   uint64_t next_session_id;
   int stopping;
   disp_arena arena;      /* the frame being handled: request and reply */
+  uint64_t check_frame;  /* frames_in when Stats{check} last ran */
   /* counters for Stats */
   uint64_t frames_in;
   uint64_t protocol_errors;

@@ -663,6 +663,38 @@ static void hostile(void) {
     expect_ok(rep->response, "lookup after the free");
     kvs_envelope_free(rep);
   }
+  /* A Batch of Stats{check}: each walked the whole pool, so one frame
+   * could stall the loop for max_batch_ops walks.  One runs per frame. */
+  {
+    Kvshare__Stats st;
+    Kvshare__Request op, *ops[3] = {&op, &op, &op};
+    Kvshare__Batch bt;
+
+    kvshare__stats__init(&st);
+    st.check = 1;
+    kvshare__request__init(&op);
+    op.op_case = KVSHARE__REQUEST__OP_STATS;
+    op.stats = &st;
+    kvshare__batch__init(&bt);
+    bt.n_ops = 3;
+    bt.ops = ops;
+    kvshare__request__init(&req);
+    req.op_case = KVSHARE__REQUEST__OP_BATCH;
+    req.batch = &bt;
+    rep = call(&g, &req);
+    expect_ok(rep->response, "batch of checks");
+    if (rep->response->batch->n_replies != 3 ||
+        rep->response->batch->replies[0]->status->code != 0 ||
+        rep->response->batch->replies[0]->stats->check != 0 ||
+        rep->response->batch->replies[1]->status->code != KVS_ELIMIT ||
+        rep->response->batch->replies[2]->status->code != KVS_ELIMIT)
+      fail("a Batch of Stats{check}: expected one check, then ELIMIT");
+    kvs_envelope_free(rep);
+    /* The next frame may check again. */
+    rep = call(&g, ops[0]);
+    expect_ok(rep->response, "check in the next frame");
+    kvs_envelope_free(rep);
+  }
   close(g.fd);
   free(buf);
 }
