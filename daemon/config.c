@@ -73,6 +73,11 @@ static const cfg_option options[] = {
      "forked child counts again).  A Lookup, Allocate, Append or Fork that "
      "would go over it fails with ELIMIT.  Bounds the memory one client can "
      "make the daemon keep (about 4 bytes per position)."},
+    {"handshake_timeout_ms", T_U32, F(handshake_timeout_ms), 0, 3600000,
+     "10000", NULL, "MS", "Listening",
+     "A connection that has not sent its Hello this long after it was "
+     "accepted gets a Welcome with EPROTO and is closed, so silent "
+     "connections cannot hold the max_connections slots.  0: no limit."},
     {"max_frame", T_SIZE, F(max_frame), 1024, 1u << 30, "16M", NULL, "BYTES",
      "Listening",
      "Largest frame payload accepted.  A longer frame gets ETOOBIG and the "

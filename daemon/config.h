@@ -60,6 +60,7 @@ typedef struct cfg {
   int ready_fd;           /* -1: none */
   int exit_with_parent;
   uint32_t shutdown_timeout_ms;
+  uint32_t handshake_timeout_ms;
 
   /* Derived by cfg_finish. */
   kvs_layout layout;

@@ -201,6 +201,7 @@ static void srv_stop(srv *s, const char *why) {
    * ends the process at once. */
   close_handle((uv_handle_t *)&s->sig_term);
   close_handle((uv_handle_t *)&s->sig_int);
+  close_handle((uv_handle_t *)&s->hello_timer);
   for (c = s->sessions; c; c = next) {
     next = c->next;
     sess_shutdown(c, 0);
@@ -212,6 +213,8 @@ static void srv_stop(srv *s, const char *why) {
     close_handle((uv_handle_t *)&s->drain_timer);
   }
 }
+
+static void on_hello_timer(uv_timer_t *t) { sess_sweep_handshakes(t->data); }
 
 static void on_signal(uv_signal_t *h, int signum) {
   srv_stop(h->data, signum == SIGTERM ? "SIGTERM" : "SIGINT");
@@ -289,7 +292,9 @@ static int run(const cfg *c) {
   uv_signal_init(&loop, &s.sig_term);
   uv_signal_init(&loop, &s.sig_int);
   uv_timer_init(&loop, &s.drain_timer);
+  uv_timer_init(&loop, &s.hello_timer);
   s.sig_term.data = s.sig_int.data = s.drain_timer.data = &s;
+  s.hello_timer.data = &s;
   uv_signal_start(&s.sig_term, on_signal, SIGTERM);
   uv_signal_start(&s.sig_int, on_signal, SIGINT);
 
@@ -300,6 +305,7 @@ static int run(const cfg *c) {
     close_handle((uv_handle_t *)&s.sig_term);
     close_handle((uv_handle_t *)&s.sig_int);
     close_handle((uv_handle_t *)&s.drain_timer);
+    close_handle((uv_handle_t *)&s.hello_timer);
     uv_run(&loop, UV_RUN_DEFAULT);
     uv_loop_close(&loop);
     goto out_core;
@@ -311,6 +317,14 @@ static int run(const cfg *c) {
            s.layout.num_kv_heads, s.layout.head_dim,
            (unsigned long long)s.layout.block_stride,
            (unsigned long long)(kvs_pool_bytes(&s.layout) >> 20));
+  if (c->handshake_timeout_ms) {
+    /* A sweep every quarter of the timeout: a silent connection goes
+     * between 1 and 1.25 timeouts after its accept. */
+    uint64_t every = c->handshake_timeout_ms / 4 ? c->handshake_timeout_ms / 4
+                                                 : 1;
+
+    uv_timer_start(&s.hello_timer, on_hello_timer, every, every);
+  }
   announce_ready(&s);
 
   uv_run(&loop, UV_RUN_DEFAULT);

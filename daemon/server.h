@@ -41,6 +41,7 @@ struct srv {
   uv_pipe_t listener;
   uv_signal_t sig_term, sig_int;
   uv_timer_t drain_timer;
+  uv_timer_t hello_timer; /* closes connections that never say Hello */
   const cfg *cfg;
   kvs_layout layout;
   core *core;
@@ -67,6 +68,7 @@ struct sess {
   uid_t uid;
   gid_t gid;
   int counted;    /* counts against max_connections */
+  uint64_t accepted_ms; /* uv_now at accept */
   int handshaken; /* Welcome sent */
   int closing;    /* no more input is processed */
   int closed;     /* uv_close called */
@@ -85,6 +87,10 @@ void sess_accept(srv *s);
 /* Frees every request of the session now; the connection closes once
  * queued replies are written (or at once when force). */
 void sess_shutdown(sess *c, int force);
+
+/* Closes (after an EPROTO Welcome) every session that has not sent its
+ * Hello within handshake_timeout_ms of its accept. */
+void sess_sweep_handshakes(srv *s);
 
 /* Queue one envelope for writing.  0, or a negative status (the session is
  * then being closed). */

@@ -526,6 +526,25 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
   process_input(c);
 }
 
+void sess_sweep_handshakes(srv *s) {
+  uint64_t now = uv_now(s->loop), max = s->cfg->handshake_timeout_ms;
+  sess *c, *next;
+
+  for (c = s->sessions; c; c = next) {
+    next = c->next;
+    if (c->handshaken || c->closing || !c->counted ||
+        now - c->accepted_ms < max)
+      continue;
+    {
+      char what[96];
+
+      snprintf(what, sizeof(what), "no Hello within %llu ms of connecting",
+               (unsigned long long)max);
+      protocol_error(c, 0, 1, KVS_EPROTO, what);
+    }
+  }
+}
+
 void sess_accept(srv *s) {
   const cfg *cf = s->cfg;
   struct ucred cred;
@@ -550,6 +569,7 @@ void sess_accept(srv *s) {
     return;
   }
   c->id = ++s->next_session_id;
+  c->accepted_ms = uv_now(s->loop);
   if (uv_fileno((uv_handle_t *)&c->pipe, &fd) < 0 ||
       getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0) {
     log_warn(errno, "SO_PEERCRED");

@@ -102,7 +102,8 @@ static void start_daemon(void) {
           "--num-layers", "1", "--num-kv-heads", "1", "--head-dim", "8",
           "--max-connections", maxc, "--max-requests", "64",
           "--max-batch-ops", "64", "--max-frame", maxf,
-          "--max-session-tokens", "20000", "--log-level",
+          "--max-session-tokens", "20000", "--handshake-timeout-ms", "500",
+          "--log-level",
           getenv("FUZZ_LOG") ? "debug" : "error", (char *)NULL);
     _exit(127);
   }
@@ -703,21 +704,39 @@ static void hostile(void) {
 static void flood(void) {
   int fds[MAX_CONN + 8], i, limited = 0;
 
+  /* A connection that never says Hello used to hold its slot for ever;
+   * now it gets an EPROTO Welcome and an end of file (timeout 500 ms). */
+  {
+    int fd = connect_daemon(0);
+    Kvshare__Envelope *w = recv_env(fd);
+    uint8_t b;
+
+    if (w->body_case != KVSHARE__ENVELOPE__BODY_WELCOME ||
+        w->welcome->status->code != KVS_EPROTO ||
+        !strstr(w->welcome->status->message, "Hello"))
+      fail("a silent connection: expected an EPROTO Welcome");
+    kvs_envelope_free(w);
+    if (recv(fd, &b, 1, 0) != 0)
+      fail("a silent connection: expected the daemon to close it");
+    close(fd);
+  }
+
   for (i = 0; i < MAX_CONN + 8; i++)
     fds[i] = connect_daemon(0);
   for (i = 0; i < MAX_CONN + 8; i++) {
     struct pollfd pf = {fds[i], POLLIN, 0};
 
     /* A refused connection is answered at once; an accepted one waits for
-     * its Hello and says nothing. */
+     * its Hello (or the handshake timeout: EPROTO). */
     if (poll(&pf, 1, i >= MAX_CONN - 1 ? 2000 : 0) > 0) {
       Kvshare__Envelope *w = recv_env(fds[i]);
 
       if (w->body_case != KVSHARE__ENVELOPE__BODY_WELCOME ||
-          w->welcome->status->code != KVS_ELIMIT)
-        fail("flood: expected an ELIMIT Welcome");
+          (w->welcome->status->code != KVS_ELIMIT &&
+           w->welcome->status->code != KVS_EPROTO))
+        fail("flood: expected an ELIMIT (or a timeout's EPROTO) Welcome");
+      limited += w->welcome->status->code == KVS_ELIMIT;
       kvs_envelope_free(w);
-      limited++;
     }
   }
   for (i = 0; i < MAX_CONN + 8; i++)
