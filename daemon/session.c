@@ -280,6 +280,11 @@ static void handle_hello(sess *c, uint64_t seq, const Kvshare__Hello *h) {
     return;
   }
   snprintf(c->name, sizeof(c->name), "%s", h->client_name ? h->client_name : "");
+  /* The name goes into log lines: no control characters (a newline would
+   * let a client forge a line of the daemon's log). */
+  for (char *p = c->name; *p; p++)
+    if ((unsigned char)*p < 0x20 || *p == 0x7f)
+      *p = '?';
   backend_get_export(s->pool, &ex);
   kvshare__envelope__init(&env);
   kvshare__welcome__init(&w);

@@ -104,7 +104,7 @@ static void start_daemon(void) {
           "--max-batch-ops", "64", "--max-frame", maxf,
           "--max-session-tokens", "20000", "--handshake-timeout-ms", "500",
           "--log-level",
-          getenv("FUZZ_LOG") ? "debug" : "error", (char *)NULL);
+          getenv("FUZZ_LOG") ? "debug" : "info", (char *)NULL);
     _exit(127);
   }
   close(pfd[1]);
@@ -555,6 +555,63 @@ static size_t put_varint(uint8_t *p, uint64_t v) {
   return n;
 }
 
+#define FORGED "2026-01-01T00:00:00.000Z kvshared error: forged"
+
+/* A Hello whose client_name carries a newline and a made-up log line. */
+static void forged_name(void) {
+  Kvshare__Envelope env, *w;
+  Kvshare__Hello h;
+  uint8_t hdr[KVS_FRAME_HEADER_SIZE];
+  int fds[KVS_FRAME_MAX_FDS], nfds = 0, i;
+
+  kvshare__envelope__init(&env);
+  kvshare__hello__init(&h);
+  h.version = KVS_PROTO_VERSION;
+  h.client_name = (char *)"x\n" FORGED;
+  env.body_case = KVSHARE__ENVELOPE__BODY_HELLO;
+  env.hello = &h;
+  i = connect_daemon(0);
+  send_env(i, &env);
+  if (kvs_recv_fds(i, hdr, 1, fds, KVS_FRAME_MAX_FDS, &nfds) != 1)
+    fail("forged name: no Welcome");
+  while (nfds > 0)
+    close(fds[--nfds]);
+  {
+    /* the rest of the Welcome, then a clean close */
+    uint8_t rest[KVS_FRAME_HEADER_SIZE - 1];
+    kvs_frame_header hh;
+    uint8_t *body;
+
+    recv_all(i, rest, sizeof(rest));
+    memcpy(hdr + 1, rest, sizeof(rest));
+    if (kvs_frame_header_decode(hdr, 1u << 20, &hh) < 0)
+      fail("forged name: bad Welcome header");
+    body = malloc(hh.length + 1);
+    recv_all(i, body, hh.length);
+    if (kvs_envelope_unpack(body, hh.length, 0, &w) < 0 ||
+        w->welcome->status->code != 0)
+      fail("forged name: refused");
+    kvs_envelope_free(w);
+    free(body);
+  }
+  close(i);
+}
+
+/* No line of the daemon's log may be one a client wrote. */
+static void check_log(void) {
+  char path[160], line[4096];
+  FILE *f;
+
+  snprintf(path, sizeof(path), "%s/daemon.log", dir);
+  f = fopen(path, "r");
+  if (!f)
+    fail("%s: %s", path, strerror(errno));
+  while (fgets(line, sizeof(line), f))
+    if (strncmp(line, FORGED, strlen(FORGED)) == 0)
+      fail("a client forged a line of the daemon's log: %s", line);
+  fclose(f);
+}
+
 /* A session that must survive these: returns its fd after a Hello. */
 static void hostile(void) {
   struct good g = {0};
@@ -833,6 +890,7 @@ int main(int argc, char **argv) {
     }
   }
   hostile();
+  forged_name();
   flood();
   for (i = 0; i < FUZZERS + GOOD; i++) {
     int status;
@@ -847,6 +905,7 @@ int main(int argc, char **argv) {
   if (failed || kill(daemon_pid, 0) < 0)
     fail("a child failed, or the daemon died (see %s/daemon.log)", dir);
   final_check(fds_at_start);
+  check_log();
   printf("seed %lu: %d fuzzing connections x %d frames, %d good clients, "
          "daemon alive and whole, exit 0 on SIGTERM\n",
          seed, FUZZERS, FUZZ_FRAMES, GOOD);
