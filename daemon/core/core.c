@@ -108,7 +108,6 @@ static inline uint32_t blk_take(core *c) {
   }
   x->sealed = 0;
   x->ref = 1;
-  c->st.allocated_blocks++;
   return b;
 }
 
@@ -288,9 +287,12 @@ static int alloc_common(core *c, core_req *r, uint32_t n, core_cow *cow,
     cow->dst = dst;
     c->st.cow_copies++;
   }
+  uint32_t *tbl = r->blocks + r->nblocks;
   for (uint32_t i = 0; i < new_blocks; i++)
-    r->blocks[r->nblocks++] = blk_take(c);
+    tbl[i] = blk_take(c);
+  r->nblocks += new_blocks;
   r->slots = (uint32_t)end;
+  c->st.allocated_blocks += need;
   return 0;
 }
 
