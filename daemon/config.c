@@ -78,6 +78,12 @@ static const cfg_option options[] = {
      "A connection that has not sent its Hello this long after it was "
      "accepted gets a Welcome with EPROTO and is closed, so silent "
      "connections cannot hold the max_connections slots.  0: no limit."},
+    {"max_queued_bytes", T_SIZE, F(max_queued_bytes), 1u << 20, 1ull << 40,
+     "256M", NULL, "BYTES", "Listening",
+     "Replies queued for all sessions together before the daemon also "
+     "stops reading from every session with more than 1 MiB queued (each "
+     "session is paused at 32 MiB anyway).  Bounds the memory clients that "
+     "do not read their replies can make the daemon hold."},
     {"max_frame", T_SIZE, F(max_frame), 1024, 1u << 30, "16M", NULL, "BYTES",
      "Listening",
      "Largest frame payload accepted.  A longer frame gets ETOOBIG and the "

@@ -41,6 +41,7 @@ typedef struct cfg {
   uint32_t max_batch_ops;
   uint64_t max_session_tokens;
   uint64_t max_frame;
+  uint64_t max_queued_bytes;
   /* the pool */
   char backend[16];
   uint32_t pool_blocks;

@@ -646,6 +646,7 @@ static void do_stats(sess *c, const Kvshare__Stats *q, Kvshare__Response *resp,
   res->sessions = s->nsessions;
   res->frames_in = s->frames_in;
   res->protocol_errors = s->protocol_errors;
+  res->queued_bytes = s->queued;
   if (q->check) {
     char *msg = disp_alloc(a, 512);
 

@@ -54,6 +54,7 @@ struct srv {
   int stopping;
   disp_arena arena;      /* the frame being handled: request and reply */
   uint64_t check_frame;  /* frames_in when Stats{check} last ran */
+  uint64_t queued;       /* reply bytes in uv_write requests, all sessions */
   /* counters for Stats */
   uint64_t frames_in;
   uint64_t protocol_errors;

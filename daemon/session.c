@@ -30,6 +30,25 @@
 /* Stop reading from a peer that does not read its replies once this many
  * bytes are queued for it; resume below half. */
 #define WRITE_QUEUE_MAX (32u << 20)
+/* While the replies queued for all sessions together are over
+ * max_queued_bytes, a session with more than this queued is paused too (it
+ * resumes when its own writes bring it under half of it): the total stays
+ * near max_queued_bytes however many sessions stop reading. */
+#define WRITE_QUEUE_PRESSED (1u << 20)
+
+/* Should a session with q bytes queued stop being read?  And may a paused
+ * one be read again? */
+static int too_much_queued(const sess *c, size_t q) {
+  return q > WRITE_QUEUE_MAX ||
+         (c->srv->queued > c->srv->cfg->max_queued_bytes &&
+          q > WRITE_QUEUE_PRESSED);
+}
+
+static int may_resume(const sess *c, size_t q) {
+  return q < WRITE_QUEUE_MAX / 2 &&
+         (c->srv->queued <= c->srv->cfg->max_queued_bytes / 2 ||
+          q < WRITE_QUEUE_PRESSED / 2);
+}
 
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf);
@@ -110,6 +129,7 @@ struct wreq {
   uv_write_t req;
   sess *c;
   size_t len;
+  size_t queued; /* bytes of it counted in srv->queued */
   uint8_t data[];
 };
 
@@ -117,6 +137,7 @@ static void on_write(uv_write_t *req, int status) {
   struct wreq *w = (struct wreq *)req;
   sess *c = w->c;
 
+  c->srv->queued -= w->queued;
   free(w);
   c->writes--;
   if (c->closed)
@@ -133,8 +154,7 @@ static void on_write(uv_write_t *req, int status) {
   }
   /* A peer that had stopped reading its replies is reading again. */
   if (!c->reading &&
-      uv_stream_get_write_queue_size((uv_stream_t *)&c->pipe) <
-          WRITE_QUEUE_MAX / 2) {
+      may_resume(c, uv_stream_get_write_queue_size((uv_stream_t *)&c->pipe))) {
     if (uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read) == 0)
       c->reading = 1;
     process_input(c);
@@ -166,6 +186,7 @@ static int queue_bytes(sess *c, struct wreq *w, size_t off) {
   }
   b = uv_buf_init((char *)w->data + off, (unsigned)(w->len - off));
   w->c = c;
+  w->queued = w->len - off;
   rc = uv_write(&w->req, (uv_stream_t *)&c->pipe, &b, 1, on_write);
   if (rc < 0) {
     free(w);
@@ -173,6 +194,7 @@ static int queue_bytes(sess *c, struct wreq *w, size_t off) {
     close_now(c);
     return rc;
   }
+  c->srv->queued += w->queued;
   c->writes++;
   return 0;
 }
@@ -477,8 +499,8 @@ static void process_input(sess *c) {
     if (c->closed)
       return;
     /* Back-pressure: a peer that pipelines without reading its replies. */
-    if (c->reading && uv_stream_get_write_queue_size(
-                          (uv_stream_t *)&c->pipe) > WRITE_QUEUE_MAX) {
+    if (c->reading && too_much_queued(c, uv_stream_get_write_queue_size(
+                                             (uv_stream_t *)&c->pipe))) {
       uv_read_stop((uv_stream_t *)&c->pipe);
       c->reading = 0;
       break;

@@ -103,6 +103,7 @@ static void start_daemon(void) {
           "--max-connections", maxc, "--max-requests", "64",
           "--max-batch-ops", "64", "--max-frame", maxf,
           "--max-session-tokens", "20000", "--handshake-timeout-ms", "500",
+          "--max-queued-bytes", "4M",
           "--log-level",
           getenv("FUZZ_LOG") ? "debug" : "info", (char *)NULL);
     _exit(127);
@@ -252,6 +253,28 @@ static Kvshare__Envelope *handshake(int fd, int *pool_fd) {
   if (pool_fd)
     *pool_fd = nfds ? fds[0] : -1;
   return env;
+}
+
+/* A connection with its handshake done, retrying while the daemon answers
+ * ELIMIT (closes of other sessions are seen asynchronously). */
+static int connect_hello(void) {
+  int fd, tries;
+
+  for (tries = 0;; tries++) {
+    Kvshare__Envelope *w;
+    int code;
+
+    fd = connect_daemon(0);
+    w = handshake(fd, NULL);
+    code = w->welcome->status->code;
+    kvs_envelope_free(w);
+    if (code == 0)
+      return fd;
+    close(fd);
+    if (code != KVS_ELIMIT || tries == 500)
+      fail("handshake: %s", kvs_status_name(code));
+    usleep(10000);
+  }
 }
 
 /* ---- the fuzzing connections -------------------------------------- */
@@ -562,8 +585,9 @@ static void forged_name(void) {
   Kvshare__Envelope env, *w;
   Kvshare__Hello h;
   uint8_t hdr[KVS_FRAME_HEADER_SIZE];
-  int fds[KVS_FRAME_MAX_FDS], nfds = 0, i;
+  int fds[KVS_FRAME_MAX_FDS], nfds = 0, i, tries = 0, code;
 
+again:
   kvshare__envelope__init(&env);
   kvshare__hello__init(&h);
   h.version = KVS_PROTO_VERSION;
@@ -589,12 +613,19 @@ static void forged_name(void) {
     body = malloc(hh.length + 1);
     recv_all(i, body, hh.length);
     if (kvs_envelope_unpack(body, hh.length, 0, &w) < 0 ||
-        w->welcome->status->code != 0)
-      fail("forged name: refused");
+        w->body_case != KVSHARE__ENVELOPE__BODY_WELCOME)
+      fail("forged name: no Welcome");
+    code = w->welcome->status->code;
     kvs_envelope_free(w);
     free(body);
   }
   close(i);
+  if (code == KVS_ELIMIT && tries++ < 500) { /* every slot taken for now */
+    usleep(10000);
+    goto again;
+  }
+  if (code != 0)
+    fail("forged name: refused with %s", kvs_status_name(code));
 }
 
 /* No line of the daemon's log may be one a client wrote. */
@@ -764,14 +795,27 @@ static void flood(void) {
   /* A connection that never says Hello used to hold its slot for ever;
    * now it gets an EPROTO Welcome and an end of file (timeout 500 ms). */
   {
-    int fd = connect_daemon(0);
-    Kvshare__Envelope *w = recv_env(fd);
+    int fd, tries;
+    Kvshare__Envelope *w;
     uint8_t b;
 
+    for (tries = 0;; tries++) { /* other sessions may hold every slot */
+      fd = connect_daemon(0);
+      w = recv_env(fd);
+      if (w->body_case != KVSHARE__ENVELOPE__BODY_WELCOME ||
+          w->welcome->status->code != KVS_ELIMIT || tries == 500)
+        break;
+      kvs_envelope_free(w);
+      close(fd);
+      usleep(10000);
+    }
     if (w->body_case != KVSHARE__ENVELOPE__BODY_WELCOME ||
         w->welcome->status->code != KVS_EPROTO ||
         !strstr(w->welcome->status->message, "Hello"))
-      fail("a silent connection: expected an EPROTO Welcome");
+      fail("a silent connection: expected an EPROTO Welcome, got %s",
+           w->body_case == KVSHARE__ENVELOPE__BODY_WELCOME
+               ? kvs_status_name(w->welcome->status->code)
+               : "another message");
     kvs_envelope_free(w);
     if (recv(fd, &b, 1, 0) != 0)
       fail("a silent connection: expected the daemon to close it");
@@ -801,6 +845,75 @@ static void flood(void) {
   /* The fuzzers and the good clients hold some of the slots meanwhile. */
   if (limited < 8)
     fail("flood: only %d of %d connections refused", limited, MAX_CONN + 8);
+}
+
+/* Four sessions pipeline big Pings and never read the echoes.  Each used
+ * to be paused only at 32 MiB queued, so together they held 128 MiB of
+ * the daemon's memory; with max_queued_bytes (4 MiB here) the total stays
+ * near the limit. */
+static void nonreaders(void) {
+  enum { N = 4, PAYLOAD = 200 << 10 };
+  Kvshare__Envelope env, *rep;
+  Kvshare__Request req;
+  Kvshare__Ping ping;
+  Kvshare__Stats st;
+  struct good g = {0};
+  uint8_t *payload = calloc(1, PAYLOAD), *frame;
+  size_t flen, sent[N] = {0};
+  int fds[N], done[N] = {0}, i, progress = 1;
+
+  kvshare__envelope__init(&env);
+  kvshare__request__init(&req);
+  kvshare__ping__init(&ping);
+  ping.payload.data = payload;
+  ping.payload.len = PAYLOAD;
+  req.op_case = KVSHARE__REQUEST__OP_PING;
+  req.ping = &ping;
+  env.seq = 9;
+  env.body_case = KVSHARE__ENVELOPE__BODY_REQUEST;
+  env.request = &req;
+  if (kvs_frame_pack(&env, UINT32_MAX, &frame, &flen) < 0)
+    fail("pack");
+  for (i = 0; i < N; i++) {
+    fds[i] = connect_hello();
+    fcntl(fds[i], F_SETFL, fcntl(fds[i], F_GETFL) | O_NONBLOCK);
+  }
+  /* Round robin until every socket stays full (64 MiB each at most); a
+   * frame cut by a timeout ends that connection's sending. */
+  while (progress) {
+    progress = 0;
+    for (i = 0; i < N; i++) {
+      if (done[i] || sent[i] >= (64u << 20))
+        continue;
+      if (send_all(fds[i], frame, flen, 1000) == 0) {
+        sent[i] += flen;
+        progress = 1;
+      } else {
+        done[i] = 1;
+      }
+    }
+  }
+  g.fd = connect_hello();
+  kvshare__request__init(&req);
+  kvshare__stats__init(&st);
+  req.op_case = KVSHARE__REQUEST__OP_STATS;
+  req.stats = &st;
+  rep = call(&g, &req);
+  expect_ok(rep->response, "stats");
+  printf("4 sessions that never read: %zu+%zu+%zu+%zu bytes sent, %llu bytes "
+         "of replies queued in the daemon\n",
+         sent[0], sent[1], sent[2], sent[3],
+         (unsigned long long)rep->response->stats->queued_bytes);
+  /* the limit, plus per session up to 1 MiB and a frame's reply or two */
+  if (rep->response->stats->queued_bytes > (4u << 20) + N * (2u << 20))
+    fail("replies queued for sessions that do not read: %llu bytes",
+         (unsigned long long)rep->response->stats->queued_bytes);
+  kvs_envelope_free(rep);
+  close(g.fd);
+  for (i = 0; i < N; i++)
+    close(fds[i]);
+  free(frame);
+  free(payload);
 }
 
 static void final_check(int fds_at_start) {
@@ -892,6 +1005,7 @@ int main(int argc, char **argv) {
   hostile();
   forged_name();
   flood();
+  nonreaders();
   for (i = 0; i < FUZZERS + GOOD; i++) {
     int status;
 
