@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "client/kvshare.h"
+#include "kvs_arena.h"
 #include "kvs_frame.h"
 #include "kvs_shm.h"
 #include "kvshare.pb-c.h"
@@ -15,20 +16,7 @@
 /* Largest reply the client accepts before the daemon told its limit. */
 #define KVS__CLIENT_MAX_FRAME (64u << 20)
 
-/* A bump allocator for decoded replies (arena.c). */
-typedef struct kvs__arena {
-  struct kvs__chunk *head;
-  size_t total, limit;
-} kvs__arena;
-
-/* Decodes one envelope into the arena (bounded by KVS_UNPACK_LIMIT(len)).
- * 0 or KVS_EPROTO.  The envelope lives until the arena is reset; never pass
- * it to kvs_envelope_free. */
-int kvs__arena_unpack(kvs__arena *a, const uint8_t *payload, size_t len,
-                      Kvshare__Envelope **out);
-/* Drops everything decoded into the arena (keeps one chunk for reuse). */
-void kvs__arena_reset(kvs__arena *a);
-void kvs__arena_destroy(kvs__arena *a);
+/* Replies are decoded into a kvs__arena (proto/kvs_arena.h). */
 
 struct kvs_client {
   int fd;

@@ -16,91 +16,6 @@
 
 #define SALT_MAX 256
 
-#define CHUNK_MIN (16u << 10)
-#define CHUNK_KEEP (64u << 10)
-
-struct disp_chunk {
-  disp_chunk *next; /* older */
-  size_t size, used;
-  max_align_t data[];
-};
-
-void *disp_alloc(disp_arena *a, size_t size) {
-  disp_chunk *c = a->head;
-  size_t need = (size + 15) & ~(size_t)15;
-  void *p;
-
-  if (need < size || (a->limit && need > a->limit - a->total))
-    return NULL;
-  if (!c || c->size - c->used < need) {
-    size_t cap = c ? c->size * 2 : CHUNK_MIN;
-
-    while (cap < need)
-      cap *= 2;
-    c = malloc(sizeof(*c) + cap);
-    if (!c)
-      return NULL;
-    c->size = cap;
-    c->used = 0;
-    c->next = a->head;
-    a->head = c;
-  }
-  p = (char *)c->data + c->used;
-  c->used += need;
-  a->total += need;
-  return p;
-}
-
-void disp_arena_reset(disp_arena *a) {
-  disp_chunk *c = a->head;
-
-  /* Free every chunk but the oldest, and that one too when it is big. */
-  while (c && (c->next || c->size > CHUNK_KEEP)) {
-    disp_chunk *next = c->next;
-
-    free(c);
-    c = next;
-  }
-  a->head = c;
-  if (c)
-    c->used = 0;
-  a->total = 0;
-  a->limit = 0;
-}
-
-void disp_arena_free(disp_arena *a) {
-  disp_chunk *c = a->head;
-
-  while (c) {
-    disp_chunk *next = c->next;
-
-    free(c);
-    c = next;
-  }
-  a->head = NULL;
-  a->total = 0;
-  a->limit = 0;
-}
-
-static void *pb_alloc(void *data, size_t size) { return disp_alloc(data, size); }
-static void pb_free(void *data, void *p) {
-  (void)data;
-  (void)p; /* the arena is reset as a whole */
-}
-
-int disp_unpack(disp_arena *a, const uint8_t *payload, size_t len,
-                Kvshare__Envelope **out) {
-  ProtobufCAllocator pa = {pb_alloc, pb_free, a};
-  size_t limit = KVS_UNPACK_LIMIT(len);
-  int rc;
-
-  /* The budget counts from what the arena already holds. */
-  a->limit = a->total + limit < a->total ? SIZE_MAX : a->total + limit;
-  rc = kvs_envelope_unpack_with(payload, len, &pa, out);
-  a->limit = 0;
-  return rc;
-}
-
 /* ---- the reply, sized once ---------------------------------------- */
 
 static size_t varint_size(uint64_t v) {
@@ -131,7 +46,7 @@ enum {
   F_BATCH_REPLIES = 1                          /* BatchResult */
 };
 
-size_t disp_reply_size(disp_reply *r, disp_arena *a, uint64_t seq,
+size_t disp_reply_size(disp_reply *r, kvs__arena *a, uint64_t seq,
                        const Kvshare__Response *resp) {
   size_t i, st;
 
@@ -140,7 +55,7 @@ size_t disp_reply_size(disp_reply *r, disp_arena *a, uint64_t seq,
   r->sizes = NULL;
   if (resp->result_case == KVSHARE__RESPONSE__RESULT_BATCH &&
       resp->batch->n_replies &&
-      (r->sizes = disp_alloc(a, resp->batch->n_replies * sizeof(size_t)))) {
+      (r->sizes = kvs__arena_alloc(a, resp->batch->n_replies * sizeof(size_t)))) {
     /* Response { status, batch: BatchResult { replies... } } by hand;
      * each reply is sized once, here. */
     r->batch_size = 0;
@@ -195,10 +110,10 @@ static Kvshare__Status nomem_status = {
     PROTOBUF_C_MESSAGE_INIT(&kvshare__status__descriptor), KVS_ENOMEM,
     (char *)"out of memory"};
 
-void disp_status(Kvshare__Response *resp, disp_arena *a, int code,
+void disp_status(Kvshare__Response *resp, kvs__arena *a, int code,
                  const char *fmt, ...) {
-  Kvshare__Status *st = disp_alloc(a, sizeof(*st));
-  char *msg = disp_alloc(a, 256);
+  Kvshare__Status *st = kvs__arena_alloc(a, sizeof(*st));
+  char *msg = kvs__arena_alloc(a, 256);
   va_list ap;
 
   if (!st || !msg) {
@@ -217,7 +132,7 @@ void disp_status(Kvshare__Response *resp, disp_arena *a, int code,
 /* Every OK reply points at this one (packing only reads it). */
 static Kvshare__Status ok_status = KVSHARE__STATUS__INIT;
 
-static void ok(Kvshare__Response *resp, disp_arena *a) {
+static void ok(Kvshare__Response *resp, kvs__arena *a) {
   (void)a;
   resp->status = &ok_status;
 }
@@ -225,7 +140,7 @@ static void ok(Kvshare__Response *resp, disp_arena *a) {
 #define ERR(...) (disp_status(resp, a, __VA_ARGS__))
 
 static core_req *get_req(sess *c, uint64_t id, Kvshare__Response *resp,
-                         disp_arena *a) {
+                         kvs__arena *a) {
   core_req *r = reqmap_get(&c->reqs, id);
 
   if (!r)
@@ -236,7 +151,7 @@ static core_req *get_req(sess *c, uint64_t id, Kvshare__Response *resp,
 }
 
 static int room_for_request(sess *c, Kvshare__Response *resp,
-                            disp_arena *a) {
+                            kvs__arena *a) {
   if (c->reqs.count < c->srv->cfg->max_requests)
     return 1;
   ERR(KVS_ELIMIT, "the session already holds %zu requests (max_requests)",
@@ -261,7 +176,7 @@ static uint64_t req_cost(const core_req *r) {
  * over the budget?  Answers ELIMIT when so. */
 static int over_budget(sess *c, uint64_t more, uint64_t released,
                        const char *op, uint64_t id, Kvshare__Response *resp,
-                       disp_arena *a) {
+                       kvs__arena *a) {
   uint64_t max = c->srv->cfg->max_session_tokens;
 
   if (c->tokens_held - released + more <= max)
@@ -287,7 +202,7 @@ static void account(sess *c, uint64_t id, const core_req *r) {
 
 /* Copies blocks [from, n) of r's table into the arena. */
 static uint32_t *copy_table(core_req *r, uint32_t from, size_t *count,
-                            disp_arena *a) {
+                            kvs__arena *a) {
   uint32_t n;
   const uint32_t *t = core_req_blocks(r, &n);
   uint32_t *out;
@@ -295,7 +210,7 @@ static uint32_t *copy_table(core_req *r, uint32_t from, size_t *count,
   *count = 0;
   if (from >= n)
     return NULL;
-  out = disp_alloc(a, (n - from) * sizeof(*out));
+  out = kvs__arena_alloc(a, (n - from) * sizeof(*out));
   if (!out)
     return NULL;
   memcpy(out, t + from, (n - from) * sizeof(*out));
@@ -303,14 +218,14 @@ static uint32_t *copy_table(core_req *r, uint32_t from, size_t *count,
   return out;
 }
 
-static void core_error(Kvshare__Response *resp, disp_arena *a, int rc,
+static void core_error(Kvshare__Response *resp, kvs__arena *a, int rc,
                        const char *op, uint64_t id) {
   ERR(rc, "%s of request %llu: %s", op, (unsigned long long)id,
       kvs_strerror(rc));
 }
 
 static void do_lookup(sess *c, const Kvshare__Lookup *l,
-                      Kvshare__Response *resp, disp_arena *a) {
+                      Kvshare__Response *resp, kvs__arena *a) {
   core *cr = c->srv->core;
   core_req *r = reqmap_get(&c->reqs, l->req_id);
   Kvshare__LookupResult *res;
@@ -359,7 +274,7 @@ static void do_lookup(sess *c, const Kvshare__Lookup *l,
     }
   }
   account(c, l->req_id, r);
-  res = disp_alloc(a, sizeof(*res));
+  res = kvs__arena_alloc(a, sizeof(*res));
   if (!res) {
     ERR(KVS_ENOMEM, "out of memory");
     return; /* the request stands; the client may look at Stats */
@@ -377,7 +292,7 @@ fail:
 }
 
 static void do_alloc(sess *c, uint64_t id, uint32_t n, int append,
-                     Kvshare__Response *resp, disp_arena *a) {
+                     Kvshare__Response *resp, kvs__arena *a) {
   const kvs_layout *l = &c->srv->layout;
   core_req *r = get_req(c, id, resp, a);
   const char *op = append ? "append" : "allocate";
@@ -416,7 +331,7 @@ static void do_alloc(sess *c, uint64_t id, uint32_t n, int append,
     return;
   }
   account(c, id, r);
-  res = disp_alloc(a, sizeof(*res));
+  res = kvs__arena_alloc(a, sizeof(*res));
   if (!res) {
     ERR(KVS_ENOMEM, "out of memory");
     return;
@@ -442,7 +357,7 @@ static void do_alloc(sess *c, uint64_t id, uint32_t n, int append,
 }
 
 static void do_commit(sess *c, const Kvshare__Commit *m,
-                      Kvshare__Response *resp, disp_arena *a) {
+                      Kvshare__Response *resp, kvs__arena *a) {
   const kvs_layout *l = &c->srv->layout;
   core_req *r = get_req(c, m->req_id, resp, a);
   unsigned long long id = (unsigned long long)m->req_id;
@@ -528,7 +443,7 @@ static void do_commit(sess *c, const Kvshare__Commit *m,
     return;
   }
   account(c, m->req_id, r);
-  res = disp_alloc(a, sizeof(*res));
+  res = kvs__arena_alloc(a, sizeof(*res));
   if (!res) {
     ERR(KVS_ENOMEM, "out of memory");
     return;
@@ -541,7 +456,7 @@ static void do_commit(sess *c, const Kvshare__Commit *m,
 }
 
 static void do_fork(sess *c, const Kvshare__Fork *f, Kvshare__Response *resp,
-                    disp_arena *a) {
+                    kvs__arena *a) {
   core_req *r = get_req(c, f->req_id, resp, a), *child;
   int rc;
 
@@ -579,7 +494,7 @@ static void do_fork(sess *c, const Kvshare__Fork *f, Kvshare__Response *resp,
 }
 
 static void do_free(sess *c, uint64_t id, Kvshare__Response *resp,
-                    disp_arena *a) {
+                    kvs__arena *a) {
   uint64_t cost = 0;
   core_req *r = reqmap_del(&c->reqs, id, &cost);
 
@@ -595,7 +510,7 @@ static void do_free(sess *c, uint64_t id, Kvshare__Response *resp,
 }
 
 static void do_preempt(sess *c, uint64_t id, Kvshare__Response *resp,
-                       disp_arena *a) {
+                       kvs__arena *a) {
   core_req *r = get_req(c, id, resp, a);
   int rc;
 
@@ -611,9 +526,9 @@ static void do_preempt(sess *c, uint64_t id, Kvshare__Response *resp,
 }
 
 static void do_stats(sess *c, const Kvshare__Stats *q, Kvshare__Response *resp,
-                     disp_arena *a) {
+                     kvs__arena *a) {
   srv *s = c->srv;
-  Kvshare__StatsResult *res = disp_alloc(a, sizeof(*res));
+  Kvshare__StatsResult *res = kvs__arena_alloc(a, sizeof(*res));
   core_stats st;
 
   if (!res) {
@@ -648,7 +563,7 @@ static void do_stats(sess *c, const Kvshare__Stats *q, Kvshare__Response *resp,
   res->protocol_errors = s->protocol_errors;
   res->queued_bytes = s->queued;
   if (q->check) {
-    char *msg = disp_alloc(a, 512);
+    char *msg = kvs__arena_alloc(a, 512);
 
     s->check_frame = s->frames_in;
 
@@ -668,8 +583,8 @@ static void do_stats(sess *c, const Kvshare__Stats *q, Kvshare__Response *resp,
 }
 
 static void do_batch(sess *c, const Kvshare__Batch *b, Kvshare__Response *resp,
-                     disp_arena *a) {
-  Kvshare__BatchResult *res = disp_alloc(a, sizeof(*res));
+                     kvs__arena *a) {
+  Kvshare__BatchResult *res = kvs__arena_alloc(a, sizeof(*res));
   Kvshare__Response **replies = NULL;
   size_t i;
 
@@ -679,14 +594,14 @@ static void do_batch(sess *c, const Kvshare__Batch *b, Kvshare__Response *resp,
     return;
   }
   if (b->n_ops)
-    replies = disp_alloc(a, b->n_ops * sizeof(*replies));
+    replies = kvs__arena_alloc(a, b->n_ops * sizeof(*replies));
   if (!res || (b->n_ops && !replies)) {
     ERR(KVS_ENOMEM, "out of memory");
     return;
   }
   kvshare__batch_result__init(res);
   for (i = 0; i < b->n_ops; i++) {
-    Kvshare__Response *r = disp_alloc(a, sizeof(*r));
+    Kvshare__Response *r = kvs__arena_alloc(a, sizeof(*r));
 
     if (!r) {
       ERR(KVS_ENOMEM, "out of memory after %zu of %zu ops", i, b->n_ops);
@@ -707,7 +622,7 @@ static void do_batch(sess *c, const Kvshare__Batch *b, Kvshare__Response *resp,
 }
 
 void disp_request(sess *c, const Kvshare__Request *req,
-                  Kvshare__Response *resp, disp_arena *a) {
+                  Kvshare__Response *resp, kvs__arena *a) {
   switch (req->op_case) {
   case KVSHARE__REQUEST__OP_LOOKUP:
     do_lookup(c, req->lookup, resp, a);

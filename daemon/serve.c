@@ -353,7 +353,7 @@ static int run(const cfg *c) {
     status = 1;
   }
 out_core:
-  disp_arena_free(&s.arena);
+  kvs__arena_destroy(&s.arena);
   core_destroy(s.core);
 out_pool:
   backend_close(s.pool);

@@ -22,16 +22,9 @@
 #include "daemon/core/core.h"
 #include "daemon/backend.h"
 #include "daemon/reqmap.h"
+#include "kvs_arena.h"
 #include "kvs_frame.h"
 
-/* dispatch.c: see disp_alloc below. */
-typedef struct disp_chunk disp_chunk;
-typedef struct disp_arena {
-  disp_chunk *head;  /* the chunk being filled; older ones behind it */
-  size_t total;      /* bytes handed out since the reset */
-  size_t limit;
-} disp_arena;
-#define DISP_ARENA_INIT {NULL, 0, 0}
 
 typedef struct srv srv;
 typedef struct sess sess;
@@ -52,7 +45,7 @@ struct srv {
   uint32_t nsessions;    /* accepted ones (rejected ones not counted) */
   uint64_t next_session_id;
   int stopping;
-  disp_arena arena;      /* the frame being handled: request and reply */
+  kvs__arena arena;      /* the frame being handled: request and reply */
   uint64_t check_frame;  /* frames_in when Stats{check} last ran */
   uint64_t queued;       /* reply bytes in uv_write requests, all sessions */
   /* counters for Stats */
@@ -98,26 +91,9 @@ void sess_sweep_handshakes(srv *s);
 int sess_send(sess *c, const Kvshare__Envelope *env);
 
 /* dispatch.c */
-/*
- * A bump allocator for what lives while one frame is handled: the decoded
- * request (disp_unpack) and the reply's messages and arrays.  Chunks grow
- * as needed; a reset keeps the first chunk for the next frame, so a steady
- * stream of requests does no malloc at all.  `limit` (0 = none) caps the
- * bytes handed out, for the bounded decode.
- */
-void *disp_alloc(disp_arena *a, size_t size);
-/* Forgets every allocation; keeps the first chunk (up to 64 KiB). */
-void disp_arena_reset(disp_arena *a);
-void disp_arena_free(disp_arena *a);
-
-/*
- * Decodes one payload into the arena (kvs_envelope_unpack's checks: the
- * nesting depth, at most KVS_UNPACK_LIMIT(len) bytes allocated).  The
- * envelope lives until the arena is reset; nothing to free.  0 or
- * KVS_EPROTO.
- */
-int disp_unpack(disp_arena *a, const uint8_t *payload, size_t len,
-                Kvshare__Envelope **out);
+/* What lives while one frame is handled — the decoded request
+ * (kvs__arena_unpack) and the reply's messages and arrays — comes from the
+ * session's kvs__arena (proto/kvs_arena.h), reset after each frame. */
 
 /*
  * The framed size of Envelope { seq, response } (header included), with
@@ -132,15 +108,15 @@ typedef struct disp_reply {
   size_t *sizes;  /* a Batch's replies' sizes (arena), or NULL */
   size_t resp_size, batch_size, payload;
 } disp_reply;
-size_t disp_reply_size(disp_reply *r, disp_arena *a, uint64_t seq,
+size_t disp_reply_size(disp_reply *r, kvs__arena *a, uint64_t seq,
                        const Kvshare__Response *resp);
 void disp_reply_encode(const disp_reply *r, uint8_t *out);
 
 /* Fills resp (already initialised) for one request of session c. */
 void disp_request(sess *c, const Kvshare__Request *req,
-                  Kvshare__Response *resp, disp_arena *a);
+                  Kvshare__Response *resp, kvs__arena *a);
 /* Sets resp->status to (code, message). */
-void disp_status(Kvshare__Response *resp, disp_arena *a, int code,
+void disp_status(Kvshare__Response *resp, kvs__arena *a, int code,
                  const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
 /* serve.c */

@@ -371,7 +371,7 @@ static void handle_hello(sess *c, uint64_t seq, const Kvshare__Hello *h) {
 
 /* The reply lives in the server's arena (reset by handle_frame). */
 static void handle_request(sess *c, uint64_t seq, const Kvshare__Request *req) {
-  disp_arena *a = &c->srv->arena;
+  kvs__arena *a = &c->srv->arena;
   Kvshare__Response resp;
   disp_reply r;
   struct wreq *w;
@@ -405,9 +405,9 @@ static void handle_frame(sess *c, const uint8_t *payload, size_t len) {
 
   s->frames_in++;
   /* The envelope and the reply live in s->arena until the reset below. */
-  rc = disp_unpack(&s->arena, payload, len, &env);
+  rc = kvs__arena_unpack(&s->arena, payload, len, &env);
   if (rc < 0) {
-    disp_arena_reset(&s->arena);
+    kvs__arena_reset(&s->arena);
     protocol_error(c, 0, !c->handshaken, KVS_EPROTO,
                    c->handshaken ? "undecodable message"
                                  : "undecodable message; expected Hello");
@@ -419,7 +419,7 @@ static void handle_frame(sess *c, const uint8_t *payload, size_t len) {
     else
       protocol_error(c, env->seq, 1, KVS_EPROTO,
                      "the first message must be Hello");
-    disp_arena_reset(&s->arena);
+    kvs__arena_reset(&s->arena);
     return;
   }
   switch (env->body_case) {
@@ -438,7 +438,7 @@ static void handle_frame(sess *c, const uint8_t *payload, size_t len) {
     protocol_error(c, env->seq, 0, KVS_EUNKNOWN, "unknown message type");
     break;
   }
-  disp_arena_reset(&s->arena);
+  kvs__arena_reset(&s->arena);
 }
 
 static int reserve(sess *c, size_t need) {

@@ -9,7 +9,7 @@ PROTOC_C   ?= protoc-c
 PROTO_GEN_C := $(BUILD)/proto/kvshare.pb-c.c
 PROTO_GEN_H := $(BUILD)/proto/kvshare.pb-c.h
 PROTO_OBJS := $(BUILD)/proto/kvs_status.o $(BUILD)/proto/kvs_frame.o \
-              $(BUILD)/proto/kvshare.pb-c.o
+              $(BUILD)/proto/kvs_arena.o $(BUILD)/proto/kvshare.pb-c.o
 PROTO_LIBS  = $(call DEP_LIBS,libprotobuf-c)
 MOD_CFLAGS_proto_ := $(call DEP_CFLAGS,libprotobuf-c)
 
@@ -23,7 +23,7 @@ $(BUILD)/proto/kvshare.pb-c.o: $(PROTO_GEN_C) | $(PROTO_GEN_H)
 	@$(if $(Q),echo "  CC      $<")
 	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(MOD_CFLAGS_proto_) -c -o $@ $<
 
-$(BUILD)/proto/kvs_frame.o: | $(PROTO_GEN_H)
+$(BUILD)/proto/kvs_frame.o $(BUILD)/proto/kvs_arena.o: | $(PROTO_GEN_H)
 
 $(BUILD)/libkvsproto.a: $(PROTO_OBJS)
 	@$(if $(Q),echo "  AR      $@")

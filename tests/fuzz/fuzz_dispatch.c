@@ -4,7 +4,7 @@
  * in-process core -> the reply encoded as session.c encodes it (sized once,
  * disp_reply_encode), compared byte for byte with protobuf-c's own packing
  * of the same envelope, then decoded again.  Requests are decoded into the
- * arena as the daemon does (disp_unpack).  A libFuzzer target (LLVMFuzzerTestOneInput; `make fuzz`), also
+ * arena as the daemon does (kvs__arena_unpack).  A libFuzzer target (LLVMFuzzerTestOneInput; `make fuzz`), also
  * driven by test_fuzz_dispatch.c with deterministic inputs in `make test`.
  *
  * An input is one of:
@@ -113,7 +113,7 @@ static void check_pool(const char *when) {
   }
 }
 
-static disp_arena arena = DISP_ARENA_INIT;
+static kvs__arena arena = KVS__ARENA_INIT;
 
 /* The reply as session.c builds it; then decoded again and checked. */
 static void reply(const Kvshare__Request *req, uint64_t seq,
@@ -167,20 +167,20 @@ static void reply(const Kvshare__Request *req, uint64_t seq,
 static void one_frame(sess *c, const uint8_t *payload, size_t len) {
   Kvshare__Envelope *env, *ref = NULL;
   Kvshare__Response resp;
-  disp_arena *a = &arena;
+  kvs__arena *a = &arena;
   int rc;
 
   fz_srv.frames_in++;
   n_frames++;
   /* The arena decoder and the malloc one agree on what decodes (away from
    * their allocation limits, which they count differently). */
-  rc = disp_unpack(a, payload, len, &env);
+  rc = kvs__arena_unpack(a, payload, len, &env);
   if (len < 4096 &&
       (kvs_envelope_unpack(payload, len, 0, &ref) < 0) != (rc < 0))
-    die("disp_unpack and kvs_envelope_unpack disagree", NULL);
+    die("kvs__arena_unpack and kvs_envelope_unpack disagree", NULL);
   kvs_envelope_free(ref);
   if (rc < 0) {
-    disp_arena_reset(a);
+    kvs__arena_reset(a);
     n_undecodable++;
     return; /* EPROTO, the connection goes on */
   }
@@ -196,7 +196,7 @@ static void one_frame(sess *c, const uint8_t *payload, size_t len) {
     reply(env->request, env->seq, &resp);
     check_pool("after a request");
   }
-  disp_arena_reset(a);
+  kvs__arena_reset(a);
 }
 
 /* The session's read buffer: whole frames are handled, a bad header or a
