@@ -92,7 +92,7 @@ test:
 test-unit: all
 	$(Q)tests/run-tests.sh $(BUILD) $(UNIT_TESTS) $(TEST_SCRIPTS)
 
-bench: all
+bench: all $(BENCHES)
 	$(Q)tests/run-bench.sh $(BUILD) $(BENCHES)
 
 demo: all
