@@ -48,18 +48,10 @@ sock=$dir/kvshared.sock
 
 echo "== kvshare demo: $workers workers x $users users x $turns turns," \
      "a shared $sys-token system prompt"
-exec 3>"$dir/ready"
+. "$(dirname "$0")/lib/daemon.sh"
 # shellcheck disable=SC2086
-"$daemon" serve --socket "$sock" --ready-fd 3 ${KVS_DEMO_DAEMON_ARGS:-} \
-  >"$dir/kvshared.log" 2>&1 &
-pid=$!
-exec 3>&-
-for _ in $(seq 300); do
-  grep -q ready "$dir/ready" 2>/dev/null && break
-  kill -0 "$pid" 2>/dev/null || break
-  sleep 0.1
-done
-grep -q ready "$dir/ready" 2>/dev/null || die "kvshared did not start"
+kvs_start_daemon "$daemon" "$dir" "$sock" "$dir/kvshared.log" \
+  ${KVS_DEMO_DAEMON_ARGS:-} || die "kvshared did not start"
 echo "kvshared $pid listening on $sock (${KVS_DEMO_DAEMON_ARGS:-built-in defaults})"
 grep -m1 -i "backend" "$dir/kvshared.log" | sed 's/^/  log: /'
 layout=$("$cli" --socket "$sock" layout --json) || die "kvshare layout"

@@ -16,18 +16,9 @@ cleanup() { [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null; rm -rf "$dir"; }
 trap cleanup EXIT
 sock=$dir/kvshared.sock
 
-# Start the daemon; it writes "ready" to fd 3 once it listens.
-exec 3>"$dir/ready"
-"$daemon" serve --socket "$sock" --ready-fd 3 --num-layers 2 --head-dim 16 \
-  --pool-blocks 128 >"$dir/log" 2>&1 &
-pid=$!
-exec 3>&-
-for _ in $(seq 300); do
-  grep -q ready "$dir/ready" 2>/dev/null && break
-  kill -0 "$pid" 2>/dev/null || break
-  sleep 0.1
-done
-if ! grep -q ready "$dir/ready" 2>/dev/null; then
+. "$(dirname "$0")/../lib/daemon.sh"
+if ! kvs_start_daemon "$daemon" "$dir" "$sock" "$dir/log" --num-layers 2 \
+     --head-dim 16 --pool-blocks 128; then
   if grep -q "not built yet" "$dir/log"; then
     echo "SKIP: this kvshared cannot serve yet"; exit 77
   fi

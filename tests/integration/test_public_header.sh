@@ -80,17 +80,9 @@ PKG_CONFIG_PATH=$dir pkg-config --cflags --libs kvshare | grep -q -- "-I$dir/inc
   fail "kvshare.pc cflags"
 PKG_CONFIG_PATH=$dir pkg-config --libs kvshare | grep -q -- "-lkvshare" || fail "kvshare.pc libs"
 
-exec 3>"$dir/ready"
-"$build/kvshared" serve --socket "$dir/s" --ready-fd 3 --num-layers 1 --head-dim 8 \
-  --pool-blocks 64 >"$dir/log" 2>&1 &
-pid=$!
-exec 3>&-
-for _ in $(seq 300); do
-  grep -q ready "$dir/ready" 2>/dev/null && break
-  kill -0 "$pid" 2>/dev/null || break
-  sleep 0.1
-done
-grep -q ready "$dir/ready" 2>/dev/null || fail "kvshared did not start"
+. "$(dirname "$0")/../lib/daemon.sh"
+kvs_start_daemon "$build/kvshared" "$dir" "$dir/s" "$dir/log" --num-layers 1 \
+  --head-dim 8 --pool-blocks 64 || fail "kvshared did not start"
 # (An ASan-built libkvshare needs the ASan runtime first in a plain program.)
 asan=$(ldd "$build/libkvshare.so" | awk '/libasan/ {print $3}')
 LD_PRELOAD=$asan ASAN_OPTIONS=detect_leaks=0 "$dir/user" "$dir/s" || fail "the program failed"
