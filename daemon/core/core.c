@@ -79,8 +79,6 @@ fail:
   return KVS_ENOMEM;
 }
 
-static void req_release_blocks(core *c, core_req *r);
-
 void core_destroy(core *c) {
   if (c == NULL)
     return;

@@ -19,6 +19,7 @@ typedef struct blk {
   uint8_t indexed; /* hash present in the prefix index, pointing here */
   uint8_t pad_;
 } blk;
+_Static_assert(sizeof(blk) == 16, "hot block record is 16 bytes");
 
 /* Prefix index: open addressing, linear probing, backward-shift deletion.
  * At most num_blocks entries in 2x as many slots (load <= 0.5). */
