@@ -133,6 +133,27 @@ static void blk_put(core *c, uint32_t b) {
   }
 }
 
+int core_pin(core *c, uint32_t b) {
+  blk *x;
+
+  if (b >= c->cfg.num_blocks)
+    return KVS_ERANGE;
+  x = &c->blocks[b];
+  if (x->ref == 0)
+    return KVS_ESTATE;
+  if (x->pins == UINT8_MAX)
+    return KVS_ELIMIT;
+  x->pins++;
+  x->ref++;
+  return 0;
+}
+
+void core_unpin(core *c, uint32_t b) {
+  assert(b < c->cfg.num_blocks && c->blocks[b].pins > 0);
+  c->blocks[b].pins--;
+  blk_put(c, b);
+}
+
 /* ---- requests ---------------------------------------------------------- */
 
 static int grow_slow(uint32_t **arr, uint32_t *cap, uint64_t need) {
@@ -446,6 +467,7 @@ int core_block_get(const core *c, uint32_t b, core_block_info *info) {
     return KVS_ERANGE;
   const blk *x = &c->blocks[b];
   info->ref = x->ref;
+  info->pins = x->pins;
   info->indexed = x->indexed;
   info->hash = c->bhash[b];
   info->state = x->ref > 0     ? CORE_BLOCK_IN_USE
@@ -518,8 +540,9 @@ int core_check(const core *c, char *msg, size_t msg_len) {
   uint32_t ref0 = 0, indexed = 0, cached = 0;
   for (uint32_t b = 0; b < nb; b++) {
     const blk *x = &c->blocks[b];
-    if (x->ref != holders[b])
-      FAIL("block %u: ref %u but %u holders", b, x->ref, holders[b]);
+    if (x->ref != holders[b] + x->pins)
+      FAIL("block %u: ref %u but %u holders and %u pins", b, x->ref,
+           holders[b], x->pins);
     if ((x->ref == 0) != (x->on_queue != 0))
       FAIL("block %u: ref %u but %s the free queue", b, x->ref,
            x->on_queue ? "on" : "off");

@@ -11,7 +11,7 @@
  *   CACHED  ref 0, on the free queue, hash indexed: reusable by a hit,
  *           evictable.
  *   IN USE  ref >= 1, off the free queue.
- * ref(b) == number of (request, slot) pairs that hold b.
+ * ref(b) == number of (request, slot) pairs that hold b, plus its pins.
  *
  * A request is a sequence of token positions.  For each request the core
  * keeps:
@@ -155,6 +155,19 @@ const uint32_t *core_req_blocks(const core_req *r, uint32_t *n);
 void core_req_set_udata(core_req *r, void *udata);
 void *core_req_udata(const core_req *r);
 
+/*
+ * Pins block b, which must be IN USE: one more reference that no request
+ * owns, so that b stays off the free queue (never reallocated, never
+ * evicted) however its requests are freed, until core_unpin.  The daemon
+ * pins the blocks it copies into or out of for as long as the copy runs.
+ * KVS_ERANGE (b out of range), KVS_ESTATE (b not IN USE), KVS_ELIMIT (255
+ * pins on b already).
+ */
+int core_pin(core *c, uint32_t b);
+/* Drops one pin of b (which must have one); b returns to the free queue
+ * when that was its last reference, as a request's release would. */
+void core_unpin(core *c, uint32_t b);
+
 typedef enum core_block_state {
   CORE_BLOCK_FREE = 0,
   CORE_BLOCK_CACHED = 1,
@@ -164,6 +177,7 @@ typedef enum core_block_state {
 typedef struct core_block_info {
   core_block_state state;
   uint32_t ref;
+  uint32_t pins;    /* of ref, those held by core_pin */
   int indexed;      /* its hash is in the prefix index */
   kvs_hash128 hash; /* valid when sealed (indexed or not) */
 } core_block_info;
@@ -195,7 +209,7 @@ void core_get_stats(const core *c, core_stats *st);
 
 /*
  * Checks every invariant over the whole pool: ref counts equal the (request,
- * slot) holders, the free queue holds exactly the ref-0 blocks and is well
+ * slot) holders plus the pins, the free queue holds exactly the ref-0 blocks and is well
  * linked, index entries point at blocks holding that hash, per-request
  * counters are consistent.  Returns 0, or KVS_EINTERNAL with a description of
  * the first violation in msg.

@@ -17,7 +17,7 @@ typedef struct blk {
   uint8_t on_queue;
   uint8_t sealed;  /* bhash and btok valid */
   uint8_t indexed; /* hash present in the prefix index, pointing here */
-  uint8_t pad_;
+  uint8_t pins;    /* references held by core_pin (counted in ref too) */
 } blk;
 _Static_assert(sizeof(blk) == 16, "hot block record is 16 bytes");
 

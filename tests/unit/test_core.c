@@ -477,6 +477,71 @@ static void test_preempt_and_resume(void **state) {
   finish(c);
 }
 
+/* Pins: the daemon's copies hold their source and destination off the free
+ * queue however the requests go.  The hazard: a CoW pair whose requests are
+ * freed while the copy runs must not let either block be reallocated. */
+static void test_pins(void **state) {
+  (void)state;
+  core *c = mk(8, 0);
+  uint32_t t[6], hit, n;
+  core_cow cow;
+  core_block_info bi;
+  core_req *k, *other;
+  seq(t, 6, 300);
+  core_req *p = prefill(c, t, 6, &hit); /* one full block + 2 tokens */
+  assert_int_equal(core_fork(c, p, &k), 0);
+  assert_int_equal(core_append(c, k, 1, &cow), 0);
+  assert_int_not_equal(cow.src, KVS_BLOCK_NONE);
+  assert_int_equal(core_pin(c, cow.src), 0);
+  assert_int_equal(core_pin(c, cow.dst), 0);
+  assert_int_equal(core_block_get(c, cow.dst, &bi), 0);
+  assert_int_equal(bi.ref, 2); /* the child's slot and the pin */
+  assert_int_equal(bi.pins, 1);
+  check(c);
+  /* both requests go while the copy would still run */
+  core_req_free(c, k);
+  core_req_free(c, p);
+  check(c);
+  assert_int_equal(core_block_get(c, cow.src, &bi), 0);
+  assert_int_equal(bi.state, CORE_BLOCK_IN_USE);
+  assert_int_equal(core_block_get(c, cow.dst, &bi), 0);
+  assert_int_equal(bi.state, CORE_BLOCK_IN_USE);
+  /* every other block can be allocated, the pinned two never */
+  assert_int_equal(core_req_create(c, NULL, 0, &other), 0);
+  assert_int_equal(core_allocate(c, other, 6 * BS, &cow), 0);
+  const uint32_t *ob = core_req_blocks(other, &n);
+  core_cow again;
+  assert_int_equal(core_allocate(c, other, 1, &again), KVS_ENOSPC);
+  for (uint32_t i = 0; i < n; i++) {
+    assert_int_not_equal(core_block_get(c, ob[i], &bi), KVS_ERANGE);
+    assert_int_equal(bi.pins, 0);
+  }
+  core_req_free(c, other);
+  /* pins are refused on blocks nobody holds, and are bounded */
+  uint32_t pinned[2];
+  uint32_t nfound = 0;
+  for (uint32_t b = 0; b < 8; b++) {
+    assert_int_equal(core_block_get(c, b, &bi), 0);
+    if (bi.pins)
+      pinned[nfound++] = b;
+    else
+      assert_int_equal(core_pin(c, b), KVS_ESTATE);
+  }
+  assert_int_equal(nfound, 2);
+  assert_int_equal(core_pin(c, 8), KVS_ERANGE);
+  for (int i = 1; i < 255; i++)
+    assert_int_equal(core_pin(c, pinned[0]), 0);
+  assert_int_equal(core_pin(c, pinned[0]), KVS_ELIMIT);
+  check(c);
+  for (int i = 0; i < 255; i++)
+    core_unpin(c, pinned[0]);
+  core_unpin(c, pinned[1]);
+  /* the shared block was partial (never sealed): both come back FREE */
+  assert_int_equal(core_block_get(c, pinned[0], &bi), 0);
+  assert_int_equal(bi.state, CORE_BLOCK_FREE);
+  finish(c);
+}
+
 static void test_config_errors(void **state) {
   (void)state;
   core_config cfg;
@@ -517,6 +582,7 @@ int main(void) {
       cmocka_unit_test(test_forced_collision_never_served),
       cmocka_unit_test(test_salt_isolation),
       cmocka_unit_test(test_preempt_and_resume),
+      cmocka_unit_test(test_pins),
       cmocka_unit_test(test_config_errors),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
