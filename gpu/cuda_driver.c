@@ -1,18 +1,17 @@
 /*
- * cuda_driver.c — the host side of the CUDA kernels: loads libcuda.so.1 with
- * dlopen at run time, resolves the few driver-API entry points it needs with
- * dlsym (prototypes declared below, no CUDA header), loads the fatbin that
- * the build embedded (kvs__cuda_fatbin), and launches the kernels.
+ * cuda_driver.c — the host side of the CUDA kernels: through the driver that
+ * cuda_loader.c opened (no CUDA header, no link against CUDA), loads the
+ * fatbin the build embedded (kvs__cuda_fatbin) into the device's primary
+ * context and launches the kernels; and the small memory helpers.
  *
  * Nothing here needs a GPU to link or load: every machine gets the same
  * library, and kvs_cuda_available() says at run time whether it can run.
  */
-#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
-#include <strings.h>
 
+#include "kvs_cuda_int.h"
 #include "kvs_kernels_int.h"
 #include "kvs_status.h"
 
@@ -21,84 +20,17 @@
 extern const unsigned char kvs__cuda_fatbin[];
 extern const unsigned long long kvs__cuda_fatbin_size;
 
-/* ---- the driver API subset, declared here ---------------------------------- */
-
-typedef int CUresult;
-typedef int CUdevice;
-typedef unsigned long long CUdeviceptr;
-typedef struct CUctx_st *CUcontext;
-typedef struct CUmod_st *CUmodule;
-typedef struct CUfunc_st *CUfunction;
-typedef struct CUstream_st *CUstream;
-typedef struct CUevent_st *CUevent;
-typedef struct {
-  unsigned char bytes[16];
-} CUuuid;
-
-#define CUDA_SUCCESS 0
-#define CUDA_ERROR_INVALID_VALUE 1
-#define CUDA_ERROR_OUT_OF_MEMORY 2
-#define CUDA_ERROR_NO_DEVICE 100
-#define CU_ATTR_MEMORY_CLOCK_RATE 36
-#define CU_ATTR_GLOBAL_MEMORY_BUS_WIDTH 37
-#define CU_ATTR_MULTIPROCESSOR_COUNT 16
-
-#define KVS_CU_FUNCS(X)                                                      \
-  X(cuInit, "cuInit", (unsigned))                                \
-  X(cuDeviceGetCount, "cuDeviceGetCount", (int *))               \
-  X(cuDeviceGet, "cuDeviceGet", (CUdevice *, int))               \
-  X(cuDeviceGetName, "cuDeviceGetName", (char *, int, CUdevice)) \
-  X(cuDeviceGetUuid, "cuDeviceGetUuid", (CUuuid *, CUdevice))    \
-  X(cuDeviceGetAttribute, "cuDeviceGetAttribute",                            \
-    (int *, int, CUdevice))                                      \
-  X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain",                    \
-    (CUcontext *, CUdevice))                                     \
-  X(cuCtxSetCurrent, "cuCtxSetCurrent", (CUcontext))             \
-  X(cuCtxSynchronize, "cuCtxSynchronize", (void))                \
-  X(cuModuleLoadData, "cuModuleLoadData", (CUmodule *, const void *)) \
-  X(cuModuleGetFunction, "cuModuleGetFunction",                              \
-    (CUfunction *, CUmodule, const char *))                      \
-  X(cuLaunchKernel, "cuLaunchKernel",                                        \
-    (CUfunction, unsigned, unsigned, unsigned, unsigned,         \
-                 unsigned, unsigned, unsigned, CUstream, void **, void **))  \
-  X(cuMemAlloc, "cuMemAlloc_v2", (CUdeviceptr *, size_t))        \
-  X(cuMemFree, "cuMemFree_v2", (CUdeviceptr))                    \
-  X(cuMemcpyHtoD, "cuMemcpyHtoD_v2",                                         \
-    (CUdeviceptr, const void *, size_t))                         \
-  X(cuMemcpyDtoH, "cuMemcpyDtoH_v2", (void *, CUdeviceptr, size_t)) \
-  X(cuMemcpyDtoD, "cuMemcpyDtoD_v2",                                         \
-    (CUdeviceptr, CUdeviceptr, size_t))                          \
-  X(cuMemsetD8, "cuMemsetD8_v2", (CUdeviceptr, unsigned char, size_t)) \
-  X(cuStreamSynchronize, "cuStreamSynchronize", (CUstream))      \
-  X(cuEventCreate, "cuEventCreate", (CUevent *, unsigned))       \
-  X(cuEventRecord, "cuEventRecord", (CUevent, CUstream))         \
-  X(cuEventSynchronize, "cuEventSynchronize", (CUevent))         \
-  X(cuEventElapsedTime, "cuEventElapsedTime",                                \
-    (float *, CUevent, CUevent))                                 \
-  X(cuEventDestroy, "cuEventDestroy_v2", (CUevent))              \
-  X(cuGetErrorString, "cuGetErrorString", (CUresult, const char **))
-
-static struct {
-#define KVS_CU_FIELD(field, sym, args) CUresult(*field) args;
-  KVS_CU_FUNCS(KVS_CU_FIELD)
-#undef KVS_CU_FIELD
-} cu;
-
 /* ---- process-wide state ------------------------------------------------------ */
 
 enum { DT_N = 3, NV_N = 2, G_N = 4 };
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static int load_rc = 1;          /* 1: not tried; 0 ok; else status */
-static const char *load_reason = "";
-static char reason_buf[256];
+static char reason_buf[512];
+static int kernels_rc = 1; /* 1: module not loaded yet; then 0 or a status */
 static int opened; /* device, context and module ready: written once under
                       lock (release), read without it (acquire) */
-static CUdevice dev;
-static CUcontext ctx;
 static CUmodule mod;
 static char dev_name[256];
-static char dev_uuid[64];
 static int dev_sms = 1;
 /* Attention blocks per SM the split aims at (a tuning knob for the bench). */
 int kvs__cuda_attn_blocks_per_sm = 0;
@@ -109,144 +41,41 @@ int kvs__cuda_attn_mma = 1;
 static CUfunction f_write, f_blocks, f_merge;
 static CUfunction f_attn[DT_N][NV_N][G_N];
 static CUfunction f_mma[2][2]; /* [fp16, bf16][d64, d128] */
-static __thread int tls_current; /* this thread made ctx current */
-
-static int map_cu(CUresult r) {
-  switch (r) {
-  case CUDA_SUCCESS:
-    return 0;
-  case CUDA_ERROR_INVALID_VALUE:
-    return KVS_EINVAL;
-  case CUDA_ERROR_OUT_OF_MEMORY:
-    return KVS_ENOMEM;
-  case CUDA_ERROR_NO_DEVICE:
-    return KVS_ENODEV;
-  default:
-    return KVS_EINTERNAL;
-  }
-}
-
-static void set_reason(const char *what, CUresult r) {
-  const char *s = NULL;
-  if (cu.cuGetErrorString)
-    cu.cuGetErrorString(r, &s);
-  snprintf(reason_buf, sizeof reason_buf, "%s: %s (CUresult %d)", what,
-           s ? s : "unknown error", r);
-  load_reason = reason_buf;
-}
-
-/* Load the driver and count devices; caller holds lock. */
-static int load_locked(void) {
-  if (load_rc != 1)
-    return load_rc;
-  load_rc = KVS_ENODEV;
-  if (kvs__cuda_fatbin_size == 0) {
-    load_reason = "built without CUDA kernels (nvcc was not found at build time)";
-    return load_rc;
-  }
-  void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (!h) {
-    const char *e = dlerror();
-    snprintf(reason_buf, sizeof reason_buf, "no CUDA driver: %s",
-             e ? e : "libcuda.so.1 not found");
-    load_reason = reason_buf;
-    return load_rc;
-  }
-#define KVS_CU_LOAD(field, sym, args)                                   \
-  {                                                                     \
-    void *p_ = dlsym(h, sym);                                           \
-    if (!p_) {                                                          \
-      load_reason = "libcuda.so.1 lacks " sym " (driver too old)";     \
-      return load_rc;                                                   \
-    }                                                                   \
-    memcpy(&cu.field, &p_, sizeof p_);                                  \
-  }
-  KVS_CU_FUNCS(KVS_CU_LOAD)
-#undef KVS_CU_LOAD
-  CUresult r = cu.cuInit(0);
-  if (r != CUDA_SUCCESS) {
-    set_reason("cuInit failed", r);
-    return load_rc;
-  }
-  int n = 0;
-  r = cu.cuDeviceGetCount(&n);
-  if (r != CUDA_SUCCESS || n == 0) {
-    load_reason = "no CUDA device";
-    return load_rc;
-  }
-  load_rc = 0;
-  load_reason = "";
-  return 0;
-}
+static __thread int tls_ctx;    /* the context is current in this thread */
 
 int kvs_cuda_available(const char **reason) {
-  pthread_mutex_lock(&lock);
-  int rc = load_locked();
-  if (reason)
-    *reason = load_reason;
-  pthread_mutex_unlock(&lock);
+  int rc;
+
+  if (kvs__cuda_fatbin_size == 0) {
+    if (reason)
+      *reason = "built without CUDA kernels (nvcc was not found at build time)";
+    return KVS_ENODEV;
+  }
+  rc = kvs__cu_load(reason);
   return rc;
 }
 
-static void format_uuid(char *out, size_t n, const CUuuid *u) {
-  const unsigned char *b = u->bytes;
-  snprintf(out, n,
-           "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
-           b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10],
-           b[11], b[12], b[13], b[14], b[15]);
-}
+/* Loads the kernels into the open context; caller holds lock. */
+static int load_kernels_locked(void) {
+  CUresult r;
 
-static int uuid_match(const char *want, const char *have) {
-  if (strncasecmp(want, "GPU-", 4) != 0)
-    have += 4; /* accept the bare form too */
-  return strcasecmp(want, have) == 0;
-}
-
-static int open_locked(const char *uuid) {
-  int rc = load_locked();
-  if (rc)
-    return rc;
-  int n = 0;
-  CUresult r = cu.cuDeviceGetCount(&n);
-  if (r)
-    return map_cu(r);
-  CUdevice pick = -1;
-  char pick_uuid[64] = "";
-  for (int i = 0; i < n; i++) {
-    CUdevice d;
-    CUuuid u;
-    char s[64];
-    if (cu.cuDeviceGet(&d, i) || cu.cuDeviceGetUuid(&u, d))
-      continue;
-    format_uuid(s, sizeof s, &u);
-    if (!uuid || uuid_match(uuid, s)) {
-      pick = d;
-      memcpy(pick_uuid, s, sizeof s);
-      break;
-    }
+  if (kernels_rc != 1)
+    return kernels_rc;
+  kernels_rc = KVS_ENODEV;
+  if (kvs__cuda_fatbin_size == 0) {
+    snprintf(reason_buf, sizeof reason_buf, "built without CUDA kernels "
+             "(nvcc was not found at build time)");
+    return kernels_rc;
   }
-  if (opened && !uuid)
-    return 0;
-  if (pick < 0)
-    return uuid ? KVS_ENOENT : KVS_ENODEV;
-  if (opened) {
-    if (strcmp(pick_uuid, dev_uuid) != 0)
-      return KVS_ESTATE;
-    return 0;
+  if ((r = kvs__cu.cuModuleLoadData(&mod, kvs__cuda_fatbin))) {
+    kvs__cu_describe(reason_buf, sizeof reason_buf,
+                     "cannot load the kernels (no image for this GPU?)", r);
+    return kernels_rc = kvs__cu_status(r);
   }
-  if ((r = cu.cuDevicePrimaryCtxRetain(&ctx, pick)) ||
-      (r = cu.cuCtxSetCurrent(ctx))) {
-    set_reason("cannot make the device's primary context current", r);
-    return map_cu(r);
-  }
-  if ((r = cu.cuModuleLoadData(&mod, kvs__cuda_fatbin))) {
-    set_reason("cannot load the kernels (no image for this GPU?)", r);
-    return map_cu(r);
-  }
-  if ((r = cu.cuModuleGetFunction(&f_write, mod, "kvs_write_kv_kernel")) ||
-      (r = cu.cuModuleGetFunction(&f_blocks, mod, "kvs_blocks_kernel")) ||
-      (r = cu.cuModuleGetFunction(&f_merge, mod, "kvs_attn_merge_kernel")))
-    return map_cu(r);
+  if ((r = kvs__cu.cuModuleGetFunction(&f_write, mod, "kvs_write_kv_kernel")) ||
+      (r = kvs__cu.cuModuleGetFunction(&f_blocks, mod, "kvs_blocks_kernel")) ||
+      (r = kvs__cu.cuModuleGetFunction(&f_merge, mod, "kvs_attn_merge_kernel")))
+    return kernels_rc = kvs__cu_status(r);
   static const char *dts[DT_N] = {"fp32", "fp16", "bf16"};
   for (int t = 0; t < DT_N; t++)
     for (int v = 0; v < NV_N; v++)
@@ -254,43 +83,51 @@ static int open_locked(const char *uuid) {
         char name[64];
         snprintf(name, sizeof name, "kvs_attn_%s_nv%d_g%d", dts[t], v + 1,
                  1 << g);
-        if ((r = cu.cuModuleGetFunction(&f_attn[t][v][g], mod, name)))
-          return map_cu(r);
+        if ((r = kvs__cu.cuModuleGetFunction(&f_attn[t][v][g], mod, name)))
+          return kernels_rc = kvs__cu_status(r);
       }
   for (int t = 0; t < 2; t++)
     for (int d = 0; d < 2; d++) {
       char name[64];
       snprintf(name, sizeof name, "kvs_attn_mma_%s_d%d", t ? "bf16" : "fp16",
                d ? 128 : 64);
-      if ((r = cu.cuModuleGetFunction(&f_mma[t][d], mod, name)))
-        return map_cu(r);
+      if ((r = kvs__cu.cuModuleGetFunction(&f_mma[t][d], mod, name)))
+        return kernels_rc = kvs__cu_status(r);
     }
-  cu.cuDeviceGetName(dev_name, sizeof dev_name, pick);
-  if (cu.cuDeviceGetAttribute(&dev_sms, CU_ATTR_MULTIPROCESSOR_COUNT, pick) ||
+  CUdevice dev = kvs__cuda_device();
+  kvs__cu.cuDeviceGetName(dev_name, sizeof dev_name, dev);
+  if (kvs__cu.cuDeviceGetAttribute(&dev_sms, CU_ATTR_MULTIPROCESSOR_COUNT, dev) ||
       dev_sms < 1)
     dev_sms = 1;
-  memcpy(dev_uuid, pick_uuid, sizeof pick_uuid);
-  dev = pick;
   __atomic_store_n(&opened, 1, __ATOMIC_RELEASE);
-  return 0;
+  return kernels_rc = 0;
 }
 
 int kvs_cuda_open(const char *uuid) {
+  int rc = kvs__cuda_ctx_open(uuid, reason_buf, sizeof reason_buf);
+  if (rc)
+    return rc;
+  tls_ctx = 1;
   pthread_mutex_lock(&lock);
-  int rc = open_locked(uuid);
+  rc = load_kernels_locked();
   pthread_mutex_unlock(&lock);
-  if (rc == 0 && !tls_current) {
-    if (cu.cuCtxSetCurrent(ctx))
-      return KVS_EINTERNAL;
-    tls_current = 1;
-  }
   return rc;
 }
 
-/* Every entry point: the device open (first device if nobody chose) and its
+/* Memory helpers: the device open (the first one if nobody chose) and its
  * context current in this thread. */
+static int ctx_ready(void) {
+  if (tls_ctx)
+    return 0;
+  int rc = kvs__cuda_ctx_open(NULL, NULL, 0);
+  if (rc == 0)
+    tls_ctx = 1;
+  return rc;
+}
+
+/* Kernel launches: the context and the kernels. */
 static int ready(void) {
-  if (tls_current && __atomic_load_n(&opened, __ATOMIC_ACQUIRE))
+  if (tls_ctx && __atomic_load_n(&opened, __ATOMIC_ACQUIRE))
     return 0;
   return kvs_cuda_open(NULL);
 }
@@ -299,91 +136,89 @@ const char *kvs_cuda_device_name(void) {
   return __atomic_load_n(&opened, __ATOMIC_ACQUIRE) ? dev_name : "";
 }
 
-const char *kvs_cuda_device_uuid(void) {
-  return __atomic_load_n(&opened, __ATOMIC_ACQUIRE) ? dev_uuid : "";
-}
+const char *kvs_cuda_device_uuid(void) { return kvs__cuda_uuid(); }
 
 /* ---- memory helpers ----------------------------------------------------------- */
 
 int kvs_cuda_malloc(void **dptr, size_t bytes) {
-  int rc = ready();
+  int rc = ctx_ready();
   if (rc)
     return rc;
   CUdeviceptr p = 0;
-  rc = map_cu(cu.cuMemAlloc(&p, bytes ? bytes : 1));
+  rc = kvs__cu_status(kvs__cu.cuMemAlloc(&p, bytes ? bytes : 1));
   *dptr = rc ? NULL : (void *)(uintptr_t)p;
   return rc;
 }
 
 int kvs_cuda_free(void *dptr) {
-  int rc = ready();
-  return rc ? rc : (dptr ? map_cu(cu.cuMemFree((CUdeviceptr)(uintptr_t)dptr)) : 0);
+  int rc = ctx_ready();
+  return rc ? rc : (dptr ? kvs__cu_status(kvs__cu.cuMemFree((CUdeviceptr)(uintptr_t)dptr)) : 0);
 }
 
 int kvs_cuda_memcpy_htod(void *dst, const void *src, size_t bytes) {
-  int rc = ready();
-  return rc ? rc : map_cu(cu.cuMemcpyHtoD((CUdeviceptr)(uintptr_t)dst, src, bytes));
+  int rc = ctx_ready();
+  return rc ? rc : kvs__cu_status(kvs__cu.cuMemcpyHtoD((CUdeviceptr)(uintptr_t)dst, src, bytes));
 }
 
 int kvs_cuda_memcpy_dtoh(void *dst, const void *src, size_t bytes) {
-  int rc = ready();
-  return rc ? rc : map_cu(cu.cuMemcpyDtoH(dst, (CUdeviceptr)(uintptr_t)src, bytes));
+  int rc = ctx_ready();
+  return rc ? rc : kvs__cu_status(kvs__cu.cuMemcpyDtoH(dst, (CUdeviceptr)(uintptr_t)src, bytes));
 }
 
 int kvs_cuda_memcpy_dtod(void *dst, const void *src, size_t bytes) {
-  int rc = ready();
+  int rc = ctx_ready();
   return rc ? rc
-            : map_cu(cu.cuMemcpyDtoD((CUdeviceptr)(uintptr_t)dst,
+            : kvs__cu_status(kvs__cu.cuMemcpyDtoD((CUdeviceptr)(uintptr_t)dst,
                                      (CUdeviceptr)(uintptr_t)src, bytes));
 }
 
 int kvs_cuda_memset(void *dptr, uint8_t value, size_t bytes) {
-  int rc = ready();
-  return rc ? rc : map_cu(cu.cuMemsetD8((CUdeviceptr)(uintptr_t)dptr, value, bytes));
+  int rc = ctx_ready();
+  return rc ? rc : kvs__cu_status(kvs__cu.cuMemsetD8((CUdeviceptr)(uintptr_t)dptr, value, bytes));
 }
 
 int kvs_cuda_sync(void *stream) {
-  int rc = ready();
+  int rc = ctx_ready();
   if (rc)
     return rc;
-  return map_cu(stream ? cu.cuStreamSynchronize((CUstream)stream)
-                       : cu.cuCtxSynchronize());
+  return kvs__cu_status(stream ? kvs__cu.cuStreamSynchronize((CUstream)stream)
+                       : kvs__cu.cuCtxSynchronize());
 }
 
 int kvs_cuda_time_ms(void *stream, int (*fn)(void *arg), void *arg, int reps,
                      float *ms) {
-  int rc = ready();
+  int rc = ctx_ready();
   if (rc)
     return rc;
   CUevent e0 = NULL, e1 = NULL;
-  if ((rc = map_cu(cu.cuEventCreate(&e0, 0))) ||
-      (rc = map_cu(cu.cuEventCreate(&e1, 0))))
+  if ((rc = kvs__cu_status(kvs__cu.cuEventCreate(&e0, 0))) ||
+      (rc = kvs__cu_status(kvs__cu.cuEventCreate(&e1, 0))))
     goto out;
-  if ((rc = map_cu(cu.cuEventRecord(e0, (CUstream)stream))))
+  if ((rc = kvs__cu_status(kvs__cu.cuEventRecord(e0, (CUstream)stream))))
     goto out;
   for (int i = 0; i < reps && !rc; i++)
     rc = fn(arg);
-  if (rc || (rc = map_cu(cu.cuEventRecord(e1, (CUstream)stream))) ||
-      (rc = map_cu(cu.cuEventSynchronize(e1))))
+  if (rc || (rc = kvs__cu_status(kvs__cu.cuEventRecord(e1, (CUstream)stream))) ||
+      (rc = kvs__cu_status(kvs__cu.cuEventSynchronize(e1))))
     goto out;
-  rc = map_cu(cu.cuEventElapsedTime(ms, e0, e1));
+  rc = kvs__cu_status(kvs__cu.cuEventElapsedTime(ms, e0, e1));
 out:
   if (e0)
-    cu.cuEventDestroy(e0);
+    kvs__cu.cuEventDestroy(e0);
   if (e1)
-    cu.cuEventDestroy(e1);
+    kvs__cu.cuEventDestroy(e1);
   return rc;
 }
 
 int kvs_cuda_device_info(int *mem_clock_khz, int *bus_width_bits,
                          int *num_sms) {
-  int rc = ready();
+  int rc = ctx_ready();
   if (rc)
     return rc;
   *mem_clock_khz = *bus_width_bits = *num_sms = 0;
-  cu.cuDeviceGetAttribute(mem_clock_khz, CU_ATTR_MEMORY_CLOCK_RATE, dev);
-  cu.cuDeviceGetAttribute(bus_width_bits, CU_ATTR_GLOBAL_MEMORY_BUS_WIDTH, dev);
-  cu.cuDeviceGetAttribute(num_sms, CU_ATTR_MULTIPROCESSOR_COUNT, dev);
+  kvs__cu.cuDeviceGetAttribute(mem_clock_khz, CU_ATTR_MEMORY_CLOCK_RATE, kvs__cuda_device());
+  kvs__cu.cuDeviceGetAttribute(bus_width_bits, CU_ATTR_GLOBAL_MEMORY_BUS_WIDTH, kvs__cuda_device());
+  kvs__cu.cuDeviceGetAttribute(num_sms, CU_ATTR_MULTIPROCESSOR_COUNT, kvs__cuda_device());
   return 0;
 }
 
@@ -391,7 +226,7 @@ int kvs_cuda_device_info(int *mem_clock_khz, int *bus_width_bits,
 
 static int launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
                   unsigned threads, unsigned smem, void *stream, void **params) {
-  return map_cu(cu.cuLaunchKernel(f, gx, gy, gz, threads, 1, 1, smem,
+  return kvs__cu_status(kvs__cu.cuLaunchKernel(f, gx, gy, gz, threads, 1, 1, smem,
                                   (CUstream)stream, params, NULL));
 }
 

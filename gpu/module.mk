@@ -7,7 +7,8 @@
 # stand-in is linked instead and kvs_cuda_available() says why.
 # A program that links libkvsgpu.a adds $(GPU_LIBS).
 
-GPU_SRCS  := gpu/kernels_common.c gpu/kernels_cpu.c gpu/cuda_driver.c
+GPU_SRCS  := gpu/kernels_common.c gpu/kernels_cpu.c gpu/cuda_loader.c \
+             gpu/cuda_driver.c gpu/vmm.c
 GPU_ARCHS ?= -gencode arch=compute_80,code=sm_80 \
              -gencode arch=compute_90,code=sm_90 \
              -gencode arch=compute_90,code=compute_90
