@@ -85,7 +85,11 @@ extern "C" __global__ void kvs_write_kv_kernel(kvs_write_args a) {
   const kvs_paged_kv &kv = a.kv;
   uint32_t i = blockIdx.x;
   int64_t slot = a.slots[i];
-  if (slot < 0)
+  /* Padding, or a slot outside the pool: nothing is written (a kernel
+   * cannot fail the call as the C twin does with ERANGE, but it never
+   * writes past the pool another worker's blocks live in). */
+  if (slot < 0 ||
+      (kv.num_blocks && (uint64_t)slot >= (uint64_t)kv.num_blocks * kv.block_size))
     return;
   uint64_t b = (uint64_t)slot / kv.block_size;
   uint64_t t = (uint64_t)slot % kv.block_size;
