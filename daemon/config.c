@@ -19,6 +19,7 @@ enum cfg_type {
   T_STR,  /* a string; one of choices ("a|b|c") when choices is set */
   T_ENUM, /* one of choices ("a|b|c"); stored as its index (4 bytes) */
   T_IDS,  /* comma-separated numeric ids */
+  T_FRAC, /* a fraction in [0, 1] (double); 0 means off */
 };
 
 typedef struct cfg_option {
@@ -89,10 +90,34 @@ static const cfg_option options[] = {
      "Largest frame payload accepted.  A longer frame gets ETOOBIG and the "
      "connection is closed.  Announced to clients in Welcome.max_frame."},
 
-    {"backend", T_STR, F(backend), 0, 0, "auto", "auto|host", "NAME", "Pool",
-     "Where the block pool lives.  host: a memfd shared with the workers.  "
-     "auto: the GPU when this build has a GPU backend and a GPU is present, "
-     "else host (logged)."},
+    {"backend", T_STR, F(backend), 0, 0, "auto", "auto|host|cuda", "NAME",
+     "Pool",
+     "Where the block pool lives.  cuda: GPU memory (CUDA virtual memory "
+     "management), exported to workers as file descriptors they map; the "
+     "daemon fails to start when no usable GPU is there.  host: a memfd "
+     "shared with the workers.  auto: cuda when a CUDA driver and a GPU "
+     "that supports it are present, else host (one log line says why)."},
+    {"gpu", T_STR, F(gpu), 0, 0, "", NULL, "UUID|N", "Pool",
+     "The GPU of the cuda backend: its UUID (GPU-..., as nvidia-smi -L "
+     "prints it; the form to use in production, since ordinals change with "
+     "CUDA_VISIBLE_DEVICES) or its ordinal among the visible devices.  "
+     "Empty: the first visible device."},
+    {"gpu_memory_fraction", T_FRAC, F(gpu_memory_fraction), 0, 1, "0", NULL,
+     "F", "Pool",
+     "With the cuda backend: size the pool as F x (the GPU's free memory "
+     "at start-up - gpu_reserve), in whole blocks, instead of pool_blocks "
+     "or pool_bytes.  Leave room for the workers' weights and activations "
+     "(they are usually loaded after the daemon starts).  0: off.  Ignored "
+     "(logged) when auto falls back to the host backend."},
+    {"gpu_reserve", T_SIZE, F(gpu_reserve), 0, 1ull << 44, "1G", NULL,
+     "BYTES", "Pool",
+     "Device memory gpu_memory_fraction leaves out before taking its "
+     "fraction (the daemon's own CUDA context and copy engine)."},
+    {"gpu_chunk_size", T_SIZE, F(gpu_chunk_size), 1u << 20, 1ull << 40, "1G",
+     NULL, "BYTES", "Pool",
+     "The cuda pool is allocated as physical chunks of this size (rounded "
+     "up to the GPU's allocation granularity; grown so that a pool has at "
+     "most 16 chunks), each sent to a worker as one file descriptor."},
     {"pool_blocks", T_U32, F(pool_blocks), 1, CFG_MAX_BLOCKS, "4096", NULL,
      "N", "Pool", "Blocks in the pool (unless pool_bytes is set)."},
     {"pool_bytes", T_SIZE, F(pool_bytes), 0, 1ull << 44, "0", NULL, "BYTES",
@@ -315,6 +340,18 @@ static int set_option(cfg *c, const cfg_option *o, const char *v, char *err,
                   o->choices);
     _Static_assert(sizeof(int) == sizeof(uint32_t), "enum fields");
     memcpy(field, &i, sizeof(i));
+    return 0;
+  }
+  case T_FRAC: {
+    char *end;
+    double x;
+
+    errno = 0;
+    x = strtod(v, &end);
+    if (errno || end == v || *end || !(x >= 0.0 && x <= 1.0))
+      return fail(err, err_len, "%s: '%s' is not a fraction in [0, 1]",
+                  o->name, v);
+    memcpy(field, &x, sizeof(x));
     return 0;
   }
   case T_IDS: {
@@ -600,7 +637,10 @@ int cfg_finish(cfg *c, char *err, size_t err_len) {
       kvs_pool_bytes(l) > (1ull << 44))
     return fail(err, err_len, "the pool (%u blocks of %llu bytes) is too big",
                 l->num_blocks, (unsigned long long)l->block_stride);
-  if (c->reserve_blocks >= l->num_blocks)
+  if (c->gpu_memory_fraction > 0 && strcmp(c->backend, "host") == 0)
+    return fail(err, err_len, "gpu_memory_fraction sizes a GPU pool; the "
+                "host backend takes pool_blocks or pool_bytes");
+  if (c->reserve_blocks >= l->num_blocks && c->gpu_memory_fraction == 0)
     return fail(err, err_len, "reserve_blocks %u must be below the pool's %u "
                 "blocks", c->reserve_blocks, l->num_blocks);
   return 0;
@@ -751,6 +791,13 @@ void cfg_print_values(FILE *out, const cfg *c) {
       memcpy(&idx, field, sizeof(idx));
       choice_name(o->choices, idx, buf, sizeof(buf));
       fprintf(out, "%s = %s\n", o->name, buf);
+      break;
+    }
+    case T_FRAC: {
+      double x;
+
+      memcpy(&x, field, sizeof(x));
+      fprintf(out, "%s = %g\n", o->name, x);
       break;
     }
     case T_IDS: {

@@ -44,6 +44,10 @@ typedef struct cfg {
   uint64_t max_queued_bytes;
   /* the pool */
   char backend[16];
+  char gpu[64];           /* UUID or ordinal; "" = the first device */
+  double gpu_memory_fraction; /* 0: off */
+  uint64_t gpu_reserve;
+  uint64_t gpu_chunk_size;
   uint32_t pool_blocks;
   uint64_t pool_bytes;    /* 0: use pool_blocks */
   uint32_t block_size;
@@ -100,7 +104,9 @@ int cfg_parse_args(cfg *c, int argc, char **argv, enum cfg_action *action,
                    char *err, size_t err_len);
 
 /* Fills the defaults that depend on the environment (socket path) and
- * derives the layout (pool_bytes -> number of blocks). */
+ * derives the layout (pool_bytes -> number of blocks).  With
+ * gpu_memory_fraction the number of blocks is known only once the GPU is
+ * open: the backend sets it (backend_open). */
 int cfg_finish(cfg *c, char *err, size_t err_len);
 
 /* The default socket path: $XDG_RUNTIME_DIR/kvshare/kvshared.sock when that

@@ -16,6 +16,43 @@
 
 #define SALT_MAX 256
 
+/* ---- the daemon's copies for a session ------------------------------ */
+
+int disp_copy_pair(sess *c, uint32_t src, uint32_t dst) {
+  core *cr = c->srv->core;
+  int rc;
+
+  if (c->ncopy == c->copy_cap) {
+    uint32_t cap = c->copy_cap ? 2 * c->copy_cap : 16;
+    uint32_t *p = realloc(c->copy_pairs, 2 * sizeof(uint32_t) * cap);
+
+    if (!p)
+      return KVS_ENOMEM;
+    c->copy_pairs = p;
+    c->copy_cap = cap;
+  }
+  rc = core_pin(cr, src);
+  if (rc < 0)
+    return rc;
+  rc = core_pin(cr, dst);
+  if (rc < 0) {
+    core_unpin(cr, src);
+    return rc;
+  }
+  c->copy_pairs[2 * c->ncopy] = src;
+  c->copy_pairs[2 * c->ncopy + 1] = dst;
+  c->ncopy++;
+  return 0;
+}
+
+void disp_copies_done(sess *c) {
+  uint32_t i;
+
+  for (i = 0; i < 2 * c->ncopy; i++)
+    core_unpin(c->srv->core, c->copy_pairs[i]);
+  c->ncopy = 0;
+}
+
 /* ---- the reply, sized once ---------------------------------------- */
 
 static size_t varint_size(uint64_t v) {
@@ -292,7 +329,8 @@ fail:
 }
 
 static void do_alloc(sess *c, uint64_t id, uint32_t n, int append,
-                     Kvshare__Response *resp, kvs__arena *a) {
+                     int daemon_copy, Kvshare__Response *resp,
+                     kvs__arena *a) {
   const kvs_layout *l = &c->srv->layout;
   core_req *r = get_req(c, id, resp, a);
   const char *op = append ? "append" : "allocate";
@@ -350,6 +388,10 @@ static void do_alloc(sess *c, uint64_t id, uint32_t n, int append,
         res->cow_index = i;
         break;
       }
+    /* Asked to, the daemon copies before it replies; when it cannot (out
+     * of memory, a block pinned 255 times) the worker copies as usual. */
+    if (daemon_copy && disp_copy_pair(c, cow.src, cow.dst) == 0)
+      res->cow_copied = 1;
   }
   resp->result_case = KVSHARE__RESPONSE__RESULT_ALLOC;
   resp->alloc = res;
@@ -562,6 +604,12 @@ static void do_stats(sess *c, const Kvshare__Stats *q, Kvshare__Response *resp,
   res->frames_in = s->frames_in;
   res->protocol_errors = s->protocol_errors;
   res->queued_bytes = s->queued;
+  res->backend = (char *)s->pool->ex.backend;
+  res->gpu_uuid = (char *)s->pool->ex.gpu_uuid;
+  res->pool_bytes = s->pool->ex.size;
+  res->daemon_copies = s->copy.jobs;
+  res->daemon_copy_blocks = s->copy.blocks;
+  res->copy_errors = s->copy.errors;
   if (q->check) {
     char *msg = kvs__arena_alloc(a, 512);
 
@@ -628,10 +676,12 @@ void disp_request(sess *c, const Kvshare__Request *req,
     do_lookup(c, req->lookup, resp, a);
     break;
   case KVSHARE__REQUEST__OP_ALLOCATE:
-    do_alloc(c, req->allocate->req_id, req->allocate->num_tokens, 0, resp, a);
+    do_alloc(c, req->allocate->req_id, req->allocate->num_tokens, 0,
+             req->allocate->daemon_copy, resp, a);
     break;
   case KVSHARE__REQUEST__OP_APPEND:
-    do_alloc(c, req->append->req_id, req->append->num_tokens, 1, resp, a);
+    do_alloc(c, req->append->req_id, req->append->num_tokens, 1,
+             req->append->daemon_copy, resp, a);
     break;
   case KVSHARE__REQUEST__OP_COMMIT:
     do_commit(c, req->commit, resp, a);

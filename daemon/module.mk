@@ -8,18 +8,20 @@ $(BUILD)/libkvscore.a: $(CORE_OBJS) $(PROTO_OBJS)
 
 CORE_LIBS = $(BUILD)/libkvscore.a $(call DEP_LIBS,libxxhash)
 
-# kvshared: the I/O layer (daemon/*.c) around the core.  The pool backend is
-# picked here by source file: backend_host.c (memfd) is the only one so far.
+# kvshared: the I/O layer (daemon/*.c) around the core.  Both pool backends
+# are built in (backend_host.c: memfd; backend_cuda.c: GPU memory through
+# gpu/vmm.c, whose driver is dlopen'ed at run time) and backend.c picks one
+# at start-up.
 DAEMON_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(wildcard daemon/*.c))
 MOD_CFLAGS_daemon_ := $(call DEP_CFLAGS,libuv libprotobuf-c liburing jansson libxxhash)
-DAEMON_LIBS = $(call DEP_LIBS,libuv libprotobuf-c liburing jansson) -lm
+DAEMON_LIBS = $(call DEP_LIBS,libuv libprotobuf-c liburing jansson) $(GPU_LIBS)
 PROGRAMS += $(BUILD)/kvshared
 $(DAEMON_OBJS): | $(PROTO_GEN_H)
 $(BUILD)/kvshared: $(DAEMON_OBJS) $(BUILD)/libkvsshm.a $(BUILD)/libkvscore.a \
-                   $(BUILD)/libkvsproto.a
+                   $(BUILD)/libkvsproto.a $(BUILD)/libkvsgpu.a
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $(DAEMON_OBJS) $(BUILD)/libkvsshm.a $(CORE_LIBS) \
-	  $(BUILD)/libkvsproto.a $(DAEMON_LIBS)
+	  $(BUILD)/libkvsgpu.a $(BUILD)/libkvsproto.a $(DAEMON_LIBS)
 
 # Unit tests of the configuration: tests/unit/test_config*.c, linked with the
 # option table alone (no loop, no core).

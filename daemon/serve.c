@@ -182,11 +182,16 @@ static void on_drain_timeout(uv_timer_t *t) {
     sess_shutdown(s->sessions, 1);
 }
 
-/* Called when a session's handle has closed. */
-void srv_session_closed(srv *s) {
-  if (s->stopping && !s->sessions)
-    close_handle((uv_handle_t *)&s->drain_timer);
+/* A stopping daemon is done when no session and no copy is left: the
+ * last handles close and uv_run returns. */
+static void srv_maybe_done(srv *s) {
+  if (!s->stopping || s->sessions || !copy_idle(&s->copy))
+    return;
+  close_handle((uv_handle_t *)&s->drain_timer);
+  copy_engine_close(&s->copy);
 }
+
+void srv_session_closed(srv *s) { srv_maybe_done(s); }
 
 static void srv_stop(srv *s, const char *why) {
   sess *c, *next;
@@ -206,12 +211,11 @@ static void srv_stop(srv *s, const char *why) {
     next = c->next;
     sess_shutdown(c, 0);
   }
-  if (s->sessions) {
+  if (s->sessions)
     uv_timer_start(&s->drain_timer, on_drain_timeout,
                    s->cfg->shutdown_timeout_ms, 0);
-  } else {
-    close_handle((uv_handle_t *)&s->drain_timer);
-  }
+  else
+    srv_maybe_done(s);
 }
 
 static void on_hello_timer(uv_timer_t *t) { sess_sweep_handshakes(t->data); }
@@ -273,14 +277,12 @@ static int run(const cfg *c) {
   s.layout = c->layout;
   s.self_uid = getuid();
 
-  if (strcmp(c->backend, "auto") == 0)
-    log_info(0, "backend auto: no GPU backend in this build; using the host "
-                "backend (memfd)");
   rc = backend_open(c, &s.layout, &s.pool, err, sizeof(err));
   if (rc < 0) {
-    log_error(0, "pool: %s", err);
+    log_error(0, "pool (backend %s): %s", c->backend, err);
     goto out_pool;
   }
+  log_info(0, "pool: %s", s.pool->desc);
   if (make_core(&s) < 0)
     goto out_pool;
   rc = uv_loop_init(&loop);
@@ -289,6 +291,12 @@ static int run(const cfg *c) {
     goto out_core;
   }
   s.loop = &loop;
+  rc = copy_engine_init(&s.copy, &loop, s.pool);
+  if (rc < 0) {
+    log_error(rc, "the copy engine");
+    uv_loop_close(&loop);
+    goto out_core;
+  }
   uv_signal_init(&loop, &s.sig_term);
   uv_signal_init(&loop, &s.sig_int);
   uv_timer_init(&loop, &s.drain_timer);
@@ -306,13 +314,16 @@ static int run(const cfg *c) {
     close_handle((uv_handle_t *)&s.sig_int);
     close_handle((uv_handle_t *)&s.drain_timer);
     close_handle((uv_handle_t *)&s.hello_timer);
+    copy_engine_close(&s.copy);
     uv_run(&loop, UV_RUN_DEFAULT);
     uv_loop_close(&loop);
     goto out_core;
   }
-  log_info(0, "listening on %s: %u blocks of %u tokens (%s, %u layers, %u kv "
-              "heads, head_dim %u, %llu bytes per block, %llu MiB pool)",
-           c->socket, s.layout.num_blocks, s.layout.block_size,
+  log_info(0, "listening on %s: %s pool of %u blocks of %u tokens (%s, %u "
+              "layers, %u kv heads, head_dim %u, %llu bytes per block, %llu "
+              "MiB)",
+           c->socket, s.pool->ex.backend, s.layout.num_blocks,
+           s.layout.block_size,
            kvs_dtype_name(s.layout.dtype), s.layout.num_layers,
            s.layout.num_kv_heads, s.layout.head_dim,
            (unsigned long long)s.layout.block_stride,

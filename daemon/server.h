@@ -7,7 +7,8 @@
  *                      handshake, close (frees every request of the session)
  *   dispatch.c  disp_  one Request -> core calls -> one Response
  *   reqmap.c    reqmap_  a session's request ids
- *   backend_*.c backend_ the memory behind the pool (one backend per file)
+ *   backend*.c  backend_ the memory behind the pool (one backend per file)
+ *   copy.c      copy_  the copy engine: block copies the daemon makes
  *
  * Everything runs on the one loop thread; nothing here blocks on I/O.
  */
@@ -18,9 +19,10 @@
 #include <sys/types.h>
 #include <uv.h>
 
-#include "daemon/config.h"
-#include "daemon/core/core.h"
 #include "daemon/backend.h"
+#include "daemon/config.h"
+#include "daemon/copy.h"
+#include "daemon/core/core.h"
 #include "daemon/reqmap.h"
 #include "kvs_arena.h"
 #include "kvs_frame.h"
@@ -28,6 +30,7 @@
 
 typedef struct srv srv;
 typedef struct sess sess;
+struct wreq;
 
 struct srv {
   uv_loop_t *loop;
@@ -39,6 +42,7 @@ struct srv {
   kvs_layout layout;
   core *core;
   backend *pool;
+  copy_engine copy;
   uid_t self_uid;
   int null_fd;           /* /dev/null, for releasing ready_fd; or -1 */
   sess *sessions;        /* every open connection (doubly linked) */
@@ -73,6 +77,17 @@ struct sess {
   size_t writes;  /* uv_write requests in flight */
   reqmap reqs;
   uint64_t tokens_held; /* sum of the costs in reqs (max_session_tokens) */
+  /* Copies the daemon makes for this session (Allocate/Append with
+   * daemon_copy): the (src, dst) pairs the frame being handled asked for,
+   * each block pinned in the core; then one job.  While it runs the frame's
+   * reply waits in held and no further frame is read, so replies stay in
+   * order.  The struct outlives its closed handle until the job is back. */
+  uint32_t *copy_pairs;
+  uint32_t ncopy, copy_cap; /* pairs */
+  copy_job job;
+  struct wreq *held;
+  int copying;    /* job in flight */
+  int reaped;     /* the handle closed while copying: free on completion */
 };
 
 /* session.c */
@@ -89,6 +104,8 @@ void sess_sweep_handshakes(srv *s);
 /* Queue one envelope for writing.  0, or a negative status (the session is
  * then being closed). */
 int sess_send(sess *c, const Kvshare__Envelope *env);
+
+
 
 /* dispatch.c */
 /* What lives while one frame is handled — the decoded request
@@ -115,12 +132,21 @@ void disp_reply_encode(const disp_reply *r, uint8_t *out);
 /* Fills resp (already initialised) for one request of session c. */
 void disp_request(sess *c, const Kvshare__Request *req,
                   Kvshare__Response *resp, kvs__arena *a);
+/* The frame being handled asks the daemon to copy block src into dst before
+ * its reply goes: both are pinned in the core and recorded in c->copy_pairs
+ * (session.c then runs them as one job).  0, or a negative status (nothing
+ * pinned: the worker must copy itself). */
+int disp_copy_pair(sess *c, uint32_t src, uint32_t dst);
+/* The recorded copies are done (or abandoned): unpins them all. */
+void disp_copies_done(sess *c);
+
 /* Sets resp->status to (code, message). */
 void disp_status(Kvshare__Response *resp, kvs__arena *a, int code,
                  const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
 /* serve.c */
-/* Called by session.c when a session's handle is closed. */
+/* Called by session.c when a session is gone (its handle closed and its
+ * copies back): finishes a shutdown once nothing is left. */
 void srv_session_closed(srv *s);
 
 #endif

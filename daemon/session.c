@@ -83,14 +83,26 @@ static void free_requests(sess *c) {
   c->tokens_held = 0;
 }
 
-static void on_closed(uv_handle_t *h) {
-  sess *c = (sess *)h;
+/* The last of the session: its handle is closed and no copy of its is in
+ * flight. */
+static void reap(sess *c) {
   srv *s = c->srv;
 
   reqmap_destroy(&c->reqs);
+  free(c->copy_pairs);
   free(c->rbuf);
   free(c);
   srv_session_closed(s);
+}
+
+static void on_closed(uv_handle_t *h) {
+  sess *c = (sess *)h;
+
+  if (c->copying) { /* the job points at c: on_copied reaps it */
+    c->reaped = 1;
+    return;
+  }
+  reap(c);
 }
 
 static void close_now(sess *c) {
@@ -153,7 +165,7 @@ static void on_write(uv_write_t *req, int status) {
     return;
   }
   /* A peer that had stopped reading its replies is reading again. */
-  if (!c->reading &&
+  if (!c->reading && !c->copying &&
       may_resume(c, uv_stream_get_write_queue_size((uv_stream_t *)&c->pipe))) {
     if (uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read) == 0)
       c->reading = 1;
@@ -232,12 +244,14 @@ int sess_send(sess *c, const Kvshare__Envelope *env) {
   return queue_bytes(c, w, 0);
 }
 
-/* An error Welcome (before the handshake) or Response (after), seq given. */
-static void send_error(sess *c, uint64_t seq, int code, const char *fmt, ...)
+/* An error Welcome (before the handshake) or Response (after), seq given,
+ * framed; NULL when out of memory. */
+static struct wreq *error_frame(sess *c, uint64_t seq, int code,
+                                const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
-static void send_error(sess *c, uint64_t seq, int code, const char *fmt,
-                       ...) {
+static struct wreq *error_frame(sess *c, uint64_t seq, int code,
+                                const char *fmt, ...) {
   Kvshare__Envelope env;
   Kvshare__Welcome w;
   Kvshare__Response r;
@@ -266,7 +280,23 @@ static void send_error(sess *c, uint64_t seq, int code, const char *fmt,
     env.body_case = KVSHARE__ENVELOPE__BODY_RESPONSE;
     env.response = &r;
   }
-  sess_send(c, &env);
+  return frame(c, &env);
+}
+
+/* Queues an error reply (see error_frame). */
+static void send_error(sess *c, uint64_t seq, int code, const char *what) {
+  struct wreq *w;
+
+  if (c->closed)
+    return;
+  w = error_frame(c, seq, code, "%s", what);
+  if (!w) {
+    log_error(KVS_ENOMEM, "session %llu: error reply",
+              (unsigned long long)c->id);
+    close_now(c);
+    return;
+  }
+  queue_bytes(c, w, 0);
 }
 
 /* A protocol error: count it, log it, reply; close when asked. */
@@ -276,7 +306,7 @@ static void protocol_error(sess *c, uint64_t seq, int close, int code,
   log_warn(0, "session %llu (pid %d): %s: %s%s", (unsigned long long)c->id,
            (int)c->pid, kvs_status_name(code), what,
            close ? "; closing" : "");
-  send_error(c, seq, code, "%s", what);
+  send_error(c, seq, code, what);
   if (close)
     close_after_writes(c);
 }
@@ -288,7 +318,7 @@ static void handle_hello(sess *c, uint64_t seq, const Kvshare__Hello *h) {
   Kvshare__Status st;
   Kvshare__Layout lay;
   Kvshare__PoolExport pe;
-  backend_export ex;
+  const backend_export *ex = &s->pool->ex;
   struct wreq *wr;
   uv_os_fd_t fd;
   ssize_t n;
@@ -307,7 +337,6 @@ static void handle_hello(sess *c, uint64_t seq, const Kvshare__Hello *h) {
   for (char *p = c->name; *p; p++)
     if ((unsigned char)*p < 0x20 || *p == 0x7f)
       *p = '?';
-  backend_get_export(s->pool, &ex);
   kvshare__envelope__init(&env);
   kvshare__welcome__init(&w);
   kvshare__status__init(&st);
@@ -320,11 +349,11 @@ static void handle_hello(sess *c, uint64_t seq, const Kvshare__Hello *h) {
   lay.dtype = s->layout.dtype;
   lay.num_blocks = s->layout.num_blocks;
   lay.block_stride = s->layout.block_stride;
-  pe.backend = (char *)ex.backend;
-  pe.size = ex.size;
-  pe.num_fds = (uint32_t)ex.nfds;
-  pe.chunk_size = ex.chunk_size;
-  pe.gpu_uuid = (char *)ex.gpu_uuid;
+  pe.backend = (char *)ex->backend;
+  pe.size = ex->size;
+  pe.num_fds = (uint32_t)ex->nfds;
+  pe.chunk_size = ex->chunk_size;
+  pe.gpu_uuid = (char *)ex->gpu_uuid;
   w.status = &st;
   w.version = KVS_PROTO_VERSION;
   w.layout = &lay;
@@ -352,7 +381,7 @@ static void handle_hello(sess *c, uint64_t seq, const Kvshare__Hello *h) {
     close_now(c);
     return;
   }
-  n = kvs_send_fds(fd, wr->data, wr->len, ex.fds, ex.nfds);
+  n = kvs_send_fds(fd, wr->data, wr->len, ex->fds, ex->nfds);
   if (n < 0) {
     free(wr);
     log_warn((int)n, "session %llu: sending the welcome",
@@ -369,6 +398,78 @@ static void handle_hello(sess *c, uint64_t seq, const Kvshare__Hello *h) {
     free(wr);
 }
 
+/* ---- the daemon's copies for a session ------------------------------------ */
+
+/* On the loop, when the session's copy job is back. */
+static void on_copied(copy_job *j) {
+  sess *c = j->data;
+  struct wreq *w = c->held;
+
+  c->held = NULL;
+  c->copying = 0;
+  disp_copies_done(c);
+  if (c->closed) { /* the peer went away meanwhile */
+    free(w);
+    if (c->reaped)
+      reap(c);
+    return;
+  }
+  if (j->status < 0) {
+    /* The reply promised copied blocks it does not have: the session's
+     * requests cannot be trusted any more.  (Only a failing GPU gets here.) */
+    log_error(j->status, "session %llu (pid %d): the daemon's copy failed; "
+              "closing the session", (unsigned long long)c->id, (int)c->pid);
+    free(w);
+    close_now(c);
+    return;
+  }
+  queue_bytes(c, w, 0);
+  if (c->closed)
+    return;
+  if (c->closing) {
+    if (c->writes == 0)
+      close_now(c);
+    return;
+  }
+  if (!c->reading &&
+      may_resume(c, uv_stream_get_write_queue_size((uv_stream_t *)&c->pipe)) &&
+      uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read) == 0)
+    c->reading = 1;
+  process_input(c);
+}
+
+/* Sends w now, or, when the frame asked for copies, once they are done. */
+static void reply_after_copies(sess *c, struct wreq *w) {
+  int rc;
+
+  if (c->ncopy == 0) {
+    queue_bytes(c, w, 0);
+    return;
+  }
+  memset(&c->job, 0, sizeof(c->job));
+  c->job.kind = COPY_POOL;
+  c->job.blocks = c->copy_pairs;
+  c->job.n = c->ncopy;
+  c->job.cb = on_copied;
+  c->job.data = c;
+  rc = copy_submit(&c->srv->copy, &c->job);
+  if (rc < 0) {
+    log_error(rc, "session %llu: the daemon's copy of %u blocks could not "
+              "start; closing the session", (unsigned long long)c->id,
+              c->ncopy);
+    disp_copies_done(c);
+    free(w);
+    close_now(c);
+    return;
+  }
+  c->held = w;
+  c->copying = 1;
+  if (c->reading) { /* frames after this one wait: replies stay in order */
+    uv_read_stop((uv_stream_t *)&c->pipe);
+    c->reading = 0;
+  }
+}
+
 /* The reply lives in the server's arena (reset by handle_frame). */
 static void handle_request(sess *c, uint64_t seq, const Kvshare__Request *req) {
   kvs__arena *a = &c->srv->arena;
@@ -382,20 +483,20 @@ static void handle_request(sess *c, uint64_t seq, const Kvshare__Request *req) {
   len = disp_reply_size(&r, a, seq, &resp);
   if (len - KVS_FRAME_HEADER_SIZE > c->srv->cfg->max_frame) {
     /* The ops ran; only their results are too big to send back. */
-    send_error(c, seq, KVS_ETOOBIG, "the reply (%zu bytes) is over max_frame; "
-               "split the batch", len);
-    return;
+    w = error_frame(c, seq, KVS_ETOOBIG, "the reply (%zu bytes) is over "
+                    "max_frame; split the batch", len);
+  } else if ((w = malloc(sizeof(*w) + len))) {
+    disp_reply_encode(&r, w->data);
+    w->len = len;
   }
-  w = malloc(sizeof(*w) + len);
   if (!w) {
     log_error(KVS_ENOMEM, "session %llu: reply of %zu bytes",
               (unsigned long long)c->id, len);
+    disp_copies_done(c);
     close_now(c);
     return;
   }
-  disp_reply_encode(&r, w->data);
-  w->len = len;
-  queue_bytes(c, w, 0);
+  reply_after_copies(c, w);
 }
 
 static void handle_frame(sess *c, const uint8_t *payload, size_t len) {
@@ -463,7 +564,7 @@ static void process_input(sess *c) {
   uint32_t max = (uint32_t)c->srv->cfg->max_frame;
   size_t pos = 0, flen;
 
-  while (!c->closing && pos < c->rlen) {
+  while (!c->closing && !c->copying && pos < c->rlen) {
     int rc = kvs_frame_parse(c->rbuf + pos, c->rlen - pos, max, &flen);
 
     if (rc < 0) {

@@ -28,9 +28,17 @@
 
 static cfg fz_cfg;
 static unsigned long n_frames, n_undecodable, n_requests, n_ok, n_err;
-static unsigned long n_by_op[16];
+static unsigned long n_by_op[16], n_copies;
 static srv fz_srv;
 static sess *fz_sess[NSESS];
+static backend fz_pool; /* what Stats reports; no memory behind it */
+
+/* The copies a frame asks for (disp_copy_pair) are "made" (unpinned) once
+ * its reply is built, as the copy engine would later. */
+static void finish_copies(sess *c) {
+  n_copies += c->ncopy;
+  disp_copies_done(c);
+}
 
 static void die(const char *what, const char *detail) {
   fprintf(stderr, "fuzz_dispatch: %s%s%s\n", what, detail ? ": " : "",
@@ -76,6 +84,11 @@ static void setup(void) {
     reqmap_init(&fz_sess[i]->reqs);
   }
   fz_srv.nsessions = NSESS;
+  fz_pool.layout = fz_srv.layout;
+  fz_pool.ex.backend = "host";
+  fz_pool.ex.gpu_uuid = "";
+  fz_pool.ex.size = kvs_pool_bytes(&fz_srv.layout);
+  fz_srv.pool = &fz_pool;
 }
 
 static void check_pool(const char *when) {
@@ -194,6 +207,8 @@ static void one_frame(sess *c, const uint8_t *payload, size_t len) {
     else
       n_err++;
     reply(env->request, env->seq, &resp);
+    check_pool("while the frame's copies are pinned");
+    finish_copies(c);
     check_pool("after a request");
   }
   kvs__arena_reset(a);
@@ -226,7 +241,8 @@ void fuzz_dispatch_report(FILE *out) {
   for (i = 0; i < 16; i++)
     if (n_by_op[i])
       fprintf(out, " %u:%lu", i, n_by_op[i]);
-  fprintf(out, "\ncore: %llu lookups, %llu hit blocks, %llu allocated, %llu "
+  fprintf(out, "\n%lu daemon copies\n", n_copies);
+  fprintf(out, "core: %llu lookups, %llu hit blocks, %llu allocated, %llu "
           "evictions, %llu cow, %llu sealed, %llu duplicates, %llu no_space\n",
           (unsigned long long)st.lookups, (unsigned long long)st.hit_blocks,
           (unsigned long long)st.allocated_blocks,

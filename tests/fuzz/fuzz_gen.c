@@ -90,6 +90,7 @@ static void random_op(fz_rng *r, struct op_store *o, int allow_batch) {
     kvshare__allocate__init(&o->alloc);
     o->alloc.req_id = id;
     o->alloc.num_tokens = some_count(r);
+    o->alloc.daemon_copy = fz_below(r, 2);
     o->req.op_case = KVSHARE__REQUEST__OP_ALLOCATE;
     o->req.allocate = &o->alloc;
     break;
@@ -97,6 +98,7 @@ static void random_op(fz_rng *r, struct op_store *o, int allow_batch) {
     kvshare__append__init(&o->append);
     o->append.req_id = id;
     o->append.num_tokens = fz_below(r, 4) ? 1 : some_count(r);
+    o->append.daemon_copy = fz_below(r, 2);
     o->req.op_case = KVSHARE__REQUEST__OP_APPEND;
     o->req.append = &o->append;
     break;
@@ -200,6 +202,7 @@ static size_t coherent(fz_rng *r, struct op_store *ops) {
     kvshare__append__init(&ops[k].append);
     ops[k].append.req_id = id;
     ops[k].append.num_tokens = 1;
+    ops[k].append.daemon_copy = fz_below(r, 2);
     ops[k].req.op_case = KVSHARE__REQUEST__OP_APPEND;
     ops[k].req.append = &ops[k].append;
   k++;
