@@ -235,7 +235,7 @@ int kvs_batch_ping(kvs_batch *b, const void *payload, size_t len) {
 }
 
 /* Builds op i's protobuf form in b->msgs[i]. */
-static void build(kvs_batch *b, uint32_t i) {
+static void build(kvs_batch *b, uint32_t i, int daemon_copy) {
   const bop *o = &b->ops[i];
   bmsg *m = &b->msgs[i];
   Kvshare__Request init = KVSHARE__REQUEST__INIT;
@@ -257,6 +257,7 @@ static void build(kvs_batch *b, uint32_t i) {
     Kvshare__Allocate x = KVSHARE__ALLOCATE__INIT;
     x.req_id = o->req_id;
     x.num_tokens = o->n;
+    x.daemon_copy = daemon_copy;
     m->m.allocate = x;
     m->req.allocate = &m->m.allocate;
     break;
@@ -265,6 +266,7 @@ static void build(kvs_batch *b, uint32_t i) {
     Kvshare__Append x = KVSHARE__APPEND__INIT;
     x.req_id = o->req_id;
     x.num_tokens = o->n;
+    x.daemon_copy = daemon_copy;
     m->m.append = x;
     m->req.append = &m->m.append;
     break;
@@ -336,7 +338,7 @@ int kvs_batch_submit(kvs_client *c, kvs_batch *b) {
     b->msgcap = b->n;
   }
   for (uint32_t i = 0; i < b->n; i++)
-    build(b, i);
+    build(b, i, c->daemon_copy);
   Kvshare__Batch batch = KVSHARE__BATCH__INIT;
   batch.n_ops = b->n;
   batch.ops = b->reqs;

@@ -11,6 +11,7 @@
 #include "kvs_arena.h"
 #include "kvs_frame.h"
 #include "kvs_shm.h"
+#include "kvs_vmm.h"
 #include "kvshare.pb-c.h"
 
 /* Largest reply the client accepts before the daemon told its limit. */
@@ -24,9 +25,12 @@ struct kvs_client {
   uint64_t next_seq;
   kvs_layout layout;
   kvs_region pool;       /* the host pool's mapping (fd -1 when none) */
-  void *pool_base;       /* NULL when not mapped */
+  kvs_vmm_pool gpu;      /* the cuda pool's mapping (base 0 when none) */
+  void *pool_base;       /* NULL when not mapped; a device address (cuda) */
   uint64_t pool_size;
   char backend[16];
+  char gpu_uuid[64];     /* the cuda pool's GPU; "" for host */
+  int daemon_copy;       /* ask the daemon to make CoW copies */
   uint64_t session_id;
   char model_id[128];
   uint32_t max_frame;
@@ -55,5 +59,8 @@ const char *kvs__default_socket(char *buf, size_t len);
 
 /* Drop the last reply. */
 void kvs__drop_last(kvs_client *c);
+
+/* Copies src (NULL: "") into dst[cap], cut to fit, always terminated. */
+void kvs__copy_str(char *dst, size_t cap, const char *src);
 
 #endif /* KVS_CLIENT_INT_H */

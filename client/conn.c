@@ -15,7 +15,10 @@
 
 const char *kvs_version(void) { return "0.1.0"; }
 
-static void copy_str(char *dst, size_t cap, const char *src) {
+/* Why the calling thread's last kvs_connect failed: kvs_last_message(NULL). */
+static __thread char connect_msg[256];
+
+void kvs__copy_str(char *dst, size_t cap, const char *src) {
   size_t n = src ? strlen(src) : 0;
   if (n >= cap)
     n = cap - 1;
@@ -163,7 +166,7 @@ int kvs__call(kvs_client *c, Kvshare__Request *req, Kvshare__Response **resp) {
      * error status; report that status. */
     Kvshare__Status *st = r->response->status;
     if (r->seq == 0 && st && st->code < 0) {
-      copy_str(c->msg, sizeof c->msg, st->message);
+      kvs__copy_str(c->msg, sizeof c->msg, st->message);
       return fail(c, st->code);
     }
     return fail(c, KVS_EPROTO);
@@ -172,7 +175,7 @@ int kvs__call(kvs_client *c, Kvshare__Request *req, Kvshare__Response **resp) {
   Kvshare__Status *st = r->response->status;
   if (!st)
     return 0;
-  copy_str(c->msg, sizeof c->msg, st->message);
+  kvs__copy_str(c->msg, sizeof c->msg, st->message);
   return st->code > 0 ? KVS_EPROTO : st->code;
 }
 
@@ -181,11 +184,25 @@ int kvs__call(kvs_client *c, Kvshare__Request *req, Kvshare__Response **resp) {
 static int map_pool(kvs_client *c, int *fd) {
   kvs_region r;
   int rc = kvs_region_map(*fd, c->pool_size, &r);
-  if (rc)
+  if (rc) {
+    snprintf(c->msg, sizeof c->msg, "mapping the host pool: %s",
+             kvs_strerror(rc));
     return rc;
+  }
   *fd = -1;
   c->pool = r;
   c->pool_base = r.base;
+  return 0;
+}
+
+/* Imports and maps the GPU pool (the fds stay the caller's to close). */
+static int map_gpu_pool(kvs_client *c, const int *fds, int nfds,
+                        uint64_t chunk_size) {
+  int rc = kvs__vmm_import(c->gpu_uuid, fds, nfds, chunk_size, c->pool_size,
+                           &c->gpu, c->msg, sizeof c->msg);
+  if (rc)
+    return rc;
+  c->pool_base = (void *)(uintptr_t)c->gpu.base;
   return 0;
 }
 
@@ -218,7 +235,7 @@ static int handshake(kvs_client *c, const kvs_connect_opts *opts) {
   }
   if (r->body_case == KVSHARE__ENVELOPE__BODY_RESPONSE && r->response &&
       r->response->status && r->response->status->code < 0) {
-    copy_str(c->msg, sizeof c->msg, r->response->status->message);
+    kvs__copy_str(c->msg, sizeof c->msg, r->response->status->message);
     rc = r->response->status->code;
     goto out;
   }
@@ -228,7 +245,7 @@ static int handshake(kvs_client *c, const kvs_connect_opts *opts) {
   }
   Kvshare__Welcome *w = r->welcome;
   if (w->status && w->status->code < 0) {
-    copy_str(c->msg, sizeof c->msg, w->status->message);
+    kvs__copy_str(c->msg, sizeof c->msg, w->status->message);
     rc = w->status->code;
     goto out;
   }
@@ -255,9 +272,12 @@ static int handshake(kvs_client *c, const kvs_connect_opts *opts) {
   c->pool_size = w->pool->size;
   c->session_id = w->session_id;
   c->max_frame = w->max_frame ? w->max_frame : KVS_FRAME_MAX_DEFAULT;
-  copy_str(c->backend, sizeof c->backend, w->pool->backend);
-  copy_str(c->model_id, sizeof c->model_id, w->model_id);
+  kvs__copy_str(c->backend, sizeof c->backend, w->pool->backend);
+  kvs__copy_str(c->gpu_uuid, sizeof c->gpu_uuid, w->pool->gpu_uuid);
+  kvs__copy_str(c->model_id, sizeof c->model_id, w->model_id);
   if ((uint32_t)nfds != w->pool->num_fds) {
+    snprintf(c->msg, sizeof c->msg, "the Welcome announced %u descriptors, "
+             "%d arrived", w->pool->num_fds, nfds);
     rc = KVS_EPROTO;
     goto out;
   }
@@ -265,9 +285,11 @@ static int handshake(kvs_client *c, const kvs_connect_opts *opts) {
     rc = 0;
   } else if (strcmp(c->backend, "host") == 0 && nfds == 1) {
     rc = map_pool(c, &fds[0]);
+  } else if (strcmp(c->backend, "cuda") == 0) {
+    rc = map_gpu_pool(c, fds, nfds, w->pool->chunk_size);
   } else {
-    /* "cuda" needs the GPU pool import; a host pool in several chunks is
-     * not produced by this daemon version. */
+    snprintf(c->msg, sizeof c->msg, "the daemon's pool backend '%s' (%d "
+             "descriptors) is unknown to this libkvshare", c->backend, nfds);
     rc = KVS_ENOTSUP;
   }
 out:
@@ -331,9 +353,14 @@ int kvs_connect(const char *path, const kvs_connect_opts *opts,
   rc = handshake(c, opts);
 out:
   if (rc) {
+    if (c->msg[0])
+      kvs__copy_str(connect_msg, sizeof connect_msg, c->msg);
+    else
+      kvs__copy_str(connect_msg, sizeof connect_msg, kvs_strerror(rc));
     kvs_close(c);
     return rc;
   }
+  connect_msg[0] = '\0';
   *out = c;
   return 0;
 }
@@ -344,6 +371,12 @@ void kvs_close(kvs_client *c) {
   kvs__drop_last(c);
   kvs__arena_destroy(&c->arena);
   kvs_region_close(&c->pool);
+  if (c->gpu.base && kvs__cuda_ctx_open(c->gpu_uuid, NULL, 0) == 0) {
+    /* Kernels of this process may still run on the pool: let them end
+     * before the memory goes. */
+    kvs__cu.cuCtxSynchronize();
+  }
+  kvs__vmm_close(&c->gpu);
   if (c->fd >= 0)
     close(c->fd);
   free(c->wbuf);
@@ -359,7 +392,60 @@ uint64_t kvs_session_id(const kvs_client *c) { return c->session_id; }
 const char *kvs_model_id(const kvs_client *c) { return c->model_id; }
 uint32_t kvs_max_frame(const kvs_client *c) { return c->max_frame; }
 int kvs_fd(const kvs_client *c) { return c->fd; }
-const char *kvs_last_message(const kvs_client *c) { return c->msg; }
+const char *kvs_last_message(const kvs_client *c) {
+  return c ? c->msg : connect_msg;
+}
+const char *kvs_pool_gpu_uuid(const kvs_client *c) { return c->gpu_uuid; }
+
+const kvs_kernels *kvs_pool_kernels(const kvs_client *c) {
+  return c && c->gpu.base ? kvs_kernels_cuda() : kvs_kernels_cpu();
+}
+
+int kvs_set_daemon_copy(kvs_client *c, int on) {
+  if (!c)
+    return KVS_EINVAL;
+  c->daemon_copy = on ? 1 : 0;
+  return 0;
+}
+
+int kvs_copy_blocks(kvs_client *c, const uint32_t *pairs, uint32_t n,
+                    void *stream) {
+  const kvs_layout *l;
+  uint32_t i;
+
+  if (!c || (n && !pairs))
+    return KVS_EINVAL;
+  l = &c->layout;
+  for (i = 0; i < 2 * n; i++)
+    if (pairs[i] >= l->num_blocks)
+      return KVS_ERANGE;
+  if (n == 0)
+    return 0;
+  if (!c->pool_base)
+    return KVS_ESTATE;
+  if (!c->gpu.base) {
+    kvs_copy_args a = {c->pool_base, l->block_stride, pairs, n,
+                       l->num_blocks};
+    return kvs_cpu_copy_blocks(&a, NULL);
+  }
+  /* One async device-to-device copy per pair on the caller's stream: a
+   * CoW copy is a handful of blocks, and the pairs stay host memory. */
+  int rc = kvs__cuda_ctx_open(c->gpu_uuid, NULL, 0);
+  if (rc)
+    return rc;
+  for (i = 0; i < n; i++) {
+    CUdeviceptr base = c->gpu.base;
+    uint64_t s = pairs[2 * i], d = pairs[2 * i + 1];
+    if (s == d)
+      continue;
+    CUresult r = kvs__cu.cuMemcpyDtoDAsync(base + d * l->block_stride,
+                                           base + s * l->block_stride,
+                                           l->block_stride, (CUstream)stream);
+    if (r != CUDA_SUCCESS)
+      return kvs__cu_status(r);
+  }
+  return 0;
+}
 
 void *kvs_block_ptr(const kvs_client *c, uint32_t b) {
   if (!c->pool_base || b >= c->layout.num_blocks)

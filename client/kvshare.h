@@ -137,6 +137,12 @@ void *kvs_pool_base(const kvs_client *c);
 uint64_t kvs_pool_size(const kvs_client *c);
 /* "host" or "cuda": where the pool lives. */
 const char *kvs_pool_backend(const kvs_client *c);
+/* The cuda pool's GPU ("GPU-...", as nvidia-smi -L prints it); "" for a
+ * host pool. */
+const char *kvs_pool_gpu_uuid(const kvs_client *c);
+/* The kernels that run on this pool: kvs_kernels_cuda() for a mapped cuda
+ * pool, kvs_kernels_cpu() otherwise. */
+const kvs_kernels *kvs_pool_kernels(const kvs_client *c);
 
 /* Session id, model id and the largest frame the daemon accepts. */
 uint64_t kvs_session_id(const kvs_client *c);
@@ -148,7 +154,11 @@ uint32_t kvs_max_frame(const kvs_client *c);
 int kvs_fd(const kvs_client *c);
 
 /* The daemon's message for the last status it sent back on this client
- * ("" when none).  Valid until the next call on c. */
+ * ("" when none).  Valid until the next call on c.  With c NULL: why the
+ * calling thread's last kvs_connect failed (the daemon's refusal, or the
+ * library's own reason, e.g. "the pool lives on GPU-..., which this
+ * process cannot use"); "" after a success.  Valid until that thread's
+ * next kvs_connect. */
 const char *kvs_last_message(const kvs_client *c);
 
 /* Address of block b in this process, or NULL (b out of range, no mapping). */
@@ -178,8 +188,10 @@ typedef struct kvs_alloc_result {
   const uint32_t *blocks; /* blocks appended to the request's table
                              (never NULL) */
   int has_cow;            /* 1: copy block cow_src into cow_dst (e.g. with
-                             kvs_cpu_copy_blocks) before writing; the table
-                             now holds cow_dst at cow_index */
+                             kvs_copy_blocks) before writing; the table now
+                             holds cow_dst at cow_index.  2: the same, but
+                             the daemon already copied (kvs_set_daemon_copy):
+                             only the table changed */
   uint32_t cow_src;
   uint32_t cow_dst;
   uint32_t cow_index;
@@ -206,6 +218,13 @@ typedef struct kvs_stats {
   uint64_t protocol_errors;
   int32_t check;            /* the invariant check's status (asked for) */
   char check_message[256];  /* its description of a violation, or "" */
+  /* Since 0.2 (a program built against 0.1 gets the fields above only). */
+  char backend[16];         /* "host" or "cuda" */
+  char gpu_uuid[64];        /* the pool's GPU, "" for host */
+  uint64_t pool_bytes;      /* bytes of the pool's memory */
+  uint64_t daemon_copies;   /* copy jobs the daemon ran (kvs_set_daemon_copy) */
+  uint64_t daemon_copy_blocks;
+  uint64_t copy_errors;     /* of those, failed (their sessions closed) */
 } kvs_stats;
 
 /* ---- operations, one round trip each -------------------------------------- */
@@ -240,6 +259,29 @@ int kvs_append(kvs_client *c, uint64_t req_id, uint32_t num_tokens,
 int kvs_commit(kvs_client *c, uint64_t req_id, uint32_t start,
                const uint32_t *tokens, uint32_t n, const uint32_t *blocks,
                uint32_t nblocks, uint32_t *sealed);
+
+/*
+ * Copies block pairs[2i] into block pairs[2i+1] for i < n (whole blocks,
+ * every layer), in this process, on the pool's memory: on a cuda pool one
+ * asynchronous device-to-device copy per pair on `stream` (a CUstream of
+ * the pool's GPU, NULL: the legacy default stream — order it before the
+ * kernels that write the destination, as a stream does); on a host pool a
+ * memcpy (stream ignored).  pairs is host memory.  For the copy-on-write
+ * pair of kvs_alloc_result.  KVS_ERANGE (a block out of the pool),
+ * KVS_ESTATE (the pool is not mapped), KVS_EINVAL.
+ */
+int kvs_copy_blocks(kvs_client *c, const uint32_t *pairs, uint32_t n,
+                    void *stream);
+
+/*
+ * on != 0: ask the daemon to make the copy-on-write copies of this client's
+ * allocations itself, on its own copy engine, before it answers (the
+ * result's has_cow is then 2 and nothing is left to copy).  It costs the
+ * allocation the copy's time in the reply, and saves the worker a copy and
+ * a stream synchronisation.  A daemon that cannot (an older one) answers
+ * has_cow 1 as before.  Off by default.  0 or KVS_EINVAL.
+ */
+int kvs_set_daemon_copy(kvs_client *c, int on);
 
 /* A new request child_id sharing every block of req_id. */
 int kvs_fork(kvs_client *c, uint64_t req_id, uint64_t child_id);

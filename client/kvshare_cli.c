@@ -54,7 +54,8 @@ static void json_str(const char *s) {
   X(num_blocks) X(free_blocks) X(cached_blocks) X(used_blocks)                \
   X(num_requests) X(sessions) X(lookups) X(query_tokens) X(hit_tokens)        \
   X(hit_blocks) X(miss_blocks) X(allocated_blocks) X(evictions)               \
-  X(cow_copies) X(sealed_blocks) X(no_space) X(frames_in) X(protocol_errors)
+  X(cow_copies) X(sealed_blocks) X(no_space) X(frames_in) X(protocol_errors) \
+  X(pool_bytes) X(daemon_copies) X(daemon_copy_blocks) X(copy_errors)
 
 static int cmd_stats(kvs_client *c, int json, int check) {
   kvs_stats st;
@@ -69,7 +70,11 @@ static int cmd_stats(kvs_client *c, int json, int check) {
 #define JSON_FIELD(f) printf("\"" #f "\": %llu, ", (unsigned long long)st.f);
     STATS_FIELDS(JSON_FIELD)
 #undef JSON_FIELD
-    printf("\"session_id\": %llu", (unsigned long long)kvs_session_id(c));
+    printf("\"backend\": ");
+    json_str(st.backend);
+    printf(", \"gpu_uuid\": ");
+    json_str(st.gpu_uuid);
+    printf(", \"session_id\": %llu", (unsigned long long)kvs_session_id(c));
     if (check) {
       printf(", \"check\": %d, \"check_status\": ", (int)st.check);
       json_str(kvs_status_name(st.check));
@@ -78,6 +83,8 @@ static int cmd_stats(kvs_client *c, int json, int check) {
     }
     printf("}\n");
   } else {
+    printf("%-18s %s%s%s\n", "backend", st.backend, st.gpu_uuid[0] ? " " : "",
+           st.gpu_uuid);
 #define TEXT_FIELD(f) printf("%-18s %llu\n", #f, (unsigned long long)st.f);
     STATS_FIELDS(TEXT_FIELD)
 #undef TEXT_FIELD
@@ -122,18 +129,21 @@ static int cmd_layout(kvs_client *c, int json) {
            l->num_blocks, (unsigned long long)l->block_stride,
            (unsigned long long)kvs_pool_size(c));
     json_str(kvs_pool_backend(c));
+    printf(", \"gpu_uuid\": ");
+    json_str(kvs_pool_gpu_uuid(c));
     printf(", \"model_id\": ");
     json_str(kvs_model_id(c));
     printf(", \"max_frame\": %u}\n", kvs_max_frame(c));
   } else {
     printf("block_size   %u\nnum_layers   %u\nnum_kv_heads %u\nhead_dim     "
            "%u\ndtype        %s\nnum_blocks   %u\nblock_stride %llu\n"
-           "pool_bytes   %llu\nbackend      %s\nmodel_id     %s\n"
+           "pool_bytes   %llu\nbackend      %s%s%s\nmodel_id     %s\n"
            "max_frame    %u\n",
            l->block_size, l->num_layers, l->num_kv_heads, l->head_dim,
            kvs_dtype_name(l->dtype), l->num_blocks,
            (unsigned long long)l->block_stride,
            (unsigned long long)kvs_pool_size(c), kvs_pool_backend(c),
+           *kvs_pool_gpu_uuid(c) ? " " : "", kvs_pool_gpu_uuid(c),
            kvs_model_id(c), kvs_max_frame(c));
   }
   return 0;
@@ -180,8 +190,11 @@ int main(int argc, char **argv) {
   kvs_client *c;
   int rc = kvs_connect(path, &opts, &c);
   if (rc) {
-    fprintf(stderr, "kvshare: cannot connect to %s: %s\n",
-            path ? path : "the default socket", kvs_strerror(rc));
+    const char *why = kvs_last_message(NULL);
+    fprintf(stderr, "kvshare: cannot connect to %s: %s%s%s\n",
+            path ? path : "the default socket", kvs_strerror(rc),
+            *why && strcmp(why, kvs_strerror(rc)) ? ": " : "",
+            *why && strcmp(why, kvs_strerror(rc)) ? why : "");
     return 3;
   }
   if (strcmp(cmd, "stats") == 0)

@@ -1,6 +1,7 @@
 /*
  * ops.c — libkvshare: one call per protocol operation, one round trip each.
  */
+#include <stddef.h>
 #include <string.h>
 
 #include "client/client_int.h"
@@ -45,7 +46,7 @@ int kvs__alloc_result(const Kvshare__Response *r, kvs_alloc_result *res) {
     res->first_index = a->first_index;
     res->num_blocks = (uint32_t)a->n_blocks;
     res->blocks = res->num_blocks ? a->blocks : no_blocks;
-    res->has_cow = a->has_cow ? 1 : 0;
+    res->has_cow = a->has_cow ? (a->cow_copied ? 2 : 1) : 0;
     res->cow_src = a->has_cow ? a->cow_src : KVS_BLOCK_NONE;
     res->cow_dst = a->has_cow ? a->cow_dst : KVS_BLOCK_NONE;
     res->cow_index = a->cow_index;
@@ -102,14 +103,18 @@ static int alloc_op(kvs_client *c, int append, uint64_t req_id, uint32_t n,
   Kvshare__Allocate a = KVSHARE__ALLOCATE__INIT;
   Kvshare__Append p = KVSHARE__APPEND__INIT;
   Kvshare__Request req = KVSHARE__REQUEST__INIT;
+  if (!c)
+    return KVS_EINVAL;
   if (append) {
     p.req_id = req_id;
     p.num_tokens = n;
+    p.daemon_copy = c->daemon_copy;
     req.op_case = KVSHARE__REQUEST__OP_APPEND;
     req.append = &p;
   } else {
     a.req_id = req_id;
     a.num_tokens = n;
+    a.daemon_copy = c->daemon_copy;
     req.op_case = KVSHARE__REQUEST__OP_ALLOCATE;
     req.allocate = &a;
   }
@@ -184,7 +189,24 @@ int kvs_preempt(kvs_client *c, uint64_t req_id) {
   return call(c, &req, &r);
 }
 
-int kvs_stats_get(kvs_client *c, int check, kvs_stats *st) {
+/* kvs_stats_get has two versions: KVSHARE_0.2 (the default, what a program
+ * built with this header calls) fills the whole struct; KVSHARE_0.1, for
+ * programs built against 0.1, fills only the fields that struct had. */
+int kvs__stats_get_v02(kvs_client *c, int check, kvs_stats *st);
+int kvs__stats_get_v01(kvs_client *c, int check, kvs_stats *st);
+__asm__(".symver kvs__stats_get_v02, kvs_stats_get@@KVSHARE_0.2");
+__asm__(".symver kvs__stats_get_v01, kvs_stats_get@KVSHARE_0.1");
+
+int kvs__stats_get_v01(kvs_client *c, int check, kvs_stats *st) {
+  kvs_stats all;
+  if (!st)
+    return KVS_EINVAL;
+  int rc = kvs__stats_get_v02(c, check, &all);
+  memcpy(st, &all, offsetof(kvs_stats, backend));
+  return rc;
+}
+
+int kvs__stats_get_v02(kvs_client *c, int check, kvs_stats *st) {
   if (!st)
     return KVS_EINVAL;
   memset(st, 0, sizeof *st);
@@ -219,13 +241,13 @@ int kvs_stats_get(kvs_client *c, int check, kvs_stats *st) {
   st->frames_in = s->frames_in;
   st->protocol_errors = s->protocol_errors;
   st->check = s->check;
-  if (s->check_message) {
-    size_t n = strlen(s->check_message);
-    if (n >= sizeof st->check_message)
-      n = sizeof st->check_message - 1;
-    memcpy(st->check_message, s->check_message, n);
-    st->check_message[n] = '\0';
-  }
+  kvs__copy_str(st->check_message, sizeof st->check_message, s->check_message);
+  kvs__copy_str(st->backend, sizeof st->backend, s->backend);
+  kvs__copy_str(st->gpu_uuid, sizeof st->gpu_uuid, s->gpu_uuid);
+  st->pool_bytes = s->pool_bytes;
+  st->daemon_copies = s->daemon_copies;
+  st->daemon_copy_blocks = s->daemon_copy_blocks;
+  st->copy_errors = s->copy_errors;
   return 0;
 }
 
