@@ -25,10 +25,86 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* ---- types (as cuda.h declares them) ---------------------------------- */
+/* ---- types and constants -----------------------------------------------
+ *
+ * Declared as cuda.h declares them, under struct tags of our own, so that
+ * test_cuda_abi.c can include cuda.h and this header in one file (with
+ * KVS_CUDA_ABI_CHECK defined: no typedefs, no constants here) and check
+ * sizes, offsets, values and every entry point's prototype against it.
+ */
 
+struct kvs__cu_uuid {
+  unsigned char bytes[16];
+};
+
+struct kvs__cu_mem_location {
+  int type; /* CU_MEM_LOCATION_TYPE_* */
+  int id;   /* device ordinal */
+};
+
+struct kvs__cu_mem_prop {
+  int type;                 /* CU_MEM_ALLOCATION_TYPE_* */
+  int requestedHandleTypes; /* CU_MEM_HANDLE_TYPE_* */
+  struct kvs__cu_mem_location location;
+  void *win32HandleMetaData;
+  struct {
+    unsigned char compressionType;
+    unsigned char gpuDirectRDMACapable;
+    unsigned short usage;
+    unsigned char reserved[4];
+  } allocFlags;
+};
+
+struct kvs__cu_mem_access {
+  struct kvs__cu_mem_location location;
+  int flags; /* CU_MEM_ACCESS_FLAGS_* */
+};
+
+/* X(our name, cuda.h's name, value) */
+#define KVS_CU_CONSTS(X)                                                     \
+  X(CUDA_SUCCESS, CUDA_SUCCESS, 0)                                           \
+  X(CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_INVALID_VALUE, 1)                   \
+  X(CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_OUT_OF_MEMORY, 2)                   \
+  X(CUDA_ERROR_NOT_INITIALIZED, CUDA_ERROR_NOT_INITIALIZED, 3)               \
+  X(CUDA_ERROR_NO_DEVICE, CUDA_ERROR_NO_DEVICE, 100)                         \
+  X(CUDA_ERROR_INVALID_DEVICE, CUDA_ERROR_INVALID_DEVICE, 101)               \
+  X(CUDA_ERROR_INVALID_IMAGE, CUDA_ERROR_INVALID_IMAGE, 200)                 \
+  X(CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_CONTEXT, 201)             \
+  X(CUDA_ERROR_NO_BINARY_FOR_GPU, CUDA_ERROR_NO_BINARY_FOR_GPU, 209)         \
+  X(CUDA_ERROR_OPERATING_SYSTEM, CUDA_ERROR_OPERATING_SYSTEM, 304)           \
+  X(CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_HANDLE, 400)               \
+  X(CUDA_ERROR_NOT_FOUND, CUDA_ERROR_NOT_FOUND, 500)                         \
+  X(CUDA_ERROR_NOT_READY, CUDA_ERROR_NOT_READY, 600)                         \
+  X(CUDA_ERROR_NOT_PERMITTED, CUDA_ERROR_NOT_PERMITTED, 800)                 \
+  X(CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_NOT_SUPPORTED, 801)                 \
+  X(CU_ATTR_MULTIPROCESSOR_COUNT, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,  \
+    16)                                                                      \
+  X(CU_ATTR_MEMORY_CLOCK_RATE, CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE, 36)    \
+  X(CU_ATTR_GLOBAL_MEMORY_BUS_WIDTH,                                         \
+    CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH, 37)                         \
+  X(CU_ATTR_VMM_SUPPORTED,                                                   \
+    CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 102)            \
+  X(CU_ATTR_POSIX_FD_SUPPORTED,                                              \
+    CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, 103)    \
+  X(CU_MEM_ALLOCATION_TYPE_PINNED, CU_MEM_ALLOCATION_TYPE_PINNED, 1)         \
+  X(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,                                \
+    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 1)                             \
+  X(CU_MEM_LOCATION_TYPE_DEVICE, CU_MEM_LOCATION_TYPE_DEVICE, 1)             \
+  X(CU_MEM_ACCESS_FLAGS_PROT_READWRITE, CU_MEM_ACCESS_FLAGS_PROT_READWRITE,  \
+    3)                                                                       \
+  X(CU_MEM_ALLOC_GRANULARITY_MINIMUM, CU_MEM_ALLOC_GRANULARITY_MINIMUM, 0)   \
+  X(CU_MEM_ALLOC_GRANULARITY_RECOMMENDED,                                    \
+    CU_MEM_ALLOC_GRANULARITY_RECOMMENDED, 1)                                 \
+  X(CU_STREAM_NON_BLOCKING, CU_STREAM_NON_BLOCKING, 1)                       \
+  X(CU_EVENT_DISABLE_TIMING, CU_EVENT_DISABLE_TIMING, 2)                     \
+  X(CU_MEMHOSTREGISTER_PORTABLE, CU_MEMHOSTREGISTER_PORTABLE, 1)
+
+#ifndef KVS_CUDA_ABI_CHECK
 typedef int CUresult;
 typedef int CUdevice;
+typedef int CUdevice_attribute;
+typedef int CUmemAllocationHandleType;
+typedef int CUmemAllocationGranularity_flags;
 typedef unsigned long long CUdeviceptr;
 typedef unsigned long long CUmemGenericAllocationHandle;
 typedef struct CUctx_st *CUcontext;
@@ -37,67 +113,15 @@ typedef struct CUfunc_st *CUfunction;
 typedef struct CUstream_st *CUstream;
 typedef struct CUevent_st *CUevent;
 typedef void (*CUhostFn)(void *user_data);
+typedef struct kvs__cu_uuid CUuuid;
+typedef struct kvs__cu_mem_location CUmemLocation;
+typedef struct kvs__cu_mem_prop CUmemAllocationProp;
+typedef struct kvs__cu_mem_access CUmemAccessDesc;
 
-typedef struct {
-  unsigned char bytes[16];
-} CUuuid;
-
-typedef struct {
-  int type; /* CU_MEM_LOCATION_TYPE_* */
-  int id;   /* device ordinal */
-} CUmemLocation;
-
-typedef struct {
-  int type;                 /* CU_MEM_ALLOCATION_TYPE_* */
-  int requestedHandleTypes; /* CU_MEM_HANDLE_TYPE_* */
-  CUmemLocation location;
-  void *win32HandleMetaData;
-  struct {
-    unsigned char compressionType;
-    unsigned char gpuDirectRDMACapable;
-    unsigned short usage;
-    unsigned char reserved[4];
-  } allocFlags;
-} CUmemAllocationProp;
-
-typedef struct {
-  CUmemLocation location;
-  int flags; /* CU_MEM_ACCESS_FLAGS_* */
-} CUmemAccessDesc;
-
-/* ---- constants ----------------------------------------------------------- */
-
-#define CUDA_SUCCESS 0
-#define CUDA_ERROR_INVALID_VALUE 1
-#define CUDA_ERROR_OUT_OF_MEMORY 2
-#define CUDA_ERROR_NOT_INITIALIZED 3
-#define CUDA_ERROR_NO_DEVICE 100
-#define CUDA_ERROR_INVALID_DEVICE 101
-#define CUDA_ERROR_INVALID_IMAGE 200
-#define CUDA_ERROR_INVALID_CONTEXT 201
-#define CUDA_ERROR_NO_BINARY_FOR_GPU 209
-#define CUDA_ERROR_OPERATING_SYSTEM 304
-#define CUDA_ERROR_INVALID_HANDLE 400
-#define CUDA_ERROR_NOT_FOUND 500
-#define CUDA_ERROR_NOT_READY 600
-#define CUDA_ERROR_NOT_PERMITTED 800
-#define CUDA_ERROR_NOT_SUPPORTED 801
-
-#define CU_ATTR_MULTIPROCESSOR_COUNT 16
-#define CU_ATTR_MEMORY_CLOCK_RATE 36
-#define CU_ATTR_GLOBAL_MEMORY_BUS_WIDTH 37
-#define CU_ATTR_VMM_SUPPORTED 102
-#define CU_ATTR_POSIX_FD_SUPPORTED 103
-
-#define CU_MEM_ALLOCATION_TYPE_PINNED 1
-#define CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR 1
-#define CU_MEM_LOCATION_TYPE_DEVICE 1
-#define CU_MEM_ACCESS_FLAGS_PROT_READWRITE 3
-#define CU_MEM_ALLOC_GRANULARITY_MINIMUM 0
-#define CU_MEM_ALLOC_GRANULARITY_RECOMMENDED 1
-#define CU_STREAM_NON_BLOCKING 1
-#define CU_EVENT_DISABLE_TIMING 2
-#define CU_MEMHOSTREGISTER_PORTABLE 1
+#define KVS_CU_CONST_ENUM(ours, theirs, value) ours = value,
+enum { KVS_CU_CONSTS(KVS_CU_CONST_ENUM) };
+#undef KVS_CU_CONST_ENUM
+#endif
 
 /* ---- the entry points ------------------------------------------------------ */
 
@@ -109,7 +133,7 @@ typedef struct {
   X(cuDeviceGetName, "cuDeviceGetName", (char *name, int len, CUdevice dev)) \
   X(cuDeviceGetUuid, "cuDeviceGetUuid", (CUuuid * uuid, CUdevice dev))       \
   X(cuDeviceGetAttribute, "cuDeviceGetAttribute",                            \
-    (int *value, int attr, CUdevice dev))                                    \
+    (int *value, CUdevice_attribute attr, CUdevice dev))                                    \
   X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain",                    \
     (CUcontext * ctx, CUdevice dev))                                         \
   X(cuCtxSetCurrent, "cuCtxSetCurrent", (CUcontext ctx))                     \
@@ -145,16 +169,18 @@ typedef struct {
 
 #define KVS_CU_VMM(X)                                                        \
   X(cuMemGetAllocationGranularity, "cuMemGetAllocationGranularity",          \
-    (size_t * gran, const CUmemAllocationProp *prop, int option))            \
+    (size_t * gran, const CUmemAllocationProp *prop,                        \
+     CUmemAllocationGranularity_flags option))            \
   X(cuMemCreate, "cuMemCreate",                                              \
     (CUmemGenericAllocationHandle * h, size_t bytes,                         \
      const CUmemAllocationProp *prop, unsigned long long flags))             \
   X(cuMemRelease, "cuMemRelease", (CUmemGenericAllocationHandle h))          \
   X(cuMemExportToShareableHandle, "cuMemExportToShareableHandle",            \
-    (void *shareable, CUmemGenericAllocationHandle h, int type,              \
-     unsigned long long flags))                                              \
+    (void *shareable, CUmemGenericAllocationHandle h,                        \
+     CUmemAllocationHandleType type, unsigned long long flags))                                              \
   X(cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle",        \
-    (CUmemGenericAllocationHandle * h, void *os_handle, int type))           \
+    (CUmemGenericAllocationHandle * h, void *os_handle,                      \
+     CUmemAllocationHandleType type))           \
   X(cuMemAddressReserve, "cuMemAddressReserve",                              \
     (CUdeviceptr * p, size_t bytes, size_t align, CUdeviceptr addr,          \
      unsigned long long flags))                                              \

@@ -58,6 +58,19 @@ $(GPU_PLAIN_TESTS): $(BUILD)/%: $(BUILD)/%.o $(GPU_TEST_DEPS)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(BUILD)/libkvsgpu.a $(GPU_LIBS)
 
+# The driver API kvshare declares itself (gpu/kvs_cuda_int.h), against the
+# installed toolkit's cuda.h (compile-time checks; skipped without cuda.h).
+CUDA_H := $(if $(NVCC),$(wildcard $(dir $(NVCC))../include/cuda.h))
+UNIT_TESTS += $(BUILD)/tests/unit/test_cuda_abi
+$(BUILD)/tests/unit/test_cuda_abi.o: tests/unit/test_cuda_abi.c gpu/kvs_cuda_int.h
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(if $(CUDA_H),-DKVS_HAVE_CUDA_H \
+	  -isystem $(dir $(CUDA_H))) -c -o $@ $<
+$(BUILD)/tests/unit/test_cuda_abi: $(BUILD)/tests/unit/test_cuda_abi.o
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) -o $@ $<
+
 # Benchmarks: CPU decode attention against memcpy; GPU decode against HBM.
 GPU_BENCHES := $(BUILD)/tests/bench/bench_attention \
                $(BUILD)/tests/bench/bench_attention_gpu
