@@ -53,7 +53,7 @@ echo "== kvshare demo: $workers workers x $users users x $turns turns," \
 kvs_start_daemon "$daemon" "$dir" "$sock" "$dir/kvshared.log" \
   ${KVS_DEMO_DAEMON_ARGS:-} || die "kvshared did not start"
 echo "kvshared $pid listening on $sock (${KVS_DEMO_DAEMON_ARGS:-built-in defaults})"
-grep -m1 -i "backend" "$dir/kvshared.log" | sed 's/^/  log: /'
+grep -m1 "pool: " "$dir/kvshared.log" | sed 's/^.*pool: /  pool: /'
 layout=$("$cli" --socket "$sock" layout --json) || die "kvshare layout"
 
 run_worker() {
@@ -132,7 +132,9 @@ mib = L["block_stride"] * L["num_blocks"] / 2**20
 print(f"layout: {L['num_layers']} layers x {L['num_kv_heads']} kv heads x "
       f"{L['head_dim']} dims, {L['dtype']}, {L['block_size']}-token blocks "
       f"of {L['block_stride'] // 1024} KiB; pool {L['num_blocks']} blocks "
-      f"({mib:.0f} MiB, {L['backend']} backend), model '{L['model_id']}'")
+      f"({mib:.0f} MiB, {L['backend']} backend"
+      f"{' on ' + L['gpu_uuid'] if L['gpu_uuid'] else ''}), "
+      f"model '{L['model_id']}'")
 print()
 print(f"{'worker':>6} {'requests':>8} {'prompt':>7} {'cached':>7} "
       f"{'computed':>8} {'decoded':>7} {'blocks':>6} {'verified':>8} "
@@ -175,6 +177,8 @@ if rt and rt[0]["rtt_raw_us"] > 0:
           f"{d / raw:.2f}x (medians)")
 print(f"round trips to the daemon: {total('round_trips')} "
       f"(one batch per decode step)")
+if stats["daemon_copies"]:
+    print(f"copies made by the daemon: {stats['daemon_copies']}")
 print(f"invariant check: {stats['check_status']}")
 
 check("every worker finished", len(rows) == nworkers and ok)

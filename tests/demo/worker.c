@@ -25,6 +25,12 @@
  * with the output computed from scratch with no cache (toy_reference), with
  * a tolerance suited to the pool's dtype.
  *
+ * On a cuda pool (a GPU, or the stand-in driver in the tests) the same steps
+ * run on the device: the kernels come from kvs_pool_kernels() (CUDA), their
+ * inputs are staged into device buffers, the worker synchronises before it
+ * commits what it wrote (the stream rule), and cached blocks are read back
+ * with a device-to-host copy to be checked.
+ *
  * It prints one line "RESULT key=value ..." for the demo's report, and exits
  * 0 only if every check passed.  --rtt also measures the daemon's ping round
  * trip against a raw Unix-socket ping-pong of the same frame sizes;
@@ -115,6 +121,20 @@ typedef struct conv {
 /* Scratch. */
 static float *q, *k, *v, *out, *ref;
 static int64_t *slots;
+static uint8_t *blockbuf; /* one block read back from the device */
+
+/* On a cuda pool: device copies of the kernels' inputs and outputs. */
+static int dev;
+static void *d_q, *d_k, *d_v, *d_out, *d_slots, *d_table, *d_seq, *d_qstart;
+
+/* The address a kernel takes for host data: host itself, or its device
+ * copy in d (bytes copied there first). */
+static const void *staged(void *d, const void *host, size_t bytes) {
+  if (!dev)
+    return host;
+  MUST(kvs_cuda_memcpy_htod(d, host, bytes));
+  return d;
+}
 
 /* Checks the cached K/V of positions [0, upto) of tok in the blocks of
  * table against the model, block by block. */
@@ -131,8 +151,16 @@ static void check_hit_blocks(const uint32_t *tok, const uint32_t *table,
         toy_qkv(&M, layer, tok[p], p, NULL, k, v);
         for (uint32_t kv = 0; kv < 2 && ok; kv++) {
           kvs_convert(want, L->dtype, kv ? v : k, KVS_DTYPE_FP32, row);
-          const void *got = kvs_elem_ptr(kvs_pool_base(c), L, table[b], layer,
-                                         kv, t, 0);
+          const void *got;
+          if (dev) { /* the block as the device holds it */
+            if (t == 0 && layer == 0 && kv == 0)
+              MUST(kvs_cuda_memcpy_dtoh(blockbuf, kvs_block_ptr(c, table[b]),
+                                        L->block_stride));
+            got = blockbuf + (kvs_elem_offset(L, table[b], layer, kv, t, 0) -
+                              kvs_block_offset(L, table[b]));
+          } else {
+            got = kvs_elem_ptr(kvs_pool_base(c), L, table[b], layer, kv, t, 0);
+          }
           ok = memcmp(got, want, row * es) == 0;
         }
       }
@@ -159,14 +187,18 @@ static void write_kv(const uint32_t *tok, const uint32_t *table, uint32_t from,
     kvs_write_args w;
     memset(&w, 0, sizeof w);
     MUST(kvs_paged_kv_of(c, layer, &w.kv));
-    w.k = k;
-    w.v = v;
-    w.slots = slots;
+    w.k = staged(d_k, k, (size_t)(to - from) * row * sizeof *k);
+    w.v = staged(d_v, v, (size_t)(to - from) * row * sizeof *v);
+    w.slots = staged(d_slots, slots, (to - from) * sizeof *slots);
     w.src_token_stride = row;
     w.src_dtype = KVS_DTYPE_FP32;
     w.num_tokens = to - from;
     MUST(K->write_kv(&w, NULL));
   }
+  /* The stream rule: what this worker wrote is on the device before the
+   * commit that lets others read it. */
+  if (dev)
+    MUST(kvs_cuda_sync(NULL));
 }
 
 /* Attention for rows [from, to) of the request (prefill when to - from > 1
@@ -184,11 +216,11 @@ static void attend_and_check(const uint32_t *tok, const uint32_t *table,
     memset(&a, 0, sizeof a);
     MUST(kvs_paged_kv_of(c, layer, &a.kv));
     uint32_t seq_len = to, q_start[2] = {0, rows};
-    a.out = out;
-    a.q = q;
-    a.seq_lens = &seq_len;
-    a.q_start = decode ? NULL : q_start;
-    a.block_tables = table;
+    a.out = dev ? d_out : out;
+    a.q = staged(d_q, q, (size_t)rows * qrow * sizeof *q);
+    a.seq_lens = staged(d_seq, &seq_len, sizeof seq_len);
+    a.q_start = decode ? NULL : staged(d_qstart, q_start, sizeof q_start);
+    a.block_tables = staged(d_table, table, nblocks * sizeof *table);
     a.num_seqs = 1;
     a.num_rows = rows;
     a.num_heads = nh;
@@ -197,6 +229,10 @@ static void attend_and_check(const uint32_t *tok, const uint32_t *table,
     a.qo_dtype = KVS_DTYPE_FP32;
     a.scale = toy_scale(&M);
     MUST(decode ? K->decode_attention(&a, NULL) : K->prefill_attention(&a, NULL));
+    if (dev) {
+      MUST(kvs_cuda_sync(NULL));
+      MUST(kvs_cuda_memcpy_dtoh(out, d_out, (size_t)rows * qrow * sizeof *out));
+    }
     for (uint32_t p = from; p < to; p++) {
       if (toy_reference(&M, layer, tok, to, p, L->dtype, KVS_DTYPE_FP32, ref)) {
         FAIL("toy_reference failed");
@@ -404,11 +440,13 @@ int main(int argc, char **argv) {
   kvs_connect_opts opts = {name, 60000, 0};
   int rc = kvs_connect(sock, &opts, &c);
   if (rc) {
-    fprintf(stderr, "worker %d: connect %s: %s\n", wid, sock, kvs_strerror(rc));
+    fprintf(stderr, "worker %d: connect %s: %s (%s)\n", wid, sock,
+            kvs_strerror(rc), kvs_last_message(NULL));
     return 1;
   }
   L = kvs_layout_of(c);
-  K = kvs_kernels_cpu();
+  K = kvs_pool_kernels(c); /* CUDA on a cuda pool, the C twins on host */
+  dev = strcmp(kvs_pool_backend(c), "cuda") == 0;
   rc = toy_init(&M, L->num_layers, L->num_kv_heads * NUM_HEADS_PER_KV,
                 L->num_kv_heads, L->head_dim, seed);
   if (rc) {
@@ -425,8 +463,21 @@ int main(int argc, char **argv) {
   v = malloc(maxrows * L->num_kv_heads * L->head_dim * sizeof *v);
   ref = malloc((size_t)M.num_heads * L->head_dim * sizeof *ref);
   slots = malloc(maxrows * sizeof *slots);
-  if (!q || !out || !k || !v || !ref || !slots)
+  blockbuf = malloc(L->block_stride);
+  if (!q || !out || !k || !v || !ref || !slots || !blockbuf)
     return 1;
+  if (dev) {
+    size_t qb = maxrows * M.num_heads * L->head_dim * sizeof *q;
+    size_t kb = maxrows * L->num_kv_heads * L->head_dim * sizeof *k;
+    MUST(kvs_cuda_malloc(&d_q, qb));
+    MUST(kvs_cuda_malloc(&d_out, qb));
+    MUST(kvs_cuda_malloc(&d_k, kb));
+    MUST(kvs_cuda_malloc(&d_v, kb));
+    MUST(kvs_cuda_malloc(&d_slots, maxrows * sizeof *slots));
+    MUST(kvs_cuda_malloc(&d_table, (MAX_TOKENS / 4) * sizeof(uint32_t)));
+    MUST(kvs_cuda_malloc(&d_seq, sizeof(uint32_t)));
+    MUST(kvs_cuda_malloc(&d_qstart, 2 * sizeof(uint32_t)));
+  }
 
   conv *cv = calloc((size_t)users, sizeof *cv);
   for (int u = 0; u < users; u++) {
@@ -462,6 +513,12 @@ int main(int argc, char **argv) {
   free(v);
   free(ref);
   free(slots);
+  free(blockbuf);
+  if (dev) {
+    void *bufs[] = {d_q, d_out, d_k, d_v, d_slots, d_table, d_seq, d_qstart};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+      kvs_cuda_free(bufs[i]);
+  }
   toy_free(&M);
   kvs_close(c);
   return failures ? 1 : 0;
