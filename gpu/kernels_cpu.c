@@ -612,9 +612,12 @@ KVS_X86_INLINE void x_values(float *acc, uint32_t Dp, uint32_t R,
 /* exp(x) for x <= 0, 8 at a time: 2^k * e^r, |r| <= ln2/2, a degree-7
  * Taylor polynomial (error below 1e-8 relative); x below -87 gives
  * exp(-87) ~ 1.6e-38 instead of a smaller number or 0 (nothing a sum that
- * holds a 1 can tell apart). */
+ * holds a 1 can tell apart).  NaN stays NaN, as expf keeps it in the
+ * portable body: maxps returns its second operand when either is NaN, so x
+ * goes second (the other order turned a NaN score into -87 and dropped the
+ * token without a trace). */
 KVS_X86_INLINE __m256 x_exp(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.f));
+  x = _mm256_max_ps(_mm256_set1_ps(-87.f), x);
   __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);

@@ -315,6 +315,77 @@ static void test_reference_can_fail(void **state) {
   tg_case_free(&c);
 }
 
+/* NaN in the cache.  A NaN key makes the scores of its token NaN; the
+ * portable body's expf carries it into the weights and every output of
+ * that kv head's query heads is NaN, as the naive reference says.  The AVX2
+ * body must agree (it once clamped the NaN score to -87 and dropped the
+ * token).  A NaN value element makes that output element NaN.  Everything
+ * else must still match the reference.  Run on both bodies, every dtype,
+ * with the NaN token in the vector part and in the tail of a tile. */
+static void test_nan_propagates(void **state) {
+  (void)state;
+  static const uint32_t where[] = {0, 7, 8, 37, 39};
+  int cases = 0;
+  for (int portable = 0; portable < 2; portable++)
+    for (uint32_t dt = 0; dt < 3; dt++)
+      for (size_t w = 0; w < sizeof where / sizeof *where; w++) {
+        uint32_t lens[] = {40, 40, 23};
+        tg_params p = {.block_size = 16, .num_kv_heads = 2, .head_dim = 64,
+                       .ratio = 4, .dtype = dt, .qo_dtype = KVS_DTYPE_FP32,
+                       .num_layers = 1, .num_seqs = 3, .lens = lens,
+                       .spare_blocks = 2, .q_scale = 2.f,
+                       .seed = 4242 + (uint64_t)cases};
+        tg_case c;
+        assert_int_equal(tg_case_build(&c, &p), 0);
+        const kvs_layout *l = &c.layout;
+        size_t es = kvs_dtype_size(dt);
+        float nan = NAN;
+        uint32_t t = where[w], D = p.head_dim, kvh = p.num_kv_heads;
+        /* seq 0: a NaN key element of kv head 0 at token t */
+        uint32_t b0 = c.tables[0 * c.max_blocks + t / 16];
+        kvs_convert((char *)kvs_elem_ptr(c.pool, l, b0, 0, 0, t % 16, 0) +
+                        5 * es, dt, &nan, KVS_DTYPE_FP32, 1);
+        c.k[0][((size_t)t * kvh + 0) * D + 5] = NAN;
+        /* seq 1: a NaN value element (dim 9) of kv head 1 at token t */
+        uint32_t b1 = c.tables[1 * c.max_blocks + t / 16];
+        kvs_convert((char *)kvs_elem_ptr(c.pool, l, b1, 0, 1, t % 16, 1) +
+                        9 * es, dt, &nan, KVS_DTYPE_FP32, 1);
+        c.v[1][((size_t)t * kvh + 1) * D + 9] = NAN;
+
+        size_t n = (size_t)c.num_rows * c.num_heads * D;
+        float *out = tg_xmalloc(n * sizeof(float));
+        double *ref = tg_xmalloc(n * sizeof(double));
+        kvs_attn_args a;
+        tg_case_args(&c, &a, c.pool, out, c.q, c.seq_lens, NULL, c.tables);
+        kvs__cpu_attn_portable = portable;
+        assert_int_equal(kvs_cpu_decode_attention(&a, NULL), 0);
+        kvs__cpu_attn_portable = 0;
+        tg_naive(&c, ref);
+        size_t nans = 0;
+        for (size_t i = 0; i < n; i++) {
+          if (isnan(ref[i]) != isnan(out[i]))
+            fail_msg("%s body, %s cache, NaN at token %u: element %zu is %g, "
+                     "the reference %g", portable ? "portable" : "AVX2",
+                     kvs_dtype_name(dt), t, i, out[i], ref[i]);
+          if (isnan(ref[i])) {
+            nans++;
+            continue;
+          }
+          if (!(fabs(out[i] - ref[i]) <= tg_tol(KVS_DTYPE_FP32)))
+            fail_msg("element %zu: %g, the reference %g", i, out[i], ref[i]);
+        }
+        /* seq 0: 4 query heads x 64 dims; seq 1: 4 heads x dim 9 */
+        assert_int_equal(nans, 4 * 64 + 4);
+        free(out);
+        free(ref);
+        tg_case_free(&c);
+        cases++;
+        if (portable == 0 && !kvs__cpu_attn_simd())
+          break; /* both runs would be the portable body */
+      }
+  assert_true(cases >= 15);
+}
+
 static void test_attn_errors(void **state) {
   (void)state;
   uint32_t lens[] = {10, 20};
@@ -461,6 +532,7 @@ int main(void) {
       PORTABLE(test_decode_odd_groups),
       PORTABLE(test_prefill_shapes),
       PORTABLE(test_reference_can_fail),
+      cmocka_unit_test(test_nan_propagates),
       cmocka_unit_test(test_attn_errors),
       cmocka_unit_test(test_blocks),
       cmocka_unit_test(test_tables),
