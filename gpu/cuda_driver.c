@@ -38,6 +38,7 @@ int kvs__cuda_attn_blocks_per_sm = 0;
 int kvs__cuda_attn_max_group = 8;
 /* Use the tensor-core kernel where it applies (bench knob). */
 int kvs__cuda_attn_mma = 1;
+uint32_t kvs__cuda_attn_last_nsplit = 1;
 static CUfunction f_write, f_blocks, f_merge;
 static CUfunction f_attn[DT_N][NV_N][G_N];
 static CUfunction f_mma[2][2]; /* [fp16, bf16][d64, d128] */
@@ -369,6 +370,7 @@ static int cuda_attention(const kvs_attn_args *a, int prefill, void *stream) {
       span = 0;
   }
   uint32_t split = span;
+  kvs__cuda_attn_last_nsplit = split ? nsplit : 1;
   kvs_attn_args copy = *a;
   int pf = prefill;
   if (mma) {

@@ -37,6 +37,10 @@ extern int kvs__cuda_attn_max_group;
 /* 1 (default): GQA >= 4 over fp16/bf16 with q/out of the same dtype and
  * head_dim 64 or 128 runs on tensor cores; 0: always the CUDA-core kernel. */
 extern int kvs__cuda_attn_mma;
+/* Partitions the last CUDA attention launch of this process split each row
+ * into (1: not split), for the tests and benches to tell a split run from
+ * one that was merely given a workspace. */
+extern uint32_t kvs__cuda_attn_last_nsplit;
 /* The C twins prefetch the next tile/block of keys/values: 0 no, 1 (default)
  * into L2, 2 into L1. */
 extern int kvs__cpu_prefetch;

@@ -148,10 +148,14 @@ static void run_cfg(const bench_cfg *c, int reps, int one_pass, double copy_bw,
     a.workspace_bytes = split ? wsb : 0;
     float ms = median_ms(do_decode, &a, reps);
     double bw = kv_bytes / (ms * 1e-3) / 1e9;
-    printf("%-5s %-5u %-6u %-5u %-6u %-4u %-6s %10.1f %10.1f %9.0f %7.0f%% %7.0f%%\n",
+    /* "ws": a split workspace was given; "parts": what the launcher made of
+     * it (1: the rows were not split after all). */
+    printf("%-5s %-5u %-6u %-5u %-6u %-4u %-3s %5u %10.1f %10.1f %9.0f %7.0f%% "
+           "%7.0f%%\n",
            kvs_dtype_name(l.dtype), B, len, c->heads, l.num_kv_heads,
-           l.head_dim, split ? "yes" : "no", kv_bytes / (1 << 20), ms * 1e3,
-           bw, 100.0 * bw / copy_bw, 100.0 * bw / peak);
+           l.head_dim, split ? "yes" : "no", kvs__cuda_attn_last_nsplit,
+           kv_bytes / (1 << 20), ms * 1e3, bw, 100.0 * bw / copy_bw,
+           100.0 * bw / peak);
   }
   kvs_cuda_free(d_pool);
   kvs_cuda_free(d_q);
@@ -171,6 +175,11 @@ int main(int argc, char **argv) {
     return 0;
   }
   CU(kvs_cuda_open(NULL));
+  if (strstr(kvs_cuda_device_name(), "stand-in")) {
+    printf("bench_attention_gpu: skipped: no GPU (%s)\n",
+           kvs_cuda_device_name());
+    return 0;
+  }
   int clk = 0, bus = 0, sms = 0;
   CU(kvs_cuda_device_info(&clk, &bus, &sms));
   double peak = 2.0 * clk * 1e3 * bus / 8.0 / 1e9; /* GB/s, DDR */
@@ -191,9 +200,9 @@ int main(int argc, char **argv) {
   CU(kvs_cuda_free(ca));
   CU(kvs_cuda_free(cb));
 
-  printf("\n%-5s %-5s %-6s %-5s %-6s %-4s %-6s %10s %10s %9s %8s %8s\n", "kv",
-         "batch", "seqlen", "heads", "kvh", "D", "split", "KV MiB", "time us",
-         "GB/s", "%copy", "%nominal");
+  printf("\n%-5s %-5s %-6s %-5s %-6s %-4s %-3s %5s %10s %10s %9s %8s %8s\n",
+         "kv", "batch", "seqlen", "heads", "kvh", "D", "ws", "parts", "KV MiB",
+         "time us", "GB/s", "%copy", "%nominal");
 
   static const bench_cfg cfg[] = {
       {KVS_DTYPE_FP16, 16, 2048, 32, 8, 128},

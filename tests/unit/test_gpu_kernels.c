@@ -386,6 +386,33 @@ static void test_nan_propagates(void **state) {
   assert_true(cases >= 15);
 }
 
+/* The CUDA test's tolerance against the twin (tg_twin_tol, run only on a
+ * GPU): one ulp of the output dtype, with its floors, checked here. */
+static void test_twin_tolerance(void **state) {
+  (void)state;
+  assert_true(tg_twin_tol(KVS_DTYPE_FP16, 0.7) == 0x1p-11);   /* [0.5, 1) */
+  assert_true(tg_twin_tol(KVS_DTYPE_FP16, 1.5) == 0x1p-10);
+  assert_true(tg_twin_tol(KVS_DTYPE_FP16, 0.01) == 4e-4);     /* floor */
+  assert_true(tg_twin_tol(KVS_DTYPE_BF16, 0.7) == 0x1p-8);
+  assert_true(tg_twin_tol(KVS_DTYPE_BF16, -3.0) == 0x1p-6);
+  assert_true(tg_twin_tol(KVS_DTYPE_BF16, 0.1) == 3e-3);      /* floor */
+  assert_true(tg_twin_tol(KVS_DTYPE_FP32, 0.5) == 2e-5);
+  for (uint32_t dt = KVS_DTYPE_FP16; dt <= KVS_DTYPE_BF16; dt++) {
+    /* neighbours in the dtype pass, two steps apart fail */
+    uint16_t a[3], b[3];
+    float f = 0.75f;
+    kvs_convert(&a[0], dt, &f, KVS_DTYPE_FP32, 1);
+    a[1] = a[2] = a[0];
+    b[0] = a[0];
+    b[1] = (uint16_t)(a[0] + 1);
+    b[2] = (uint16_t)(a[0] + 2);
+    assert_true(tg_twin_excess(b, a, dt, 2) <= 1.0);
+    assert_true(tg_twin_excess(b, a, dt, 3) > 1.0);
+  }
+  float nan = NAN, one = 1.f;
+  assert_true(tg_twin_excess(&nan, &one, KVS_DTYPE_FP32, 1) > 1.0);
+}
+
 static void test_attn_errors(void **state) {
   (void)state;
   uint32_t lens[] = {10, 20};
@@ -533,6 +560,7 @@ int main(void) {
       PORTABLE(test_prefill_shapes),
       PORTABLE(test_reference_can_fail),
       cmocka_unit_test(test_nan_propagates),
+      cmocka_unit_test(test_twin_tolerance),
       cmocka_unit_test(test_attn_errors),
       cmocka_unit_test(test_blocks),
       cmocka_unit_test(test_tables),

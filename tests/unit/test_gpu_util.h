@@ -261,6 +261,50 @@ static inline double tg_tol(uint32_t qo_dtype) {
   }
 }
 
+/*
+ * How far the CUDA kernel may be from its C twin, both rounded to the output
+ * dtype: one unit in the last place of that dtype at the value (the
+ * tensor-core kernel rounds softmax weights to the cache dtype, so a result
+ * near a rounding boundary may land on the next value), and no less than
+ * 4e-4 (fp16) or 3e-3 (bf16) where values are small; fp32 outputs, summed
+ * in another order, 2e-5.  A dropped key among 257 moves a result by about
+ * 1/257 of a value: well outside.
+ */
+static inline double tg_twin_tol(uint32_t qo_dtype, double v) {
+  int e;
+  frexp(fabs(v), &e); /* |v| in [2^(e-1), 2^e) */
+  switch (qo_dtype) {
+  case KVS_DTYPE_FP16: {
+    double ulp = ldexp(1.0, (e - 1 < -14 ? -14 : e - 1) - 10);
+    return ulp > 4e-4 ? ulp : 4e-4;
+  }
+  case KVS_DTYPE_BF16: {
+    double ulp = ldexp(1.0, e - 1 - 7);
+    return ulp > 3e-3 ? ulp : 3e-3;
+  }
+  default:
+    return 2e-5;
+  }
+}
+
+/* The worst |gpu - twin| / tg_twin_tol over n outputs in dtype (NaN in
+ * either: 1e30); at most 1 passes. */
+static inline double tg_twin_excess(const void *gpu, const void *twin,
+                                    uint32_t dtype, size_t n) {
+  double worst = 0;
+  size_t es = kvs_dtype_size(dtype);
+  for (size_t i = 0; i < n; i++) {
+    float g, t;
+    kvs_convert(&g, KVS_DTYPE_FP32, (const char *)gpu + i * es, dtype, 1);
+    kvs_convert(&t, KVS_DTYPE_FP32, (const char *)twin + i * es, dtype, 1);
+    double x = isnan(g) || isnan(t) ? 1e30
+                                    : fabs((double)g - t) / tg_twin_tol(dtype, t);
+    if (x > worst)
+      worst = x;
+  }
+  return worst;
+}
+
 /* Max |out - ref| over n elements of out (in dtype); NaN counts as 1e30. */
 static inline double tg_max_err(const void *out, uint32_t dtype,
                                 const double *ref, size_t n) {
