@@ -42,7 +42,11 @@ uint32_t kvs__cuda_attn_last_nsplit = 1;
 static CUfunction f_write, f_blocks, f_merge;
 static CUfunction f_attn[DT_N][NV_N][G_N];
 static CUfunction f_mma[2][2]; /* [fp16, bf16][d64, d128] */
-static __thread int tls_ctx;    /* the context is current in this thread */
+/* The context is current in this thread: kvshare made it current once and
+ * does not check again, so a thread that switches to another context of
+ * its own makes kvshare's later calls run there.  (Engines that use the
+ * device's primary context — PyTorch does — never see the difference.) */
+static __thread int tls_ctx;
 
 int kvs_cuda_available(const char **reason) {
   int rc;

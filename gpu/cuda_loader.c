@@ -47,6 +47,11 @@ int kvs__cu_status(CUresult r) {
   case CUDA_ERROR_NOT_PERMITTED:
     return KVS_EPERM;
   default:
+    /* 700-799: a fault on the device (illegal address, launch failure,
+     * hardware error...); the context is lost for good, as is every
+     * allocation and stream of this process on that GPU. */
+    if (r >= 700 && r < 800)
+      return KVS_EDEVICE;
     return KVS_EINTERNAL;
   }
 }

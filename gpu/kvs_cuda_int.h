@@ -200,6 +200,7 @@ enum { KVS_CU_CONSTS(KVS_CU_CONST_ENUM) };
     (void *dst, CUdeviceptr src, size_t bytes, CUstream s))                  \
   X(cuLaunchHostFunc, "cuLaunchHostFunc",                                    \
     (CUstream s, CUhostFn fn, void *user_data))                              \
+  X(cuStreamQuery, "cuStreamQuery", (CUstream s))                            \
   X(cuMemHostRegister, "cuMemHostRegister_v2",                               \
     (void *p, size_t bytes, unsigned flags))                                 \
   X(cuMemHostUnregister, "cuMemHostUnregister", (void *p))
