@@ -37,6 +37,9 @@ typedef struct backend_ops {
    * later copy_complete(j, status) exactly once, or a negative status with
    * nothing left running and no copy_complete. */
   int (*copy)(backend *b, copy_job *j);
+  /* Is the device still there?  0, or the fault's status (KVS_EDEVICE):
+   * every job started and not finished is then lost.  NULL: never fails. */
+  int (*check)(backend *b);
 } backend_ops;
 
 struct backend {

@@ -74,7 +74,16 @@ static int cuda_copy(backend *b, copy_job *j) {
   return 0;
 }
 
-static const backend_ops cuda_ops = {cuda_close, cuda_copy};
+/* The stream answers NOT_READY while it works, its context's fault once
+ * one happened. */
+static int cuda_check(backend *b) {
+  CUresult r = kvs__cu.cuStreamQuery(((cuda_backend *)b)->stream);
+
+  return r == CUDA_SUCCESS || r == CUDA_ERROR_NOT_READY ? 0
+                                                        : kvs__cu_status(r);
+}
+
+static const backend_ops cuda_ops = {cuda_close, cuda_copy, cuda_check};
 
 /* gpu_memory_fraction: the number of blocks F x (free - reserve) holds. */
 static int size_from_fraction(const cfg *c, const kvs_vmm_info *info,

@@ -48,7 +48,7 @@ static int host_copy(backend *b, copy_job *j) {
   return 0;
 }
 
-static const backend_ops host_ops = {host_close, host_copy};
+static const backend_ops host_ops = {host_close, host_copy, NULL};
 
 int backend_host_open(const cfg *c, const kvs_layout *l, backend **out,
                       char *err, size_t err_len) {

@@ -14,7 +14,20 @@
  * Ownership: the job and every array it points to belong to the caller and
  * must stay valid and unchanged until its callback has run.  The blocks a
  * job touches must stay held (not freeable, not reusable) until then too:
- * the session that asked keeps its requests while its job is in flight.
+ * the daemon pins them in the core (core_pin) while the job is in flight.
+ *
+ * Host buffers of COPY_TO_HOST / COPY_FROM_HOST must be registered with the
+ * driver (pinned, cuMemHostRegister) where the pool is on a GPU: into
+ * pageable memory the driver makes the "async" copy synchronous, which
+ * would stall the loop for the whole job.
+ *
+ * A GPU fault loses the daemon's CUDA context for good, and the driver then
+ * never runs the host function that reports a job's end.  So while jobs
+ * run, the engine asks the backend every 50 ms whether its device is still
+ * there (backend_ops.check); on a fault every running job completes with
+ * that status (KVS_EDEVICE) and the engine is marked failed: later
+ * copy_submit calls fail at once, and the daemon stops offering copies
+ * (workers copy themselves).
  */
 #ifndef KVS_DAEMON_COPY_H
 #define KVS_DAEMON_COPY_H
@@ -45,18 +58,24 @@ struct copy_job {
   void *data;             /* the owner's */
   int status;             /* 0 or a negative status, set before cb */
   /* The engine's. */
-  copy_job *next;
+  copy_job *next;         /* on the done list */
+  copy_job *rprev, *rnext; /* on the running list */
+  int done;               /* completed (under the engine's lock) */
   copy_engine *eng;
 };
 
 struct copy_engine {
   uv_async_t async;       /* completions wake the loop */
+  uv_timer_t watch;       /* checks the device while jobs run */
   backend *pool;
-  pthread_mutex_t lock;   /* guards done */
+  pthread_mutex_t lock;   /* guards done, running and each job's done */
   copy_job *done;         /* finished jobs, waiting for the loop */
+  copy_job *running;      /* submitted, not finished */
   uint32_t inflight;      /* submitted, callback not run yet */
   int open;
-  /* counters (loop thread) */
+  int failed;             /* the device is lost: no more jobs (status) */
+  /* counters (loop thread): jobs run, their blocks, jobs failed (in
+   * flight or refused at the start) */
   uint64_t jobs, blocks, errors;
 };
 
@@ -71,7 +90,8 @@ int copy_engine_init(copy_engine *e, uv_loop_t *loop, backend *pool);
  */
 int copy_submit(copy_engine *e, copy_job *j);
 
-/* Backends: job j finished with status.  Any thread, once per job. */
+/* Backends: job j finished with status.  Any thread, once per job (a job
+ * the engine already failed is ignored). */
 void copy_complete(copy_job *j, int status);
 
 /* Closes the engine's handle (in the loop's last turns).  Every submitted

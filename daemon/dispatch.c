@@ -22,6 +22,8 @@ int disp_copy_pair(sess *c, uint32_t src, uint32_t dst) {
   core *cr = c->srv->core;
   int rc;
 
+  if (c->srv->copy.failed) /* the device is lost: the worker copies */
+    return c->srv->copy.failed;
   if (c->ncopy == c->copy_cap) {
     uint32_t cap = c->copy_cap ? 2 * c->copy_cap : 16;
     uint32_t *p = realloc(c->copy_pairs, 2 * sizeof(uint32_t) * cap);
