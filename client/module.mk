@@ -56,7 +56,8 @@ all: $(CLIENT_DEPS)
 # (Target-specific, since tests/bench/ and tests/demo/ are shared folders.)
 MOD_CFLAGS_tests_integration_ := $(CLIENT_CFLAGS)
 ITEST_OBJ := $(BUILD)/tests/integration/itest.o
-ITEST_PROGS := $(patsubst %.c,$(BUILD)/%,$(wildcard tests/integration/test_*.c))
+ITEST_PROGS := $(filter-out $(BUILD)/tests/integration/test_gpu_pool,\
+  $(patsubst %.c,$(BUILD)/%,$(wildcard tests/integration/test_*.c)))
 ITEST_LINK = $(ITEST_OBJ) $(CLIENT_LINK) $(BUILD)/libkvsshm.a $(BUILD)/libkvsproto.a \
              $(PROTO_LIBS) \
              -Wl,-rpath,'$$ORIGIN/../..'
@@ -79,6 +80,25 @@ $(CLIENT_BENCHES): $(BUILD)/%: $(BUILD)/%.o $(ITEST_OBJ) $(CLIENT_DEPS) $(BUILD)
 $(CLIENT_BENCHES:%=%.o): CPPFLAGS += $(CLIENT_CFLAGS)
 BENCHES += $(CLIENT_BENCHES)
 all: $(CLIENT_BENCHES)
+
+# test_gpu_pool and bench_gpu_pool link the client and gpu/ statically,
+# not libkvshare.so: they call gpu/vmm.c itself too (the GPU's free memory,
+# a create to time an import against), with one copy of the driver's state.
+# (The demo workers, on libkvshare.so, run the same cuda path in test_demo.)
+GPU_POOL_PROGS := $(BUILD)/tests/integration/test_gpu_pool \
+                  $(BUILD)/tests/bench/bench_gpu_pool
+$(GPU_POOL_PROGS:%=%.o): | $(PROTO_GEN_H)
+$(GPU_POOL_PROGS:%=%.o): CPPFLAGS += $(CLIENT_CFLAGS)
+$(GPU_POOL_PROGS): %: %.o $(ITEST_OBJ) $(CLIENT_LIB_OBJS) \
+                   $(BUILD)/libkvsgpu.a $(BUILD)/libkvsshm.a \
+                   $(BUILD)/libkvsproto.a | $(BUILD)/kvshared $(BUILD)/kvshare
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(ITEST_OBJ) $(CLIENT_LIB_OBJS) \
+	  $(BUILD)/libkvsgpu.a $(BUILD)/libkvsshm.a $(BUILD)/libkvsproto.a \
+	  $(PROTO_LIBS) $(GPU_LIBS) -lm
+UNIT_TESTS += $(BUILD)/tests/integration/test_gpu_pool
+BENCHES += $(BUILD)/tests/bench/bench_gpu_pool
+all: $(GPU_POOL_PROGS)
 
 DEMO_WORKERS := $(patsubst %.c,$(BUILD)/%,$(wildcard tests/demo/worker*.c))
 DEMO_MODEL_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/demo/toymodel.c))

@@ -70,7 +70,7 @@ static void print_fds(pid_t pid, const char *when) {
   closedir(dir);
 }
 
-static void print_log(const itest_daemon *d) {
+void itest_print_log(const itest_daemon *d) {
   FILE *f = fopen(d->log, "r");
   if (!f)
     return;
@@ -82,7 +82,7 @@ static void print_log(const itest_daemon *d) {
   fclose(f);
 }
 
-static int log_says(const itest_daemon *d, const char *what) {
+int itest_log_says(const itest_daemon *d, const char *what) {
   FILE *f = fopen(d->log, "r");
   if (!f)
     return 0;
@@ -107,7 +107,7 @@ static void kill_at_exit(void) {
   }
 }
 
-void itest_daemon_start(itest_daemon *d, const char *const *extra) {
+int itest_daemon_try(itest_daemon *d, const char *const *extra) {
   memset(d, 0, sizeof *d);
   if (!owner) {
     owner = getpid();
@@ -188,23 +188,40 @@ void itest_daemon_start(itest_daemon *d, const char *const *extra) {
   }
   close(pfd[0]);
   if (strncmp(buf, "ready", 5) != 0) {
-    int st = -1;
-    if (waitpid(d->pid, &st, WNOHANG) == d->pid) {
-      d->pid = 0;
-      if (log_says(d, "not built yet") || log_says(d, "unknown option")) {
-        print_log(d);
-        fprintf(stderr, "SKIP: this kvshared cannot serve the tests yet\n");
-        exit(77);
+    /* It said no: wait for its exit (it never listened). */
+    double t1 = itest_now();
+    int st;
+    while (itest_now() - t1 < 30) {
+      if (waitpid(d->pid, &st, WNOHANG) == d->pid) {
+        d->pid = 0;
+        return WIFEXITED(st) ? (WEXITSTATUS(st) ? WEXITSTATUS(st) : 255)
+                             : 128 + WTERMSIG(st);
       }
+      usleep(10000);
     }
-    print_log(d);
-    fprintf(stderr, "kvshared did not become ready\n");
-    itest_daemon_kill(d);
-    exit(1);
+    return -1;
   }
   d->start_fds = itest_fd_count(d->pid);
   if (getenv("KVS_ITEST_FDS"))
     print_fds(d->pid, "at start");
+  return 0;
+}
+
+void itest_daemon_start(itest_daemon *d, const char *const *extra) {
+  int rc = itest_daemon_try(d, extra);
+  if (rc == 0)
+    return;
+  if (rc > 0 && (itest_log_says(d, "not built yet") ||
+                 itest_log_says(d, "unknown option"))) {
+    itest_print_log(d);
+    fprintf(stderr, "SKIP: this kvshared cannot serve the tests yet\n");
+    exit(77);
+  }
+  itest_print_log(d);
+  fprintf(stderr, "kvshared did not become ready (%s %d)\n",
+          rc > 0 ? "exit status" : "timeout", rc);
+  itest_daemon_kill(d);
+  exit(1);
 }
 
 kvs_client *itest_connect(const itest_daemon *d, const char *name) {
@@ -288,11 +305,11 @@ void itest_daemon_finish(itest_daemon *d, int my_fds) {
   int st = itest_wait(d->pid);
   d->pid = 0;
   if (st != 0) {
-    print_log(d);
+    itest_print_log(d);
     fprintf(stderr, "kvshared exited with %d after SIGTERM\n", st);
     exit(1);
   }
   if (getenv("KVS_ITEST_LOG"))
-    print_log(d);
+    itest_print_log(d);
   itest_daemon_kill(d);
 }

@@ -57,6 +57,16 @@ typedef struct itest_daemon {
  * other failure. */
 void itest_daemon_start(itest_daemon *d, const char *const *extra);
 
+/* The same, but a daemon that refuses to start is not a failure: returns
+ * 0 once it listens, its exit status (> 0) when it exits first (d->pid is
+ * then 0; its log stays in d->log until itest_daemon_kill), -1 on a
+ * timeout. */
+int itest_daemon_try(itest_daemon *d, const char *const *extra);
+
+/* Does the daemon's log hold `what`?  Print it to stderr. */
+int itest_log_says(const itest_daemon *d, const char *what);
+void itest_print_log(const itest_daemon *d);
+
 /* Open fds of the daemon process, or of this process (pid 0). */
 int itest_fd_count(pid_t pid);
 

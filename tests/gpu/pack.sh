@@ -1,0 +1,38 @@
+#!/bin/bash
+# tests/gpu/pack.sh — prepares the checks only a GPU can make (run.sh).
+#
+# The GPU machine this project is sometimes lent has the CUDA toolkit and
+# driver but none of kvshare's libraries (libuv, protobuf-c, ...) and no
+# network, so everything is built here and carried there: this builds into
+# build-gpu/ and copies the programs run.sh needs, with the shared libraries
+# they load that are not glibc's, into build-gpucarry/ (ignored by git, like
+# every build-*/), keeping build/'s layout so the programs find each other.
+# Then, with the device tool:  run(carry=["build-gpucarry"],
+#                                 command="tests/gpu/run.sh")
+# The binaries are x86-64 and linked against this machine's glibc; a newer
+# glibc there runs them.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+src=build-gpu
+out=build-gpucarry
+make BUILD=$src all $src/tests/bench/bench_attention_gpu \
+  $src/tests/bench/bench_attention >/dev/null
+rm -rf "$out"
+progs=(kvshared kvshare tests/unit/test_gpu_cuda tests/unit/test_gpu_numpy
+       tests/integration/test_gpu_pool tests/demo/worker
+       tests/bench/bench_gpu_pool tests/bench/bench_attention_gpu
+       tests/bench/bench_attention)
+for p in "${progs[@]}"; do
+  mkdir -p "$out/$(dirname "$p")"
+  cp "$src/$p" "$out/$p"
+done
+cp -P "$src"/libkvshare.so* "$out/"
+mkdir -p "$out/deps"
+for p in "${progs[@]}" libkvshare.so; do
+  ldd "$out/$p" | awk '$3 ~ /^\// {print $3}'
+done | sort -u | grep -v -E '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libgcc_s|libstdc\+\+)\.so' |
+  grep -v "$out" | while read -r lib; do cp -L "$lib" "$out/deps/"; done
+strip --strip-debug "$out"/deps/* "$out"/libkvshare.so.* 2>/dev/null || true
+size=$(du -sm "$out" | cut -f1)
+echo "$out: ${size} MiB; libraries carried: $(ls "$out/deps" | tr '\n' ' ')"
+[ "$size" -lt 56 ] || { echo "too big to carry (the device tool takes 64 MiB with the tree)" >&2; exit 1; }

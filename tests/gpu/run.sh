@@ -1,0 +1,51 @@
+#!/bin/bash
+# tests/gpu/run.sh — the checks only a GPU can make, on the GPU machine, on
+# the binaries tests/gpu/pack.sh built (docs/operations.md, "GPU checks").
+# Everything it prints is also written to $OUT/gpu-run.log when $OUT is set.
+#
+#   1. the CUDA kernels against their C twins (test_gpu_cuda, with forced
+#      splits), under compute-sanitizer memcheck when it is there
+#   2. the cuda pool on the real driver: a daemon and 4 workers, K/V written
+#      by one, read, attended and copied by the others, every refusal, kill -9
+#      of workers with the GPU's free memory before and after (test_gpu_pool)
+#   3. make demo's workload on the GPU pool (tests/demo.sh, backend auto)
+#   4. the benchmarks: the pool (bench_gpu_pool), GPU decode attention
+#      (bench_attention_gpu) and the CPU attention body (bench_attention)
+set -u
+cd "$(dirname "$0")/../.."
+b=${1:-build-gpucarry}
+export KVS_BUILD=$b LD_LIBRARY_PATH=$b/deps${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+log=${OUT:+$OUT/gpu-run.log}
+exec > >(tee ${log:+"$log"}) 2>&1
+fail=0
+step() { echo; echo "== $*"; }
+check() {
+  "$@"; local rc=$?
+  case $rc in
+    0) ;;
+    77) echo "SKIPPED: $*" ;;
+    *) echo "FAILED ($rc): $*"; fail=1 ;;
+  esac
+}
+git log -1 --format='commit %h %s' 2>/dev/null
+nvidia-smi -L || { echo "no GPU"; exit 1; }
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv
+step "1. CUDA kernels against their C twins"
+check "$b/tests/unit/test_gpu_cuda"
+check "$b/tests/unit/test_gpu_numpy"
+if command -v compute-sanitizer >/dev/null; then
+  step "1b. the same under compute-sanitizer memcheck"
+  check compute-sanitizer --tool memcheck --error-exitcode 9 "$b/tests/unit/test_gpu_cuda" | tail -3
+fi
+step "2. the cuda pool on the real driver"
+check env KVS_GPU_POOL_REAL=1 "$b/tests/integration/test_gpu_pool"
+step "3. the demo on the GPU pool"
+check tests/demo.sh "$b"
+nvidia-smi --query-gpu=memory.used --format=csv
+step "4. benchmarks"
+check "$b/tests/bench/bench_gpu_pool"
+check "$b/tests/bench/bench_attention_gpu" 20
+check "$b/tests/bench/bench_attention"
+echo
+[ $fail = 0 ] && echo "gpu run: all passed" || echo "gpu run: FAILED"
+exit $fail
