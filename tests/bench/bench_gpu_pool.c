@@ -406,12 +406,17 @@ int main(int argc, char **argv) {
            (unsigned long long)(s >> 20), res->chunks, res->connect_ms,
            res->create_ms, res->connect_ms / res->create_ms, res->close_ms,
            res->release_ms);
-    if (s >= (standin ? (64ull << 20) : (4ull << 30)) && !full_size)
-      full_size = s;
   }
-  if (!full_size) {
-    printf("not enough device memory for parts 2 and 3\n");
-    return 1;
+  /* Parts 2 and 3 use B x len/16 blocks for attention and 2 x 256 for the
+   * copies, of 256 KiB each (this layout's block). */
+  {
+    uint64_t B = quick || standin ? 4 : 32, len = standin ? 256 : 4096;
+    full_size = (B * len / BS + 2 * 256 + 64) * (256u << 10);
+    if (2 * full_size + (1ull << 30) > free_b) {
+      printf("not enough device memory for parts 2 and 3 (%llu MiB)\n",
+             (unsigned long long)(full_size >> 20));
+      return 1;
+    }
   }
   if (run_size(full_size, 1) < 0)
     return 1;
