@@ -223,9 +223,16 @@ KVS_INLINE void axpy_tile(float *restrict y, uint32_t ys, uint32_t R,
         y[r * ys + d] += p[t * ps + r] * x[t][d];
 }
 
-/* Software prefetch of the next tile (portable body) or block (AVX2 body)
- * in the attention passes: 0 off, 1 (default) into L2, 2 into L1. */
-int kvs__cpu_prefetch = 1;
+/* Software prefetch of the next tile (portable body) or block (vector
+ * bodies) in the attention passes: 0 off, 1 into L2, 2 into L1; -1 (the
+ * default) each body's own choice, the faster one where it was measured
+ * (docs/benchmarks.md): L2 for the portable and AVX2 bodies (L1 evicts the
+ * block in use), L1 for the AVX-512 one. */
+int kvs__cpu_prefetch = -1;
+
+static inline int prefetch_mode(int own) {
+  return kvs__cpu_prefetch < 0 ? own : kvs__cpu_prefetch;
+}
 
 /* ---- write ---------------------------------------------------------------- */
 
@@ -299,7 +306,8 @@ KVS_INLINE uint32_t tile_rows(const kvs_attn_args *a, const uint32_t *bt,
   /* Prefetch the next tile (often in another block, where the hardware
    * prefetcher has to start over). */
   uint32_t j1 = j0 + T;
-  if (j1 < n && kvs__cpu_prefetch) {
+  const int pf = prefetch_mode(1);
+  if (j1 < n && pf) {
     uint32_t off1 = j1 % kv->block_size;
     uint32_t T1 = kv->block_size - off1;
     T1 = T1 < n - j1 ? T1 : n - j1;
@@ -310,7 +318,7 @@ KVS_INLINE uint32_t tile_rows(const kvs_attn_args *a, const uint32_t *bt,
     uint64_t bytes = ((uint64_t)(T1 - 1) * kv->token_stride +
                       (uint64_t)(KVH - 1) * kv->head_stride + D) * es;
     for (uint64_t b = 0; b < bytes; b += 64) {
-      if (kvs__cpu_prefetch == 1)
+      if (pf == 1)
         __builtin_prefetch(p1 + b, 0, 2);
       else
         __builtin_prefetch(p1 + b, 0, 3);
@@ -448,6 +456,33 @@ static void attend_row_base(const kvs_attn_args *a, uint32_t s, uint32_t pos,
  *   - softmax on 8 scores at a time, head-major, with a vector exp.
  * Every sum is fp32.  One function per cache dtype, picked at run time.
  */
+/* The vector bodies' first and last steps: the row's q of every head into
+ * w->q (rows Dp floats apart, zero-padded), and the normalised outputs out
+ * of w->acc. */
+static void vec_load_q(const kvs_attn_args *a, const char *qrow,
+                       attn_scratch *w, uint32_t Dp) {
+  const uint32_t D = a->kv.head_dim;
+  const size_t qes = kvs_dtype_size(a->qo_dtype);
+  for (uint32_t hq = 0; hq < a->num_heads; hq++) {
+    float *qd = w->q + (size_t)hq * Dp;
+    load_row(qd, qrow + (size_t)hq * D * qes, a->qo_dtype, D);
+    memset(qd + D, 0, (size_t)(Dp - D) * 4);
+  }
+}
+
+static void vec_store_out(const kvs_attn_args *a, char *orow,
+                          attn_scratch *w, uint32_t Dp) {
+  const uint32_t D = a->kv.head_dim;
+  const size_t qes = kvs_dtype_size(a->qo_dtype);
+  for (uint32_t hq = 0; hq < a->num_heads; hq++) {
+    float *acc = w->acc + (size_t)hq * Dp;
+    float inv = 1.f / w->sum[hq];
+    for (uint32_t d = 0; d < D; d++)
+      acc[d] *= inv;
+    store_row(orow + (size_t)hq * D * qes, a->qo_dtype, acc, D);
+  }
+}
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 
@@ -703,18 +738,14 @@ KVS_X86_INLINE void attend_row_x86(const kvs_attn_args *a, uint32_t s,
   const uint32_t D = kv->head_dim, KVH = kv->num_kv_heads, H = a->num_heads;
   const uint32_t Dp = (D + 7) & ~7u, ratio = H / KVH;
   const uint32_t R = ratio % 4 == 0 ? 4 : ratio % 2 == 0 ? 2 : 1;
-  const size_t es = kvs_dtype_size(dt), qes = kvs_dtype_size(a->qo_dtype);
+  const size_t es = kvs_dtype_size(dt);
   const uint64_t ts = kv->token_stride * es, hs = kv->head_stride * es;
   const uint32_t n = pos + 1, bs = kv->block_size;
   const uint32_t nb = (n + bs - 1) / bs;
   const uint32_t *bt = a->block_tables + (uint64_t)s * a->max_blocks_per_seq;
-  const int pf = kvs__cpu_prefetch;
+  const int pf = prefetch_mode(1);
   float *sc = w->scores; /* [H][n] */
-  for (uint32_t hq = 0; hq < H; hq++) {
-    float *qd = w->q + (size_t)hq * Dp;
-    load_row(qd, qrow + (size_t)hq * D * qes, a->qo_dtype, D);
-    memset(qd + D, 0, (size_t)(Dp - D) * 4);
-  }
+  vec_load_q(a, qrow, w, Dp);
 
   /* Scores, a block at a time: every kv head, R query heads x TT tokens. */
   for (uint32_t i = 0; i < nb; i++) {
@@ -766,13 +797,7 @@ KVS_X86_INLINE void attend_row_x86(const kvs_attn_args *a, uint32_t s,
       }
     }
   }
-  for (uint32_t hq = 0; hq < H; hq++) {
-    float *acc = w->acc + (size_t)hq * Dp;
-    float inv = 1.f / w->sum[hq];
-    for (uint32_t d = 0; d < D; d++)
-      acc[d] *= inv;
-    store_row(orow + (size_t)hq * D * qes, a->qo_dtype, acc, D);
-  }
+  vec_store_out(a, orow, w, Dp);
 }
 
 KVS_X86 static void attend_row_x86_f32(const kvs_attn_args *a, uint32_t s,
@@ -792,13 +817,250 @@ KVS_X86 static void attend_row_x86_bf16(const kvs_attn_args *a, uint32_t s,
                                         char *orow, attn_scratch *w) {
   attend_row_x86(a, s, pos, qrow, orow, w, KVS_DTYPE_BF16);
 }
+
+/* ---- the AVX-512 body ------------------------------------------------------
+ *
+ * The same algorithm 16 lanes wide, where the CPU has AVX-512F.  Its 32
+ * vector registers let one register block take a whole GQA group of up to 8
+ * query heads: a key or value row is converted from 16 bits once for all of
+ * them (the AVX2 body, with 16 registers, converts it once per 4 heads).
+ *   - scores: R query heads x 16/R tokens (16 accumulators), reduced
+ *     together by a tree of lane shuffles;
+ *   - values: R query heads x 16/R vectors of 16 dimensions;
+ *   - softmax: the AVX2 one (a small share of the time).
+ * Every sum is fp32, as in the other bodies; only the order of the sums
+ * differs.
+ */
+#define KVS_X512 __attribute__((target("avx512f,avx2,fma,f16c")))
+#define KVS_X512_INLINE \
+  static inline __attribute__((always_inline, target("avx512f,avx2,fma,f16c")))
+
+/* 16 elements of dtype dt at p, as floats. */
+KVS_X512_INLINE __m512 z_ld16(const void *p, uint32_t dt) {
+  if (dt == KVS_DTYPE_FP16)
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+  if (dt == KVS_DTYPE_BF16)
+    return _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+  return _mm512_loadu_ps((const float *)p);
+}
+
+/* The first n < 16 elements at p, zero-padded to 16. */
+KVS_X512_INLINE __m512 z_ld16_tail(const void *p, uint32_t dt, uint32_t n) {
+  uint32_t b[16] = {0};
+  memcpy(b, p, (size_t)n * kvs_dtype_size(dt));
+  return z_ld16(b, dt);
+}
+
+/* out[4k + j] = the sum of the 16 lanes of c[4j + k], for 16 vectors. */
+KVS_X512_INLINE void z_reduce16(const __m512 *c, float *out) {
+  __m512 x[8], y[4];
+  for (int i = 0; i < 8; i++) /* halves: c[2i] low, c[2i+1] high */
+    x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], 0xee));
+  for (int m = 0; m < 4; m++) /* quarters: c[4m] .. c[4m + 3] */
+    y[m] = _mm512_add_ps(_mm512_shuffle_f32x4(x[2 * m], x[2 * m + 1], 0x88),
+                         _mm512_shuffle_f32x4(x[2 * m], x[2 * m + 1], 0xdd));
+  __m512 z01 = _mm512_add_ps(_mm512_unpacklo_ps(y[0], y[1]),
+                             _mm512_unpackhi_ps(y[0], y[1]));
+  __m512 z23 = _mm512_add_ps(_mm512_unpacklo_ps(y[2], y[3]),
+                             _mm512_unpackhi_ps(y[2], y[3]));
+  __m512d a = _mm512_castps_pd(z01), b = _mm512_castps_pd(z23);
+  _mm512_storeu_ps(out, _mm512_add_ps(
+                            _mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                            _mm512_castpd_ps(_mm512_unpackhi_pd(a, b))));
+}
+
+/*
+ * Scores of R query heads (q, rows Dp floats apart, zero-padded to 16)
+ * against TT key rows (k, rows ks bytes apart), R * TT == 16 or TT == 1,
+ * times scale: sc[r * n + t].
+ */
+KVS_X512_INLINE void z_scores(const float *q, uint32_t Dp, uint32_t R,
+                              const char *k, uint64_t ks, uint32_t TT,
+                              uint32_t D, uint32_t dt, float scale, float *sc,
+                              uint32_t n) {
+  const size_t es = kvs_dtype_size(dt);
+  __m512 c[16];
+  for (uint32_t i = 0; i < R * TT; i++)
+    c[i] = _mm512_setzero_ps();
+  for (uint32_t d = 0; d < D; d += 16) {
+    __m512 kv[16];
+    for (uint32_t t = 0; t < TT; t++)
+      kv[t] = d + 16 <= D ? z_ld16(k + t * ks + d * es, dt)
+                          : z_ld16_tail(k + t * ks + d * es, dt, D - d);
+    for (uint32_t r = 0; r < R; r++) {
+      __m512 qv = _mm512_loadu_ps(q + (size_t)r * Dp + d);
+      __asm__("" : "+v"(qv)); /* one load of q for TT FMAs (see x_scores) */
+      for (uint32_t t = 0; t < TT; t++)
+        c[t * R + r] = _mm512_fmadd_ps(qv, kv[t], c[t * R + r]);
+    }
+  }
+  if (R * TT == 16) {
+    float o[16];
+    z_reduce16(c, o);
+    for (uint32_t t = 0; t < TT; t++)
+      for (uint32_t r = 0; r < R; r++) {
+        uint32_t i = t * R + r;
+        sc[(size_t)r * n + t] = o[4 * (i % 4) + i / 4] * scale;
+      }
+  } else {
+    for (uint32_t r = 0; r < R; r++)
+      for (uint32_t t = 0; t < TT; t++)
+        sc[(size_t)r * n + t] = _mm512_reduce_add_ps(c[t * R + r]) * scale;
+  }
+}
+
+KVS_X512_INLINE void z_scores_rows(const float *q, uint32_t Dp, uint32_t R,
+                                   const char *k, uint64_t ks, uint32_t T,
+                                   uint32_t D, uint32_t dt, float scale,
+                                   float *sc, uint32_t n) {
+  uint32_t t = 0;
+  for (; t + 16 / R <= T; t += 16 / R)
+    z_scores(q, Dp, R, k + t * ks, ks, 16 / R, D, dt, scale, sc + t, n);
+  for (; t < T; t++)
+    z_scores(q, Dp, R, k + t * ks, ks, 1, D, dt, scale, sc + t, n);
+}
+
+/* acc[r] (R rows Dp floats apart) += sum over t < T of p[r * n + t] * v[t]. */
+KVS_X512_INLINE void z_values(float *acc, uint32_t Dp, uint32_t R,
+                              const float *p, uint32_t n, const char *v,
+                              uint64_t vs, uint32_t T, uint32_t D,
+                              uint32_t dt) {
+  const size_t es = kvs_dtype_size(dt);
+  const uint32_t V = 16 / R; /* vectors of dimensions per pass */
+  uint32_t d = 0;
+  for (; d + 16 * V <= D; d += 16 * V) {
+    __m512 a[16];
+    for (uint32_t r = 0; r < R; r++)
+      for (uint32_t i = 0; i < V; i++)
+        a[r * V + i] = _mm512_loadu_ps(acc + (size_t)r * Dp + d + 16 * i);
+    for (uint32_t t = 0; t < T; t++) {
+      __m512 x[16];
+      for (uint32_t i = 0; i < V; i++)
+        x[i] = z_ld16(v + t * vs + (d + 16 * i) * es, dt);
+      for (uint32_t r = 0; r < R; r++) {
+        __m512 w = _mm512_set1_ps(p[(size_t)r * n + t]);
+        for (uint32_t i = 0; i < V; i++)
+          a[r * V + i] = _mm512_fmadd_ps(w, x[i], a[r * V + i]);
+      }
+    }
+    for (uint32_t r = 0; r < R; r++)
+      for (uint32_t i = 0; i < V; i++)
+        _mm512_storeu_ps(acc + (size_t)r * Dp + d + 16 * i, a[r * V + i]);
+  }
+  for (; d < D; d += 16) { /* one vector at a time, the last one padded */
+    __m512 a[8];
+    for (uint32_t r = 0; r < R; r++)
+      a[r] = _mm512_loadu_ps(acc + (size_t)r * Dp + d);
+    for (uint32_t t = 0; t < T; t++) {
+      __m512 x = d + 16 <= D ? z_ld16(v + t * vs + d * es, dt)
+                             : z_ld16_tail(v + t * vs + d * es, dt, D - d);
+      for (uint32_t r = 0; r < R; r++)
+        a[r] = _mm512_fmadd_ps(_mm512_set1_ps(p[(size_t)r * n + t]), x, a[r]);
+    }
+    for (uint32_t r = 0; r < R; r++)
+      _mm512_storeu_ps(acc + (size_t)r * Dp + d, a[r]);
+  }
+}
+
+KVS_X512_INLINE void attend_row_x512(const kvs_attn_args *a, uint32_t s,
+                                     uint32_t pos, const char *qrow,
+                                     char *orow, attn_scratch *w,
+                                     const uint32_t dt) {
+  const kvs_paged_kv *kv = &a->kv;
+  const uint32_t D = kv->head_dim, KVH = kv->num_kv_heads, H = a->num_heads;
+  const uint32_t Dp = (D + 15) & ~15u, ratio = H / KVH;
+  const uint32_t R = ratio % 8 == 0   ? 8
+                     : ratio % 4 == 0 ? 4
+                     : ratio % 2 == 0 ? 2
+                                      : 1;
+  const size_t es = kvs_dtype_size(dt);
+  const uint64_t ts = kv->token_stride * es, hs = kv->head_stride * es;
+  const uint32_t n = pos + 1, bs = kv->block_size;
+  const uint32_t nb = (n + bs - 1) / bs;
+  const uint32_t *bt = a->block_tables + (uint64_t)s * a->max_blocks_per_seq;
+  const int pf = prefetch_mode(2);
+  float *sc = w->scores; /* [H][n] */
+  vec_load_q(a, qrow, w, Dp);
+  for (uint32_t i = 0; i < nb; i++) {
+    uint32_t T, T1 = 0;
+    const char *kp = x_block(a, bt, i, n, kv->k_offset, &T);
+    const char *kp1 = i + 1 < nb ? x_block(a, bt, i + 1, n, kv->k_offset, &T1)
+                                 : kp;
+    const uint32_t j0 = i * bs;
+    for (uint32_t h = 0; h < KVH; h++) {
+      x_prefetch(kp1 + h * hs, ts, T1, (uint64_t)D * es, pf);
+      for (uint32_t g = 0; g < ratio; g += R) {
+        const float *qg = w->q + (size_t)(h * ratio + g) * Dp;
+        float *sg = sc + (size_t)(h * ratio + g) * n + j0;
+        const char *kh = kp + h * hs;
+        if (R == 8)
+          z_scores_rows(qg, Dp, 8, kh, ts, T, D, dt, a->scale, sg, n);
+        else if (R == 4)
+          z_scores_rows(qg, Dp, 4, kh, ts, T, D, dt, a->scale, sg, n);
+        else if (R == 2)
+          z_scores_rows(qg, Dp, 2, kh, ts, T, D, dt, a->scale, sg, n);
+        else
+          z_scores_rows(qg, Dp, 1, kh, ts, T, D, dt, a->scale, sg, n);
+      }
+    }
+  }
+  for (uint32_t hq = 0; hq < H; hq++)
+    w->sum[hq] = x_softmax(sc + (size_t)hq * n, n);
+  memset(w->acc, 0, (size_t)H * Dp * sizeof(float));
+  for (uint32_t i = 0; i < nb; i++) {
+    uint32_t T, T1 = 0;
+    const char *vp = x_block(a, bt, i, n, kv->v_offset, &T);
+    const char *vp1 = i + 1 < nb ? x_block(a, bt, i + 1, n, kv->v_offset, &T1)
+                                 : vp;
+    const uint32_t j0 = i * bs;
+    for (uint32_t h = 0; h < KVH; h++) {
+      x_prefetch(vp1 + h * hs, ts, T1, (uint64_t)D * es, pf);
+      for (uint32_t g = 0; g < ratio; g += R) {
+        float *ag = w->acc + (size_t)(h * ratio + g) * Dp;
+        const float *pg = sc + (size_t)(h * ratio + g) * n + j0;
+        const char *vh = vp + h * hs;
+        if (R == 8)
+          z_values(ag, Dp, 8, pg, n, vh, ts, T, D, dt);
+        else if (R == 4)
+          z_values(ag, Dp, 4, pg, n, vh, ts, T, D, dt);
+        else if (R == 2)
+          z_values(ag, Dp, 2, pg, n, vh, ts, T, D, dt);
+        else
+          z_values(ag, Dp, 1, pg, n, vh, ts, T, D, dt);
+      }
+    }
+  }
+  vec_store_out(a, orow, w, Dp);
+}
+
+KVS_X512 static void attend_row_x512_f32(const kvs_attn_args *a, uint32_t s,
+                                         uint32_t pos, const char *qrow,
+                                         char *orow, attn_scratch *w) {
+  attend_row_x512(a, s, pos, qrow, orow, w, KVS_DTYPE_FP32);
+}
+
+KVS_X512 static void attend_row_x512_f16(const kvs_attn_args *a, uint32_t s,
+                                         uint32_t pos, const char *qrow,
+                                         char *orow, attn_scratch *w) {
+  attend_row_x512(a, s, pos, qrow, orow, w, KVS_DTYPE_FP16);
+}
+
+KVS_X512 static void attend_row_x512_bf16(const kvs_attn_args *a, uint32_t s,
+                                          uint32_t pos, const char *qrow,
+                                          char *orow, attn_scratch *w) {
+  attend_row_x512(a, s, pos, qrow, orow, w, KVS_DTYPE_BF16);
+}
 #endif /* x86 */
 
 typedef void (*attend_fn)(const kvs_attn_args *, uint32_t, uint32_t,
                           const char *, char *, attn_scratch *);
 
-/* 1: the portable body even where the AVX2 one could run (tests, bench). */
+/* 1: the portable body even where a vector one could run (tests, bench). */
 int kvs__cpu_attn_portable = 0;
+/* 0: the AVX2 body even where the AVX-512 one could run (tests, bench). */
+int kvs__cpu_attn_avx512 = 1;
 
 int kvs__cpu_attn_simd(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -810,8 +1072,30 @@ int kvs__cpu_attn_simd(void) {
 #endif
 }
 
+int kvs__cpu_attn_simd512(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  /* (libgcc's check includes the OS saving the 512-bit state.) */
+  return kvs__cpu_attn_simd() && __builtin_cpu_supports("avx512f");
+#else
+  return 0;
+#endif
+}
+
+const char *kvs__cpu_attn_body(void) {
+  if (kvs__cpu_attn_portable || !kvs__cpu_attn_simd())
+    return "portable C";
+  if (kvs__cpu_attn_avx512 && kvs__cpu_attn_simd512())
+    return "AVX-512F";
+  return "AVX2+FMA+F16C";
+}
+
 static attend_fn pick_attend(uint32_t dtype) {
 #if defined(__x86_64__) || defined(__i386__)
+  if (!kvs__cpu_attn_portable && kvs__cpu_attn_avx512 &&
+      kvs__cpu_attn_simd512())
+    return dtype == KVS_DTYPE_FP16   ? attend_row_x512_f16
+           : dtype == KVS_DTYPE_BF16 ? attend_row_x512_bf16
+                                     : attend_row_x512_f32;
   if (!kvs__cpu_attn_portable && kvs__cpu_attn_simd())
     return dtype == KVS_DTYPE_FP16   ? attend_row_x86_f16
            : dtype == KVS_DTYPE_BF16 ? attend_row_x86_bf16
@@ -854,9 +1138,10 @@ static int cpu_attention(const kvs_attn_args *a, int prefill) {
   uint32_t KVH = kv->num_kv_heads;
   attn_scratch w;
   w.max_len = max_len;
-  /* q and acc rows are padded to a multiple of 8 floats (the AVX2 body
-   * reads whole vectors; the portable one uses the first D of each). */
-  size_t Dp = (D + 7) & ~(size_t)7;
+  /* q and acc rows are padded to a multiple of 16 floats (the vector
+   * bodies read whole vectors, of 8 or 16; the portable one uses the first
+   * D of each). */
+  size_t Dp = (D + 15) & ~(size_t)15;
   float *mem = malloc(((size_t)2 * H * Dp + (size_t)KVS__CPU_TILE * KVH * D + H +
                        (size_t)H * max_len) * sizeof(float));
   if (!mem)

@@ -41,14 +41,22 @@ extern int kvs__cuda_attn_mma;
  * into (1: not split), for the tests and benches to tell a split run from
  * one that was merely given a workspace. */
 extern uint32_t kvs__cuda_attn_last_nsplit;
-/* The C twins prefetch the next tile/block of keys/values: 0 no, 1 (default)
- * into L2, 2 into L1. */
+/* The C twins prefetch the next tile/block of keys/values: 0 no, 1 into L2,
+ * 2 into L1, -1 (default) the body's own choice (kernels_cpu.c). */
 extern int kvs__cpu_prefetch;
-/* C attention: 0 (default) runs the AVX2+FMA+F16C body where the CPU has
- * those (kvs__cpu_attn_simd() != 0), 1 forces the portable C body. */
+/* C attention: 0 (default) runs a vector body where the CPU has one (AVX-512F,
+ * else AVX2+FMA+F16C: kvs__cpu_attn_simd() != 0), 1 forces the portable C
+ * body. */
 extern int kvs__cpu_attn_portable;
 /* Non-zero when this CPU can run the AVX2+FMA+F16C attention body. */
 int kvs__cpu_attn_simd(void);
+/* C attention: 1 (default) runs the AVX-512F body where the CPU has it
+ * (kvs__cpu_attn_simd512()), 0 keeps to the AVX2 one. */
+extern int kvs__cpu_attn_avx512;
+int kvs__cpu_attn_simd512(void);
+/* The body the C attention runs now: "portable C", "AVX2+FMA+F16C" or
+ * "AVX-512F" (static text). */
+const char *kvs__cpu_attn_body(void);
 
 /* Validation shared by both backends (host-side fields only). */
 int kvs__check_paged_kv(const kvs_paged_kv *kv);

@@ -2,21 +2,29 @@
  * bench_attention.c — CPU paged decode attention (the C twin, one thread):
  * GB/s of K/V read, beside memcpy bandwidth measured in the same run.
  *
- *   bench_attention [quick|sweep] [portable] [row=N] [prefetch=0|1|2]
+ *   bench_attention [quick|sweep] [portable|avx2] [row=N] [prefetch=0|1|2]
  *
  * quick: fewer runs, no row longer than 4096.  sweep: the long-sequence rows
  * again under the other settings (AVX2 and portable bodies, prefetch off,
- * into L2, into L1).  portable: the portable C body even where the AVX2 one
- * runs.  row=N: only the table's row N (for perf).  prefetch: the
- * kvs__cpu_prefetch knob (default 1, the library's).
+ * into L2, into L1).  portable: the portable C body even where a vector one
+ * runs; avx2: the AVX2 body even where the AVX-512 one runs.  row=N: only the table's row N (for perf).  prefetch: the
+ * kvs__cpu_prefetch knob (default -1: each body's own choice).
  *
  * Bytes counted for attention: every K and V element of every request's keys,
  * read once.  memcpy: bytes copied per second (each byte is read once and
  * written once) over buffers far larger than the caches, one thread.  The
  * ratio is attention GB/s over memcpy GB/s; the target is >= 0.5 for long
- * sequences.  Times are medians of several runs, in CPU time of the thread
- * (both memcpy and attention), so that other processes on a shared machine
- * do not count.
+ * sequences.
+ *
+ * The baseline is measured beside every attention run, not once: on a
+ * shared VM memory bandwidth drifts by a third within a minute (13 to 19
+ * GB/s seen in three runs of one binary), so a memcpy taken at the start
+ * says little about a row timed later.  Each row runs `runs` rounds of
+ * (memcpy, attention, memcpy); a round's ratio is its attention GB/s over
+ * the mean of the two memcpy figures around it; the row reports the median
+ * ratio and the lowest and highest.  Times are in CPU time of the thread,
+ * so that other processes on the machine do not count (stalls on memory
+ * do).  The header names the CPU and the body that ran.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,24 +55,42 @@ static uint64_t next_rand(void) {
   return z ^ (z >> 31);
 }
 
-static double memcpy_gbs(size_t bytes, int runs) {
-  char *a = malloc(bytes), *b = malloc(bytes);
-  if (!a || !b)
-    exit(2);
-  memset(a, 1, bytes);
-  memset(b, 2, bytes);
-  double t[9];
-  for (int i = 0; i < runs; i++) {
-    double t0 = now();
-    memcpy(i % 2 ? a : b, i % 2 ? b : a, bytes);
-    t[i] = now() - t0;
-  }
-  qsort(t, runs, sizeof t[0], cmp_double);
-  volatile char sink = a[bytes / 2] + b[bytes / 3];
+/* The memcpy baseline: two buffers far larger than the caches. */
+static char *mc_a, *mc_b;
+static size_t mc_bytes;
+static int mc_flip;
+
+static double memcpy_once(void) {
+  double t0 = now();
+  memcpy(mc_flip ? mc_a : mc_b, mc_flip ? mc_b : mc_a, mc_bytes);
+  double t = now() - t0;
+  mc_flip ^= 1;
+  volatile char sink = mc_a[mc_bytes / 2] + mc_b[mc_bytes / 3];
   (void)sink;
-  free(a);
-  free(b);
-  return bytes / t[runs / 2] / 1e9;
+  return mc_bytes / t / 1e9;
+}
+
+/* The CPU, from /proc/cpuinfo (model name, family and model). */
+static void cpu_name(char *out, size_t n) {
+  FILE *f = fopen("/proc/cpuinfo", "r");
+  char line[256], model[128] = "?";
+  int fam = -1, mod = -1;
+  while (f && fgets(line, sizeof line, f)) {
+    char *v = strchr(line, ':');
+    if (!v)
+      continue;
+    v += 2;
+    v[strcspn(v, "\n")] = '\0';
+    if (!strncmp(line, "model name", 10) && model[0] == '?')
+      snprintf(model, sizeof model, "%s", v);
+    else if (!strncmp(line, "cpu family", 10) && fam < 0)
+      fam = atoi(v);
+    else if (!strncmp(line, "model\t", 6) && mod < 0)
+      mod = atoi(v);
+  }
+  if (f)
+    fclose(f);
+  snprintf(out, n, "%s (family %d, model %d)", model, fam, mod);
 }
 
 int main(int argc, char **argv) {
@@ -77,26 +103,35 @@ int main(int argc, char **argv) {
       sweep = 1;
     else if (strcmp(argv[i], "portable") == 0)
       kvs__cpu_attn_portable = 1;
+    else if (strcmp(argv[i], "avx2") == 0)
+      kvs__cpu_attn_avx512 = 0;
     else if (strncmp(argv[i], "row=", 4) == 0)
       only = strtol(argv[i] + 4, NULL, 10);
     else if (strncmp(argv[i], "prefetch=", 9) == 0)
       kvs__cpu_prefetch = atoi(argv[i] + 9);
     else {
-      fprintf(stderr, "usage: bench_attention [quick|sweep] [portable] "
+      fprintf(stderr, "usage: bench_attention [quick|sweep] [portable|avx2] "
                       "[row=N] [prefetch=0|1|2]\n");
       return 2;
     }
   }
   int runs = quick ? 3 : 7;
-  double mc = memcpy_gbs(quick ? (128u << 20) : (512u << 20), runs);
-  printf("memcpy (one thread, %s MiB buffers): %.2f GB/s copied\n",
-         quick ? "128" : "512", mc);
-  printf("attention body: %s, prefetch %d\n",
-         kvs__cpu_attn_portable || !kvs__cpu_attn_simd() ? "portable C"
-                                                          : "AVX2+FMA+F16C",
-         kvs__cpu_prefetch);
-  printf("\n%-5s %-5s %-6s %-5s %-4s %-4s %9s %9s %8s %8s\n", "kv", "batch",
-         "seqlen", "heads", "kvh", "D", "KV MiB", "ms", "GB/s", "x memcpy");
+  char cpu[200];
+  cpu_name(cpu, sizeof cpu);
+  mc_bytes = (size_t)256 << 20;
+  mc_a = malloc(mc_bytes);
+  mc_b = malloc(mc_bytes);
+  if (!mc_a || !mc_b)
+    return 2;
+  memset(mc_a, 1, mc_bytes);
+  memset(mc_b, 2, mc_bytes);
+  printf("cpu: %s\n", cpu);
+  printf("attention body: %s, prefetch %d; memcpy of 256 MiB around every "
+         "run, %d rounds a row\n", kvs__cpu_attn_body(), kvs__cpu_prefetch,
+         runs);
+  printf("\n%-5s %-5s %-6s %-5s %-4s %-4s %7s %8s %7s %7s %8s %11s\n", "kv",
+         "batch", "seqlen", "heads", "kvh", "D", "KV MiB", "ms", "GB/s",
+         "memcpy", "x memcpy", "(min-max)");
   static const struct {
     uint32_t dtype, batch, len, heads, kvh, dim;
   } cfg[] = {
@@ -110,21 +145,26 @@ int main(int argc, char **argv) {
   size_t ncfg = sizeof cfg / sizeof cfg[0];
   /* sweep: the long rows again under each other setting. */
   const int base_portable = kvs__cpu_attn_portable, base_pf = kvs__cpu_prefetch;
+  const int base_512 = kvs__cpu_attn_avx512;
   static const struct {
-    int portable, prefetch;
-  } var[] = {{0, 0}, {0, 1}, {0, 2}, {1, 0}, {1, 1}};
+    int portable, avx512, prefetch;
+  } var[] = {{0, 1, 0}, {0, 1, 1}, {0, 1, 2}, {0, 0, 0},
+             {0, 0, 1}, {0, 0, 2}, {1, 0, 0}, {1, 0, 1}};
   size_t nvar = sweep ? 1 + sizeof var / sizeof var[0] : 1;
   for (size_t ci = 0; ci < nvar * ncfg; ci++) {
     if (ci % ncfg == 0 && ci > 0) {
       size_t vi = ci / ncfg - 1;
-      if (var[vi].portable == base_portable && var[vi].prefetch == base_pf) {
+      kvs__cpu_attn_portable = var[vi].portable;
+      kvs__cpu_attn_avx512 = var[vi].avx512;
+      kvs__cpu_prefetch = var[vi].prefetch;
+      if ((var[vi].avx512 && !kvs__cpu_attn_simd512()) ||
+          (var[vi].portable == base_portable && var[vi].avx512 == base_512 &&
+           var[vi].prefetch == base_pf)) {
         ci += ncfg - 1;
         continue;
       }
-      kvs__cpu_attn_portable = var[vi].portable;
-      kvs__cpu_prefetch = var[vi].prefetch;
-      printf("%s body, prefetch %d:\n",
-             var[vi].portable ? "portable" : "AVX2", var[vi].prefetch);
+      printf("%s body, prefetch %d:\n", kvs__cpu_attn_body(),
+             var[vi].prefetch);
     }
     uint32_t B = cfg[ci % ncfg].batch, len = cfg[ci % ncfg].len;
     if ((quick && len > 4096) || (ci >= ncfg && len < 4096) ||
@@ -175,26 +215,37 @@ int main(int argc, char **argv) {
     a.max_seq_len = len;
     a.qo_dtype = KVS_DTYPE_FP32;
     a.scale = 0.088f;
-    double t[9];
+    double t[9], mcs[9], ratio[9];
+    double kv = 2.0 * B * len * l.num_kv_heads * l.head_dim *
+                kvs_dtype_size(l.dtype);
     kvs_cpu_decode_attention(&a, NULL); /* warm-up */
+    double before = memcpy_once();
     for (int i = 0; i < runs; i++) {
       double t0 = now();
       if (kvs_cpu_decode_attention(&a, NULL))
         return 1;
       t[i] = now() - t0;
+      double after = memcpy_once();
+      mcs[i] = (before + after) / 2;
+      ratio[i] = kv / t[i] / 1e9 / mcs[i];
+      before = after;
     }
     qsort(t, runs, sizeof t[0], cmp_double);
-    double kv = 2.0 * B * len * l.num_kv_heads * l.head_dim *
-                kvs_dtype_size(l.dtype);
+    qsort(mcs, runs, sizeof mcs[0], cmp_double);
+    qsort(ratio, runs, sizeof ratio[0], cmp_double);
     double gbs = kv / t[runs / 2] / 1e9;
-    printf("%-5s %-5u %-6u %-5u %-4u %-4u %9.1f %9.2f %8.2f %8.2f\n",
-           kvs_dtype_name(l.dtype), B, len, cfg[ci % ncfg].heads, l.num_kv_heads,
-           l.head_dim, kv / (1 << 20), t[runs / 2] * 1e3, gbs, gbs / mc);
+    printf("%-5s %-5u %-6u %-5u %-4u %-4u %7.1f %8.2f %7.2f %7.2f %8.2f "
+           "(%.2f-%.2f)\n",
+           kvs_dtype_name(l.dtype), B, len, cfg[ci % ncfg].heads,
+           l.num_kv_heads, l.head_dim, kv / (1 << 20), t[runs / 2] * 1e3, gbs,
+           mcs[runs / 2], ratio[runs / 2], ratio[0], ratio[runs - 1]);
     free(pool);
     free(tables);
     free(lens);
     free(q);
     free(out);
   }
+  free(mc_a);
+  free(mc_b);
   return 0;
 }

@@ -6,8 +6,9 @@
  * GQA ratios 1/4/8 and 16, head_dim 64/128, lengths on and off block
  * boundaries, shuffled block tables, fp32/fp16/bf16), block copy and
  * gather/scatter against memcmp, and argument checks.  The attention tests
- * run on the body this CPU picks (AVX2+FMA+F16C on x86-64 that has it) and
- * again on the portable C body (kvs__cpu_attn_portable).
+ * run on the body this CPU picks (AVX-512F, else AVX2+FMA+F16C, on x86-64
+ * that has them), again on the AVX2 body (kvs__cpu_attn_avx512 = 0) and on
+ * the portable C body (kvs__cpu_attn_portable).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -277,21 +278,24 @@ static void test_decode_odd_groups(void **state) {
                        .seed = 500 + cases};
         kvs__cpu_prefetch = cases % 3;
         int rc = run_case(&p, 0);
-        kvs__cpu_prefetch = 1;
+        kvs__cpu_prefetch = -1;
         assert_int_equal(rc, 0);
         cases++;
       }
   assert_int_equal(cases, 60);
 }
 
-/* Which body ran; the AVX2 one is reported skipped where the CPU lacks it
- * (the tests above then ran the portable body twice). */
+/* Which bodies this CPU runs: the tests run on the one it picks (AVX-512F
+ * where it has it), again on the AVX2 one ("(AVX2 body)") and on the
+ * portable one ("(portable body)").  A vector body the CPU lacks is
+ * reported skipped here (its runs were then another body's). */
 static void test_attn_bodies(void **state) {
   (void)state;
-  if (!kvs__cpu_attn_simd()) {
-    printf("AVX2+FMA+F16C attention body: this CPU lacks it\n");
+  printf("attention bodies here: AVX-512F %s, AVX2+FMA+F16C %s\n",
+         kvs__cpu_attn_simd512() ? "yes" : "no",
+         kvs__cpu_attn_simd() ? "yes" : "no");
+  if (!kvs__cpu_attn_simd512())
     skip();
-  }
 }
 
 /* A case that must fail: a wrong reference would pass silently otherwise. */
@@ -326,7 +330,7 @@ static void test_nan_propagates(void **state) {
   (void)state;
   static const uint32_t where[] = {0, 7, 8, 37, 39};
   int cases = 0;
-  for (int portable = 0; portable < 2; portable++)
+  for (int body = 0; body < 3; body++) /* picked, AVX2, portable */
     for (uint32_t dt = 0; dt < 3; dt++)
       for (size_t w = 0; w < sizeof where / sizeof *where; w++) {
         uint32_t lens[] = {40, 40, 23};
@@ -357,16 +361,19 @@ static void test_nan_propagates(void **state) {
         double *ref = tg_xmalloc(n * sizeof(double));
         kvs_attn_args a;
         tg_case_args(&c, &a, c.pool, out, c.q, c.seq_lens, NULL, c.tables);
-        kvs__cpu_attn_portable = portable;
+        kvs__cpu_attn_portable = body == 2;
+        kvs__cpu_attn_avx512 = body == 0;
+        const char *name = kvs__cpu_attn_body();
         assert_int_equal(kvs_cpu_decode_attention(&a, NULL), 0);
         kvs__cpu_attn_portable = 0;
+        kvs__cpu_attn_avx512 = 1;
         tg_naive(&c, ref);
         size_t nans = 0;
         for (size_t i = 0; i < n; i++) {
           if (isnan(ref[i]) != isnan(out[i]))
             fail_msg("%s body, %s cache, NaN at token %u: element %zu is %g, "
-                     "the reference %g", portable ? "portable" : "AVX2",
-                     kvs_dtype_name(dt), t, i, out[i], ref[i]);
+                     "the reference %g", name, kvs_dtype_name(dt), t, i,
+                     out[i], ref[i]);
           if (isnan(ref[i])) {
             nans++;
             continue;
@@ -380,10 +387,8 @@ static void test_nan_propagates(void **state) {
         free(ref);
         tg_case_free(&c);
         cases++;
-        if (portable == 0 && !kvs__cpu_attn_simd())
-          break; /* both runs would be the portable body */
       }
-  assert_true(cases >= 15);
+  assert_int_equal(cases, 45);
 }
 
 /* The CUDA test's tolerance against the twin (tg_twin_tol, run only on a
@@ -537,9 +542,23 @@ static int portable_off(void **state) {
   return 0;
 }
 
-/* A test run again on the portable body, under its own name. */
+static int avx2_on(void **state) {
+  (void)state;
+  kvs__cpu_attn_avx512 = 0;
+  return 0;
+}
+
+static int avx2_off(void **state) {
+  (void)state;
+  kvs__cpu_attn_avx512 = 1;
+  return 0;
+}
+
+/* A test run again on the portable body, or on the AVX2 body, under its own
+ * name. */
 #define PORTABLE(f) \
   { #f " (portable body)", f, portable_on, portable_off, NULL }
+#define AVX2(f) { #f " (AVX2 body)", f, avx2_on, avx2_off, NULL }
 
 int main(void) {
   const struct CMUnitTest tests[] = {
@@ -553,6 +572,12 @@ int main(void) {
       cmocka_unit_test(test_prefill_shapes),
       cmocka_unit_test(test_reference_can_fail),
       cmocka_unit_test(test_attn_bodies),
+      /* the same on the AVX2 body (where the CPU picks AVX-512) */
+      AVX2(test_decode_shapes),
+      AVX2(test_decode_empty_and_one_head),
+      AVX2(test_decode_odd_groups),
+      AVX2(test_prefill_shapes),
+      AVX2(test_reference_can_fail),
       /* the same on the portable C body */
       PORTABLE(test_decode_shapes),
       PORTABLE(test_decode_empty_and_one_head),
