@@ -53,7 +53,8 @@ echo "== kvshare demo: $workers workers x $users users x $turns turns," \
 kvs_start_daemon "$daemon" "$dir" "$sock" "$dir/kvshared.log" \
   ${KVS_DEMO_DAEMON_ARGS:-} || die "kvshared did not start"
 echo "kvshared $pid listening on $sock (${KVS_DEMO_DAEMON_ARGS:-built-in defaults})"
-grep -m1 "pool: " "$dir/kvshared.log" | sed 's/^.*pool: /  pool: /'
+grep -m2 -E "backend auto: |pool: " "$dir/kvshared.log" |
+  sed -e 's/^.*backend auto: /  backend auto: /' -e 's/^.*pool: /  pool: /'
 layout=$("$cli" --socket "$sock" layout --json) || die "kvshare layout"
 
 run_worker() {
