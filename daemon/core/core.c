@@ -284,8 +284,11 @@ static int alloc_common(core *c, core_req *r, uint32_t n, core_cow *cow,
   uint64_t end = (uint64_t)r->slots + n;
   if (end > UINT32_MAX - bs)
     return KVS_ERANGE;
+  /* Shared with another request: pins are not holders (a block the daemon
+   * is copying into or out of is written only after the copy lands). */
+  const blk *last_blk = r->nblocks ? &c->blocks[r->blocks[r->nblocks - 1]] : NULL;
   int need_cow = core_in_block(c, r->slots) != 0 &&
-                 c->blocks[r->blocks[r->nblocks - 1]].ref > 1;
+                 last_blk->ref - last_blk->pins > 1;
   uint32_t new_blocks = core_blocks_for(c, end) - r->nblocks;
   uint64_t need = (uint64_t)new_blocks + (uint64_t)need_cow;
   if (need_cow && cow == NULL)

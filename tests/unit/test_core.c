@@ -517,6 +517,33 @@ static void test_pins(void **state) {
     assert_int_equal(bi.pins, 0);
   }
   core_req_free(c, other);
+  /* a pin is not a holder: the request that alone holds a pinned partial
+   * block appends into it in place, with no copy-on-write */
+  {
+    core_req *p2, *k2;
+    core_cow c1, c2;
+    assert_int_equal(core_req_create(c, NULL, 0, &p2), 0);
+    uint32_t t2[6];
+    seq(t2, 6, 900);
+    assert_int_equal(core_lookup(c, p2, t2, 6, &hit), 0);
+    assert_int_equal(core_allocate(c, p2, 6 - hit, &c1), 0);
+    assert_int_equal(core_commit(c, p2, hit, NULL, 6 - hit, NULL), 0);
+    assert_int_equal(core_fork(c, p2, &k2), 0);
+    assert_int_equal(core_append(c, k2, 1, &c1), 0); /* the child copies */
+    assert_int_not_equal(c1.src, KVS_BLOCK_NONE);
+    assert_int_equal(core_pin(c, c1.src), 0);
+    assert_int_equal(core_pin(c, c1.dst), 0);
+    assert_int_equal(core_append(c, p2, 1, &c2), 0); /* parent: in place */
+    assert_int_equal(c2.src, KVS_BLOCK_NONE);
+    assert_int_equal(core_commit(c, k2, 6, (uint32_t[]){1}, 1, NULL), 0);
+    assert_int_equal(core_append(c, k2, 1, &c2), 0); /* child: in place */
+    assert_int_equal(c2.src, KVS_BLOCK_NONE);
+    core_unpin(c, c1.src);
+    core_unpin(c, c1.dst);
+    core_req_free(c, k2);
+    core_req_free(c, p2);
+    check(c);
+  }
   /* pins are refused on blocks nobody holds, and are bounded */
   uint32_t pinned[2];
   uint32_t nfound = 0;
