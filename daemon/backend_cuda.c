@@ -74,13 +74,14 @@ static int cuda_copy(backend *b, copy_job *j) {
   return 0;
 }
 
-/* The stream answers NOT_READY while it works, its context's fault once
- * one happened. */
+/* KVS_EDEVICE once the context is lost (the stream answers with the
+ * fault), else 0: busy (NOT_READY), idle, or an error that leaves the
+ * context usable (its jobs still report their end). */
 static int cuda_check(backend *b) {
   CUresult r = kvs__cu.cuStreamQuery(((cuda_backend *)b)->stream);
+  int rc = kvs__cu_status(r);
 
-  return r == CUDA_SUCCESS || r == CUDA_ERROR_NOT_READY ? 0
-                                                        : kvs__cu_status(r);
+  return rc == KVS_EDEVICE ? rc : 0;
 }
 
 static const backend_ops cuda_ops = {cuda_close, cuda_copy, cuda_check};

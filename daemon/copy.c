@@ -93,6 +93,7 @@ int copy_engine_init(copy_engine *e, uv_loop_t *loop, backend *pool) {
   int rc;
 
   e->pool = pool;
+  pool->loop = loop;
   e->done = e->running = NULL;
   e->inflight = 0;
   e->jobs = e->blocks = e->errors = 0;
@@ -146,10 +147,14 @@ int copy_submit(copy_engine *e, copy_job *j) {
     if (--e->inflight == 0)
       uv_timer_stop(&e->watch);
     e->errors++;
-    if (rc == KVS_EDEVICE && !e->failed) {
-      log_error(rc, "copy engine: the device failed; the daemon makes no "
+    /* A refusal may be the device gone (whatever status the call mapped
+     * to): then no later job can run either. */
+    int dev = rc == KVS_EDEVICE ? rc
+              : e->pool->ops->check ? e->pool->ops->check(e->pool) : 0;
+    if (dev < 0 && !e->failed) {
+      log_error(dev, "copy engine: the device failed; the daemon makes no "
                 "more copies (workers make their own)");
-      e->failed = rc;
+      e->failed = dev;
     }
   }
   return rc;
@@ -164,8 +169,11 @@ void copy_complete(copy_job *j, int status) {
     return;
   }
   finish_locked(e, j, status);
-  pthread_mutex_unlock(&e->lock);
+  /* Sent under the lock: the loop reads the done list under it, so it can
+   * never run this job's callback — and, at the end, close the engine and
+   * the loop — before this thread is done with the handle. */
   uv_async_send(&e->async);
+  pthread_mutex_unlock(&e->lock);
 }
 
 static void on_closed(uv_handle_t *h) {

@@ -22,12 +22,15 @@
  * would stall the loop for the whole job.
  *
  * A GPU fault loses the daemon's CUDA context for good, and the driver then
- * never runs the host function that reports a job's end.  So while jobs
- * run, the engine asks the backend every 50 ms whether its device is still
- * there (backend_ops.check); on a fault every running job completes with
- * that status (KVS_EDEVICE) and the engine is marked failed: later
- * copy_submit calls fail at once, and the daemon stops offering copies
- * (workers copy themselves).
+ * never runs the host function that reports a job's end (cuLaunchHostFunc,
+ * unlike the older stream callbacks, is not run after a context error).  So
+ * while jobs run, the engine asks the backend every 50 ms whether its
+ * device is still there (backend_ops.check: KVS_EDEVICE only for an error
+ * that loses the context — a job is failed only when its report can never
+ * come, so no late report can reach a job its owner has freed); on a fault
+ * every running job completes with that status and the engine is marked
+ * failed: later copy_submit calls fail at once, and the daemon stops
+ * offering copies (workers copy themselves).
  */
 #ifndef KVS_DAEMON_COPY_H
 #define KVS_DAEMON_COPY_H

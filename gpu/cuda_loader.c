@@ -46,12 +46,26 @@ int kvs__cu_status(CUresult r) {
     return KVS_ENOTSUP;
   case CUDA_ERROR_NOT_PERMITTED:
     return KVS_EPERM;
+  /* The errors after which the context is lost for good (cuda.h: "the
+   * process is left in an inconsistent state and any further CUDA work will
+   * return the same error"), with every allocation and stream of this
+   * process on that GPU: an uncorrectable ECC error, a fault in a kernel or
+   * copy, a launch that timed out or failed, a device assert, an unknown
+   * error (typically a GPU that fell off the bus). */
+  case 214: /* ECC_UNCORRECTABLE */
+  case 700: /* ILLEGAL_ADDRESS */
+  case 702: /* LAUNCH_TIMEOUT */
+  case 709: /* CONTEXT_IS_DESTROYED */
+  case 710: /* ASSERT */
+  case 714: /* HARDWARE_STACK_ERROR */
+  case 715: /* ILLEGAL_INSTRUCTION */
+  case 716: /* MISALIGNED_ADDRESS */
+  case 717: /* INVALID_ADDRESS_SPACE */
+  case 718: /* INVALID_PC */
+  case 719: /* LAUNCH_FAILED */
+  case 999: /* UNKNOWN */
+    return KVS_EDEVICE;
   default:
-    /* 700-799: a fault on the device (illegal address, launch failure,
-     * hardware error...); the context is lost for good, as is every
-     * allocation and stream of this process on that GPU. */
-    if (r >= 700 && r < 800)
-      return KVS_EDEVICE;
     return KVS_EINTERNAL;
   }
 }
