@@ -164,7 +164,9 @@ static const cfg_option options[] = {
     {"shutdown_timeout_ms", T_U32, F(shutdown_timeout_ms), 0, 600000, "2000",
      NULL, "MS", "Process",
      "On SIGTERM/SIGINT, how long replies still queued may take to drain "
-     "before the connections are closed anyway."},
+     "before the connections are closed anyway.  Copies the daemon is "
+     "making (on a GPU) get one more such time after that; a daemon whose "
+     "copies outlast it (a hung GPU) exits with status 1 without them."},
 };
 
 #define NOPTIONS (sizeof(options) / sizeof(options[0]))

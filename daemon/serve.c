@@ -176,10 +176,25 @@ static void close_handle(uv_handle_t *h) {
 static void on_drain_timeout(uv_timer_t *t) {
   srv *s = t->data;
 
-  log_warn(0, "shutdown: replies still queued after %u ms; closing anyway",
-           s->cfg->shutdown_timeout_ms);
+  if (!s->sessions && !copy_idle(&s->copy)) {
+    /* Sessions are gone and the copies have had a second timeout: only a
+     * hung GPU gets here.  The pool cannot be released while the GPU may
+     * still write it, and waiting could be forever: leave now (the driver
+     * reclaims the memory with the process). */
+    log_error(0, "shutdown: %u copies still in flight %u ms after the "
+              "sessions closed; exiting without them", s->copy.inflight,
+              s->cfg->shutdown_timeout_ms);
+    _exit(1);
+  }
+  if (s->sessions)
+    log_warn(0, "shutdown: replies still queued after %u ms; closing anyway",
+             s->cfg->shutdown_timeout_ms);
   while (s->sessions)
     sess_shutdown(s->sessions, 1);
+  /* Copies still running get one more timeout. */
+  if (!copy_idle(&s->copy))
+    uv_timer_start(&s->drain_timer, on_drain_timeout,
+                   s->cfg->shutdown_timeout_ms, 0);
 }
 
 /* A stopping daemon is done when no session and no copy is left: the
@@ -211,7 +226,7 @@ static void srv_stop(srv *s, const char *why) {
     next = c->next;
     sess_shutdown(c, 0);
   }
-  if (s->sessions)
+  if (s->sessions || !copy_idle(&s->copy))
     uv_timer_start(&s->drain_timer, on_drain_timeout,
                    s->cfg->shutdown_timeout_ms, 0);
   else

@@ -129,7 +129,8 @@ void sess_shutdown(sess *c, int force) {
     uv_read_stop((uv_stream_t *)&c->pipe);
     c->reading = 0;
   }
-  if (force || c->writes == 0)
+  /* (A copy in flight holds a reply: on_copied sends it, then closes.) */
+  if (force || (c->writes == 0 && !c->copying))
     close_now(c);
   /* else on_write closes it when the last reply is out */
 }

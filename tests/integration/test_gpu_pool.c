@@ -497,10 +497,12 @@ static void cow_ready(kvs_client *c, uint64_t req, uint64_t child) {
 
 /* Asks the daemon for a CoW copy and says so first (the test kills the
  * daemon or this worker while the copy runs).  The append returns when the
- * copy is done, or KVS_ECLOSED when the daemon shut the session.  With
- * frees (id 1): one Batch appends with the copy and frees both requests at
- * once, so their blocks are let go while the copy still runs. */
-static int role_copier(const char *sock, int frees) {
+ * copy is done, or KVS_ECLOSED when the daemon went away first (accepted
+ * unless id bit 2 is set: then only OK is).  With id bit 1: one Batch
+ * appends with the copy and frees both requests at once, so their blocks
+ * are let go while the copy still runs. */
+static int role_copier(const char *sock, int id) {
+  int frees = id & 1, must_ok = id & 2;
   kvs_client *c = connect_worker(sock, "copier");
   kvs_alloc_result ar;
   int rc;
@@ -525,7 +527,7 @@ static int role_copier(const char *sock, int frees) {
   }
   fprintf(stderr, "copier: append: %s\n", kvs_status_name(rc));
   kvs_close(c);
-  return rc == 0 || rc == KVS_ECLOSED ? 0 : 1;
+  return rc == 0 || (rc == KVS_ECLOSED && !must_ok) ? 0 : 1;
 }
 
 /* Against a daemon whose GPU faults on its second copy: the first copy is
@@ -551,6 +553,34 @@ static int role_faulty(const char *sock) {
   MUST(c, kvs_set_daemon_copy(c, 1));
   MUST(c, kvs_append(c, 12, 1, &ar));
   CHECK(ar.has_cow == 1); /* the worker's to make now */
+  kvs_close(c);
+  return 0;
+}
+
+/* A GPU with no image of kvshare's kernels (KVS_STANDIN_FAIL=module): the
+ * pool still maps and copies work; the kernels are refused with the reason,
+ * which kvs_cuda_available then gives too. */
+static int role_no_kernels(const char *sock) {
+  setenv("KVS_STANDIN_FAIL", "module", 1);
+  kvs_client *c = connect_worker(sock, "no-kernels");
+  const char *why = NULL;
+  uint8_t x;
+  MUST(c, kvs_cuda_memcpy_dtoh(&x, kvs_block_ptr(c, 0), 1));
+  kvs_write_args w;
+  memset(&w, 0, sizeof w);
+  MUST(c, kvs_paged_kv_of(c, 0, &w.kv));
+  w.k = w.v = kvs_pool_base(c);
+  w.slots = kvs_pool_base(c);
+  w.src_token_stride = KVH * HD;
+  w.num_tokens = 1;
+  int rc = kvs_pool_kernels(c)->write_kv(&w, NULL);
+  int arc = kvs_cuda_available(&why);
+  if (rc != KVS_ENOTSUP || arc != KVS_ENOTSUP ||
+      !strstr(why, "cannot load the kernels")) {
+    fprintf(stderr, "kernels without an image: launch %s, available %s "
+            "(%s)\n", kvs_status_name(rc), kvs_status_name(arc), why);
+    return 1;
+  }
   kvs_close(c);
   return 0;
 }
@@ -613,6 +643,8 @@ static int run_role(int argc, char **argv) {
     return role_victim(sock, id);
   if (!strcmp(role, "churn"))
     return role_churn(sock);
+  if (!strcmp(role, "no-kernels"))
+    return role_no_kernels(sock);
   if (!strcmp(role, "copier"))
     return role_copier(sock, id);
   if (!strcmp(role, "faulty"))
@@ -878,11 +910,12 @@ static void copy_failures(void) {
   itest_daemon_finish(&d, -1);
   fprintf(stderr, "kill -9 during a daemon copy: ok\n");
 
-  /* SIGTERM while a copy runs: the daemon drains it, then exits 0. */
+  /* SIGTERM while a copy runs: the daemon finishes it, sends the reply
+   * that waited for it (the copier must get OK), then exits 0. */
   setenv("KVS_STANDIN_COPY_DELAY_MS", "1500", 1);
   itest_daemon_start(&d, small_pool);
   unsetenv("KVS_STANDIN_COPY_DELAY_MS");
-  v = start_copier(&d, 0);
+  v = start_copier(&d, 2);
   t0 = itest_now();
   CHECK(kill(d.pid, SIGTERM) == 0);
   int dst = itest_wait(d.pid);
@@ -896,8 +929,39 @@ static void copy_failures(void) {
   CHECK(waited > 0.8); /* it waited for the copy */
   CHECK(itest_wait(v) == 0);
   itest_daemon_kill(&d);
-  fprintf(stderr, "SIGTERM during a daemon copy: drained (%.2f s), exit 0: "
-          "ok\n", waited);
+  fprintf(stderr, "SIGTERM during a daemon copy: drained (%.2f s), reply "
+          "delivered, exit 0: ok\n", waited);
+
+  /* A copy that outlasts the shutdown (a hung GPU: here a 20 s copy and a
+   * 100 ms shutdown_timeout_ms): the daemon gives up after two timeouts
+   * and exits 1, saying so, instead of hanging on SIGTERM. */
+  const char *hung[32];
+  int k = 0;
+  for (; small_pool[k]; k++)
+    hung[k] = small_pool[k];
+  hung[k++] = "--shutdown-timeout-ms";
+  hung[k++] = "100";
+  hung[k] = NULL;
+  setenv("KVS_STANDIN_COPY_DELAY_MS", "20000", 1);
+  itest_daemon_start(&d, hung);
+  unsetenv("KVS_STANDIN_COPY_DELAY_MS");
+  v = start_copier(&d, 0);
+  t0 = itest_now();
+  CHECK(kill(d.pid, SIGTERM) == 0);
+  dst = itest_wait(d.pid);
+  waited = itest_now() - t0;
+  d.pid = 0;
+  if (dst != 1 || waited > 10 ||
+      !itest_log_says(&d, "copies still in flight 100 ms after the sessions "
+                          "closed; exiting without them")) {
+    itest_print_log(&d);
+    fprintf(stderr, "kvshared exited %d after %.2f s\n", dst, waited);
+    exit(1);
+  }
+  CHECK(itest_wait(v) == 0); /* ECLOSED */
+  itest_daemon_kill(&d);
+  fprintf(stderr, "SIGTERM with a hung copy: exit 1 after %.2f s: ok\n",
+          waited);
 }
 
 /* Processes other than the daemon and this test that map the pool. */
@@ -983,6 +1047,7 @@ int main(int argc, char **argv) {
     CHECK(run_to_end("wrong-gpu", d.socket, 0) == 0);
     CHECK(run_to_end("import-fails", d.socket, 0) == 0);
     CHECK(run_to_end("map-fails", d.socket, 0) == 0);
+    CHECK(run_to_end("no-kernels", d.socket, 0) == 0);
   }
   CHECK(run_to_end("churn", d.socket, 0) == 0);
   itest_check_pool(c, 1, 0, 0);
