@@ -44,6 +44,7 @@ typedef struct backend_ops {
 
 struct backend {
   const backend_ops *ops;
+  uv_loop_t *loop; /* the daemon's loop (set by copy_engine_init) */
   backend_export ex;
   kvs_layout layout;
   void *base;    /* the pool in the daemon's address space: a host address,

@@ -1,8 +1,9 @@
 /*
  * backend_host.c — the host pool: one memfd, size-sealed, exported as one
  * fd.  Pages are reserved as workers touch them.  The copy engine's copies
- * are memcpy on the loop thread (a block is a few hundred KiB at most: well
- * under the cost of the round trip that asked for it).
+ * are memcpy: on the loop thread for a job of up to 1 MiB (a few blocks,
+ * less than handing it to a thread would cost), on libuv's thread pool
+ * above that, so that a Batch of many copies does not stall every session.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,7 +25,10 @@ static void host_close(backend *b) {
   free(h);
 }
 
-static int host_copy(backend *b, copy_job *j) {
+#define INLINE_COPY_MAX (1u << 20)
+
+/* The copies of job j (any thread). */
+static void copy_blocks(const backend *b, const copy_job *j) {
   uint64_t stride = b->layout.block_stride;
   char *base = b->base;
   uint32_t i;
@@ -44,8 +48,46 @@ static int host_copy(backend *b, copy_job *j) {
       break;
     }
   }
-  copy_complete(j, 0);
-  return 0;
+}
+
+typedef struct host_work {
+  uv_work_t req;
+  backend *b;
+  copy_job *j;
+} host_work;
+
+static void on_work(uv_work_t *req) {
+  host_work *w = (host_work *)req;
+
+  copy_blocks(w->b, w->j);
+}
+
+static void on_work_done(uv_work_t *req, int status) {
+  host_work *w = (host_work *)req;
+
+  copy_complete(w->j, status < 0 ? status : 0);
+  free(w);
+}
+
+static int host_copy(backend *b, copy_job *j) {
+  host_work *w;
+  int rc;
+
+  if ((uint64_t)j->n * b->layout.block_stride <= INLINE_COPY_MAX ||
+      !b->loop) {
+    copy_blocks(b, j);
+    copy_complete(j, 0);
+    return 0;
+  }
+  w = malloc(sizeof(*w));
+  if (!w)
+    return KVS_ENOMEM;
+  w->b = b;
+  w->j = j;
+  rc = uv_queue_work(b->loop, &w->req, on_work, on_work_done);
+  if (rc < 0)
+    free(w);
+  return rc;
 }
 
 static const backend_ops host_ops = {host_close, host_copy, NULL};

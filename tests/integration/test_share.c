@@ -154,6 +154,7 @@ static int reader(int idx, const uint32_t *wblocks, uint32_t n) {
     uint32_t table[64];
     memcpy(table, wblocks, FULL_BLOCKS * sizeof(uint32_t));
     table[FULL_BLOCKS] = ar.blocks[0];
+    const uint32_t wblocks_tail = ar.blocks[0];
     kv_bytes(c, table, tok, FULL_BLOCKS * bs, n, 0);
     CHECK_OK(c, kvs_commit(c, req, FULL_BLOCKS * bs, NULL,
                            n - FULL_BLOCKS * bs, NULL, 0, NULL));
@@ -168,6 +169,30 @@ static int reader(int idx, const uint32_t *wblocks, uint32_t n) {
     table[FULL_BLOCKS] = ar.cow_dst;
     CHECK(kv_bytes(c, table, tok, 0, n, 1) == 0);
     CHECK_OK(c, kvs_free(c, req + 1000));
+    /* The daemon copies, for a Batch of 80 forks' appends: 80 blocks, over
+     * the 1 MiB the host pool copies on its loop, so on its thread pool. */
+    enum { NCOW = 80 };
+    CHECK(NCOW * l->block_stride > (1u << 20));
+    kvs_batch *b;
+    CHECK_OK(c, kvs_batch_new(&b));
+    for (uint32_t i = 0; i < NCOW; i++)
+      CHECK(kvs_batch_fork(b, req, req + 2000 + i) >= 0);
+    for (uint32_t i = 0; i < NCOW; i++)
+      CHECK(kvs_batch_append(b, req + 2000 + i, 1) >= 0);
+    CHECK_OK(c, kvs_set_daemon_copy(c, 1));
+    CHECK_OK(c, kvs_batch_submit(c, b));
+    for (uint32_t i = 0; i < NCOW; i++) {
+      CHECK_OK(c, kvs_batch_status(b, i));
+      CHECK_OK(c, kvs_batch_alloc_result(b, NCOW + i, &ar));
+      CHECK(ar.has_cow == 2 && ar.cow_src == wblocks_tail);
+      table[FULL_BLOCKS] = ar.cow_dst;
+      CHECK(kv_bytes(c, table, tok, 0, n, 1) == 0);
+    }
+    kvs_batch_reset(b);
+    for (uint32_t i = 0; i < NCOW; i++)
+      kvs_batch_free_req(b, req + 2000 + i);
+    CHECK_OK(c, kvs_batch_submit(c, b));
+    kvs_batch_free(b);
     CHECK_OK(c, kvs_free(c, req));
   } else {
     kvs_lookup_result lr;
