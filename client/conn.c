@@ -311,10 +311,16 @@ const char *kvs__default_socket(char *buf, size_t len) {
   return KVS_DEFAULT_SOCKET;
 }
 
+/* A failure before the client exists: its reason for kvs_last_message. */
+static int connect_fail(int rc, const char *why) {
+  kvs__copy_str(connect_msg, sizeof connect_msg, why);
+  return rc;
+}
+
 int kvs_connect(const char *path, const kvs_connect_opts *opts,
                 kvs_client **out) {
   if (!out)
-    return KVS_EINVAL;
+    return connect_fail(KVS_EINVAL, "no place for the client (out is NULL)");
   *out = NULL;
   char def[sizeof(struct sockaddr_un)];
   if (!path)
@@ -322,12 +328,13 @@ int kvs_connect(const char *path, const kvs_connect_opts *opts,
   struct sockaddr_un sa = {0};
   sa.sun_family = AF_UNIX;
   if (strlen(path) >= sizeof sa.sun_path)
-    return KVS_EINVAL;
+    return connect_fail(KVS_EINVAL, "the socket path is longer than a Unix "
+                                    "socket address holds");
   strcpy(sa.sun_path, path);
 
   kvs_client *c = calloc(1, sizeof *c);
   if (!c)
-    return KVS_ENOMEM;
+    return connect_fail(KVS_ENOMEM, "out of memory");
   c->fd = -1;
   c->pool.fd = -1;
   c->next_seq = 1;

@@ -57,6 +57,16 @@ int kvs_cuda_available(const char **reason) {
     return KVS_ENODEV;
   }
   rc = kvs__cu_load(reason);
+  if (rc)
+    return rc;
+  /* The device answered, but its kernels may not have loaded (no image
+   * for this GPU): once tried, that is the answer.  (reason_buf is written
+   * once, under the lock, before kernels_rc.) */
+  pthread_mutex_lock(&lock);
+  rc = kernels_rc == 1 ? 0 : kernels_rc;
+  if (rc && reason)
+    *reason = reason_buf;
+  pthread_mutex_unlock(&lock);
   return rc;
 }
 
@@ -109,7 +119,7 @@ static int load_kernels_locked(void) {
 }
 
 int kvs_cuda_open(const char *uuid) {
-  int rc = kvs__cuda_ctx_open(uuid, reason_buf, sizeof reason_buf);
+  int rc = kvs__cuda_ctx_open(uuid, NULL, 0);
   if (rc)
     return rc;
   tls_ctx = 1;

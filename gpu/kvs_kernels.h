@@ -235,11 +235,13 @@ const kvs_kernels *kvs_kernels_cuda(void);
 
 /*
  * 0 when the CUDA kernels can run here: this build embeds them, libcuda.so.1
- * loads, and a device answers.  Otherwise KVS_ENODEV, and when reason is not
- * NULL *reason points to a static, human-readable line saying why ("built
- * without nvcc", "libcuda.so.1: cannot open shared object file", "no CUDA
- * device", ...).  Loads the driver with dlopen on first use; never needs a
- * GPU to link or load.
+ * ($KVS_CUDA_DRIVER when set) loads, a device answers, and — once
+ * kvs_cuda_open or a kernel tried — the kernels loaded on it.  Otherwise
+ * KVS_ENODEV (or the load's status), and when reason is not NULL *reason
+ * points to a static, human-readable line saying why ("built without nvcc",
+ * "libcuda.so.1: cannot open shared object file", "no CUDA device",
+ * "cannot load the kernels (no image for this GPU?) ...").  Loads the driver
+ * with dlopen on first use; never needs a GPU to link or load.
  */
 int kvs_cuda_available(const char **reason);
 

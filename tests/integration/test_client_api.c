@@ -24,11 +24,15 @@ static void no_daemon(void) {
   kvs_client *c = (kvs_client *)1;
   CHECK(kvs_connect("/nonexistent/kvshared.sock", NULL, &c) == -ENOENT);
   CHECK(c == NULL);
+  /* every failure says why in kvs_last_message(NULL), the early ones too */
+  CHECK(strcmp(kvs_last_message(NULL), kvs_strerror(-ENOENT)) == 0);
   char longpath[200];
   memset(longpath, 'x', sizeof longpath - 1);
   longpath[sizeof longpath - 1] = '\0';
   CHECK(kvs_connect(longpath, NULL, &c) == KVS_EINVAL);
+  CHECK(strstr(kvs_last_message(NULL), "socket path is longer") != NULL);
   CHECK(kvs_connect("/tmp/x", NULL, NULL) == KVS_EINVAL);
+  CHECK(strstr(kvs_last_message(NULL), "out is NULL") != NULL);
   kvs_close(NULL);
 
   CHECK(kvs_batch_new(NULL) == KVS_EINVAL);
@@ -132,6 +136,7 @@ int main(void) {
   c = itest_connect(&d, "first");
   kvs_client *c2 = (kvs_client *)1;
   CHECK(kvs_connect(d.socket, NULL, &c2) == KVS_ELIMIT && c2 == NULL);
+  CHECK(strstr(kvs_last_message(NULL), "max_connections") != NULL);
   CHECK_OK(c, kvs_ping(c, "ok", 2));
   kvs_close(c);
   itest_daemon_finish(&d, my_fds);
