@@ -63,6 +63,8 @@ int core_create(const core_config *cfg, core **out) {
       hidx_init(&c->index, cfg->num_blocks) != 0)
     goto fail;
   c->fq_head = c->fq_tail = KVS_BLOCK_NONE;
+  if (tier_init(c) != 0)
+    goto fail;
   c->bs_shift = -1;
   if ((cfg->block_size & (cfg->block_size - 1)) == 0)
     c->bs_shift = __builtin_ctz(cfg->block_size);
@@ -71,6 +73,7 @@ int core_create(const core_config *cfg, core **out) {
   *out = c;
   return 0;
 fail:
+  tier_destroy(c);
   hidx_destroy(&c->index);
   free(c->btok);
   free(c->bhash);
@@ -84,6 +87,7 @@ void core_destroy(core *c) {
     return;
   while (c->reqs != NULL)
     core_req_free(c, c->reqs);
+  tier_destroy(c);
   hidx_destroy(&c->index);
   free(c->btok);
   free(c->bhash);
@@ -93,12 +97,18 @@ void core_destroy(core *c) {
 
 /* ---- blocks ------------------------------------------------------------ */
 
-/* Takes the head of the free queue; a CACHED block loses its hash (an
- * eviction).  Caller has checked the queue holds enough blocks. */
+/* Takes the head of the free queue (skipping blocks being copied down a
+ * tier: at most nbusy of them); a CACHED block loses its hash (an
+ * eviction).  Caller has checked the queue holds enough blocks (fq_len -
+ * nbusy). */
 static inline uint32_t blk_take(core *c) {
-  uint32_t b = pool_fq_pop_head(c);
+  uint32_t b = c->fq_head;
+  while (__builtin_expect(c->blocks[b].busy, 0))
+    b = c->blocks[b].next;
+  pool_fq_unlink(c, b);
   blk *x = &c->blocks[b];
   if (x->indexed) {
+    tier_on_evict(c, b);
     hidx_remove(&c->index, c->bhash[b]);
     x->indexed = 0;
     c->ncached--;
@@ -115,6 +125,7 @@ static void blk_hit(core *c, uint32_t b) {
   if (x->ref == 0) {
     c->policy->take(c, b);
     c->ncached--;
+    c->nbusy -= x->busy;
   }
   x->ref++;
 }
@@ -124,6 +135,7 @@ static void blk_put(core *c, uint32_t b) {
   assert(x->ref > 0);
   if (--x->ref > 0)
     return;
+  c->nbusy += x->busy;
   if (x->indexed) {
     c->ncached++;
     c->policy->release(c, b, 1);
@@ -273,6 +285,172 @@ int core_lookup(core *c, core_req *r, const uint32_t *tokens, uint32_t n,
   return 0;
 }
 
+/* One block of the chain after the device hits: resident on the device
+ * (block b), or below (entry e, in tier t). */
+typedef struct cont {
+  kvs_hash128 h;
+  uint32_t b, e, t;
+} cont;
+
+int core_lookup_promote(core *c, core_req *r, const uint32_t *tokens,
+                        uint32_t n, int promote, core_promo *promos,
+                        uint32_t max_promos, core_lookup_out *out) {
+  const uint32_t bs = c->cfg.block_size;
+  uint32_t hit, full, m = 0, keep, lower = 0, ndev = 0;
+  cont *ch = NULL;
+  int rc;
+
+  memset(out, 0, sizeof(*out));
+  rc = core_lookup(c, r, tokens, n, &hit);
+  if (rc != 0)
+    return rc;
+  out->hit_tokens = hit;
+  out->device_blocks = hit / bs;
+  full = n > 0 ? (n - 1) / bs : 0;
+  if (!tier_any(c) || r->nblocks >= full)
+    return 0;
+  ch = malloc((size_t)(full - r->nblocks) * sizeof(*ch));
+  if (ch == NULL)
+    return 0; /* the device hits stand; nothing more */
+
+  /* Walk on: each block resident (the device index) or below (a tier). */
+  kvs_hash128 parent = r->chain;
+  for (uint32_t i = r->nblocks; i < full; i++, m++) {
+    const uint32_t *t = tokens + (size_t)i * bs;
+    kvs_hash128 h = blk_hash(c, parent, r->salt, t);
+    uint32_t b = hidx_find(&c->index, h), e;
+    ch[m].h = h;
+    ch[m].b = ch[m].e = KVS_BLOCK_NONE;
+    if (b != KVS_BLOCK_NONE &&
+        (!c->cfg.verify_tokens ||
+         memcmp(btok(c, b), t, (size_t)bs * sizeof(uint32_t)) == 0)) {
+      ch[m].b = b;
+    } else if ((e = tier_find(c, h)) != KVS_BLOCK_NONE &&
+               (c->tents[e].valid[CORE_TIER_HOST] ||
+                c->tents[e].valid[CORE_TIER_DISK]) &&
+               (!c->cfg.verify_tokens ||
+                memcmp(tier_tokens(c, e), t, (size_t)bs * sizeof(uint32_t)) ==
+                    0)) {
+      ch[m].e = e;
+      ch[m].t = c->tents[e].valid[CORE_TIER_HOST] ? CORE_TIER_HOST
+                                                  : CORE_TIER_DISK;
+    } else {
+      break;
+    }
+    parent = h;
+  }
+  for (uint32_t j = 0; j < m; j++)
+    if (ch[j].e != KVS_BLOCK_NONE)
+      c->tiers[ch[j].t].st.hit_blocks++;
+  if (!promote) {
+    for (uint32_t j = 0; j < m; j++)
+      if (ch[j].e != KVS_BLOCK_NONE)
+        out->tier_blocks[ch[j].t]++;
+    free(ch);
+    return 0;
+  }
+
+  /* How far the free queue goes, keeping the reserve (as Allocate): a
+   * resident CACHED block leaves it when taken, a block below takes one. */
+  int64_t avail = (int64_t)c->fq_len - c->nbusy - c->cfg.reserve_blocks;
+  for (keep = 0; keep < m; keep++) {
+    int below = ch[keep].e != KVS_BLOCK_NONE;
+    if ((below && lower == max_promos) ||
+        (below || c->blocks[ch[keep].b].ref == 0 ? --avail : avail) < 0)
+      break;
+    lower += (uint32_t)below;
+  }
+  if (keep == 0 || grow(&r->blocks, &r->cap_blocks, (uint64_t)r->nblocks + keep) != 0) {
+    free(ch);
+    return 0;
+  }
+  /* Resident ones first: taking free blocks must not evict them; and the
+   * entries to read are busy before any block is taken (an eviction may
+   * make room in a tier, never by dropping one of them). */
+  uint32_t base = r->nblocks;
+  for (uint32_t j = 0; j < keep; j++)
+    if (ch[j].e != KVS_BLOCK_NONE)
+      tier_busy(c, ch[j].e, 1);
+  for (uint32_t j = 0; j < keep; j++)
+    if (ch[j].b != KVS_BLOCK_NONE) {
+      blk_hit(c, ch[j].b);
+      r->blocks[base + j] = ch[j].b;
+      ndev++;
+    }
+  for (uint32_t j = 0; j < keep; j++) {
+    if (ch[j].e == KVS_BLOCK_NONE)
+      continue;
+    uint32_t b = blk_take(c);
+    blk *x = &c->blocks[b];
+    c->bhash[b] = ch[j].h;
+    memcpy(btok(c, b), tokens + (size_t)(base + j) * bs,
+           (size_t)bs * sizeof(uint32_t));
+    x->sealed = 1; /* not indexed until its bytes are there */
+    x->pins++;     /* until core_promote_finish */
+    x->ref++;
+    r->blocks[base + j] = b;
+    core_promo *p = &promos[out->npromos++];
+    p->block = b;
+    p->pos = base + j;
+    p->entry = ch[j].e;
+    p->tier = ch[j].t;
+    p->slot = c->tents[ch[j].e].slot[ch[j].t];
+    p->hash = ch[j].h;
+    out->tier_blocks[ch[j].t]++;
+  }
+  r->nblocks = r->sealed = base + keep;
+  r->slots = r->written = r->nblocks * bs;
+  r->chain = ch[keep - 1].h;
+  c->st.hit_tokens += (uint64_t)ndev * bs;
+  c->st.hit_blocks += ndev;
+  c->st.miss_blocks -= keep;
+  c->st.allocated_blocks += lower;
+  out->device_blocks += ndev;
+  out->hit_tokens = r->nblocks * bs;
+  free(ch);
+  return 0;
+}
+
+uint32_t core_promote_finish(core *c, core_req *r, const core_promo *p,
+                             uint32_t n, const int *ok) {
+  const uint32_t bs = c->cfg.block_size;
+  uint32_t bad = n;
+
+  for (uint32_t i = 0; i < n; i++) {
+    if (ok[i]) {
+      c->tiers[p[i].tier].st.promotions++;
+      tier_touch(c, p[i].entry, (int)p[i].tier);
+    } else {
+      /* Its bytes there are bad or unreadable: never again. */
+      c->tiers[p[i].tier].st.failures++;
+      tier_forget(c, p[i].entry, (int)p[i].tier);
+      if (bad == n)
+        bad = i;
+    }
+    tier_busy(c, p[i].entry, -1);
+  }
+  /* Good blocks up to the first failure join the prefix index (a hash
+   * someone indexed meanwhile stays theirs: this copy stays private). */
+  for (uint32_t i = 0; i < bad; i++) {
+    blk *x = &c->blocks[p[i].block];
+    if (hidx_find(&c->index, p[i].hash) == KVS_BLOCK_NONE) {
+      hidx_insert(&c->index, p[i].hash, p[i].block);
+      x->indexed = 1;
+    }
+  }
+  if (r != NULL && bad < n) { /* the request's prefix ends before it */
+    uint32_t keep = p[bad].pos;
+    for (uint32_t i = r->nblocks; i-- > keep;)
+      blk_put(c, r->blocks[i]);
+    r->nblocks = r->sealed = keep;
+    r->slots = r->written = keep * bs;
+    r->chain = keep ? c->bhash[r->blocks[keep - 1]] : c->cfg.root;
+  }
+  for (uint32_t i = 0; i < n; i++)
+    core_unpin(c, p[i].block);
+  return r != NULL ? r->nblocks * bs : 0;
+}
+
 static int alloc_common(core *c, core_req *r, uint32_t n, core_cow *cow,
                         uint32_t reserve) {
   const uint32_t bs = c->cfg.block_size;
@@ -293,7 +471,7 @@ static int alloc_common(core *c, core_req *r, uint32_t n, core_cow *cow,
   uint64_t need = (uint64_t)new_blocks + (uint64_t)need_cow;
   if (need_cow && cow == NULL)
     return KVS_EINVAL;
-  if ((uint64_t)c->fq_len < need + reserve) {
+  if ((uint64_t)c->fq_len - c->nbusy < need + reserve) {
     c->st.no_space++;
     return KVS_ENOSPC;
   }
@@ -471,6 +649,7 @@ int core_block_get(const core *c, uint32_t b, core_block_info *info) {
   const blk *x = &c->blocks[b];
   info->ref = x->ref;
   info->pins = x->pins;
+  info->busy = x->busy;
   info->indexed = x->indexed;
   info->hash = c->bhash[b];
   info->state = x->ref > 0     ? CORE_BLOCK_IN_USE
@@ -592,6 +771,7 @@ int core_check(const core *c, char *msg, size_t msg_len) {
       FAIL("index slot %llu: points at block %u which does not hold its hash",
            (unsigned long long)i, e->b);
   }
+  rc = tier_check(c, msg, msg_len);
 out:
   free(holders);
   return rc;

@@ -51,6 +51,9 @@ typedef kvs_hash128 (*core_hash_fn)(kvs_hash128 parent, kvs_hash128 salt,
                                     const uint32_t *tokens, uint32_t n,
                                     void *arg);
 
+/* The tiers below the device pool. */
+enum { CORE_TIER_HOST = 0, CORE_TIER_DISK = 1, CORE_TIERS = 2 };
+
 typedef struct core_config {
   uint32_t num_blocks;     /* blocks in the pool (>= 1) */
   uint32_t block_size;     /* tokens per block (>= 1) */
@@ -62,6 +65,16 @@ typedef struct core_config {
   const char *policy;      /* eviction policy name; NULL = "lru" */
   core_hash_fn hash_fn;    /* NULL = XXH3-128 */
   void *hash_arg;
+  /* Lower tiers (0: none): slots of block_stride bytes in host memory and
+   * on disk; see "Lower tiers" below. */
+  uint32_t tier_slots[CORE_TIERS];
+  uint32_t tier_window;    /* device blocks at the head of the free queue
+                              that core_tier_plan keeps copied down (0:
+                              num_blocks / 16, at least 8) */
+  int tier_sync;           /* 1: a block evicted with no copy below is
+                              copied down at once, as by an ideal
+                              write-back (the replayer: no I/O to wait
+                              for); 0: the daemon's background demotion */
 } core_config;
 
 /* Fills cfg with the defaults (verify_tokens = 1, policy "lru"). */
@@ -168,6 +181,110 @@ int core_pin(core *c, uint32_t b);
  * when that was its last reference, as a request's release would. */
 void core_unpin(core *c, uint32_t b);
 
+/*
+ * ---- Lower tiers --------------------------------------------------------
+ *
+ * With tier_slots, the core keeps the books of sealed blocks whose bytes
+ * also (or only) live below the device pool: in host memory, on disk.  An
+ * entry per hash holds a slot in one tier or both; each tier drops its least
+ * recently used entry when it needs a slot (the host tier first writes it to
+ * disk when the disk tier exists and does not hold it yet).  The daemon
+ * moves the bytes; the core says what to move and is told when it is done:
+ *
+ *   core_tier_plan    demotions to start: CACHED blocks near the head of the
+ *                     free queue (the next to be evicted) with no copy
+ *                     below are copied down (device -> host, or -> disk),
+ *                     and host entries to disk when the host tier needs
+ *                     room.  A block being copied down is busy: allocation
+ *                     skips it until core_tier_done.
+ *   core_lookup_promote  a lookup whose chain goes on below the device:
+ *                     device blocks are allocated for those blocks (sealed,
+ *                     not yet indexed, pinned) and listed to be filled;
+ *   core_promote_finish  filled (or not): the good ones are indexed, the
+ *                     request keeps its blocks up to the first failure, a
+ *                     failed entry is dropped from its tier.
+ * An entry being read or written is busy in its tiers: never dropped.
+ * Device blocks evicted with no copy below are counted (tier_lost): the
+ * daemon's demotion did not keep up.
+ */
+typedef struct core_tier_stats {
+  uint32_t slots;        /* capacity */
+  uint32_t used;         /* slots holding an entry (valid or being written) */
+  uint64_t demotions;    /* blocks written into this tier */
+  uint64_t promotions;   /* blocks brought up to the device from it */
+  uint64_t hit_blocks;   /* blocks lookups found here (promoted or not) */
+  uint64_t drops;        /* entries dropped to make room */
+  uint64_t failures;     /* moves into it or promotions from it that failed */
+} core_tier_stats;
+
+typedef enum core_move_kind {
+  CORE_MOVE_DOWN = 0,         /* device block -> a slot of `tier` */
+  CORE_MOVE_HOST_TO_DISK = 1, /* host slot src_slot -> disk slot `slot` */
+} core_move_kind;
+
+typedef struct core_move {
+  core_move_kind kind;
+  uint32_t tier;      /* destination tier */
+  uint32_t block;     /* CORE_MOVE_DOWN: the device block (busy) */
+  uint32_t entry;     /* the entry (busy) */
+  uint32_t slot;      /* destination slot */
+  uint32_t src_slot;  /* CORE_MOVE_HOST_TO_DISK: the host slot */
+  kvs_hash128 hash;   /* the block's hash (for slot headers) */
+} core_move;
+
+/* Up to max moves to start now (tier_sync: always 0).  Each must be ended
+ * by core_tier_done, whatever its outcome. */
+uint32_t core_tier_plan(core *c, core_move *moves, uint32_t max);
+/* Move m ended: ok 1, the bytes are in place; 0, they are not (I/O error):
+ * the destination slot is given back. */
+void core_tier_done(core *c, const core_move *m, int ok);
+
+typedef struct core_promo {
+  uint32_t block;  /* device block to fill */
+  uint32_t pos;    /* its index in the request's block table */
+  uint32_t entry;
+  uint32_t tier;   /* where the bytes are: CORE_TIER_* */
+  uint32_t slot;   /* their slot there */
+  kvs_hash128 hash;
+} core_promo;
+
+typedef struct core_lookup_out {
+  uint32_t hit_tokens;     /* the request's cached prefix, promotions
+                              included (they must succeed: see finish) */
+  uint32_t device_blocks;  /* hit blocks resident on the device */
+  uint32_t tier_blocks[CORE_TIERS]; /* blocks to promote from each tier */
+  uint32_t npromos;        /* entries filled in promos */
+} core_lookup_out;
+
+/*
+ * core_lookup, then, where the chain goes on below the device and promote
+ * is set, the rest of the cached prefix: blocks resident on the device are
+ * taken as hits, blocks found in a tier get a fresh device block each (as
+ * Allocate would, keeping the reserve; fewer when space runs out), sealed
+ * with their hash and tokens, not indexed, pinned, and listed in promos (up
+ * to max_promos).  The request holds them from now on; its hit_tokens count
+ * them.  The caller fills each block from its tier slot and then calls
+ * core_promote_finish exactly once.  Without promote, blocks found below
+ * are only counted (tier hit stats), not taken.
+ */
+int core_lookup_promote(core *c, core_req *r, const uint32_t *tokens,
+                        uint32_t n, int promote, core_promo *promos,
+                        uint32_t max_promos, core_lookup_out *out);
+
+/*
+ * The blocks of promos[0..n) are filled: ok[i] says whether block i got the
+ * right bytes.  Good blocks before the first failure are indexed; the
+ * request (NULL when it was freed meanwhile) keeps its table up to the
+ * first failed promotion (its hit shrinks to there); a failed entry is
+ * dropped from its tier (its bytes are bad or unreadable); every block is
+ * unpinned.  Returns the request's hit_tokens after it.
+ */
+uint32_t core_promote_finish(core *c, core_req *r, const core_promo *promos,
+                             uint32_t n, const int *ok);
+
+/* Per-tier counters (zeros for a tier that does not exist). */
+void core_tier_get_stats(const core *c, core_tier_stats st[CORE_TIERS]);
+
 typedef enum core_block_state {
   CORE_BLOCK_FREE = 0,
   CORE_BLOCK_CACHED = 1,
@@ -178,6 +295,7 @@ typedef struct core_block_info {
   core_block_state state;
   uint32_t ref;
   uint32_t pins;    /* of ref, those held by core_pin */
+  int busy;         /* being copied down a tier */
   int indexed;      /* its hash is in the prefix index */
   kvs_hash128 hash; /* valid when sealed (indexed or not) */
 } core_block_info;
@@ -203,6 +321,8 @@ typedef struct core_stats {
   uint64_t duplicate_blocks; /* sealed with a hash already indexed */
   uint64_t collisions;       /* hash matched, stored tokens did not */
   uint64_t no_space;         /* allocations refused with KVS_ENOSPC */
+  uint64_t tier_lost;        /* CACHED blocks evicted with no copy below
+                                (tiers on: demotion did not keep up) */
 } core_stats;
 
 void core_get_stats(const core *c, core_stats *st);

@@ -14,10 +14,13 @@
 typedef struct blk {
   uint32_t ref;
   uint32_t prev, next; /* free-queue links, KVS_BLOCK_NONE at the ends */
-  uint8_t on_queue;
-  uint8_t sealed;  /* bhash and btok valid */
-  uint8_t indexed; /* hash present in the prefix index, pointing here */
-  uint8_t pins;    /* references held by core_pin (counted in ref too) */
+  uint8_t on_queue : 1;
+  uint8_t sealed : 1;  /* bhash and btok valid */
+  uint8_t indexed : 1; /* hash present in the prefix index, pointing here */
+  uint8_t busy : 1;    /* its bytes are being copied down a tier: never
+                          taken for reuse until that is done */
+  uint8_t pins;        /* references held by core_pin (counted in ref too) */
+  uint16_t pad_;
 } blk;
 _Static_assert(sizeof(blk) == 16, "hot block record is 16 bytes");
 
@@ -57,6 +60,50 @@ typedef struct core_policy {
 
 extern const core_policy core_policy_lru;
 
+/* ---- lower tiers (tier.c) ------------------------------------------------
+ * An entry is one sealed block's bytes below the device pool, found by its
+ * hash (core.tindex), with a slot in the host tier, the disk tier, or both.
+ * Each tier keeps its slots' entries in LRU order (head: next to drop). */
+typedef struct tent {
+  kvs_hash128 h;
+  uint32_t slot[CORE_TIERS];  /* KVS_BLOCK_NONE when none in that tier */
+  uint32_t prev[CORE_TIERS], next[CORE_TIERS]; /* the tier's LRU */
+  uint8_t valid[CORE_TIERS];  /* the slot holds the bytes (else: being
+                                 written) */
+  uint8_t used;               /* allocated (else on the free list: next[0]) */
+  uint8_t bad;                /* bit t: tier t's bytes failed a read; the
+                                 copy goes when busy drops to 0 */
+  uint16_t busy;              /* moves and promotions reading or writing it */
+} tent;
+
+typedef struct tier {
+  uint32_t nslots;     /* 0: no such tier */
+  uint32_t *free_slots;
+  uint32_t nfree;
+  uint32_t head, tail; /* LRU of the entries holding a slot here */
+  core_tier_stats st;
+} tier;
+
+/* Set up / free the tiers of cfg (no-ops without tiers). */
+int tier_init(core *c);
+void tier_destroy(core *c);
+/* Block b, CACHED, is being evicted: its hash leaves the device. */
+void tier_on_evict(core *c, uint32_t b);
+/* The tiers' part of core_check. */
+int tier_check(const core *c, char *msg, size_t msg_len);
+/* The entry of hash h, or KVS_BLOCK_NONE; its stored tokens (NULL without
+ * verify_tokens). */
+uint32_t tier_find(const core *c, kvs_hash128 h);
+const uint32_t *tier_tokens(const core *c, uint32_t e);
+/* Entry e to the most recently used end of tier t's LRU. */
+void tier_touch(core *c, uint32_t e, int t);
+/* I/O on entry e starts (+1) or ends (-1). */
+void tier_busy(core *c, uint32_t e, int delta);
+/* Entry e's copy in tier t is bad: nobody reads it from now on, and its
+ * slot goes back once no I/O uses it (at once when none does). */
+void tier_forget(core *c, uint32_t e, int t);
+static inline int tier_any(const core *c);
+
 struct core_req {
   core_req *prev, *next; /* all requests of the core */
   uint32_t *blocks;
@@ -82,7 +129,19 @@ struct core {
   core_req *reqs;
   uint32_t nreqs;
   core_stats st; /* counters; block counts are derived in core_get_stats */
+  /* lower tiers (tier.c); nothing allocated without tiers */
+  tier tiers[CORE_TIERS];
+  tent *tents;
+  uint32_t ntents, tent_free; /* capacity; free list head */
+  uint32_t *ttok;             /* ntents * block_size token ids */
+  hidx tindex;                /* hash -> entry */
+  uint32_t nbusy;             /* blocks on the free queue being copied
+                                 down (allocation skips them) */
 };
+
+static inline int tier_any(const core *c) {
+  return c->tiers[CORE_TIER_HOST].nslots || c->tiers[CORE_TIER_DISK].nslots;
+}
 
 /* The free queue: an intrusive doubly-linked list of the ref-0 blocks in
  * eviction order (head = next to be allocated).  All O(1); inline because

@@ -1,0 +1,451 @@
+/*
+ * tier.c — the books of the tiers below the device pool (core.h, "Lower
+ * tiers"): entries by hash, slots and an LRU per tier, the demotions to
+ * start, the eviction of a block with no copy below.  No I/O: the daemon
+ * moves the bytes and reports back; the replayer (tier_sync) has them
+ * "moved" at once.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core_int.h"
+
+#define NONE KVS_BLOCK_NONE
+/* LRU entries looked at for one slot before giving up (busy ones are
+ * skipped). */
+#define SCAN_MAX 64
+
+static inline int same_hash(kvs_hash128 a, kvs_hash128 b) {
+  return a.lo == b.lo && a.hi == b.hi;
+}
+
+/* ---- entries ------------------------------------------------------------ */
+
+uint32_t tier_find(const core *c, kvs_hash128 h) {
+  return c->ntents ? hidx_find(&c->tindex, h) : NONE;
+}
+
+const uint32_t *tier_tokens(const core *c, uint32_t e) {
+  return c->ttok ? c->ttok + (size_t)e * c->cfg.block_size : NULL;
+}
+
+static uint32_t ent_new(core *c, kvs_hash128 h, const uint32_t *tokens) {
+  uint32_t e = c->tent_free;
+  tent *x;
+
+  assert(e != NONE);
+  x = &c->tents[e];
+  c->tent_free = x->next[0];
+  memset(x, 0, sizeof(*x));
+  x->h = h;
+  x->used = 1;
+  for (int t = 0; t < CORE_TIERS; t++)
+    x->slot[t] = x->prev[t] = x->next[t] = NONE;
+  if (c->ttok)
+    memcpy(c->ttok + (size_t)e * c->cfg.block_size, tokens,
+           (size_t)c->cfg.block_size * sizeof(uint32_t));
+  hidx_insert(&c->tindex, h, e);
+  return e;
+}
+
+/* An entry with no slot left is forgotten. */
+static void ent_maybe_free(core *c, uint32_t e) {
+  tent *x = &c->tents[e];
+
+  if (x->slot[CORE_TIER_HOST] != NONE || x->slot[CORE_TIER_DISK] != NONE)
+    return;
+  assert(x->busy == 0);
+  hidx_remove(&c->tindex, x->h);
+  x->used = 0;
+  x->next[0] = c->tent_free;
+  c->tent_free = e;
+}
+
+/* ---- slots and LRU ---------------------------------------------------------- */
+
+static void lru_unlink(core *c, int t, uint32_t e) {
+  tier *q = &c->tiers[t];
+  tent *x = &c->tents[e];
+
+  if (x->prev[t] != NONE)
+    c->tents[x->prev[t]].next[t] = x->next[t];
+  else
+    q->head = x->next[t];
+  if (x->next[t] != NONE)
+    c->tents[x->next[t]].prev[t] = x->prev[t];
+  else
+    q->tail = x->prev[t];
+  x->prev[t] = x->next[t] = NONE;
+}
+
+static void lru_push_tail(core *c, int t, uint32_t e) {
+  tier *q = &c->tiers[t];
+  tent *x = &c->tents[e];
+
+  x->next[t] = NONE;
+  x->prev[t] = q->tail;
+  if (q->tail != NONE)
+    c->tents[q->tail].next[t] = e;
+  else
+    q->head = e;
+  q->tail = e;
+}
+
+/* Entry e gets slot s of tier t (valid: the bytes are there already). */
+static void slot_give(core *c, int t, uint32_t e, uint32_t s, int valid) {
+  tent *x = &c->tents[e];
+
+  x->slot[t] = s;
+  x->valid[t] = (uint8_t)valid;
+  lru_push_tail(c, t, e);
+  c->tiers[t].st.used++;
+}
+
+/* Entry e loses its copy in tier t; forgotten when it was the last. */
+static void tier_drop(core *c, uint32_t e, int t) {
+  tier *q = &c->tiers[t];
+  tent *x = &c->tents[e];
+
+  assert(x->slot[t] != NONE);
+  lru_unlink(c, t, e);
+  q->free_slots[q->nfree++] = x->slot[t];
+  q->st.used--;
+  x->slot[t] = NONE;
+  x->valid[t] = 0;
+  ent_maybe_free(c, e);
+}
+
+void tier_forget(core *c, uint32_t e, int t) {
+  tent *x = &c->tents[e];
+
+  x->valid[t] = 0;
+  if (x->busy)
+    x->bad |= (uint8_t)(1u << t);
+  else
+    tier_drop(c, e, t);
+}
+
+void tier_touch(core *c, uint32_t e, int t) {
+  if (c->tents[e].slot[t] == NONE)
+    return;
+  lru_unlink(c, t, e);
+  lru_push_tail(c, t, e);
+}
+
+void tier_busy(core *c, uint32_t e, int delta) {
+  tent *x = &c->tents[e];
+
+  x->busy = (uint16_t)(x->busy + delta);
+  if (x->busy == 0 && x->bad) {
+    uint8_t bad = x->bad;
+
+    x->bad = 0;
+    if ((bad & 2) && x->slot[CORE_TIER_DISK] != NONE)
+      tier_drop(c, e, CORE_TIER_DISK); /* may free the entry: host last */
+    if ((bad & 1) && x->used && x->slot[CORE_TIER_HOST] != NONE)
+      tier_drop(c, e, CORE_TIER_HOST);
+  }
+}
+
+/*
+ * A free slot of tier t, making room if need be by dropping the least
+ * recently used entry that is not busy.  In the host tier an entry that the
+ * disk tier does not hold yet goes to disk first: with tier_sync at once;
+ * otherwise a HOST_TO_DISK move is written to *pend (when not NULL), and
+ * NONE is returned with *blocked set: the slot frees up once it is done.
+ */
+static uint32_t slot_take(core *c, int t, core_move *pend, int *blocked) {
+  tier *q = &c->tiers[t];
+  int scanned = 0;
+
+  if (blocked)
+    *blocked = 0;
+  if (q->nfree)
+    return q->free_slots[--q->nfree];
+  for (uint32_t e = q->head; e != NONE && scanned < SCAN_MAX;
+       e = c->tents[e].next[t], scanned++) {
+    tent *x = &c->tents[e];
+
+    if (x->busy)
+      continue;
+    if (t == CORE_TIER_HOST && c->tiers[CORE_TIER_DISK].nslots &&
+        x->slot[CORE_TIER_DISK] == NONE) {
+      /* Write it to disk before its host slot goes. */
+      uint32_t d = slot_take(c, CORE_TIER_DISK, NULL, NULL);
+
+      if (d == NONE)
+        return NONE;
+      if (c->cfg.tier_sync) {
+        uint32_t s = x->slot[t];
+
+        slot_give(c, CORE_TIER_DISK, e, d, 1);
+        c->tiers[CORE_TIER_DISK].st.demotions++;
+        tier_drop(c, e, t); /* moved down, not dropped */
+        q->nfree--;
+        return s;
+      } else {
+        if (!pend) { /* (cannot happen: the disk tier is not the host's) */
+          c->tiers[CORE_TIER_DISK].free_slots[c->tiers[CORE_TIER_DISK].nfree++] = d;
+          return NONE;
+        }
+        slot_give(c, CORE_TIER_DISK, e, d, 0);
+        x->busy++;
+        pend->kind = CORE_MOVE_HOST_TO_DISK;
+        pend->tier = CORE_TIER_DISK;
+        pend->block = NONE;
+        pend->entry = e;
+        pend->slot = d;
+        pend->src_slot = x->slot[CORE_TIER_HOST];
+        pend->hash = x->h;
+        if (blocked)
+          *blocked = 1;
+        return NONE;
+      }
+    }
+    /* Its copy here can go: it lives on below, or nowhere else to keep it. */
+    uint32_t s = x->slot[t];
+
+    q->st.drops++;
+    tier_drop(c, e, t);
+    q->nfree--; /* tier_drop pushed s; take it back */
+    return s;
+  }
+  return NONE;
+}
+
+/* ---- demotion ----------------------------------------------------------- */
+
+/* Does hash h have a copy below (or one being written)? */
+static int has_copy_below(const core *c, kvs_hash128 h) {
+  uint32_t e = tier_find(c, h);
+
+  return e != NONE;
+}
+
+/* The tier a device block goes down to: host when there is one. */
+static int first_tier(const core *c) {
+  return c->tiers[CORE_TIER_HOST].nslots ? CORE_TIER_HOST : CORE_TIER_DISK;
+}
+
+uint32_t core_tier_plan(core *c, core_move *mv, uint32_t max) {
+  const int t = first_tier(c);
+  uint32_t n = 0, seen = 0;
+
+  if (!tier_any(c) || c->cfg.tier_sync)
+    return 0;
+  for (uint32_t b = c->fq_head; b != NONE && seen < c->cfg.tier_window &&
+                                n < max;
+       b = c->blocks[b].next, seen++) {
+    blk *x = &c->blocks[b];
+    uint32_t e, s;
+    int blocked;
+
+    if (!x->indexed || x->busy || has_copy_below(c, c->bhash[b]))
+      continue;
+    s = slot_take(c, t, &mv[n], &blocked);
+    if (s == NONE) {
+      n += (uint32_t)blocked; /* a host entry goes to disk first */
+      break;
+    }
+    e = ent_new(c, c->bhash[b], c->btok + (size_t)b * c->cfg.block_size);
+    slot_give(c, t, e, s, 0);
+    c->tents[e].busy++;
+    x->busy = 1;
+    c->nbusy++;
+    mv[n].kind = CORE_MOVE_DOWN;
+    mv[n].tier = (uint32_t)t;
+    mv[n].block = b;
+    mv[n].entry = e;
+    mv[n].slot = s;
+    mv[n].src_slot = NONE;
+    mv[n].hash = c->bhash[b];
+    n++;
+  }
+  return n;
+}
+
+void core_tier_done(core *c, const core_move *m, int ok) {
+  tent *x = &c->tents[m->entry];
+  tier *q = &c->tiers[m->tier];
+
+  assert(x->used && x->busy > 0 && x->slot[m->tier] == m->slot);
+  if (m->kind == CORE_MOVE_DOWN) {
+    blk *b = &c->blocks[m->block];
+
+    assert(b->busy);
+    b->busy = 0;
+    c->nbusy -= b->on_queue;
+  }
+  if (ok) {
+    x->valid[m->tier] = 1;
+    q->st.demotions++;
+    /* The host slot it was written for goes (once no promotion reads it). */
+    if (m->kind == CORE_MOVE_HOST_TO_DISK)
+      tier_forget(c, m->entry, CORE_TIER_HOST);
+  } else {
+    q->st.failures++;
+    tier_forget(c, m->entry, (int)m->tier);
+  }
+  tier_busy(c, m->entry, -1);
+}
+
+void tier_on_evict(core *c, uint32_t b) {
+  uint32_t s, e;
+  int t;
+
+  if (!tier_any(c) || has_copy_below(c, c->bhash[b]))
+    return;
+  if (!c->cfg.tier_sync) {
+    c->st.tier_lost++;
+    return;
+  }
+  /* An ideal write-back: down at once. */
+  t = first_tier(c);
+  s = slot_take(c, t, NULL, NULL);
+  if (s == NONE) {
+    c->st.tier_lost++;
+    return;
+  }
+  e = ent_new(c, c->bhash[b], c->btok + (size_t)b * c->cfg.block_size);
+  slot_give(c, t, e, s, 1);
+  c->tiers[t].st.demotions++;
+}
+
+/* ---- stats, set-up, check -------------------------------------------------- */
+
+void core_tier_get_stats(const core *c, core_tier_stats st[CORE_TIERS]) {
+  for (int t = 0; t < CORE_TIERS; t++) {
+    st[t] = c->tiers[t].st;
+    st[t].slots = c->tiers[t].nslots;
+  }
+}
+
+int tier_init(core *c) {
+  uint64_t n = (uint64_t)c->cfg.tier_slots[CORE_TIER_HOST] +
+               c->cfg.tier_slots[CORE_TIER_DISK];
+
+  for (int t = 0; t < CORE_TIERS; t++) {
+    tier *q = &c->tiers[t];
+
+    q->head = q->tail = NONE;
+    q->nslots = c->cfg.tier_slots[t];
+    if (!q->nslots)
+      continue;
+    q->free_slots = malloc((size_t)q->nslots * sizeof(uint32_t));
+    if (!q->free_slots)
+      return KVS_ENOMEM;
+    /* Slot 0 on top: slots are handed out in order. */
+    for (uint32_t i = 0; i < q->nslots; i++)
+      q->free_slots[i] = q->nslots - 1 - i;
+    q->nfree = q->nslots;
+  }
+  c->tent_free = NONE;
+  if (n == 0)
+    return 0;
+  if (n >= NONE)
+    return KVS_EINVAL;
+  if (c->cfg.tier_window == 0) {
+    c->cfg.tier_window = c->cfg.num_blocks / 16;
+    if (c->cfg.tier_window < 8)
+      c->cfg.tier_window = 8;
+  }
+  c->ntents = (uint32_t)n;
+  c->tents = calloc(n, sizeof(*c->tents));
+  if (c->cfg.verify_tokens)
+    c->ttok = malloc(n * c->cfg.block_size * sizeof(uint32_t));
+  if (!c->tents || (c->cfg.verify_tokens && !c->ttok) ||
+      hidx_init(&c->tindex, (uint32_t)n) != 0)
+    return KVS_ENOMEM;
+  for (uint32_t e = (uint32_t)n; e-- > 0;) {
+    c->tents[e].next[0] = c->tent_free;
+    c->tent_free = e;
+  }
+  return 0;
+}
+
+void tier_destroy(core *c) {
+  for (int t = 0; t < CORE_TIERS; t++)
+    free(c->tiers[t].free_slots);
+  free(c->tents);
+  free(c->ttok);
+  if (c->ntents)
+    hidx_destroy(&c->tindex);
+}
+
+#define TFAIL(...)                                                           \
+  do {                                                                       \
+    if (msg && msg_len)                                                      \
+      snprintf(msg, msg_len, __VA_ARGS__);                                   \
+    rc = KVS_EINTERNAL;                                                      \
+    goto out;                                                                \
+  } while (0)
+
+int tier_check(const core *c, char *msg, size_t msg_len) {
+  uint8_t *seen[CORE_TIERS] = {NULL, NULL};
+  uint32_t used = 0, nbusy = 0;
+  int rc = 0;
+
+  for (uint32_t b = 0; b < c->cfg.num_blocks; b++)
+    nbusy += c->blocks[b].busy && c->blocks[b].on_queue;
+  if (nbusy != c->nbusy)
+    TFAIL("%u busy blocks queued, counter says %u", nbusy, c->nbusy);
+  if (!c->ntents)
+    return 0;
+  for (int t = 0; t < CORE_TIERS; t++) {
+    const tier *q = &c->tiers[t];
+    uint32_t n = 0, prev = NONE;
+
+    seen[t] = calloc(q->nslots ? q->nslots : 1, 1);
+    if (!seen[t])
+      TFAIL("out of memory");
+    for (uint32_t i = 0; i < q->nfree; i++) {
+      if (q->free_slots[i] >= q->nslots || seen[t][q->free_slots[i]])
+        TFAIL("tier %d: free slot %u out of range or twice", t,
+              q->free_slots[i]);
+      seen[t][q->free_slots[i]] = 1;
+    }
+    for (uint32_t e = q->head; e != NONE; e = c->tents[e].next[t]) {
+      const tent *x = &c->tents[e];
+
+      if (e >= c->ntents || !x->used || n > c->ntents)
+        TFAIL("tier %d: LRU holds a bad entry %u", t, e);
+      if (x->prev[t] != prev)
+        TFAIL("tier %d: entry %u's prev is %u, expected %u", t, e, x->prev[t],
+              prev);
+      if (x->slot[t] >= q->nslots || seen[t][x->slot[t]])
+        TFAIL("tier %d: entry %u's slot %u out of range or shared", t, e,
+              x->slot[t]);
+      seen[t][x->slot[t]] = 1;
+      prev = e;
+      n++;
+    }
+    if (prev != q->tail || n != q->st.used || n + q->nfree != q->nslots)
+      TFAIL("tier %d: %u in the LRU, %u free, %u used, %u slots", t, n,
+            q->nfree, q->st.used, q->nslots);
+  }
+  for (uint32_t e = 0; e < c->ntents; e++) {
+    const tent *x = &c->tents[e];
+
+    if (!x->used)
+      continue;
+    used++;
+    if (hidx_find(&c->tindex, x->h) != e)
+      TFAIL("entry %u: the tier index does not point at it", e);
+    if (x->slot[CORE_TIER_HOST] == NONE && x->slot[CORE_TIER_DISK] == NONE)
+      TFAIL("entry %u holds no slot", e);
+    for (int t = 0; t < CORE_TIERS; t++)
+      if (x->slot[t] == NONE && x->valid[t])
+        TFAIL("entry %u: valid in tier %d without a slot", e, t);
+    if (!x->busy && ((x->slot[0] != NONE && !x->valid[0]) ||
+                     (x->slot[1] != NONE && !x->valid[1]) || x->bad))
+      TFAIL("entry %u: a slot being written or a bad copy, yet nothing in "
+            "flight", e);
+  }
+  if (used != c->tindex.count)
+    TFAIL("%u entries, the tier index holds %u", used, c->tindex.count);
+out:
+  free(seen[0]);
+  free(seen[1]);
+  return rc;
+}

@@ -1,0 +1,679 @@
+/*
+ * test_core_tier.c — the lower tiers' books in the pure core, two ways.
+ *
+ * 1. test_sync_vs_model: with tier_sync (the replayer's mode: a block is
+ *    copied down the moment it is evicted), random requests run on the core
+ *    and on a reference written here with plain arrays: a device pool with an
+ *    LRU free queue, and per tier an LRU list of prefixes.  Every lookup's
+ *    hit, every block id, every per-tier counter must agree.
+ *
+ * 2. test_async_bytes: the daemon's mode.  The test plays the daemon and the
+ *    workers with a fake "content" per device block and per tier slot (the
+ *    hash the bytes stand for, or garbage): moves and promotions take
+ *    random time, fail at random, requests are freed while their
+ *    promotion is in flight.  Whatever the core hands out must hold the
+ *    right bytes: a demotion reads a block that still holds its hash, a
+ *    promotion reads a slot that holds the entry's hash, and every block a
+ *    lookup returns (resident or promoted) holds its hash.  Invariants
+ *    (core_check, tiers included) run throughout; at the end nothing is held.
+ *
+ * KVS_MODEL_OPS scales both (default 300,000 operations each).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "daemon/core/core.h"
+
+#define BS 4
+#define MAXREQ 10
+#define MAXTOK 64
+#define MAXB (MAXTOK / BS + 1)
+#define NONE KVS_BLOCK_NONE
+
+static uint64_t rng;
+static uint32_t rnd(uint32_t n) {
+  rng ^= rng << 13;
+  rng ^= rng >> 7;
+  rng ^= rng << 17;
+  return (uint32_t)(rng % n);
+}
+
+static uint64_t nops(void) {
+  const char *env = getenv("KVS_MODEL_OPS");
+  return env ? strtoull(env, NULL, 10) : 300000;
+}
+
+/* Prompts share stems and long prefixes (a small alphabet early on). */
+static uint32_t gen_prompt(uint32_t *t) {
+  uint32_t n = 2 + rnd(MAXTOK - 2), stem = rnd(6);
+  for (uint32_t i = 0; i < n; i++)
+    t[i] = i < 3 * BS ? 100 * stem + i : rnd(i < 6 * BS ? 2 : 5);
+  return n;
+}
+
+static void check(core *c) {
+  char msg[256];
+  if (core_check(c, msg, sizeof(msg)) != 0)
+    fail_msg("invariant: %s", msg);
+}
+
+static core *make_core(uint32_t nb, uint32_t reserve, uint32_t host,
+                       uint32_t disk, int sync) {
+  core_config cfg;
+  core *c;
+  kvs_layout l = {BS, 1, 1, 1, KVS_DTYPE_FP32, nb, 0};
+
+  core_config_init(&cfg);
+  cfg.num_blocks = nb;
+  cfg.block_size = BS;
+  cfg.reserve_blocks = reserve;
+  cfg.root = core_root_hash(&l, "tier-model");
+  cfg.tier_slots[CORE_TIER_HOST] = host;
+  cfg.tier_slots[CORE_TIER_DISK] = disk;
+  cfg.tier_sync = sync;
+  cfg.tier_window = 6;
+  assert_int_equal(core_create(&cfg, &c), 0);
+  return c;
+}
+
+/* ==== 1. tier_sync against a reference ================================== */
+
+#define NB 24
+#define RES 2
+#define HOST 20
+#define DISK 40
+#define SCAN 64 /* the core's scan limit for a victim (never reached here) */
+
+typedef struct key {
+  uint32_t len; /* prefix length in tokens: 0 = none */
+  uint32_t t[MAXTOK];
+} key;
+
+static int key_eq(const key *a, const uint32_t *t, uint32_t len) {
+  return a->len == len && memcmp(a->t, t, len * sizeof(uint32_t)) == 0;
+}
+
+typedef struct mb {
+  uint32_t ref;
+  int indexed;
+  key k;
+} mb;
+
+typedef struct mtier {
+  uint32_t cap, n;
+  key lru[DISK]; /* [0] = least recently used */
+  int busy[DISK];
+  core_tier_stats st;
+} mtier;
+
+typedef struct mreq {
+  int live;
+  uint32_t nblocks, blocks[MAXB];
+} mreq;
+
+static mb M[NB];
+static uint32_t mq[NB], mqlen;
+static mtier T[CORE_TIERS];
+static mreq R[MAXREQ];
+static uint64_t m_lost, m_evictions;
+
+static int t_find(int t, const uint32_t *p, uint32_t len) {
+  for (uint32_t i = 0; i < T[t].n; i++)
+    if (key_eq(&T[t].lru[i], p, len))
+      return (int)i;
+  return -1;
+}
+
+static key t_remove(int t, uint32_t i) {
+  key k = T[t].lru[i];
+  memmove(&T[t].lru[i], &T[t].lru[i + 1], (T[t].n - i - 1) * sizeof(key));
+  memmove(&T[t].busy[i], &T[t].busy[i + 1], (T[t].n - i - 1) * sizeof(int));
+  T[t].n--;
+  return k;
+}
+
+static void t_push(int t, const key *k, int busy) {
+  T[t].lru[T[t].n] = *k;
+  T[t].busy[T[t].n++] = busy;
+}
+
+/* Room for one more in tier t (the core's slot_take, in sync mode). */
+static int t_room(int t) {
+  if (T[t].n < T[t].cap)
+    return 1;
+  for (uint32_t i = 0; i < T[t].n && i < SCAN; i++) {
+    if (T[t].busy[i])
+      continue;
+    if (t == CORE_TIER_HOST && T[CORE_TIER_DISK].cap) {
+      /* in sync mode an entry lives in one tier: down to disk */
+      if (!t_room(CORE_TIER_DISK))
+        return 0;
+      key k = t_remove(t, i);
+      t_push(CORE_TIER_DISK, &k, 0);
+      T[CORE_TIER_DISK].st.demotions++;
+      return 1;
+    }
+    t_remove(t, i);
+    T[t].st.drops++;
+    return 1;
+  }
+  return 0;
+}
+
+static void m_evict(const key *k) {
+  int t = T[CORE_TIER_HOST].cap ? CORE_TIER_HOST : CORE_TIER_DISK;
+  if (t_find(CORE_TIER_HOST, k->t, k->len) >= 0 ||
+      t_find(CORE_TIER_DISK, k->t, k->len) >= 0)
+    return;
+  if (!t_room(t)) {
+    m_lost++;
+    return;
+  }
+  t_push(t, k, 0);
+  T[t].st.demotions++;
+}
+
+static void mq_remove(uint32_t b) {
+  for (uint32_t i = 0; i < mqlen; i++)
+    if (mq[i] == b) {
+      memmove(mq + i, mq + i + 1, (mqlen - i - 1) * sizeof(uint32_t));
+      mqlen--;
+      return;
+    }
+  fail_msg("model: block %u not queued", b);
+}
+
+static uint32_t m_take(void) {
+  uint32_t b = mq[0];
+  mq_remove(b);
+  if (M[b].indexed) {
+    m_evict(&M[b].k);
+    m_evictions++;
+  }
+  M[b].indexed = 0;
+  M[b].k.len = 0;
+  M[b].ref = 1;
+  return b;
+}
+
+static void m_put(uint32_t b) {
+  if (--M[b].ref > 0)
+    return;
+  if (M[b].indexed) {
+    mq[mqlen++] = b;
+  } else {
+    memmove(mq + 1, mq, mqlen * sizeof(uint32_t));
+    mq[0] = b;
+    mqlen++;
+    M[b].k.len = 0;
+  }
+}
+
+static uint32_t m_dev_find(const uint32_t *p, uint32_t len) {
+  for (uint32_t b = 0; b < NB; b++)
+    if (M[b].indexed && key_eq(&M[b].k, p, len))
+      return b;
+  return NONE;
+}
+
+static void m_seal(uint32_t b, const uint32_t *p, uint32_t len) {
+  M[b].k.len = len;
+  memcpy(M[b].k.t, p, len * sizeof(uint32_t));
+  if (m_dev_find(p, len) == NONE)
+    M[b].indexed = 1;
+}
+
+/* lookup with promotion, everything promoted at once and successfully */
+static uint32_t m_lookup(mreq *r, const uint32_t *t, uint32_t n) {
+  uint32_t full = (n - 1) / BS, m = 0, dev[MAXB];
+  int tier[MAXB];
+
+  for (; m < full; m++) {
+    uint32_t len = (m + 1) * BS;
+    dev[m] = m_dev_find(t, len);
+    tier[m] = -1;
+    if (dev[m] != NONE)
+      continue;
+    if (t_find(CORE_TIER_HOST, t, len) >= 0)
+      tier[m] = CORE_TIER_HOST;
+    else if (t_find(CORE_TIER_DISK, t, len) >= 0)
+      tier[m] = CORE_TIER_DISK;
+    else
+      break;
+  }
+  for (uint32_t j = 0; j < m; j++)
+    if (tier[j] >= 0)
+      T[tier[j]].st.hit_blocks++;
+  /* the device-resident prefix is taken first, as core_lookup does */
+  uint32_t keep = 0;
+  for (; keep < m && dev[keep] != NONE; keep++) {
+    if (M[dev[keep]].ref == 0)
+      mq_remove(dev[keep]);
+    M[dev[keep]].ref++;
+    r->blocks[keep] = dev[keep];
+  }
+  uint32_t first = keep;
+  int64_t avail = (int64_t)mqlen - RES;
+  for (; keep < m; keep++)
+    if ((tier[keep] >= 0 || M[dev[keep]].ref == 0 ? --avail : avail) < 0)
+      break;
+  for (uint32_t j = first; j < keep; j++)
+    if (dev[j] != NONE) {
+      if (M[dev[j]].ref == 0)
+        mq_remove(dev[j]);
+      M[dev[j]].ref++;
+      r->blocks[j] = dev[j];
+    } else {
+      T[tier[j]].busy[t_find(tier[j], t, (j + 1) * BS)] = 1;
+    }
+  for (uint32_t j = first; j < keep; j++)
+    if (dev[j] == NONE)
+      r->blocks[j] = m_take();
+  for (uint32_t j = first; j < keep; j++)
+    if (dev[j] == NONE) {
+      int t2 = tier[j];
+      int i = t_find(t2, t, (j + 1) * BS);
+      key k = t_remove(t2, (uint32_t)i);
+      t_push(t2, &k, 0); /* touched, no longer busy */
+      T[t2].st.promotions++;
+      m_seal(r->blocks[j], t, (j + 1) * BS);
+    }
+  r->nblocks = keep;
+  return keep * BS;
+}
+
+static void m_free(mreq *r) {
+  for (uint32_t i = r->nblocks; i-- > 0;)
+    m_put(r->blocks[i]);
+  r->nblocks = 0;
+  r->live = 0;
+}
+
+static void compare(core *c, core_req **cr) {
+  core_tier_stats st[CORE_TIERS];
+  core_stats cs;
+
+  for (uint32_t b = 0; b < NB; b++) {
+    core_block_info bi;
+    core_block_get(c, b, &bi);
+    assert_int_equal(bi.ref, M[b].ref);
+    assert_int_equal(bi.indexed, M[b].indexed);
+  }
+  for (int i = 0; i < MAXREQ; i++) {
+    uint32_t n;
+    const uint32_t *bl;
+    if (!R[i].live)
+      continue;
+    bl = core_req_blocks(cr[i], &n);
+    assert_int_equal(n, R[i].nblocks);
+    assert_memory_equal(bl, R[i].blocks, n * sizeof(uint32_t));
+  }
+  core_tier_get_stats(c, st);
+  core_get_stats(c, &cs);
+  for (int t = 0; t < CORE_TIERS; t++) {
+    assert_int_equal(st[t].slots, T[t].cap);
+    assert_int_equal(st[t].used, T[t].n);
+    assert_int_equal(st[t].demotions, T[t].st.demotions);
+    assert_int_equal(st[t].promotions, T[t].st.promotions);
+    assert_int_equal(st[t].hit_blocks, T[t].st.hit_blocks);
+    assert_int_equal(st[t].drops, T[t].st.drops);
+    assert_int_equal(st[t].failures, 0);
+  }
+  assert_int_equal(cs.tier_lost, m_lost);
+  assert_int_equal(cs.evictions, m_evictions);
+}
+
+static void run_sync(uint32_t host, uint32_t disk) {
+  core *c = make_core(NB, RES, host, disk, 1);
+  core_req *cr[MAXREQ] = {0};
+  uint32_t tok[MAXREQ][MAXTOK], ntok[MAXREQ];
+  uint64_t ops = nops();
+
+  memset(M, 0, sizeof(M));
+  memset(T, 0, sizeof(T));
+  memset(R, 0, sizeof(R));
+  m_lost = m_evictions = 0;
+  T[CORE_TIER_HOST].cap = host;
+  T[CORE_TIER_DISK].cap = disk;
+  for (uint32_t b = 0; b < NB; b++)
+    mq[b] = b;
+  mqlen = NB;
+  rng = 0x2545f4914f6cdd1dull + host * 7 + disk;
+
+  for (uint64_t op = 1; op <= ops; op++) {
+    int i = (int)rnd(MAXREQ);
+    if (!R[i].live) {
+      core_lookup_out out;
+      core_promo promos[MAXB];
+      int ok[MAXB];
+      uint32_t mhit;
+      core_cow cow;
+
+      ntok[i] = gen_prompt(tok[i]);
+      assert_int_equal(core_req_create(c, NULL, 0, &cr[i]), 0);
+      assert_int_equal(core_lookup_promote(c, cr[i], tok[i], ntok[i], 1,
+                                           promos, MAXB, &out), 0);
+      for (uint32_t j = 0; j < out.npromos; j++)
+        ok[j] = 1;
+      assert_int_equal(core_promote_finish(c, cr[i], promos, out.npromos, ok),
+                       out.hit_tokens);
+      R[i].live = 1;
+      mhit = m_lookup(&R[i], tok[i], ntok[i]);
+      assert_int_equal(out.hit_tokens, mhit);
+      assert_int_equal(out.npromos, out.tier_blocks[0] + out.tier_blocks[1]);
+      /* compute the rest: allocate (keeping the reserve) and commit */
+      int rc = core_allocate(c, cr[i], ntok[i] - mhit, &cow);
+      uint32_t nb = (ntok[i] + BS - 1) / BS - R[i].nblocks;
+      if (mqlen >= nb + RES) {
+        assert_int_equal(rc, 0);
+        for (uint32_t j = 0; j < nb; j++)
+          R[i].blocks[R[i].nblocks++] = m_take();
+        assert_int_equal(core_commit(c, cr[i], mhit, tok[i] + mhit,
+                                     ntok[i] - mhit, NULL), 0);
+        for (uint32_t j = mhit / BS; j < ntok[i] / BS; j++)
+          m_seal(R[i].blocks[j], tok[i], (j + 1) * BS);
+      } else {
+        assert_int_equal(rc, KVS_ENOSPC);
+      }
+    } else if (rnd(3) == 0) {
+      core_req_free(c, cr[i]);
+      m_free(&R[i]);
+    }
+    compare(c, cr);
+    if (op % 1024 == 0)
+      check(c);
+  }
+  core_tier_stats st[CORE_TIERS];
+  core_tier_get_stats(c, st);
+  print_message("host %u disk %u: promoted %llu + %llu, demoted %llu + %llu, "
+                "dropped %llu + %llu, lost %llu\n", host, disk,
+                (unsigned long long)st[0].promotions,
+                (unsigned long long)st[1].promotions,
+                (unsigned long long)st[0].demotions,
+                (unsigned long long)st[1].demotions,
+                (unsigned long long)st[0].drops,
+                (unsigned long long)st[1].drops, (unsigned long long)m_lost);
+  /* what the workload must exercise */
+  if (host)
+    assert_true(st[0].promotions > 1000 && st[0].drops + st[0].demotions > 1000);
+  if (disk)
+    assert_true(st[1].promotions > 100 && st[1].demotions > 1000);
+  if (host && disk)
+    assert_true(st[1].drops > 100);
+  for (int i = 0; i < MAXREQ; i++)
+    if (R[i].live) {
+      core_req_free(c, cr[i]);
+      m_free(&R[i]);
+    }
+  compare(c, cr);
+  check(c);
+  core_destroy(c);
+}
+
+static void test_sync_vs_model(void **state) {
+  (void)state;
+  run_sync(HOST, DISK); /* host and disk */
+  run_sync(HOST, 0);    /* host only */
+  run_sync(0, DISK);    /* disk only */
+}
+
+/* ==== 2. the daemon's mode, with bytes ================================== */
+
+#define ANB 32
+#define AHOST 24
+#define ADISK 48
+#define MAXMOVES 64
+
+static const kvs_hash128 GARBAGE = {0xdeadbeefull, 0xfeedfaceull};
+
+typedef struct areq {
+  core_req *r;
+  int live, promoting, doomed; /* doomed: freed while promoting */
+  uint32_t tok[MAXTOK], n;
+  core_promo promos[MAXB];
+  uint32_t npromos;
+} areq;
+
+static int heq(kvs_hash128 a, kvs_hash128 b) {
+  return a.lo == b.lo && a.hi == b.hi;
+}
+
+static kvs_hash128 dev_bytes[ANB], slot_bytes[CORE_TIERS][ADISK];
+static core_move moves[MAXMOVES];
+static uint32_t nmoves;
+static areq A[MAXREQ];
+static uint64_t faults, moved, promoted;
+
+/* Every block of the request's table that is sealed holds its hash. */
+static void check_req_bytes(core *c, areq *a) {
+  uint32_t n;
+  const uint32_t *bl = core_req_blocks(a->r, &n);
+  for (uint32_t i = 0; i < core_req_num_sealed(a->r); i++) {
+    core_block_info bi;
+    core_block_get(c, bl[i], &bi);
+    assert_true(heq(dev_bytes[bl[i]], bi.hash));
+  }
+  (void)n;
+}
+
+static void end_move(core *c, uint32_t k) {
+  core_move m = moves[k];
+  int ok = rnd(16) != 0;
+
+  moves[k] = moves[--nmoves];
+  if (m.kind == CORE_MOVE_DOWN) {
+    core_block_info bi;
+    core_block_get(c, m.block, &bi);
+    assert_true(bi.busy);
+    /* the block was never reused while it was read */
+    assert_true(heq(dev_bytes[m.block], m.hash));
+    slot_bytes[m.tier][m.slot] = ok ? dev_bytes[m.block] : GARBAGE;
+  } else {
+    assert_true(heq(slot_bytes[CORE_TIER_HOST][m.src_slot], m.hash));
+    slot_bytes[m.tier][m.slot] =
+        ok ? slot_bytes[CORE_TIER_HOST][m.src_slot] : GARBAGE;
+  }
+  faults += !ok;
+  moved += ok;
+  core_tier_done(c, &m, ok);
+}
+
+static void end_promotion(core *c, areq *a) {
+  int ok[MAXB];
+  for (uint32_t j = 0; j < a->npromos; j++) {
+    core_promo *p = &a->promos[j];
+    /* the slot read holds what its entry says */
+    assert_true(heq(slot_bytes[p->tier][p->slot], p->hash));
+    ok[j] = rnd(12) != 0; /* a failed read or a bad checksum */
+    dev_bytes[p->block] = ok[j] ? slot_bytes[p->tier][p->slot] : GARBAGE;
+    faults += !ok[j];
+    promoted += ok[j];
+  }
+  core_promote_finish(c, a->doomed ? NULL : a->r, a->promos, a->npromos, ok);
+  a->promoting = 0;
+  if (a->doomed) {
+    a->doomed = 0;
+    a->live = 0;
+  } else {
+    check_req_bytes(c, a);
+  }
+}
+
+static void new_request(core *c, areq *a) {
+  core_lookup_out out;
+  core_cow cow;
+
+  memset(a, 0, sizeof(*a));
+  a->n = gen_prompt(a->tok);
+  a->live = 1;
+  assert_int_equal(core_req_create(c, NULL, 0, &a->r), 0);
+  assert_int_equal(core_lookup_promote(c, a->r, a->tok, a->n, rnd(8) != 0,
+                                       a->promos, MAXB, &out), 0);
+  a->npromos = out.npromos;
+  if (a->npromos) {
+    a->promoting = 1;
+    return;
+  }
+  check_req_bytes(c, a);
+  /* compute the rest: the worker writes garbage, then the K/V, then
+   * commits */
+  uint32_t hit = out.hit_tokens, nb0 = core_req_num_sealed(a->r), n;
+  if (core_allocate(c, a->r, a->n - hit, &cow) != 0)
+    return;
+  const uint32_t *bl = core_req_blocks(a->r, &n);
+  for (uint32_t j = nb0; j < n; j++)
+    dev_bytes[bl[j]] = GARBAGE;
+  assert_int_equal(core_commit(c, a->r, hit, a->tok + hit, a->n - hit, NULL),
+                   0);
+  bl = core_req_blocks(a->r, &n);
+  for (uint32_t j = nb0; j < core_req_num_sealed(a->r); j++) {
+    core_block_info bi;
+    core_block_get(c, bl[j], &bi);
+    dev_bytes[bl[j]] = bi.hash;
+  }
+}
+
+static void test_async_bytes(void **state) {
+  (void)state;
+  core *c = make_core(ANB, 2, AHOST, ADISK, 0);
+  uint64_t ops = nops();
+
+  rng = 0x9e3779b97f4a7c15ull;
+  for (uint32_t b = 0; b < ANB; b++)
+    dev_bytes[b] = GARBAGE;
+  for (uint32_t s = 0; s < ADISK; s++)
+    slot_bytes[0][s] = slot_bytes[1][s] = GARBAGE;
+
+  for (uint64_t op = 1; op <= ops; op++) {
+    uint32_t what = rnd(100);
+    areq *a = &A[rnd(MAXREQ)];
+
+    if (what < 30) { /* a request arrives, or one ends */
+      if (!a->live)
+        new_request(c, a);
+      else if (a->promoting && !a->doomed && rnd(4) == 0) {
+        core_req_free(c, a->r); /* its worker died mid-promotion */
+        a->doomed = 1;
+      } else if (!a->promoting) {
+        core_req_free(c, a->r);
+        a->live = 0;
+      }
+    } else if (what < 50) { /* a promotion completes */
+      if (a->promoting)
+        end_promotion(c, a);
+    } else if (what < 65) { /* the daemon's demotion timer */
+      nmoves += core_tier_plan(c, moves + nmoves, MAXMOVES - nmoves);
+    } else if (nmoves) { /* a move completes */
+      end_move(c, rnd(nmoves));
+    }
+    if (op % 256 == 0)
+      check(c);
+  }
+  while (nmoves)
+    end_move(c, nmoves - 1);
+  for (int i = 0; i < MAXREQ; i++) {
+    if (A[i].promoting)
+      end_promotion(c, &A[i]);
+    if (A[i].live) {
+      core_req_free(c, A[i].r);
+      A[i].live = 0;
+    }
+  }
+  check(c);
+
+  core_tier_stats st[CORE_TIERS];
+  core_stats cs;
+  core_tier_get_stats(c, st);
+  core_get_stats(c, &cs);
+  print_message("moves ok %llu, promotions ok %llu, faults %llu, host "
+                "promotions %llu, disk promotions %llu, lost %llu\n",
+                (unsigned long long)moved, (unsigned long long)promoted,
+                (unsigned long long)faults,
+                (unsigned long long)st[0].promotions,
+                (unsigned long long)st[1].promotions,
+                (unsigned long long)cs.tier_lost);
+  assert_true(st[0].promotions > 1000 && st[1].promotions > 100);
+  assert_true(st[0].failures > 100 && st[1].failures > 10);
+  assert_true(st[1].demotions > 1000);
+  assert_int_equal(cs.used_blocks, 0);
+  for (uint32_t b = 0; b < ANB; b++) {
+    core_block_info bi;
+    core_block_get(c, b, &bi);
+    assert_false(bi.busy);
+    if (bi.indexed) /* what stays cached holds its bytes */
+      assert_true(heq(dev_bytes[b], bi.hash));
+  }
+  core_destroy(c);
+}
+
+/* A lookup without promotion takes only resident blocks, and counts what
+ * lies below; the tier stats say where. */
+static void test_no_promote(void **state) {
+  (void)state;
+  core *c = make_core(8, 0, 8, 0, 1);
+  core_req *r;
+  core_lookup_out out;
+  core_promo promos[MAXB];
+  core_cow cow;
+  uint32_t t[4 * BS + 1];
+
+  for (uint32_t i = 0; i < 4 * BS + 1; i++)
+    t[i] = 7 + i;
+  /* cache 4 blocks, then push them out of the 8-block pool */
+  assert_int_equal(core_req_create(c, NULL, 0, &r), 0);
+  assert_int_equal(core_allocate(c, r, 4 * BS, &cow), 0);
+  assert_int_equal(core_commit(c, r, 0, t, 4 * BS, NULL), 0);
+  core_req_free(c, r);
+  assert_int_equal(core_req_create(c, NULL, 0, &r), 0);
+  assert_int_equal(core_allocate(c, r, 8 * BS, &cow), 0);
+  core_req_free(c, r);
+
+  core_tier_stats st[CORE_TIERS];
+  core_tier_get_stats(c, st);
+  assert_int_equal(st[0].used, 4);
+  assert_int_equal(st[0].demotions, 4);
+
+  assert_int_equal(core_req_create(c, NULL, 0, &r), 0);
+  assert_int_equal(core_lookup_promote(c, r, t, 4 * BS + 1, 0, promos, MAXB,
+                                       &out), 0);
+  assert_int_equal(out.hit_tokens, 0);
+  assert_int_equal(out.tier_blocks[0], 4);
+  assert_int_equal(out.npromos, 0);
+  core_req_free(c, r);
+
+  /* with promotion, limited by max_promos to 3 */
+  assert_int_equal(core_req_create(c, NULL, 0, &r), 0);
+  assert_int_equal(core_lookup_promote(c, r, t, 4 * BS + 1, 1, promos, 3,
+                                       &out), 0);
+  assert_int_equal(out.npromos, 3);
+  assert_int_equal(out.hit_tokens, 3 * BS);
+  /* the second fails: the request keeps one block */
+  int ok[3] = {1, 0, 1};
+  assert_int_equal(core_promote_finish(c, r, promos, 3, ok), BS);
+  assert_int_equal(core_req_num_sealed(r), 1);
+  core_tier_get_stats(c, st);
+  assert_int_equal(st[0].promotions, 2);
+  assert_int_equal(st[0].failures, 1);
+  assert_int_equal(st[0].used, 3); /* the bad copy is gone */
+  assert_int_equal(st[0].hit_blocks, 4 + 4);
+  check(c);
+  core_req_free(c, r);
+  check(c);
+  core_destroy(c);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_no_promote),
+      cmocka_unit_test(test_sync_vs_model),
+      cmocka_unit_test(test_async_bytes),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
