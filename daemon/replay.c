@@ -101,7 +101,7 @@ int replay_pool_blocks(const replay_config *cfg, const replay_plan *plan,
 }
 
 int replay_core_create(const replay_config *cfg, uint32_t num_blocks,
-                       core **out) {
+                       const replay_plan *plan, core **out) {
   /* The replay has no memory behind its blocks; the layout only seeds the
    * root hash. */
   kvs_layout layout = {.block_size = cfg->block_size,
@@ -118,6 +118,16 @@ int replay_core_create(const replay_config *cfg, uint32_t num_blocks,
   cc.root = core_root_hash(&layout, "kvshared-replay");
   if (cfg->policy != NULL)
     cc.policy = cfg->policy;
+  for (int t = 0; t < CORE_TIERS; t++) {
+    uint64_t slots = cfg->tier_tokens[t] / cfg->block_size;
+    /* More slots than the trace has blocks would never fill. */
+    if (plan != NULL && slots > plan->unlimited_blocks)
+      slots = plan->unlimited_blocks;
+    if (slots >= KVS_BLOCK_NONE / 2)
+      return KVS_EINVAL;
+    cc.tier_slots[t] = (uint32_t)slots;
+  }
+  cc.tier_sync = 1;
   return core_create(&cc, out);
 }
 
@@ -173,8 +183,9 @@ static void replay_sample(core *c, replay_result *res) {
 static int replay_one(core *c, const trace *t, const trace_rec *r,
                       uint64_t index, const replay_config *cfg,
                       uint32_t num_blocks, uint32_t *tokens,
-                      replay_result *res) {
+                      core_promo *promos, int *ok, replay_result *res) {
   uint32_t bs = cfg->block_size, n = r->input_length, hit = 0;
+  core_lookup_out lo;
   core_req *q = NULL;
   core_cow cow;
   int rc;
@@ -191,9 +202,11 @@ static int replay_one(core *c, const trace *t, const trace_rec *r,
   rc = core_req_create(c, NULL, 0, &q);
   if (rc != 0)
     return rc;
-  rc = core_lookup(c, q, tokens, n, &hit);
+  /* Lower tiers move their bytes at once here: a promotion succeeds. */
+  rc = core_lookup_promote(c, q, tokens, n, 1, promos, n / bs + 1, &lo);
   if (rc != 0)
     goto out;
+  hit = core_promote_finish(c, q, promos, lo.npromos, ok);
   rc = core_allocate(c, q, n - hit, &cow);
   if (rc == KVS_ENOSPC) {
     /* Only reachable when blocks are pinned elsewhere; counted as refused. */
@@ -210,6 +223,8 @@ static int replay_one(core *c, const trace *t, const trace_rec *r,
   res->served++;
   res->hit_tokens += hit;
   res->hit_blocks += hit / bs;
+  for (int k = 0; k < CORE_TIERS; k++)
+    res->tier_hit_tokens[k] += (uint64_t)lo.tier_blocks[k] * bs;
   replay_sample(c, res);
   if (cfg->decode) {
     for (uint32_t i = 0; i < r->output_length; i++) {
@@ -238,23 +253,38 @@ int replay_run(core *c, const trace *t, const replay_config *cfg,
                replay_result *res) {
   core_stats st;
   uint32_t *tokens;
-  size_t step = t->num_recs / 200 + 1;
+  core_promo *promos;
+  int *ok;
+  size_t step = t->num_recs / 200 + 1, maxb;
   double t0 = replay_now();
   int rc = 0;
 
   memset(res, 0, sizeof(*res));
   core_get_stats(c, &st);
+  maxb = (size_t)t->max_input_length / cfg->block_size + 1;
   tokens = malloc((size_t)t->max_input_length * sizeof(*tokens));
-  if (tokens == NULL)
+  promos = malloc(maxb * sizeof(*promos));
+  ok = malloc(maxb * sizeof(*ok));
+  if (tokens == NULL || promos == NULL || ok == NULL) {
+    free(tokens);
+    free(promos);
+    free(ok);
     return KVS_ENOMEM;
+  }
+  for (size_t i = 0; i < maxb; i++)
+    ok[i] = 1;
   for (size_t i = 0; i < t->num_recs && rc == 0; i++) {
-    rc = replay_one(c, t, &t->recs[i], i, cfg, st.num_blocks, tokens, res);
+    rc = replay_one(c, t, &t->recs[i], i, cfg, st.num_blocks, tokens, promos,
+                    ok, res);
     if (cfg->progress && (i % step == 0 || i + 1 == t->num_recs))
       replay_progress(i + 1, t->num_recs, t0);
   }
   free(tokens);
+  free(promos);
+  free(ok);
   res->seconds = replay_now() - t0;
   core_get_stats(c, &res->stats);
+  core_tier_get_stats(c, res->tiers);
   return rc;
 }
 
@@ -264,6 +294,7 @@ static void replay_usage(FILE *f) {
   fprintf(f,
           "usage: kvshared replay --trace FILE [--capacity-tokens N|unlimited]\n"
           "                       [--block-size 16] [--policy lru] [--decode]\n"
+          "                       [--host-tier-tokens N] [--disk-tier-tokens N]\n"
           "                       [--limit N] [--json] [--progress|--no-progress]\n"
           "\n"
           "Replays a Mooncake-format request trace through the block-manager core,\n"
@@ -277,6 +308,10 @@ static void replay_usage(FILE *f) {
           "                          the whole trace without eviction\n"
           "  --block-size N          tokens per block (default 16)\n"
           "  --policy NAME           eviction policy (default lru)\n"
+          "  --host-tier-tokens N    a host tier of N tokens below the pool: an\n"
+          "                          evicted block is copied down, a lookup that\n"
+          "                          finds it there promotes it (a hit)\n"
+          "  --disk-tier-tokens N    a disk tier below the host tier (or the pool)\n"
           "  --decode                also append and commit output_length tokens\n"
           "                          per request (unique tokens: space, never hits)\n"
           "  --limit N               replay only the first N records of the file\n"
@@ -326,6 +361,25 @@ static void replay_print_text(const char *path, const trace *t,
   printf("block hit rate  %.4f  (%" PRIu64 " of %" PRIu64
          " full blocks a lookup may hit)\n",
          replay_block_hit_rate(res), res->hit_blocks, res->lookup_blocks);
+  for (int k = 0; k < CORE_TIERS; k++) {
+    const core_tier_stats *ts = &res->tiers[k];
+    if (!ts->slots)
+      continue;
+    printf("%s tier       %" PRIu64 " tokens = %u slots: hits %.4f of prompt "
+           "tokens (%" PRIu64 "), %" PRIu64 " demoted, %" PRIu64
+           " dropped\n",
+           k == CORE_TIER_HOST ? "host" : "disk",
+           (uint64_t)ts->slots * cfg->block_size, ts->slots,
+           res->query_tokens ? (double)res->tier_hit_tokens[k] /
+                                   (double)res->query_tokens
+                             : 0.0,
+           res->tier_hit_tokens[k], ts->demotions, ts->drops);
+  }
+  if (res->tiers[0].slots || res->tiers[1].slots)
+    printf("recomputed      %" PRIu64 " prompt tokens (device hits %" PRIu64
+           ")\n",
+           res->query_tokens - res->hit_tokens,
+           res->hit_tokens - res->tier_hit_tokens[0] - res->tier_hit_tokens[1]);
   printf("ideal           %.4f  token hit rate of an unlimited cache (from "
          "hash ids)\n",
          plan->query_tokens
@@ -373,7 +427,15 @@ static int replay_print_json(const char *path, const trace *t,
   if (o == NULL)
     return -1;
   json_t *more = json_pack(
-      "{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f}",
+      "{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I,"
+      " s:I, s:I, s:f}",
+      "host_tier_tokens",
+      (json_int_t)res->tiers[CORE_TIER_HOST].slots * cfg->block_size,
+      "disk_tier_tokens",
+      (json_int_t)res->tiers[CORE_TIER_DISK].slots * cfg->block_size,
+      "host_hit_tokens", (json_int_t)res->tier_hit_tokens[CORE_TIER_HOST],
+      "disk_hit_tokens", (json_int_t)res->tier_hit_tokens[CORE_TIER_DISK],
+      "tier_lost", (json_int_t)st->tier_lost,
       "refused_tokens", (json_int_t)res->refused_tokens, "allocated_blocks",
       (json_int_t)st->allocated_blocks, "evictions", (json_int_t)st->evictions,
       "sealed_blocks", (json_int_t)st->sealed_blocks, "duplicate_blocks",
@@ -403,6 +465,8 @@ enum {
   OPT_JSON,
   OPT_DECODE,
   OPT_LIMIT,
+  OPT_HOST_TIER,
+  OPT_DISK_TIER,
   OPT_PROGRESS,
   OPT_NO_PROGRESS,
   OPT_HELP
@@ -417,6 +481,8 @@ int replay_main(int argc, char **argv) {
       {"json", no_argument, NULL, OPT_JSON},
       {"decode", no_argument, NULL, OPT_DECODE},
       {"limit", required_argument, NULL, OPT_LIMIT},
+      {"host-tier-tokens", required_argument, NULL, OPT_HOST_TIER},
+      {"disk-tier-tokens", required_argument, NULL, OPT_DISK_TIER},
       {"progress", no_argument, NULL, OPT_PROGRESS},
       {"no-progress", no_argument, NULL, OPT_NO_PROGRESS},
       {"help", no_argument, NULL, OPT_HELP},
@@ -472,6 +538,16 @@ int replay_main(int argc, char **argv) {
         return 2;
       }
       break;
+    case OPT_HOST_TIER:
+    case OPT_DISK_TIER:
+      if (replay_parse_count(optarg, UINT64_MAX >> 1, &v) != 0) {
+        fprintf(stderr, "kvshared replay: bad --%s-tier-tokens '%s'\n",
+                opt == OPT_HOST_TIER ? "host" : "disk", optarg);
+        return 2;
+      }
+      cfg.tier_tokens[opt == OPT_HOST_TIER ? CORE_TIER_HOST : CORE_TIER_DISK] =
+          v;
+      break;
     case OPT_PROGRESS:
       progress = 1;
       break;
@@ -512,7 +588,7 @@ int replay_main(int argc, char **argv) {
             cfg.block_size);
     goto out;
   }
-  rc = replay_core_create(&cfg, num_blocks, &c);
+  rc = replay_core_create(&cfg, num_blocks, &plan, &c);
   if (rc != 0) {
     fprintf(stderr, "kvshared replay: cannot create the core (%u blocks): %s\n",
             num_blocks, kvs_strerror(rc));

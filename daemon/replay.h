@@ -3,7 +3,7 @@
  * (trace.h) and measures hit rates, allocations and evictions.
  *
  * The replay of one record, in timestamp order, one request at a time:
- *   core_req_create -> core_lookup(prompt) -> core_allocate(prompt - hit)
+ *   core_req_create -> core_lookup_promote(prompt) -> core_allocate(prompt - hit)
  *   -> core_commit(hit .. prompt) -> [decode: per output token core_append(1)
  *   + core_commit(that token)] -> core_req_free.
  * Requests never overlap, so a request never hits blocks of a request still
@@ -32,6 +32,10 @@ typedef struct replay_config {
   uint32_t block_size;      /* tokens per block (default 16) */
   const char *policy;       /* eviction policy; NULL = the core's default */
   int decode;               /* also append and commit output tokens */
+  uint64_t tier_tokens[CORE_TIERS]; /* host and disk tiers below the pool,
+                               in tokens (0: none); copies move at once
+                               (core tier_sync), a lookup promotes what it
+                               finds below */
   int progress;             /* progress bar on stderr */
 } replay_config;
 
@@ -56,9 +60,11 @@ int replay_plan_make(const trace *t, const replay_config *cfg,
 int replay_pool_blocks(const replay_config *cfg, const replay_plan *plan,
                        uint32_t *num_blocks);
 
-/* A core for the replay (root hash of a made-up layout, no reserve). */
+/* A core for the replay (root hash of a made-up layout, no reserve), with
+ * cfg's tiers (slots capped at what the trace can fill: plan may be NULL
+ * for no cap). */
 int replay_core_create(const replay_config *cfg, uint32_t num_blocks,
-                       core **out);
+                       const replay_plan *plan, core **out);
 
 typedef struct replay_result {
   uint64_t requests;        /* records replayed */
@@ -70,11 +76,14 @@ typedef struct replay_result {
   uint64_t lookup_blocks;   /* full blocks a lookup may hit: (n - 1) / bs,
                                refused records included (all misses) */
   uint64_t hit_blocks;
+  uint64_t tier_hit_tokens[CORE_TIERS]; /* of hit_tokens, those promoted
+                               from the host and the disk tier */
   uint64_t decode_tokens;   /* output tokens appended (decode on) */
   uint64_t decode_truncated;/* requests whose decode ran out of blocks */
   uint64_t peak_resident;   /* most blocks in use + cached at one time */
   double seconds;           /* wall time of the run */
   core_stats stats;         /* the core's counters after the run */
+  core_tier_stats tiers[CORE_TIERS];
 } replay_result;
 
 /* Token hit rate (hit / query tokens) and block hit rate (hit / lookup

@@ -369,8 +369,10 @@ int core_lookup_promote(core *c, core_req *r, const uint32_t *tokens,
    * make room in a tier, never by dropping one of them). */
   uint32_t base = r->nblocks;
   for (uint32_t j = 0; j < keep; j++)
-    if (ch[j].e != KVS_BLOCK_NONE)
+    if (ch[j].e != KVS_BLOCK_NONE) {
       tier_busy(c, ch[j].e, 1);
+      tier_touch(c, ch[j].e, (int)ch[j].t); /* out of the victims' way */
+    }
   for (uint32_t j = 0; j < keep; j++)
     if (ch[j].b != KVS_BLOCK_NONE) {
       blk_hit(c, ch[j].b);
@@ -419,7 +421,7 @@ uint32_t core_promote_finish(core *c, core_req *r, const core_promo *p,
   for (uint32_t i = 0; i < n; i++) {
     if (ok[i]) {
       c->tiers[p[i].tier].st.promotions++;
-      tier_touch(c, p[i].entry, (int)p[i].tier);
+      tier_cold(c, p[i].entry, (int)p[i].tier);
     } else {
       /* Its bytes there are bad or unreadable: never again. */
       c->tiers[p[i].tier].st.failures++;

@@ -97,6 +97,9 @@ uint32_t tier_find(const core *c, kvs_hash128 h);
 const uint32_t *tier_tokens(const core *c, uint32_t e);
 /* Entry e to the most recently used end of tier t's LRU. */
 void tier_touch(core *c, uint32_t e, int t);
+/* Entry e to the least recently used end of tier t's LRU (a promoted
+ * copy: the device holds the block now, this copy is the first to go). */
+void tier_cold(core *c, uint32_t e, int t);
 /* I/O on entry e starts (+1) or ends (-1). */
 void tier_busy(core *c, uint32_t e, int delta);
 /* Entry e's copy in tier t is bad: nobody reads it from now on, and its

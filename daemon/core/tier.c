@@ -133,6 +133,19 @@ void tier_touch(core *c, uint32_t e, int t) {
   lru_push_tail(c, t, e);
 }
 
+void tier_cold(core *c, uint32_t e, int t) {
+  tier *q = &c->tiers[t];
+  tent *x = &c->tents[e];
+
+  if (x->slot[t] == NONE || q->head == e)
+    return;
+  lru_unlink(c, t, e);
+  x->prev[t] = NONE;
+  x->next[t] = q->head;
+  c->tents[q->head].prev[t] = e;
+  q->head = e;
+}
+
 void tier_busy(core *c, uint32_t e, int delta) {
   tent *x = &c->tents[e];
 
@@ -169,8 +182,11 @@ static uint32_t slot_take(core *c, int t, core_move *pend, int *blocked) {
 
     if (x->busy)
       continue;
+    /* A copy of a block the device holds goes free: the device's eviction
+     * copies it down again.  Any other goes to disk first. */
     if (t == CORE_TIER_HOST && c->tiers[CORE_TIER_DISK].nslots &&
-        x->slot[CORE_TIER_DISK] == NONE) {
+        x->slot[CORE_TIER_DISK] == NONE &&
+        hidx_find(&c->index, x->h) == NONE) {
       /* Write it to disk before its host slot goes. */
       uint32_t d = slot_take(c, CORE_TIER_DISK, NULL, NULL);
 
@@ -294,8 +310,15 @@ void tier_on_evict(core *c, uint32_t b) {
   uint32_t s, e;
   int t;
 
-  if (!tier_any(c) || has_copy_below(c, c->bhash[b]))
+  if (!tier_any(c))
     return;
+  e = tier_find(c, c->bhash[b]);
+  if (e != NONE) {
+    /* Its copy below is the only one now: recently used. */
+    tier_touch(c, e, c->tents[e].slot[CORE_TIER_HOST] != NONE ? CORE_TIER_HOST
+                                                              : CORE_TIER_DISK);
+    return;
+  }
   if (!c->cfg.tier_sync) {
     c->st.tier_lost++;
     return;

@@ -144,6 +144,13 @@ static void t_push(int t, const key *k, int busy) {
   T[t].busy[T[t].n++] = busy;
 }
 
+static uint32_t m_dev_find(const uint32_t *p, uint32_t len) {
+  for (uint32_t b = 0; b < NB; b++)
+    if (M[b].indexed && key_eq(&M[b].k, p, len))
+      return b;
+  return NONE;
+}
+
 /* Room for one more in tier t (the core's slot_take, in sync mode). */
 static int t_room(int t) {
   if (T[t].n < T[t].cap)
@@ -151,8 +158,10 @@ static int t_room(int t) {
   for (uint32_t i = 0; i < T[t].n && i < SCAN; i++) {
     if (T[t].busy[i])
       continue;
-    if (t == CORE_TIER_HOST && T[CORE_TIER_DISK].cap) {
-      /* in sync mode an entry lives in one tier: down to disk */
+    if (t == CORE_TIER_HOST && T[CORE_TIER_DISK].cap &&
+        m_dev_find(T[t].lru[i].t, T[t].lru[i].len) == NONE) {
+      /* in sync mode an entry lives in one tier: down to disk (unless the
+       * device holds the block: then the copy just goes) */
       if (!t_room(CORE_TIER_DISK))
         return 0;
       key k = t_remove(t, i);
@@ -169,9 +178,14 @@ static int t_room(int t) {
 
 static void m_evict(const key *k) {
   int t = T[CORE_TIER_HOST].cap ? CORE_TIER_HOST : CORE_TIER_DISK;
-  if (t_find(CORE_TIER_HOST, k->t, k->len) >= 0 ||
-      t_find(CORE_TIER_DISK, k->t, k->len) >= 0)
-    return;
+  for (int u = 0; u < CORE_TIERS; u++) {
+    int i = t_find(u, k->t, k->len);
+    if (i >= 0) { /* the copy below becomes the most recently used */
+      key x = t_remove(u, (uint32_t)i);
+      t_push(u, &x, 0);
+      return;
+    }
+  }
   if (!t_room(t)) {
     m_lost++;
     return;
@@ -214,13 +228,6 @@ static void m_put(uint32_t b) {
     mqlen++;
     M[b].k.len = 0;
   }
-}
-
-static uint32_t m_dev_find(const uint32_t *p, uint32_t len) {
-  for (uint32_t b = 0; b < NB; b++)
-    if (M[b].indexed && key_eq(&M[b].k, p, len))
-      return b;
-  return NONE;
 }
 
 static void m_seal(uint32_t b, const uint32_t *p, uint32_t len) {
@@ -270,8 +277,9 @@ static uint32_t m_lookup(mreq *r, const uint32_t *t, uint32_t n) {
         mq_remove(dev[j]);
       M[dev[j]].ref++;
       r->blocks[j] = dev[j];
-    } else {
-      T[tier[j]].busy[t_find(tier[j], t, (j + 1) * BS)] = 1;
+    } else { /* busy, and out of the victims' way */
+      key k = t_remove(tier[j], (uint32_t)t_find(tier[j], t, (j + 1) * BS));
+      t_push(tier[j], &k, 1);
     }
   for (uint32_t j = first; j < keep; j++)
     if (dev[j] == NONE)
@@ -281,7 +289,12 @@ static uint32_t m_lookup(mreq *r, const uint32_t *t, uint32_t n) {
       int t2 = tier[j];
       int i = t_find(t2, t, (j + 1) * BS);
       key k = t_remove(t2, (uint32_t)i);
-      t_push(t2, &k, 0); /* touched, no longer busy */
+      /* the device holds it now: its copy here is the first to go */
+      memmove(&T[t2].lru[1], &T[t2].lru[0], T[t2].n * sizeof(key));
+      memmove(&T[t2].busy[1], &T[t2].busy[0], T[t2].n * sizeof(int));
+      T[t2].lru[0] = k;
+      T[t2].busy[0] = 0;
+      T[t2].n++;
       T[t2].st.promotions++;
       m_seal(r->blocks[j], t, (j + 1) * BS);
     }

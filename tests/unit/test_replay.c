@@ -16,6 +16,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,7 +102,7 @@ static void run(const trace *t, const replay_config *cfg, replay_result *res,
   core *c;
   assert_int_equal(replay_plan_make(t, cfg, plan), 0);
   assert_int_equal(replay_pool_blocks(cfg, plan, &nb), 0);
-  assert_int_equal(replay_core_create(cfg, nb, &c), 0);
+  assert_int_equal(replay_core_create(cfg, nb, NULL, &c), 0);
   assert_int_equal(replay_run(c, t, cfg, res), 0);
   assert_int_equal(res->requests, t->num_recs);
   assert_int_equal(res->served + res->refused, res->requests);
@@ -416,6 +417,57 @@ static void test_replay_synthetic_bounded(void **state) {
   trace_free(t);
 }
 
+/* Tiers below the pool, against the plain LRU cache of the whole
+ * capacity: an evicted block goes down, a hit below comes back up, so the
+ * hierarchy hits (within 0.01) what one LRU pool of the sum does.  And
+ * with LRU the device's own contents do not depend on where a hit came
+ * from: the device hits are exactly those of the pool alone. */
+static void test_replay_synthetic_tiers(void **state) {
+  (void)state;
+  trace *t = load_mooncake("synthetic_trace.jsonl");
+  if (t == NULL)
+    return;
+  static const uint64_t dev = 200000, host = 1800000, disk = 20000000;
+  replay_config cfg;
+  replay_plan plan;
+  replay_result alone, two, three, flat2, flat3;
+
+  replay_config_init(&cfg);
+  cfg.capacity_tokens = dev;
+  run(t, &cfg, &alone, &plan);
+  cfg.capacity_tokens = dev + host;
+  run(t, &cfg, &flat2, &plan);
+  cfg.capacity_tokens = dev + host + disk;
+  run(t, &cfg, &flat3, &plan);
+  cfg.capacity_tokens = dev;
+  cfg.tier_tokens[CORE_TIER_HOST] = host;
+  run(t, &cfg, &two, &plan);
+  cfg.tier_tokens[CORE_TIER_DISK] = disk;
+  run(t, &cfg, &three, &plan);
+  print_message("synthetic: device %.4f, +host %.4f (flat %.4f), +disk %.4f "
+                "(flat %.4f)\n", replay_token_hit_rate(&alone),
+                replay_token_hit_rate(&two), replay_token_hit_rate(&flat2),
+                replay_token_hit_rate(&three), replay_token_hit_rate(&flat3));
+  assert_true(fabs(replay_token_hit_rate(&two) -
+                   replay_token_hit_rate(&flat2)) <= 0.01);
+  assert_true(fabs(replay_token_hit_rate(&three) -
+                   replay_token_hit_rate(&flat3)) <= 0.01);
+  /* the tiers add hits, and serve every one of them */
+  assert_true(two.hit_tokens > alone.hit_tokens);
+  assert_true(two.tier_hit_tokens[CORE_TIER_HOST] > 0);
+  assert_true(three.tier_hit_tokens[CORE_TIER_DISK] > 0 || SANITIZED);
+  assert_int_equal(two.tier_hit_tokens[CORE_TIER_DISK], 0);
+  assert_int_equal(two.hit_tokens - two.tier_hit_tokens[CORE_TIER_HOST],
+                   alone.hit_tokens);
+  assert_int_equal(three.hit_tokens - three.tier_hit_tokens[CORE_TIER_HOST] -
+                       three.tier_hit_tokens[CORE_TIER_DISK],
+                   alone.hit_tokens);
+  assert_true(three.hit_tokens <= plan.ideal_hit_tokens);
+  assert_int_equal(two.stats.tier_lost + three.stats.tier_lost, 0);
+  assert_int_equal(two.tiers[CORE_TIER_HOST].slots, host / 16);
+  trace_free(t);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_trace_parse),
@@ -426,6 +478,7 @@ int main(void) {
       cmocka_unit_test(test_replay_synthetic_ideal),
       cmocka_unit_test(test_replay_conversation_ideal),
       cmocka_unit_test(test_replay_synthetic_bounded),
+      cmocka_unit_test(test_replay_synthetic_tiers),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);
   if (failed)

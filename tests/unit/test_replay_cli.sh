@@ -44,4 +44,25 @@ done
 grep -q "100% 300/300" "$tmp/b.err" || fail "no progress bar: $(head -c 300 "$tmp/b.err")"
 "$bin" replay --trace "$trace" --limit 50 --policy no-such-policy --no-progress \
   >/dev/null 2>&1; [ $? = 1 ] || fail "unknown policy: want exit 1"
+
+# Tiers: options, per-tier hits in text and JSON.
+"$bin" replay --trace "$trace" --host-tier-tokens 0 2>/dev/null; [ $? = 2 ] || fail "host tier 0: want exit 2"
+"$bin" replay --trace "$trace" --disk-tier-tokens x 2>/dev/null; [ $? = 2 ] || fail "bad disk tier: want exit 2"
+"$bin" replay --trace "$trace" --limit 1000 --capacity-tokens 1e5 --host-tier-tokens 2e5 \
+  --disk-tier-tokens 1e6 --no-progress >"$tmp/t.txt" || fail "tiered replay exits $?"
+for f in "host tier" "disk tier" "recomputed"; do
+  grep -q "$f" "$tmp/t.txt" || fail "tiered text output lacks '$f'"
+done
+"$bin" replay --trace "$trace" --limit 1000 --capacity-tokens 1e5 --host-tier-tokens 2e5 \
+  --disk-tier-tokens 1e6 --json --no-progress >"$tmp/t.json" || fail "tiered JSON exits $?"
+"$bin" replay --trace "$trace" --limit 1000 --capacity-tokens 1.3e6 --json --no-progress \
+  >"$tmp/f.json" || fail "flat JSON exits $?"
+python3 - "$tmp/t.json" "$tmp/f.json" <<'PY' || fail "tiered JSON"
+import json, sys
+t = json.load(open(sys.argv[1])); f = json.load(open(sys.argv[2]))
+assert t["host_tier_tokens"] == 200000 and t["host_hit_tokens"] > 0, t
+assert t["disk_hit_tokens"] + t["host_hit_tokens"] <= t["hit_tokens"], t
+assert t["tier_lost"] == 0, t
+assert abs(t["token_hit_rate"] - f["token_hit_rate"]) <= 0.01, (t, f)
+PY
 echo "ok"
