@@ -31,6 +31,7 @@ struct kvs_client {
   char backend[16];
   char gpu_uuid[64];     /* the cuda pool's GPU; "" for host */
   int daemon_copy;       /* ask the daemon to make CoW copies */
+  int no_promote;        /* lookups take resident blocks only */
   uint64_t session_id;
   char model_id[128];
   uint32_t max_frame;

@@ -415,6 +415,13 @@ int kvs_set_daemon_copy(kvs_client *c, int on) {
   return 0;
 }
 
+int kvs_set_promote(kvs_client *c, int on) {
+  if (!c)
+    return KVS_EINVAL;
+  c->no_promote = on ? 0 : 1;
+  return 0;
+}
+
 int kvs_copy_blocks(kvs_client *c, const uint32_t *pairs, uint32_t n,
                     void *stream) {
   const kvs_layout *l;

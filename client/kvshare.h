@@ -227,6 +227,24 @@ typedef struct kvs_stats {
   uint64_t copy_errors;     /* of those, failed (their sessions closed) */
 } kvs_stats;
 
+/* One tier below the pool (kvs_tier_stats_get); since 0.3. */
+typedef struct kvs_tier_stats {
+  char name[16];            /* "host" or "disk" */
+  uint64_t capacity_bytes;
+  uint32_t slots;           /* blocks it can hold */
+  uint32_t used;            /* slots holding a block (or being written) */
+  uint64_t demotions;       /* blocks written into it */
+  uint64_t promotions;      /* blocks brought up from it by lookups */
+  uint64_t hit_blocks;      /* blocks lookups found in it */
+  uint64_t drops;           /* blocks dropped to make room */
+  uint64_t failures;        /* moves into it or promotions from it that
+                               failed: a miss, never wrong bytes */
+  uint64_t bytes_in, bytes_out;
+  uint64_t io_errors;       /* disk: EIO, ENOSPC, short I/O */
+  uint64_t checksum_failures; /* disk: a slot whose header or XXH3 did not
+                               match */
+} kvs_tier_stats;
+
 /* ---- operations, one round trip each -------------------------------------- */
 
 /*
@@ -270,6 +288,23 @@ int kvs_commit(kvs_client *c, uint64_t req_id, uint32_t start,
  * pair of kvs_alloc_result.  KVS_ERANGE (a block out of the pool),
  * KVS_ESTATE (the pool is not mapped), KVS_EINVAL.
  */
+/*
+ * Since 0.3.  The tiers below the daemon's pool (host memory, disk), top
+ * first: up to max into out, *n = how many exist (0: none); *tier_lost
+ * (may be NULL) = cached blocks the pool evicted with no copy below
+ * (demotion did not keep up).  One round trip.
+ */
+int kvs_tier_stats_get(kvs_client *c, kvs_tier_stats *out, uint32_t max,
+                       uint32_t *n, uint64_t *tier_lost);
+
+/*
+ * Since 0.3.  With tiers below the pool, a kvs_lookup whose prefix goes on
+ * in a tier waits while the daemon brings those blocks up (they count in
+ * its hit); on = 0 makes this session's lookups take only blocks resident
+ * in the pool.  Default on.  Lookups in a batch never wait.
+ */
+int kvs_set_promote(kvs_client *c, int on);
+
 int kvs_copy_blocks(kvs_client *c, const uint32_t *pairs, uint32_t n,
                     void *stream);
 

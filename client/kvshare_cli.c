@@ -57,9 +57,19 @@ static void json_str(const char *s) {
   X(cow_copies) X(sealed_blocks) X(no_space) X(frames_in) X(protocol_errors) \
   X(pool_bytes) X(daemon_copies) X(daemon_copy_blocks) X(copy_errors)
 
+#define TIER_FIELDS(X)                                                        \
+  X(capacity_bytes) X(slots) X(used) X(demotions) X(promotions) X(hit_blocks) \
+  X(drops) X(failures) X(bytes_in) X(bytes_out) X(io_errors)                  \
+  X(checksum_failures)
+
 static int cmd_stats(kvs_client *c, int json, int check) {
   kvs_stats st;
+  kvs_tier_stats ts[4];
+  uint32_t nt = 0;
+  uint64_t lost = 0;
   int rc = kvs_stats_get(c, check, &st);
+  if (!rc)
+    rc = kvs_tier_stats_get(c, ts, 4, &nt, &lost);
   if (rc) {
     fprintf(stderr, "kvshare: stats: %s%s%s\n", kvs_strerror(rc),
             *kvs_last_message(c) ? ": " : "", kvs_last_message(c));
@@ -75,6 +85,18 @@ static int cmd_stats(kvs_client *c, int json, int check) {
     printf(", \"gpu_uuid\": ");
     json_str(st.gpu_uuid);
     printf(", \"session_id\": %llu", (unsigned long long)kvs_session_id(c));
+    if (nt) {
+      printf(", \"tier_lost\": %llu, \"tiers\": [", (unsigned long long)lost);
+      for (uint32_t i = 0; i < nt && i < 4; i++) {
+        printf("%s{\"name\": ", i ? ", " : "");
+        json_str(ts[i].name);
+#define JSON_TIER(f) printf(", \"" #f "\": %llu", (unsigned long long)ts[i].f);
+        TIER_FIELDS(JSON_TIER)
+#undef JSON_TIER
+        printf("}");
+      }
+      printf("]");
+    }
     if (check) {
       printf(", \"check\": %d, \"check_status\": ", (int)st.check);
       json_str(kvs_status_name(st.check));
@@ -88,6 +110,14 @@ static int cmd_stats(kvs_client *c, int json, int check) {
 #define TEXT_FIELD(f) printf("%-18s %llu\n", #f, (unsigned long long)st.f);
     STATS_FIELDS(TEXT_FIELD)
 #undef TEXT_FIELD
+    if (nt)
+      printf("%-18s %llu\n", "tier_lost", (unsigned long long)lost);
+    for (uint32_t i = 0; i < nt && i < 4; i++) {
+      printf("tier %s:\n", ts[i].name);
+#define TEXT_TIER(f) printf("  %-16s %llu\n", #f, (unsigned long long)ts[i].f);
+      TIER_FIELDS(TEXT_TIER)
+#undef TEXT_TIER
+    }
     if (check)
       printf("%-18s %s\n", "check", st.check ? kvs_status_name(st.check) : "ok");
     if (check && st.check)

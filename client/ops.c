@@ -86,6 +86,7 @@ int kvs_lookup(kvs_client *c, uint64_t req_id, const uint32_t *tokens,
   m.tokens = (uint32_t *)tokens;
   m.salt.len = salt_len;
   m.salt.data = (uint8_t *)salt;
+  m.no_promote = c && c->no_promote;
   Kvshare__Request req = KVSHARE__REQUEST__INIT;
   req.op_case = KVSHARE__REQUEST__OP_LOOKUP;
   req.lookup = &m;
@@ -189,6 +190,24 @@ int kvs_preempt(kvs_client *c, uint64_t req_id) {
   return call(c, &req, &r);
 }
 
+/* One Stats round trip; *out lives until the client's next call. */
+static int stats_call(kvs_client *c, int check,
+                      const Kvshare__StatsResult **out) {
+  Kvshare__Stats m = KVSHARE__STATS__INIT;
+  m.check = check ? 1 : 0;
+  Kvshare__Request req = KVSHARE__REQUEST__INIT;
+  req.op_case = KVSHARE__REQUEST__OP_STATS;
+  req.stats = &m;
+  Kvshare__Response *r;
+  int rc = call(c, &req, &r);
+  if (rc)
+    return rc;
+  if (r->result_case != KVSHARE__RESPONSE__RESULT_STATS || !r->stats)
+    return KVS_EPROTO;
+  *out = r->stats;
+  return 0;
+}
+
 /* kvs_stats_get has two versions: KVSHARE_0.2 (the default, what a program
  * built with this header calls) fills the whole struct; KVSHARE_0.1, for
  * programs built against 0.1, fills only the fields that struct had. */
@@ -210,18 +229,10 @@ int kvs__stats_get_v02(kvs_client *c, int check, kvs_stats *st) {
   if (!st)
     return KVS_EINVAL;
   memset(st, 0, sizeof *st);
-  Kvshare__Stats m = KVSHARE__STATS__INIT;
-  m.check = check ? 1 : 0;
-  Kvshare__Request req = KVSHARE__REQUEST__INIT;
-  req.op_case = KVSHARE__REQUEST__OP_STATS;
-  req.stats = &m;
-  Kvshare__Response *r;
-  int rc = call(c, &req, &r);
+  const Kvshare__StatsResult *s;
+  int rc = stats_call(c, check, &s);
   if (rc)
     return rc;
-  if (r->result_case != KVSHARE__RESPONSE__RESULT_STATS || !r->stats)
-    return KVS_EPROTO;
-  const Kvshare__StatsResult *s = r->stats;
   st->num_blocks = s->num_blocks;
   st->free_blocks = s->free_blocks;
   st->cached_blocks = s->cached_blocks;
@@ -248,6 +259,41 @@ int kvs__stats_get_v02(kvs_client *c, int check, kvs_stats *st) {
   st->daemon_copies = s->daemon_copies;
   st->daemon_copy_blocks = s->daemon_copy_blocks;
   st->copy_errors = s->copy_errors;
+  return 0;
+}
+
+int kvs_tier_stats_get(kvs_client *c, kvs_tier_stats *out, uint32_t max,
+                       uint32_t *n, uint64_t *tier_lost) {
+  if (!n || (max && !out))
+    return KVS_EINVAL;
+  *n = 0;
+  if (tier_lost)
+    *tier_lost = 0;
+  const Kvshare__StatsResult *s;
+  int rc = stats_call(c, 0, &s);
+  if (rc)
+    return rc;
+  for (size_t i = 0; i < s->n_tiers && i < max; i++) {
+    const Kvshare__TierStats *t = s->tiers[i];
+    kvs_tier_stats *o = &out[i];
+    memset(o, 0, sizeof *o);
+    kvs__copy_str(o->name, sizeof o->name, t->name);
+    o->capacity_bytes = t->capacity_bytes;
+    o->slots = t->slots;
+    o->used = t->used;
+    o->demotions = t->demotions;
+    o->promotions = t->promotions;
+    o->hit_blocks = t->hit_blocks;
+    o->drops = t->drops;
+    o->failures = t->failures;
+    o->bytes_in = t->bytes_in;
+    o->bytes_out = t->bytes_out;
+    o->io_errors = t->io_errors;
+    o->checksum_failures = t->checksum_failures;
+  }
+  *n = (uint32_t)s->n_tiers;
+  if (tier_lost)
+    *tier_lost = s->tier_lost;
   return 0;
 }
 

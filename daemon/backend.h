@@ -40,6 +40,10 @@ typedef struct backend_ops {
   /* Is the device still there?  0, or the fault's status (KVS_EDEVICE):
    * every job started and not finished is then lost.  NULL: never fails. */
   int (*check)(backend *b);
+  /* Pins host memory for the device's async copies (the host tier);
+   * NULL where host memory needs nothing (the host pool). */
+  int (*host_register)(backend *b, void *p, size_t len);
+  void (*host_unregister)(backend *b, void *p);
 } backend_ops;
 
 struct backend {

@@ -84,7 +84,19 @@ static int cuda_check(backend *b) {
   return rc == KVS_EDEVICE ? rc : 0;
 }
 
-static const backend_ops cuda_ops = {cuda_close, cuda_copy, cuda_check};
+static int cuda_host_register(backend *b, void *p, size_t len) {
+  (void)b;
+  return kvs__cu_status(kvs__cu.cuMemHostRegister(p, len, 0));
+}
+
+static void cuda_host_unregister(backend *b, void *p) {
+  (void)b;
+  kvs__cu.cuMemHostUnregister(p);
+}
+
+static const backend_ops cuda_ops = {cuda_close, cuda_copy, cuda_check,
+                                     cuda_host_register,
+                                     cuda_host_unregister};
 
 /* gpu_memory_fraction: the number of blocks F x (free - reserve) holds. */
 static int size_from_fraction(const cfg *c, const kvs_vmm_info *info,

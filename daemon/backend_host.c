@@ -90,7 +90,7 @@ static int host_copy(backend *b, copy_job *j) {
   return rc;
 }
 
-static const backend_ops host_ops = {host_close, host_copy, NULL};
+static const backend_ops host_ops = {host_close, host_copy, NULL, NULL, NULL};
 
 int backend_host_open(const cfg *c, const kvs_layout *l, backend **out,
                       char *err, size_t err_len) {

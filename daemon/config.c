@@ -139,6 +139,37 @@ static const cfg_option options[] = {
      "Model name: part of the root of every block hash, so caches of "
      "different models never match."},
 
+    {"host_tier_bytes", T_SIZE, F(host_tier_bytes), 0, 1ull << 46, "0", NULL,
+     "BYTES", "Tiers",
+     "A host-memory tier below the pool: cached blocks about to be evicted "
+     "are copied here in the background, and a Lookup that finds its "
+     "prefix here brings the blocks back up instead of leaving them to be "
+     "recomputed.  Pinned for the GPU's copies with the cuda backend.  0: "
+     "none."},
+    {"disk_tier", T_STR, F(disk_tier), 0, 0, "", NULL, "PATH", "Tiers",
+     "A file or block device for a disk tier below the host tier (or below "
+     "the pool when there is no host tier), read and written O_DIRECT "
+     "through io_uring.  Its contents do not outlive the daemon.  Needs "
+     "disk_tier_bytes.  With the cuda backend it needs a host tier too."},
+    {"disk_tier_bytes", T_SIZE, F(disk_tier_bytes), 0, 1ull << 50, "0", NULL,
+     "BYTES", "Tiers",
+     "Size of the disk tier: each slot is a block plus a 4 KiB header "
+     "(magic, hash, length, XXH3 checksum)."},
+    {"tier_window", T_U32, F(tier_window), 0, UINT32_MAX - 1, "0", NULL, "N",
+     "Tiers",
+     "Cached blocks at the cold end of the pool that background demotion "
+     "keeps copied below, so that evicting them loses nothing and an "
+     "allocation never waits for a copy.  0: pool_blocks / 16 (at least "
+     "8)."},
+    {"tier_promote_max", T_U32, F(tier_promote_max), 1, 65536, "256", NULL,
+     "N", "Tiers",
+     "Most blocks one Lookup brings up from the tiers (its hit stops "
+     "there)."},
+    {"tier_fault", T_STR, F(tier_fault), 0, 0, "", NULL, "SPEC", "Tiers",
+     "For tests only: make the disk tier fail its Nth I/O of a kind, as "
+     "KIND:N[,KIND:N...] with KIND read-eio, write-eio, write-enospc, short "
+     "or flip (a bit of the data).  Empty: none."},
+
     {"reserve_blocks", T_U32, F(reserve_blocks), 0, UINT32_MAX - 1, "0", NULL,
      "N", "Core",
      "Blocks Allocate leaves free for Append (decode of running requests)."},
@@ -642,6 +673,9 @@ int cfg_finish(cfg *c, char *err, size_t err_len) {
   if (c->gpu_memory_fraction > 0 && strcmp(c->backend, "host") == 0)
     return fail(err, err_len, "gpu_memory_fraction sizes a GPU pool; the "
                 "host backend takes pool_blocks or pool_bytes");
+  if (!c->disk_tier[0] != !c->disk_tier_bytes)
+    return fail(err, err_len, "disk_tier and disk_tier_bytes go together "
+                "(the file and its size)");
   if (c->reserve_blocks >= l->num_blocks && c->gpu_memory_fraction == 0)
     return fail(err, err_len, "reserve_blocks %u must be below the pool's %u "
                 "blocks", c->reserve_blocks, l->num_blocks);

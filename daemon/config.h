@@ -57,6 +57,13 @@ typedef struct cfg {
   uint32_t dtype;         /* kvs_dtype */
   char model_id[128];
   /* the core */
+  /* tiers below the pool */
+  uint64_t host_tier_bytes; /* 0: none */
+  char disk_tier[256];      /* "": none */
+  uint64_t disk_tier_bytes;
+  uint32_t tier_window;     /* 0: the core's default */
+  uint32_t tier_promote_max;
+  char tier_fault[128];     /* tests: tier_disk.h's fault spec */
   uint32_t reserve_blocks;
   int verify_tokens;
   char policy[32];

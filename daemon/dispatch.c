@@ -263,12 +263,45 @@ static void core_error(Kvshare__Response *resp, kvs__arena *a, int rc,
       kvs_strerror(rc));
 }
 
+static void lookup_reply(sess *c, uint64_t id, core_req *r, uint32_t hit,
+                         uint32_t promoted, uint32_t below,
+                         Kvshare__Response *resp, kvs__arena *a) {
+  Kvshare__LookupResult *res;
+
+  account(c, id, r);
+  res = kvs__arena_alloc(a, sizeof(*res));
+  if (!res) {
+    ERR(KVS_ENOMEM, "out of memory");
+    return; /* the request stands; the client may look at Stats */
+  }
+  kvshare__lookup_result__init(res);
+  res->hit_tokens = hit;
+  res->promoted_tokens = promoted;
+  res->below_tokens = below;
+  res->blocks = copy_table(r, 0, &res->n_blocks, a);
+  resp->result_case = KVSHARE__RESPONSE__RESULT_LOOKUP;
+  resp->lookup = res;
+  ok(resp, a);
+}
+
+void disp_lookup_promoted(sess *c, Kvshare__Response *resp, kvs__arena *a) {
+  tier_promo *pr = &c->promo;
+
+  if (!pr->r) {
+    ERR(KVS_ECLOSED, "lookup of request %llu: the session closed while its "
+        "blocks came up", (unsigned long long)pr->req_id);
+    return;
+  }
+  lookup_reply(c, pr->req_id, pr->r, pr->hit_tokens, pr->promoted_tokens, 0,
+               resp, a);
+}
+
 static void do_lookup(sess *c, const Kvshare__Lookup *l,
                       Kvshare__Response *resp, kvs__arena *a) {
   core *cr = c->srv->core;
   core_req *r = reqmap_get(&c->reqs, l->req_id);
-  Kvshare__LookupResult *res;
-  uint32_t hit = 0;
+  core_lookup_out out;
+  uint32_t hit = 0, promoted = 0, below = 0;
   int created = 0, rc;
 
   if (l->n_tokens == 0 || l->n_tokens > UINT32_MAX) {
@@ -294,7 +327,41 @@ static void do_lookup(sess *c, const Kvshare__Lookup *l,
     }
     created = 1;
   }
-  rc = core_lookup(cr, r, l->tokens, (uint32_t)l->n_tokens, &hit);
+  {
+    srv *s = c->srv;
+    int promote = s->tiers && !c->in_batch && !l->no_promote && !s->stopping;
+    uint32_t room = promote ? tiers_promote_room(s->tiers) : 0;
+    core_promo *promos = room ? kvs__arena_alloc(a, room * sizeof(*promos))
+                              : NULL;
+
+    rc = core_lookup_promote(cr, r, l->tokens, (uint32_t)l->n_tokens,
+                             promos != NULL, promos, room, &out);
+    hit = out.hit_tokens;
+    if (rc == 0 && out.npromos) {
+      tier_promo *pr = &c->promo;
+      memset(pr, 0, sizeof(*pr));
+      pr->cb = sess_promoted;
+      pr->data = c;
+      pr->r = r;
+      pr->req_id = l->req_id;
+      int st = tiers_promote(s->tiers, pr, promos, out.npromos);
+      if (st < 0) {
+        int *okv = kvs__arena_alloc(a, out.npromos * sizeof(int));
+        if (okv)
+          memset(okv, 0, out.npromos * sizeof(int));
+        hit = core_promote_finish(cr, r, promos, out.npromos, okv);
+      } else if (st == 1) {
+        hit = pr->hit_tokens;
+        promoted = pr->promoted_tokens;
+      } else {
+        c->promoting = 1; /* the reply waits: handle_request sees it */
+      }
+    }
+    below = (out.tier_blocks[0] + out.tier_blocks[1]) *
+            c->srv->layout.block_size;
+    if (out.npromos)
+      below = 0;
+  }
   if (rc == KVS_ESTATE) {
     ERR(rc, "lookup of request %llu: it already holds blocks; look up a new "
             "or preempted request",
@@ -312,22 +379,16 @@ static void do_lookup(sess *c, const Kvshare__Lookup *l,
       goto fail;
     }
   }
-  account(c, l->req_id, r);
-  res = kvs__arena_alloc(a, sizeof(*res));
-  if (!res) {
-    ERR(KVS_ENOMEM, "out of memory");
-    return; /* the request stands; the client may look at Stats */
-  }
-  kvshare__lookup_result__init(res);
-  res->hit_tokens = hit;
-  res->blocks = copy_table(r, 0, &res->n_blocks, a);
-  resp->result_case = KVSHARE__RESPONSE__RESULT_LOOKUP;
-  resp->lookup = res;
-  ok(resp, a);
+  if (c->promoting)
+    return; /* the reply is built when the blocks are up */
+  lookup_reply(c, l->req_id, r, hit, promoted, below, resp, a);
   return;
 fail:
-  if (created)
+  if (created) {
+    if (c->promoting)
+      c->promo.r = NULL; /* its promotion ends with no request */
     core_req_free(cr, r);
+  }
 }
 
 static void do_alloc(sess *c, uint64_t id, uint32_t n, int append,
@@ -612,6 +673,36 @@ static void do_stats(sess *c, const Kvshare__Stats *q, Kvshare__Response *resp,
   res->daemon_copies = s->copy.jobs;
   res->daemon_copy_blocks = s->copy.blocks;
   res->copy_errors = s->copy.errors;
+  res->tier_lost = st.tier_lost;
+  {
+    tiers_stats ts[CORE_TIERS];
+    uint32_t nt = 0;
+
+    tiers_get_stats(s->tiers, ts, &nt);
+    Kvshare__TierStats *ms = nt ? kvs__arena_alloc(a, nt * sizeof(*ms)) : NULL;
+    Kvshare__TierStats **mp = nt ? kvs__arena_alloc(a, nt * sizeof(*mp)) : NULL;
+    if (nt && ms && mp) {
+      for (uint32_t i = 0; i < nt; i++) {
+        kvshare__tier_stats__init(&ms[i]);
+        ms[i].name = (char *)ts[i].name;
+        ms[i].capacity_bytes = ts[i].capacity_bytes;
+        ms[i].slots = ts[i].core.slots;
+        ms[i].used = ts[i].core.used;
+        ms[i].demotions = ts[i].core.demotions;
+        ms[i].promotions = ts[i].core.promotions;
+        ms[i].hit_blocks = ts[i].core.hit_blocks;
+        ms[i].drops = ts[i].core.drops;
+        ms[i].failures = ts[i].core.failures;
+        ms[i].bytes_in = ts[i].bytes_in;
+        ms[i].bytes_out = ts[i].bytes_out;
+        ms[i].io_errors = ts[i].io_errors;
+        ms[i].checksum_failures = ts[i].checksum_failures;
+        mp[i] = &ms[i];
+      }
+      res->n_tiers = nt;
+      res->tiers = mp;
+    }
+  }
   if (q->check) {
     char *msg = kvs__arena_alloc(a, 512);
 
@@ -650,10 +741,12 @@ static void do_batch(sess *c, const Kvshare__Batch *b, Kvshare__Response *resp,
     return;
   }
   kvshare__batch_result__init(res);
+  c->in_batch = 1;
   for (i = 0; i < b->n_ops; i++) {
     Kvshare__Response *r = kvs__arena_alloc(a, sizeof(*r));
 
     if (!r) {
+      c->in_batch = 0;
       ERR(KVS_ENOMEM, "out of memory after %zu of %zu ops", i, b->n_ops);
       return;
     }
@@ -664,6 +757,7 @@ static void do_batch(sess *c, const Kvshare__Batch *b, Kvshare__Response *resp,
       disp_request(c, b->ops[i], r, a);
     replies[i] = r;
   }
+  c->in_batch = 0;
   res->n_replies = b->n_ops;
   res->replies = replies;
   resp->result_case = KVSHARE__RESPONSE__RESULT_BATCH;

@@ -42,3 +42,17 @@ install -m 644 deploy/kvshared.conf $(DESTDIR)$(PREFIX)/share/kvshare/
 sed -e 's|/usr/local/bin/kvshared|$(PREFIX)/bin/kvshared|' deploy/kvshared.service >$(DESTDIR)$(PREFIX)/share/kvshare/kvshared.service
 endef
 INSTALL_EXTRA += $(KVS_DAEMON_INSTALL)
+
+# bench_tiers: the tiers' byte movers (tier_disk.c, the copy engine on the
+# host pool) against fio and memcpy; linked with the daemon's objects but
+# its main.
+TIER_BENCH_OBJS := $(filter-out $(BUILD)/daemon/main.o,$(DAEMON_OBJS))
+$(BUILD)/tests/bench/bench_tiers.o: | $(PROTO_GEN_H)
+$(BUILD)/tests/bench/bench_tiers.o: CPPFLAGS += $(call DEP_CFLAGS,libuv liburing)
+$(BUILD)/tests/bench/bench_tiers: $(BUILD)/tests/bench/bench_tiers.o $(TIER_BENCH_OBJS) \
+    $(BUILD)/libkvsshm.a $(BUILD)/libkvscore.a $(BUILD)/libkvsproto.a $(BUILD)/libkvsgpu.a
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(TIER_BENCH_OBJS) $(BUILD)/libkvsshm.a $(CORE_LIBS) \
+	  $(BUILD)/libkvsgpu.a $(BUILD)/libkvsproto.a $(DAEMON_LIBS)
+BENCHES += $(BUILD)/tests/bench/bench_tiers
+all: $(BUILD)/tests/bench/bench_tiers

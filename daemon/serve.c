@@ -173,10 +173,15 @@ static void close_handle(uv_handle_t *h) {
     uv_close(h, on_handle_closed);
 }
 
+/* No copy and no tier move in flight. */
+static int srv_io_idle(const srv *s) {
+  return copy_idle(&s->copy) && tiers_idle(s->tiers);
+}
+
 static void on_drain_timeout(uv_timer_t *t) {
   srv *s = t->data;
 
-  if (!s->sessions && !copy_idle(&s->copy)) {
+  if (!s->sessions && !srv_io_idle(s)) {
     /* Sessions are gone and the copies have had a second timeout: only a
      * hung GPU gets here.  The pool cannot be released while the GPU may
      * still write it, and waiting could be forever: leave now (the driver
@@ -192,7 +197,7 @@ static void on_drain_timeout(uv_timer_t *t) {
   while (s->sessions)
     sess_shutdown(s->sessions, 1);
   /* Copies still running get one more timeout. */
-  if (!copy_idle(&s->copy))
+  if (!srv_io_idle(s))
     uv_timer_start(&s->drain_timer, on_drain_timeout,
                    s->cfg->shutdown_timeout_ms, 0);
 }
@@ -200,13 +205,17 @@ static void on_drain_timeout(uv_timer_t *t) {
 /* A stopping daemon is done when no session and no copy is left: the
  * last handles close and uv_run returns. */
 static void srv_maybe_done(srv *s) {
-  if (!s->stopping || s->sessions || !copy_idle(&s->copy))
+  if (!s->stopping || s->sessions || !srv_io_idle(s))
     return;
   close_handle((uv_handle_t *)&s->drain_timer);
+  tiers_close(s->tiers);
+  s->tiers = NULL;
   copy_engine_close(&s->copy);
 }
 
 void srv_session_closed(srv *s) { srv_maybe_done(s); }
+
+static void on_tiers_idle(void *data) { srv_maybe_done(data); }
 
 static void srv_stop(srv *s, const char *why) {
   sess *c, *next;
@@ -222,11 +231,12 @@ static void srv_stop(srv *s, const char *why) {
   close_handle((uv_handle_t *)&s->sig_term);
   close_handle((uv_handle_t *)&s->sig_int);
   close_handle((uv_handle_t *)&s->hello_timer);
+  tiers_stop(s->tiers);
   for (c = s->sessions; c; c = next) {
     next = c->next;
     sess_shutdown(c, 0);
   }
-  if (s->sessions || !copy_idle(&s->copy))
+  if (s->sessions || !srv_io_idle(s))
     uv_timer_start(&s->drain_timer, on_drain_timeout,
                    s->cfg->shutdown_timeout_ms, 0);
   else
@@ -265,6 +275,7 @@ static void announce_ready(srv *s) {
 
 static int make_core(srv *s) {
   core_config cc;
+  char err[256];
   int rc;
 
   core_config_init(&cc);
@@ -274,6 +285,13 @@ static int make_core(srv *s) {
   cc.root = core_root_hash(&s->layout, s->cfg->model_id);
   cc.verify_tokens = s->cfg->verify_tokens;
   cc.policy = s->cfg->policy;
+  cc.tier_window = s->cfg->tier_window;
+  rc = tiers_slots(s->cfg, &s->layout, s->pool, cc.tier_slots, err,
+                   sizeof(err));
+  if (rc < 0) {
+    log_error(0, "tiers: %s", err);
+    return rc;
+  }
   rc = core_create(&cc, &s->core);
   if (rc < 0)
     log_error(rc, "creating the core (policy '%s')", s->cfg->policy);
@@ -312,6 +330,17 @@ static int run(const cfg *c) {
     uv_loop_close(&loop);
     goto out_core;
   }
+  rc = tiers_open(&loop, c, s.core, s.pool, &s.copy, &s.tiers, err,
+                  sizeof(err));
+  if (rc < 0) {
+    log_error(0, "tiers: %s", err);
+    copy_engine_close(&s.copy);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    uv_loop_close(&loop);
+    goto out_core;
+  }
+  if (s.tiers)
+    tiers_set_idle_cb(s.tiers, on_tiers_idle, &s);
   uv_signal_init(&loop, &s.sig_term);
   uv_signal_init(&loop, &s.sig_int);
   uv_timer_init(&loop, &s.drain_timer);
@@ -329,6 +358,8 @@ static int run(const cfg *c) {
     close_handle((uv_handle_t *)&s.sig_int);
     close_handle((uv_handle_t *)&s.drain_timer);
     close_handle((uv_handle_t *)&s.hello_timer);
+    tiers_close(s.tiers);
+    s.tiers = NULL;
     copy_engine_close(&s.copy);
     uv_run(&loop, UV_RUN_DEFAULT);
     uv_loop_close(&loop);

@@ -9,6 +9,7 @@
  *   reqmap.c    reqmap_  a session's request ids
  *   backend*.c  backend_ the memory behind the pool (one backend per file)
  *   copy.c      copy_  the copy engine: block copies the daemon makes
+ *   tiers.c     tiers_ the tiers below the pool (tier_host.c, tier_disk.c)
  *
  * Everything runs on the one loop thread; nothing here blocks on I/O.
  */
@@ -24,6 +25,7 @@
 #include "daemon/copy.h"
 #include "daemon/core/core.h"
 #include "daemon/reqmap.h"
+#include "daemon/tiers.h"
 #include "kvs_arena.h"
 #include "kvs_frame.h"
 
@@ -43,6 +45,7 @@ struct srv {
   core *core;
   backend *pool;
   copy_engine copy;
+  tiers *tiers;          /* NULL: no tier below the pool */
   uid_t self_uid;
   int null_fd;           /* /dev/null, for releasing ready_fd; or -1 */
   sess *sessions;        /* every open connection (doubly linked) */
@@ -86,8 +89,15 @@ struct sess {
   uint32_t ncopy, copy_cap; /* pairs */
   copy_job job;
   struct wreq *held;
-  int copying;    /* job in flight */
+  int copying;    /* job in flight (or a promotion: promoting) */
   int reaped;     /* the handle closed while copying: free on completion */
+  /* A Lookup bringing blocks up from the tiers: its reply is built when
+   * they are in (sess_promoted); meanwhile, as for copies, no further
+   * frame is read.  in_batch: the frame being handled is a Batch (its
+   * lookups do not promote). */
+  tier_promo promo;
+  int promoting;
+  int in_batch;
 };
 
 /* session.c */
@@ -100,6 +110,9 @@ void sess_shutdown(sess *c, int force);
 /* Closes (after an EPROTO Welcome) every session that has not sent its
  * Hello within handshake_timeout_ms of its accept. */
 void sess_sweep_handshakes(srv *s);
+
+/* The promotion of c->promo is over: sends the Lookup's reply. */
+void sess_promoted(tier_promo *pr);
 
 /* Queue one envelope for writing.  0, or a negative status (the session is
  * then being closed). */
@@ -139,6 +152,9 @@ void disp_request(sess *c, const Kvshare__Request *req,
 int disp_copy_pair(sess *c, uint32_t src, uint32_t dst);
 /* The recorded copies are done (or abandoned): unpins them all. */
 void disp_copies_done(sess *c);
+
+/* The reply of c->promo's Lookup, once its blocks are up. */
+void disp_lookup_promoted(sess *c, Kvshare__Response *resp, kvs__arena *a);
 
 /* Sets resp->status to (code, message). */
 void disp_status(Kvshare__Response *resp, kvs__arena *a, int code,

@@ -79,6 +79,8 @@ static void free_requests(sess *c) {
   if (c->reqs.count)
     log_debug(0, "session %llu: freeing %zu requests",
               (unsigned long long)c->id, c->reqs.count);
+  if (c->promoting)
+    c->promo.r = NULL; /* freed below; the promotion ends without it */
   reqmap_drain(&c->reqs, free_one, c->srv->core);
   c->tokens_held = 0;
 }
@@ -401,6 +403,23 @@ static void handle_hello(sess *c, uint64_t seq, const Kvshare__Hello *h) {
 
 /* ---- the daemon's copies for a session ------------------------------------ */
 
+/* The reply a copy or a promotion held back goes; reading resumes. */
+static void send_held(sess *c, struct wreq *w) {
+  queue_bytes(c, w, 0);
+  if (c->closed)
+    return;
+  if (c->closing) {
+    if (c->writes == 0)
+      close_now(c);
+    return;
+  }
+  if (!c->reading &&
+      may_resume(c, uv_stream_get_write_queue_size((uv_stream_t *)&c->pipe)) &&
+      uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read) == 0)
+    c->reading = 1;
+  process_input(c);
+}
+
 /* On the loop, when the session's copy job is back. */
 static void on_copied(copy_job *j) {
   sess *c = j->data;
@@ -424,19 +443,42 @@ static void on_copied(copy_job *j) {
     close_now(c);
     return;
   }
-  queue_bytes(c, w, 0);
-  if (c->closed)
-    return;
-  if (c->closing) {
-    if (c->writes == 0)
-      close_now(c);
+  send_held(c, w);
+}
+
+/* On the loop, when the Lookup's blocks are up (or failed). */
+void sess_promoted(tier_promo *pr) {
+  sess *c = pr->data;
+  srv *s = c->srv;
+  kvs__arena *a = &s->arena;
+  Kvshare__Response resp;
+  disp_reply r;
+  struct wreq *w;
+  size_t len;
+
+  c->promoting = 0;
+  c->copying = 0;
+  if (c->closed) {
+    if (c->reaped)
+      reap(c);
     return;
   }
-  if (!c->reading &&
-      may_resume(c, uv_stream_get_write_queue_size((uv_stream_t *)&c->pipe)) &&
-      uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read) == 0)
-    c->reading = 1;
-  process_input(c);
+  /* (No frame is being handled now: the server's arena is free.) */
+  kvshare__response__init(&resp);
+  disp_lookup_promoted(c, &resp, a);
+  len = disp_reply_size(&r, a, pr->seq, &resp);
+  w = malloc(sizeof(*w) + len);
+  if (!w) {
+    kvs__arena_reset(a);
+    log_error(KVS_ENOMEM, "session %llu: reply of %zu bytes",
+              (unsigned long long)c->id, len);
+    close_now(c);
+    return;
+  }
+  disp_reply_encode(&r, w->data);
+  w->len = len;
+  kvs__arena_reset(a);
+  send_held(c, w);
 }
 
 /* Sends w now, or, when the frame asked for copies, once they are done. */
@@ -481,6 +523,15 @@ static void handle_request(sess *c, uint64_t seq, const Kvshare__Request *req) {
 
   kvshare__response__init(&resp);
   disp_request(c, req, &resp, a);
+  if (c->promoting) { /* a Lookup waits for its blocks: sess_promoted */
+    c->promo.seq = seq;
+    c->copying = 1;
+    if (c->reading) { /* frames after this one wait: replies stay in order */
+      uv_read_stop((uv_stream_t *)&c->pipe);
+      c->reading = 0;
+    }
+    return;
+  }
   len = disp_reply_size(&r, a, seq, &resp);
   if (len - KVS_FRAME_HEADER_SIZE > c->srv->cfg->max_frame) {
     /* The ops ran; only their results are too big to send back. */
@@ -597,6 +648,7 @@ static void process_input(sess *c) {
     }
     handle_frame(c, c->rbuf + pos + KVS_FRAME_HEADER_SIZE,
                  flen - KVS_FRAME_HEADER_SIZE);
+    tiers_kick(c->srv->tiers);
     pos += flen;
     if (c->closed)
       return;

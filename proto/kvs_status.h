@@ -36,7 +36,8 @@ extern "C" {
   X(ENOTSUP, -4017, "not supported")                                          \
   X(EIO, -4018, "I/O error")                                                  \
   X(ENODEV, -4019, "no device: backend not available")                      \
-  X(EDEVICE, -4020, "device fault: the GPU context is lost")
+  X(EDEVICE, -4020, "device fault: the GPU context is lost")                \
+  X(ECHECKSUM, -4021, "stored block failed its checksum")
 
 typedef enum kvs_status {
 #define KVS_STATUS_ENUM(name, val, msg) KVS_##name = (val),

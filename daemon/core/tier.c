@@ -176,6 +176,25 @@ static uint32_t slot_take(core *c, int t, core_move *pend, int *blocked) {
     *blocked = 0;
   if (q->nfree)
     return q->free_slots[--q->nfree];
+  if (t == CORE_TIER_HOST && !c->cfg.tier_sync) {
+    /* The daemon: first an entry that can go at once (on disk already, or
+     * held by the device), skipping those still being written. */
+    for (uint32_t e = q->head; e != NONE && scanned < SCAN_MAX;
+         e = c->tents[e].next[t], scanned++) {
+      tent *x = &c->tents[e];
+      uint32_t s = x->slot[t];
+
+      if (x->busy || !((x->slot[CORE_TIER_DISK] != NONE &&
+                        x->valid[CORE_TIER_DISK]) ||
+                       hidx_find(&c->index, x->h) != NONE))
+        continue;
+      q->st.drops += x->slot[CORE_TIER_DISK] == NONE;
+      tier_drop(c, e, t);
+      q->nfree--;
+      return s;
+    }
+    scanned = 0;
+  }
   for (uint32_t e = q->head; e != NONE && scanned < SCAN_MAX;
        e = c->tents[e].next[t], scanned++) {
     tent *x = &c->tents[e];
@@ -244,12 +263,46 @@ static int first_tier(const core *c) {
   return c->tiers[CORE_TIER_HOST].nslots ? CORE_TIER_HOST : CORE_TIER_DISK;
 }
 
+/* Host entries at the cold end of the host tier with no copy on disk are
+ * written there ahead of need, so that the host tier always has entries it
+ * can drop at once. */
+static uint32_t plan_host_to_disk(core *c, core_move *mv, uint32_t max) {
+  tier *q = &c->tiers[CORE_TIER_HOST];
+  uint32_t n = 0, seen = 0;
+
+  for (uint32_t e = q->head; e != NONE && seen < c->cfg.tier_window && n < max;
+       e = c->tents[e].next[CORE_TIER_HOST], seen++) {
+    tent *x = &c->tents[e];
+    uint32_t d;
+
+    if (x->busy || x->slot[CORE_TIER_DISK] != NONE ||
+        !x->valid[CORE_TIER_HOST] || hidx_find(&c->index, x->h) != NONE)
+      continue;
+    d = slot_take(c, CORE_TIER_DISK, NULL, NULL);
+    if (d == NONE)
+      break;
+    slot_give(c, CORE_TIER_DISK, e, d, 0);
+    x->busy++;
+    mv[n].kind = CORE_MOVE_HOST_TO_DISK;
+    mv[n].tier = CORE_TIER_DISK;
+    mv[n].block = NONE;
+    mv[n].entry = e;
+    mv[n].slot = d;
+    mv[n].src_slot = x->slot[CORE_TIER_HOST];
+    mv[n].hash = x->h;
+    n++;
+  }
+  return n;
+}
+
 uint32_t core_tier_plan(core *c, core_move *mv, uint32_t max) {
   const int t = first_tier(c);
   uint32_t n = 0, seen = 0;
 
   if (!tier_any(c) || c->cfg.tier_sync)
     return 0;
+  if (c->tiers[CORE_TIER_HOST].nslots && c->tiers[CORE_TIER_DISK].nslots)
+    n = plan_host_to_disk(c, mv, max / 2);
   for (uint32_t b = c->fq_head; b != NONE && seen < c->cfg.tier_window &&
                                 n < max;
        b = c->blocks[b].next, seen++) {
@@ -262,7 +315,9 @@ uint32_t core_tier_plan(core *c, core_move *mv, uint32_t max) {
     s = slot_take(c, t, &mv[n], &blocked);
     if (s == NONE) {
       n += (uint32_t)blocked; /* a host entry goes to disk first */
-      break;
+      if (!blocked)
+        break;
+      continue;
     }
     e = ent_new(c, c->bhash[b], c->btok + (size_t)b * c->cfg.block_size);
     slot_give(c, t, e, s, 0);
@@ -296,9 +351,8 @@ void core_tier_done(core *c, const core_move *m, int ok) {
   if (ok) {
     x->valid[m->tier] = 1;
     q->st.demotions++;
-    /* The host slot it was written for goes (once no promotion reads it). */
-    if (m->kind == CORE_MOVE_HOST_TO_DISK)
-      tier_forget(c, m->entry, CORE_TIER_HOST);
+    /* (A host copy now also on disk stays until the host tier needs its
+     * slot: slot_take drops it at once then.) */
   } else {
     q->st.failures++;
     tier_forget(c, m->entry, (int)m->tier);

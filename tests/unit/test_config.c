@@ -257,6 +257,29 @@ static void test_finish(void **state) {
 
 /* The GPU pool's options: backend names, the device, the fraction's
  * bounds, and a fraction with the host backend refused. */
+/* The tier options: sizes, the disk tier's file and size go together. */
+static void test_tier_options(void **state) {
+  char err[256];
+  cfg c;
+
+  (void)state;
+  cfg_init(&c);
+  assert_int_equal(c.host_tier_bytes, 0);
+  assert_string_equal(c.disk_tier, "");
+  assert_int_equal(c.tier_promote_max, 256);
+  assert_int_equal(cfg_set(&c, "host-tier-bytes", "2G", err, sizeof(err)), 0);
+  assert_int_equal(c.host_tier_bytes, 2ull << 30);
+  assert_int_equal(cfg_set(&c, "tier_promote_max", "0", err, sizeof(err)),
+                   KVS_EINVAL);
+  assert_int_equal(cfg_set(&c, "disk_tier", "/var/cache/kvshare/tier", err,
+                           sizeof(err)), 0);
+  assert_int_equal(cfg_finish(&c, err, sizeof(err)), KVS_EINVAL);
+  assert_non_null(strstr(err, "disk_tier_bytes"));
+  assert_int_equal(cfg_set(&c, "disk_tier_bytes", "100G", err, sizeof(err)),
+                   0);
+  assert_int_equal(cfg_finish(&c, err, sizeof(err)), 0);
+}
+
 static void test_gpu_options(void **state) {
   char err[256];
   cfg c;
@@ -428,6 +451,7 @@ int main(void) {
       cmocka_unit_test(test_args),
       cmocka_unit_test(test_finish),
       cmocka_unit_test(test_gpu_options),
+      cmocka_unit_test(test_tier_options),
       cmocka_unit_test(test_peer_allowed),
       cmocka_unit_test(test_example_config),
       cmocka_unit_test(test_help_lists_every_option),

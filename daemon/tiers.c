@@ -1,0 +1,478 @@
+/*
+ * tiers.c — demotion and promotion between the pool and the tiers below it
+ * (tiers.h).
+ */
+#include "daemon/tiers.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/log.h"
+#include "kvs_status.h"
+
+#define NONE KVS_BLOCK_NONE
+#define MOVES_MAX 256   /* moves in flight */
+#define STAGING 512     /* disk staging buffers */
+
+struct tiers {
+  uv_loop_t *loop;
+  core *core;
+  backend *pool;
+  copy_engine *copy;
+  const cfg *cfg;
+  uint64_t stride;
+  tier_host host;     /* base NULL: none */
+  tier_disk *disk;    /* NULL: none */
+  uv_timer_t tick;
+  uv_check_t kick;    /* a plan at the end of a loop turn that had frames */
+  int stopped, kicked;
+  uint32_t moves, promos; /* in flight */
+  uint64_t host_in, host_out;
+  void (*idle_cb)(void *);
+  void *idle_data;
+};
+
+/* A demotion batch: the moves one tick started. */
+typedef struct mbatch {
+  tiers *t;
+  uint32_t n, pending;
+  core_move *mv;
+  uint32_t *blocks, *bufs; /* pool -> host/staging job */
+  void **host;
+  int *ok;
+  disk_io *ios;
+  copy_job job;
+} mbatch;
+
+static void maybe_idle(tiers *t) {
+  if (t->idle_cb && tiers_idle(t))
+    t->idle_cb(t->idle_data);
+}
+
+void tiers_set_idle_cb(tiers *t, void (*cb)(void *), void *data) {
+  t->idle_cb = cb;
+  t->idle_data = data;
+}
+
+/* ---- demotion -------------------------------------------------------------- */
+
+static void batch_end(mbatch *b) {
+  tiers *t = b->t;
+
+  for (uint32_t i = 0; i < b->n; i++) {
+    core_tier_done(t->core, &b->mv[i], b->ok[i]);
+    if (b->ok[i] && b->mv[i].tier == CORE_TIER_HOST)
+      t->host_in += t->stride;
+    if (b->bufs[i] != NONE)
+      tier_disk_buf_put(t->disk, b->bufs[i]);
+  }
+  t->moves -= b->n;
+  free(b);
+  maybe_idle(t);
+}
+
+static void on_move_written(disk_io *io) {
+  mbatch *b = io->data;
+
+  b->ok[io - b->ios] = io->status == 0;
+  if (--b->pending == 0)
+    batch_end(b);
+}
+
+/* Staged moves go to disk (a move whose bytes did not make it is done). */
+static void write_staged(mbatch *b) {
+  b->pending = 1;
+  for (uint32_t i = 0; i < b->n; i++) {
+    if (b->mv[i].tier != CORE_TIER_DISK || !b->ok[i])
+      continue;
+    disk_io *io = &b->ios[i];
+    io->write = 1;
+    io->slot = b->mv[i].slot;
+    io->buf = b->bufs[i];
+    io->hash = b->mv[i].hash;
+    io->cb = on_move_written;
+    io->data = b;
+    b->pending++;
+    tier_disk_submit(b->t->disk, io);
+  }
+  if (--b->pending == 0)
+    batch_end(b);
+}
+
+static void on_moved_down(copy_job *j) {
+  mbatch *b = j->data;
+
+  if (j->status < 0)
+    for (uint32_t i = 0; i < b->n; i++)
+      if (b->mv[i].kind == CORE_MOVE_DOWN)
+        b->ok[i] = 0;
+  write_staged(b);
+}
+
+static void on_tick(uv_timer_t *h) {
+  tiers *t = h->data;
+  uint32_t room = MOVES_MAX - t->moves, n, nj = 0;
+  mbatch *b;
+  size_t sz;
+
+  if (t->stopped || room == 0)
+    return;
+  if (t->disk && tier_disk_bufs_free(t->disk) / 2 < room)
+    room = tier_disk_bufs_free(t->disk) / 2; /* half for promotions */
+  if (room == 0)
+    return;
+  sz = sizeof(*b) + room * (sizeof(core_move) + 2 * sizeof(uint32_t) +
+                            sizeof(void *) + sizeof(int) + sizeof(disk_io));
+  b = calloc(1, sz);
+  if (!b)
+    return;
+  b->t = t;
+  b->ios = (disk_io *)(b + 1);
+  b->mv = (core_move *)(b->ios + room);
+  b->host = (void **)(b->mv + room);
+  b->blocks = (uint32_t *)(b->host + room);
+  b->bufs = b->blocks + room;
+  b->ok = (int *)(b->bufs + room);
+  n = core_tier_plan(t->core, b->mv, room);
+  if (n == 0) {
+    free(b);
+    return;
+  }
+  b->n = n;
+  t->moves += n;
+  for (uint32_t i = 0; i < n; i++) {
+    core_move *m = &b->mv[i];
+
+    b->ok[i] = 1;
+    b->bufs[i] = NONE;
+    if (m->tier == CORE_TIER_DISK)
+      tier_disk_buf_get(t->disk, &b->bufs[i]); /* room kept one for it */
+    if (m->kind == CORE_MOVE_HOST_TO_DISK) {
+      memcpy(tier_disk_buf_data(t->disk, b->bufs[i]),
+             tier_host_slot(&t->host, m->src_slot), t->stride);
+      t->host_out += t->stride;
+      continue;
+    }
+    b->blocks[nj] = m->block;
+    b->host[nj++] = m->tier == CORE_TIER_HOST
+                        ? tier_host_slot(&t->host, m->slot)
+                        : tier_disk_buf_data(t->disk, b->bufs[i]);
+  }
+  if (nj == 0) {
+    write_staged(b);
+    return;
+  }
+  b->job.kind = COPY_TO_HOST;
+  b->job.blocks = b->blocks;
+  b->job.host = b->host;
+  b->job.n = nj;
+  b->job.cb = on_moved_down;
+  b->job.data = b;
+  if (copy_submit(t->copy, &b->job) < 0) {
+    for (uint32_t i = 0; i < n; i++)
+      if (b->mv[i].kind == CORE_MOVE_DOWN)
+        b->ok[i] = 0;
+    write_staged(b);
+  }
+}
+
+static void on_kick(uv_check_t *h) {
+  tiers *t = h->data;
+
+  t->kicked = 0;
+  uv_check_stop(h);
+  on_tick(&t->tick);
+}
+
+void tiers_kick(tiers *t) {
+  if (!t || t->stopped || t->kicked)
+    return;
+  t->kicked = 1;
+  uv_check_start(&t->kick, on_kick);
+}
+
+/* ---- promotion ------------------------------------------------------------- */
+
+uint32_t tiers_promote_room(const tiers *t) {
+  uint32_t room = t->cfg->tier_promote_max;
+
+  if (t->disk && tier_disk_bufs_free(t->disk) < room)
+    room = tier_disk_bufs_free(t->disk);
+  return room;
+}
+
+static void promo_end(tier_promo *pr) {
+  tiers *t = pr->t;
+  uint32_t good = 0;
+
+  for (uint32_t i = 0; i < pr->n; i++) {
+    if (pr->bufs[i] != NONE)
+      tier_disk_buf_put(t->disk, pr->bufs[i]);
+    if (pr->ok[i] && pr->p[i].tier == CORE_TIER_HOST)
+      t->host_out += t->stride;
+  }
+  pr->hit_tokens = core_promote_finish(t->core, pr->r, pr->p, pr->n, pr->ok);
+  /* what the request kept of them: good ones up to the first failure */
+  while (good < pr->n && pr->ok[good])
+    good++;
+  pr->promoted_tokens = pr->r ? good * t->pool->layout.block_size : 0;
+  free(pr->ios); /* the allocation holds p, ok, bufs... too */
+  pr->p = NULL;
+  pr->ios = NULL;
+  t->promos--;
+  if (pr->starting) { /* inside tiers_promote: it tells the caller */
+    pr->early = 1;
+    return;
+  }
+  pr->cb(pr);
+  maybe_idle(t);
+}
+
+static void on_promo_copied(copy_job *j) {
+  tier_promo *pr = j->data;
+
+  if (j->status < 0)
+    for (uint32_t i = 0; i < pr->n; i++)
+      pr->ok[i] = 0;
+  promo_end(pr);
+}
+
+/* Every disk read is back: one job brings up whatever is good. */
+static void promo_copy(tier_promo *pr) {
+  tiers *t = pr->t;
+  uint32_t nj = 0;
+
+  for (uint32_t i = 0; i < pr->n; i++) {
+    if (!pr->ok[i])
+      continue;
+    pr->jblocks[nj] = pr->p[i].block;
+    pr->jhost[nj++] = pr->p[i].tier == CORE_TIER_HOST
+                          ? tier_host_slot(&t->host, pr->p[i].slot)
+                          : tier_disk_buf_data(t->disk, pr->bufs[i]);
+  }
+  if (nj == 0) {
+    promo_end(pr);
+    return;
+  }
+  memset(&pr->job, 0, sizeof(pr->job));
+  pr->job.kind = COPY_FROM_HOST;
+  pr->job.blocks = pr->jblocks;
+  pr->job.host = pr->jhost;
+  pr->job.n = nj;
+  pr->job.cb = on_promo_copied;
+  pr->job.data = pr;
+  if (copy_submit(t->copy, &pr->job) < 0) {
+    for (uint32_t i = 0; i < pr->n; i++)
+      pr->ok[i] = 0;
+    promo_end(pr);
+  }
+}
+
+static void on_promo_read(disk_io *io) {
+  tier_promo *pr = io->data;
+
+  pr->ok[io - pr->ios] = io->status == 0;
+  if (--pr->reads == 0)
+    promo_copy(pr);
+}
+
+int tiers_promote(tiers *t, tier_promo *pr, const core_promo *p, uint32_t n) {
+  size_t sz = n * (sizeof(core_promo) + sizeof(int) + 2 * sizeof(uint32_t) +
+                   sizeof(void *) + sizeof(disk_io));
+  uint8_t *mem;
+
+  if (n == 0 || n > tiers_promote_room(t))
+    return KVS_EINVAL;
+  mem = malloc(sz);
+  if (!mem)
+    return KVS_ENOMEM;
+  pr->t = t;
+  pr->n = n;
+  pr->ios = (disk_io *)mem;
+  pr->p = (core_promo *)(pr->ios + n);
+  pr->jhost = (void **)(pr->p + n);
+  pr->ok = (int *)(pr->jhost + n);
+  pr->bufs = (uint32_t *)(pr->ok + n);
+  pr->jblocks = pr->bufs + n;
+  memcpy(pr->p, p, n * sizeof(*p));
+  pr->reads = 1;
+  pr->starting = 1;
+  pr->early = 0;
+  t->promos++;
+  for (uint32_t i = 0; i < n; i++) {
+    pr->ok[i] = 1;
+    pr->bufs[i] = NONE;
+    if (p[i].tier != CORE_TIER_DISK)
+      continue;
+    tier_disk_buf_get(t->disk, &pr->bufs[i]); /* room checked above */
+    disk_io *io = &pr->ios[i];
+    io->write = 0;
+    io->slot = p[i].slot;
+    io->buf = pr->bufs[i];
+    io->hash = p[i].hash;
+    io->cb = on_promo_read;
+    io->data = pr;
+    pr->reads++;
+    tier_disk_submit(t->disk, io);
+  }
+  if (--pr->reads == 0)
+    promo_copy(pr);
+  pr->starting = 0;
+  return pr->early;
+}
+
+/* ---- set-up ---------------------------------------------------------------- */
+
+int tiers_slots(const cfg *c, const kvs_layout *l, const backend *pool,
+                uint32_t slots[CORE_TIERS], char *err, size_t err_len) {
+  uint64_t h = c->host_tier_bytes / l->block_stride;
+
+  slots[CORE_TIER_HOST] = slots[CORE_TIER_DISK] = 0;
+  if (c->host_tier_bytes && (h == 0 || h >= NONE / 2)) {
+    snprintf(err, err_len, "host_tier_bytes %llu holds %llu blocks of %llu "
+             "bytes; want 1 .. 2^31", (unsigned long long)c->host_tier_bytes,
+             (unsigned long long)h, (unsigned long long)l->block_stride);
+    return KVS_EINVAL;
+  }
+  slots[CORE_TIER_HOST] = (uint32_t)h;
+  if (c->disk_tier[0]) {
+    uint64_t slot = 4096 + (l->block_stride + 4095) / 4096 * 4096;
+    uint64_t d = c->disk_tier_bytes / slot;
+
+    if (pool->ops->host_register && !h) {
+      snprintf(err, err_len, "a disk tier under a GPU pool needs a host tier "
+               "(host_tier_bytes) between them");
+      return KVS_EINVAL;
+    }
+    if (d == 0 || d >= NONE / 2) {
+      snprintf(err, err_len, "disk_tier_bytes %llu holds %llu slots of %llu "
+               "bytes (a block and a 4 KiB header); want 1 .. 2^31",
+               (unsigned long long)c->disk_tier_bytes, (unsigned long long)d,
+               (unsigned long long)slot);
+      return KVS_EINVAL;
+    }
+    slots[CORE_TIER_DISK] = (uint32_t)d;
+  }
+  return 0;
+}
+
+int tiers_open(uv_loop_t *loop, const cfg *c, core *cr, backend *pool,
+               copy_engine *copy, tiers **out, char *err, size_t err_len) {
+  tiers *t;
+  int rc;
+
+  *out = NULL;
+  if (!c->host_tier_bytes && !c->disk_tier[0])
+    return 0;
+  t = calloc(1, sizeof(*t));
+  if (!t) {
+    snprintf(err, err_len, "out of memory");
+    return KVS_ENOMEM;
+  }
+  t->loop = loop;
+  t->core = cr;
+  t->pool = pool;
+  t->copy = copy;
+  t->cfg = c;
+  t->stride = pool->layout.block_stride;
+  if (c->host_tier_bytes) {
+    rc = tier_host_open(&t->host, pool, c->host_tier_bytes, t->stride, err,
+                        err_len);
+    if (rc < 0) {
+      free(t);
+      return rc;
+    }
+  }
+  if (c->disk_tier[0]) {
+    rc = tier_disk_open(loop, c->disk_tier, c->disk_tier_bytes, t->stride,
+                        STAGING, c->tier_fault, &t->disk, err, err_len);
+    if (rc < 0) {
+      tier_host_close(&t->host);
+      free(t);
+      return rc;
+    }
+  }
+  uv_timer_init(loop, &t->tick);
+  uv_check_init(loop, &t->kick);
+  t->tick.data = t->kick.data = t;
+  uv_timer_start(&t->tick, on_tick, TIERS_TICK_MS, TIERS_TICK_MS);
+  if (t->host.base)
+    log_info(0, "host tier: %u blocks, %llu MiB%s", t->host.nslots,
+             (unsigned long long)(t->host.bytes >> 20),
+             t->host.pinned_by ? ", pinned" : "");
+  if (t->disk)
+    log_info(0, "disk tier: %s, %u slots, %s, %s", c->disk_tier,
+             tier_disk_slots(t->disk),
+             tier_disk_direct(t->disk) ? "O_DIRECT"
+                                       : "buffered (no O_DIRECT here)",
+             tier_disk_registered(t->disk) ? "registered buffers and file"
+                                           : "unregistered");
+  *out = t;
+  return 0;
+}
+
+void tiers_stop(tiers *t) {
+  if (!t || t->stopped)
+    return;
+  t->stopped = 1;
+  uv_timer_stop(&t->tick);
+  uv_check_stop(&t->kick);
+}
+
+int tiers_idle(const tiers *t) {
+  return !t || (t->moves == 0 && t->promos == 0 &&
+                (!t->disk || tier_disk_idle(t->disk)));
+}
+
+static void on_tick_closed(uv_handle_t *h) {
+  tiers *t = h->data;
+
+  if (--t->kicked > 0) /* (counts the handles left to close) */
+    return;
+  tier_host_close(&t->host);
+  free(t);
+}
+
+void tiers_close(tiers *t) {
+  if (!t)
+    return;
+  tiers_stop(t);
+  tier_disk_close(t->disk);
+  t->disk = NULL;
+  t->kicked = 2;
+  uv_close((uv_handle_t *)&t->tick, on_tick_closed);
+  uv_close((uv_handle_t *)&t->kick, on_tick_closed);
+}
+
+void tiers_get_stats(const tiers *t, tiers_stats st[CORE_TIERS],
+                     uint32_t *n) {
+  core_tier_stats cs[CORE_TIERS];
+
+  *n = 0;
+  if (!t)
+    return;
+  core_tier_get_stats(t->core, cs);
+  if (t->host.base) {
+    tiers_stats *s = &st[(*n)++];
+    memset(s, 0, sizeof(*s));
+    s->name = "host";
+    s->capacity_bytes = t->host.bytes;
+    s->core = cs[CORE_TIER_HOST];
+    s->bytes_in = t->host_in;
+    s->bytes_out = t->host_out;
+  }
+  if (t->disk) {
+    tiers_stats *s = &st[(*n)++];
+    tier_disk_stats ds;
+    tier_disk_get_stats(t->disk, &ds);
+    memset(s, 0, sizeof(*s));
+    s->name = "disk";
+    s->capacity_bytes = t->cfg->disk_tier_bytes;
+    s->core = cs[CORE_TIER_DISK];
+    s->bytes_in = ds.bytes_written;
+    s->bytes_out = ds.bytes_read;
+    s->io_errors = ds.io_errors;
+    s->checksum_failures = ds.checksum_failures;
+  }
+}

@@ -1,0 +1,246 @@
+/*
+ * bench_tiers — the tiers' byte movers against their baselines, same run.
+ *
+ * 1. Disk tier (daemon/tier_disk.c: io_uring, registered buffers and file,
+ *    O_DIRECT, a 4 KiB header and an XXH3 checksum per slot): write then
+ *    read every slot of a file, queue depth QD, at block sizes 64-512 KiB;
+ *    against fio (ioengine io_uring, direct=1, the same file, the same
+ *    request size - block + header - and iodepth).  Target >= 0.9x.
+ * 2. Host-tier copies (the copy engine's COPY_TO_HOST / COPY_FROM_HOST on
+ *    the host pool) against memcpy of the same blocks.  Target >= 0.8x.
+ *
+ * KVS_BENCH_DIR: where the test file goes (default: the build directory;
+ * not /tmp, which may be tmpfs, where O_DIRECT is refused).  Skips (77)
+ * without fio.  Prints ratios; the times are for orientation only.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon/backend.h"
+#include "daemon/copy.h"
+#include "daemon/tier_disk.h"
+#include "kvs_status.h"
+
+#define QD 32
+#define FILE_MB 256
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+typedef struct run {
+  tier_disk *d;
+  uint32_t next, done, total;
+  int write, errors;
+  disk_io io[QD];
+} run;
+
+static void on_io(disk_io *io);
+
+static void start(run *r, disk_io *io) {
+  io->write = r->write;
+  io->slot = r->next++;
+  io->hash.lo = io->slot;
+  io->hash.hi = 7;
+  io->cb = on_io;
+  io->data = r;
+  tier_disk_submit(r->d, io);
+}
+
+static void on_io(disk_io *io) {
+  run *r = io->data;
+
+  r->errors += io->status != 0;
+  r->done++;
+  if (r->next < r->total)
+    start(r, io);
+}
+
+/* Seconds to write (or read) every slot at queue depth QD. */
+static double pass(uv_loop_t *loop, tier_disk *d, int write) {
+  run r = {.d = d, .total = tier_disk_slots(d), .write = write};
+  double t0 = now();
+
+  for (uint32_t i = 0; i < QD && i < r.total; i++) {
+    tier_disk_buf_get(d, &r.io[i].buf);
+    memset(tier_disk_buf_data(d, r.io[i].buf), 0x5a + (int)i, 4096);
+    start(&r, &r.io[i]);
+  }
+  while (r.done < r.total)
+    uv_run(loop, UV_RUN_ONCE);
+  double dt = now() - t0;
+  for (uint32_t i = 0; i < QD && i < r.total; i++)
+    tier_disk_buf_put(d, r.io[i].buf);
+  if (r.errors) {
+    fprintf(stderr, "bench_tiers: %d I/O errors\n", r.errors);
+    exit(1);
+  }
+  return dt;
+}
+
+/* fio's bandwidth (bytes/s) for the same file, request size and depth. */
+static double fio_bw(const char *path, uint64_t bs, uint64_t size,
+                     int write) {
+  char cmd[1024], line[4096];
+  double bw = -1;
+  snprintf(cmd, sizeof cmd,
+           "fio --name=kvs --filename=%s --ioengine=io_uring --direct=1 "
+           "--rw=%s --bs=%llu --iodepth=%d --size=%llu --numjobs=1 "
+           "--output-format=terse --terse-version=3 2>/dev/null",
+           path, write ? "write" : "read", (unsigned long long)bs, QD,
+           (unsigned long long)size);
+  FILE *p = popen(cmd, "r");
+  if (!p)
+    return -1;
+  if (fgets(line, sizeof line, p)) {
+    /* terse v3: field 7 read bw KiB/s, field 48 write bw KiB/s */
+    char *save = NULL, *f = strtok_r(line, ";", &save);
+    for (int i = 1; f; i++, f = strtok_r(NULL, ";", &save))
+      if (i == (write ? 48 : 7))
+        bw = atof(f) * 1024;
+  }
+  pclose(p);
+  return bw;
+}
+
+static void bench_disk(const char *dir) {
+  static const uint64_t sizes[] = {64 << 10, 128 << 10, 256 << 10, 512 << 10};
+  char path[512], err[256];
+
+  snprintf(path, sizeof path, "%s/bench-tier-%d", dir, (int)getpid());
+  printf("disk tier vs fio (io_uring, O_DIRECT, same file and request size, "
+         "iodepth %d, %d MiB file)\n", QD, FILE_MB);
+  printf("  %-8s %-6s %10s %10s %7s\n", "block", "op", "tier MB/s",
+         "fio MB/s", "ratio");
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    uv_loop_t loop;
+    tier_disk *d;
+    uint64_t slot = 4096 + sizes[i];
+
+    uv_loop_init(&loop);
+    if (tier_disk_open(&loop, path, (uint64_t)FILE_MB << 20, sizes[i], QD,
+                       NULL, &d, err, sizeof err) < 0) {
+      fprintf(stderr, "bench_tiers: %s\n", err);
+      exit(1);
+    }
+    if (!tier_disk_direct(d))
+      printf("  (no O_DIRECT on %s: buffered, the ratio means little)\n",
+             dir);
+    uint64_t bytes = (uint64_t)tier_disk_slots(d) * sizes[i];
+    for (int w = 1; w >= 0; w--) {
+      /* interleaved: tier, fio, tier, fio; the better of two each */
+      double t1 = pass(&loop, d, w);
+      double f1 = fio_bw(path, slot, (uint64_t)tier_disk_slots(d) * slot, w);
+      double t2 = pass(&loop, d, w);
+      double f2 = fio_bw(path, slot, (uint64_t)tier_disk_slots(d) * slot, w);
+      double tier = (double)tier_disk_slots(d) * slot / (t1 < t2 ? t1 : t2);
+      double fio = f1 > f2 ? f1 : f2;
+      printf("  %-5lluKiB %-6s %10.0f %10.0f %6.2fx   (%llu MiB of blocks)\n",
+             (unsigned long long)(sizes[i] >> 10), w ? "write" : "read",
+             tier / 1e6, fio / 1e6, fio > 0 ? tier / fio : 0,
+             (unsigned long long)(bytes >> 20));
+    }
+    tier_disk_close(d);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    uv_loop_close(&loop);
+  }
+  unlink(path);
+}
+
+static int copied;
+static void on_copy(copy_job *j) {
+  (void)j;
+  copied = 1;
+}
+
+static void bench_host(void) {
+  cfg c;
+  kvs_layout l;
+  backend *b;
+  copy_engine e;
+  uv_loop_t loop;
+  char err[256];
+  const uint32_t n = 256;
+
+  cfg_init(&c);
+  cfg_set(&c, "backend", "host", err, sizeof err);
+  cfg_set(&c, "pool_blocks", "512", err, sizeof err);
+  cfg_set(&c, "num_layers", "32", err, sizeof err);
+  cfg_set(&c, "num_kv_heads", "8", err, sizeof err);
+  cfg_set(&c, "head_dim", "128", err, sizeof err);
+  cfg_set(&c, "dtype", "fp16", err, sizeof err);
+  cfg_set(&c, "block_size", "1", err, sizeof err); /* 128 KiB blocks */
+  cfg_set(&c, "socket", "/nonexistent/bench.sock", err, sizeof err);
+  if (cfg_finish(&c, err, sizeof err) < 0 ||
+      backend_open(&c, (l = c.layout, &l), &b, err, sizeof err) < 0) {
+    fprintf(stderr, "bench_tiers: %s\n", err);
+    exit(1);
+  }
+  uv_loop_init(&loop);
+  copy_engine_init(&e, &loop, b);
+  uint64_t stride = l.block_stride;
+  uint8_t *host = aligned_alloc(4096, n * stride);
+  void **ptrs = malloc(n * sizeof *ptrs);
+  uint32_t *blocks = malloc(n * sizeof *blocks);
+  for (uint32_t i = 0; i < n; i++) {
+    ptrs[i] = host + i * stride;
+    blocks[i] = (i * 7) % l.num_blocks;
+  }
+  memset(host, 1, n * stride);
+  memset(b->base, 2, kvs_pool_bytes(&l));
+  printf("host-tier copies vs memcpy (%u blocks of %llu KiB, the copy "
+         "engine on the host pool)\n", n, (unsigned long long)(stride >> 10));
+  for (int kind = 0; kind < 2; kind++) {
+    double best_e = 1e9, best_m = 1e9;
+    for (int rep = 0; rep < 7; rep++) {
+      copy_job j = {.kind = kind ? COPY_FROM_HOST : COPY_TO_HOST,
+                    .blocks = blocks, .host = ptrs, .n = n, .cb = on_copy};
+      double t0 = now();
+      copied = 0;
+      copy_submit(&e, &j);
+      while (!copied)
+        uv_run(&loop, UV_RUN_ONCE);
+      double te = now() - t0;
+      t0 = now();
+      for (uint32_t i = 0; i < n; i++) {
+        uint8_t *pb = (uint8_t *)b->base + blocks[i] * stride;
+        if (kind)
+          memcpy(pb, ptrs[i], stride);
+        else
+          memcpy(ptrs[i], pb, stride);
+      }
+      double tm = now() - t0;
+      best_e = te < best_e ? te : best_e;
+      best_m = tm < best_m ? tm : best_m;
+    }
+    double bytes = (double)n * stride;
+    printf("  %-14s engine %6.2f GB/s  memcpy %6.2f GB/s  ratio %.2fx\n",
+           kind ? "host -> pool" : "pool -> host", bytes / best_e / 1e9,
+           bytes / best_m / 1e9, best_m / best_e);
+  }
+  copy_engine_close(&e);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  uv_loop_close(&loop);
+  backend_close(b);
+  free(host);
+  free(ptrs);
+  free(blocks);
+}
+
+int main(void) {
+  const char *dir = getenv("KVS_BENCH_DIR");
+  const char *build = getenv("KVS_BUILD");
+
+  bench_host();
+  if (system("fio --version >/dev/null 2>&1") != 0) {
+    printf("disk tier: skipped (no fio; apt-get install fio)\n");
+    return 0;
+  }
+  bench_disk(dir ? dir : build ? build : ".");
+  return 0;
+}

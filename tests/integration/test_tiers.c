@@ -1,0 +1,292 @@
+/*
+ * test_tiers — blocks go down to the host and disk tiers and come back.
+ *
+ * 1. Fill: a worker computes far more prompts than the pool holds, writing
+ *    recognisable bytes; the daemon demotes them in the background.  Then
+ *    every prompt is looked up again: each must hit all its full blocks
+ *    (pool + host + disk hold them all), and every byte of every block the
+ *    lookup returns is checked.  The tier counters must show promotions
+ *    from both tiers and no block lost; no_promote takes pool blocks only.
+ * 2. Faults: a daemon with a disk tier only, whose disk tier fails reads
+ *    (a flipped bit, EIO, a short read) and a write.  Each fault is a miss
+ *    and a counter; no lookup ever returns a block with wrong bytes.
+ * 3. A worker killed (SIGKILL) while its lookups promote: the pool comes
+ *    back whole.  Then SIGTERM while another worker promotes: the daemon
+ *    drains its I/O and exits cleanly (status 0: the pool was whole).
+ */
+#include <signal.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tests/integration/itest.h"
+
+#define NPROMPTS 40
+#define FULL 3 /* full blocks per prompt; prompts have FULL * bs + 1 tokens */
+
+static itest_daemon d;
+
+static uint8_t pattern(uint32_t prompt, uint32_t blk, size_t i) {
+  uint64_t x = (uint64_t)prompt * 0x9e3779b97f4a7c15ull ^ blk * 0x85ebca6bu ^
+               i * 0xc2b2ae35u;
+  x ^= x >> 29;
+  return (uint8_t)(x * 0xbf58476d1ce4e5b9ull >> 56);
+}
+
+static void prompt_tokens(uint32_t p, uint32_t *tok, uint32_t n) {
+  for (uint32_t i = 0; i < n; i++)
+    tok[i] = 100000 * (p + 1) + i;
+}
+
+/* Writes (check = 0) or counts wrong bytes in (check = 1) block blk of
+ * prompt p, held in pool block b. */
+static long block_bytes(kvs_client *c, uint32_t b, uint32_t p, uint32_t blk,
+                        int check) {
+  const kvs_layout *l = kvs_layout_of(c);
+  uint8_t *x = kvs_block_ptr(c, b);
+  long bad = 0;
+
+  for (size_t i = 0; i < l->block_stride; i++) {
+    if (check)
+      bad += x[i] != pattern(p, blk, i);
+    else
+      x[i] = pattern(p, blk, i);
+  }
+  return bad;
+}
+
+static void compute(kvs_client *c, uint32_t p) {
+  const kvs_layout *l = kvs_layout_of(c);
+  uint32_t n = FULL * l->block_size + 1, tok[64];
+  kvs_lookup_result lr;
+  kvs_alloc_result ar;
+
+  prompt_tokens(p, tok, n);
+  CHECK_OK(c, kvs_lookup(c, p, tok, n, NULL, 0, &lr));
+  CHECK(lr.hit_tokens == 0);
+  CHECK_OK(c, kvs_allocate(c, p, n, &ar));
+  for (uint32_t i = 0; i < FULL; i++)
+    block_bytes(c, ar.blocks[i], p, i, 0);
+  CHECK_OK(c, kvs_commit(c, p, 0, NULL, n, NULL, 0, NULL));
+  CHECK_OK(c, kvs_free(c, p));
+}
+
+/* Looks prompt p up; checks every returned block's bytes; returns the hit
+ * in blocks. */
+static uint32_t lookup_check(kvs_client *c, uint32_t p, uint64_t id) {
+  const kvs_layout *l = kvs_layout_of(c);
+  uint32_t n = FULL * l->block_size + 1, tok[64];
+  kvs_lookup_result lr;
+
+  prompt_tokens(p, tok, n);
+  CHECK_OK(c, kvs_lookup(c, id, tok, n, NULL, 0, &lr));
+  CHECK(lr.hit_tokens % l->block_size == 0);
+  CHECK(lr.num_blocks == lr.hit_tokens / l->block_size);
+  for (uint32_t i = 0; i < lr.num_blocks; i++) {
+    long bad = block_bytes(c, lr.blocks[i], p, i, 1);
+    if (bad) {
+      fprintf(stderr, "prompt %u block %u (pool block %u): %ld wrong bytes\n",
+              p, i, lr.blocks[i], bad);
+      exit(1);
+    }
+  }
+  CHECK_OK(c, kvs_free(c, id));
+  return lr.num_blocks;
+}
+
+static void tier_stats(kvs_client *c, kvs_tier_stats *ts, uint32_t want,
+                       uint64_t *lost) {
+  uint32_t n = 0;
+  CHECK_OK(c, kvs_tier_stats_get(c, ts, 2, &n, lost));
+  CHECK(n == want);
+}
+
+static void test_fill_and_promote(void) {
+  char disk[400];
+  const char *opts_tail[] = {"--host-tier-bytes", "48K", "--disk-tier", NULL,
+                             "--disk-tier-bytes", "2M", NULL};
+  const char *opts[24] = {"--pool-blocks", "32", "--block-size", "4",
+                          "--num-layers", "2", "--num-kv-heads", "1",
+                          "--head-dim", "64", "--dtype", "fp32"};
+  int k = 12;
+
+  snprintf(disk, sizeof disk, "%s/disk-tier-%d", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)getpid());
+  for (int i = 0; opts_tail[i] || i == 3; i++)
+    opts[k++] = i == 3 ? disk : opts_tail[i];
+  opts[k] = NULL;
+  itest_daemon_start(&d, opts);
+  kvs_client *c = itest_connect(&d, "tiers");
+  const kvs_layout *l = kvs_layout_of(c);
+  kvs_tier_stats ts[2];
+  uint64_t lost;
+
+  CHECK(l->block_stride == 4096); /* 2 layers x K,V x 4 tokens x 64 x 4 B */
+  tier_stats(c, ts, 2, &lost);
+  CHECK(strcmp(ts[0].name, "host") == 0 && ts[0].slots == 12);
+  CHECK(strcmp(ts[1].name, "disk") == 0 && ts[1].slots == 256);
+  /* 40 prompts x 3 blocks = 120 blocks: 32 in the pool, the rest below */
+  for (uint32_t p = 0; p < NPROMPTS; p++) {
+    compute(c, p);
+    usleep(20000); /* a few demotion ticks: write-back keeps up */
+  }
+  usleep(100000);
+  tier_stats(c, ts, 2, &lost);
+  fprintf(stderr, "after the fill: lost %llu, host used %u, disk used %u\n",
+          (unsigned long long)lost, ts[0].used, ts[1].used);
+  uint32_t hits = 0;
+  for (uint32_t p = 0; p < NPROMPTS; p++) {
+    uint32_t h = lookup_check(c, p, 1000 + p);
+    if (h != FULL)
+      fprintf(stderr, "prompt %u: %u of %u blocks hit\n", p, h, FULL);
+    hits += h;
+    usleep(20000); /* (a burst faster than the disk loses blocks: lost) */
+  }
+  tier_stats(c, ts, 2, &lost);
+  fprintf(stderr, "tiers: lost %llu; host: demoted %llu promoted %llu "
+          "dropped %llu; disk: demoted %llu promoted %llu bytes in %llu\n",
+          (unsigned long long)lost, (unsigned long long)ts[0].demotions,
+          (unsigned long long)ts[0].promotions,
+          (unsigned long long)ts[0].drops, (unsigned long long)ts[1].demotions,
+          (unsigned long long)ts[1].promotions,
+          (unsigned long long)ts[1].bytes_in);
+  /* Every block is found, or was counted lost (evicted before demotion
+   * caught up: only when the disk falls behind, i.e. a slow machine). */
+  CHECK(hits + FULL * lost >= NPROMPTS * FULL);
+  CHECK(hits >= NPROMPTS * FULL / 2);
+  CHECK(ts[0].promotions > 0 && ts[1].promotions > 0);
+  CHECK(ts[1].bytes_in == ts[1].demotions * l->block_stride);
+  CHECK(ts[1].bytes_out == ts[1].promotions * l->block_stride);
+  CHECK(ts[0].failures == 0 && ts[1].failures == 0);
+  CHECK(ts[1].io_errors == 0 && ts[1].checksum_failures == 0);
+
+  /* Without promotion only pool blocks are taken: the first prompts are
+   * below again by now (the lookups above cycled the pool). */
+  CHECK_OK(c, kvs_set_promote(c, 0));
+  uint64_t promoted = ts[0].promotions + ts[1].promotions;
+  CHECK(lookup_check(c, 0, 5000) < FULL);
+  tier_stats(c, ts, 2, &lost);
+  CHECK(ts[0].promotions + ts[1].promotions == promoted);
+  CHECK_OK(c, kvs_set_promote(c, 1));
+  CHECK(lookup_check(c, 0, 5001) == FULL);
+
+  kvs_close(c);
+  itest_daemon_finish(&d, -1);
+  unlink(disk);
+}
+
+/* A disk tier alone, failing reads 1-3 (flip, EIO, short) and write 5. */
+static void test_faults(void) {
+  char disk[400];
+  const char *opts[] = {"--pool-blocks", "16", "--block-size", "4",
+                        "--num-layers", "2", "--num-kv-heads", "1",
+                        "--head-dim", "64", "--dtype", "fp32",
+                        "--disk-tier", disk, "--disk-tier-bytes", "1M",
+                        "--tier-fault", "flip:1,read-eio:2,short:3,write-eio:5",
+                        NULL};
+
+  snprintf(disk, sizeof disk, "%s/disk-fault-%d", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)getpid());
+  itest_daemon_start(&d, opts);
+  kvs_client *c = itest_connect(&d, "faults");
+  kvs_tier_stats ts[2];
+  uint64_t lost;
+  uint32_t hits = 0, misses = 0;
+
+  for (uint32_t p = 0; p < 20; p++) {
+    compute(c, p);
+    usleep(20000);
+  }
+  usleep(100000);
+  for (uint32_t p = 0; p < 20; p++) {
+    uint32_t h = lookup_check(c, p, 1000 + p); /* never wrong bytes */
+    hits += h;
+    misses += FULL - h;
+  }
+  tier_stats(c, ts, 1, &lost);
+  fprintf(stderr, "faults: hits %u misses %u; disk: failures %llu io_errors "
+          "%llu checksum_failures %llu, lost %llu\n", hits, misses,
+          (unsigned long long)ts[0].failures,
+          (unsigned long long)ts[0].io_errors,
+          (unsigned long long)ts[0].checksum_failures,
+          (unsigned long long)lost);
+  CHECK(strcmp(ts[0].name, "disk") == 0);
+  CHECK(ts[0].checksum_failures == 1);
+  CHECK(ts[0].io_errors == 3);      /* EIO, short read, the failed write */
+  CHECK(ts[0].failures == 4);       /* three reads, one write */
+  CHECK(misses >= 3 && hits > 0);   /* each fault: a miss (and what follows
+                                       it in that prompt's chain) */
+  /* A copy that failed a read is dropped, never read again: a second pass
+   * finds no new fault (the injected ones are spent) and no wrong byte. */
+  for (uint32_t p = 0; p < 20; p++) {
+    lookup_check(c, p, 3000 + p);
+    usleep(5000);
+  }
+  tier_stats(c, ts, 1, &lost);
+  CHECK(ts[0].checksum_failures == 1 && ts[0].io_errors == 3);
+  CHECK(ts[0].failures == 4);
+  kvs_close(c);
+  itest_daemon_finish(&d, -1);
+  unlink(disk);
+}
+
+/* A worker that looks up promoting prompts for ever. */
+static void promoter(uint32_t seed) {
+  kvs_client *c = itest_connect(&d, "promoter");
+  for (uint64_t i = 0;; i++)
+    lookup_check(c, (uint32_t)((i * 7 + seed) % NPROMPTS), 10000 + i);
+}
+
+static void test_kill_and_term(void) {
+  char disk[400];
+  const char *opts[] = {"--pool-blocks", "32", "--block-size", "4",
+                        "--num-layers", "2", "--num-kv-heads", "1",
+                        "--head-dim", "64", "--dtype", "fp32",
+                        "--host-tier-bytes", "32K", "--disk-tier", disk,
+                        "--disk-tier-bytes", "2M", NULL};
+
+  snprintf(disk, sizeof disk, "%s/disk-kill-%d", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)getpid());
+  itest_daemon_start(&d, opts);
+  kvs_client *c = itest_connect(&d, "filler");
+  for (uint32_t p = 0; p < NPROMPTS; p++) {
+    compute(c, p);
+    usleep(10000);
+  }
+  for (int round = 0; round < 3; round++) {
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0)
+      promoter((uint32_t)round);
+    usleep(30000 + 20000 * round);
+    kill(pid, SIGKILL);
+    CHECK(waitpid(pid, NULL, 0) == pid);
+    itest_check_pool(c, 1, 0, 0);
+  }
+  kvs_tier_stats ts[2];
+  uint64_t lost;
+  tier_stats(c, ts, 2, &lost);
+  CHECK(ts[0].promotions + ts[1].promotions > 0);
+  kvs_close(c);
+
+  /* SIGTERM while a worker promotes: a clean exit. */
+  pid_t pid = fork();
+  CHECK(pid >= 0);
+  if (pid == 0)
+    promoter(5);
+  usleep(50000);
+  kill(d.pid, SIGTERM);
+  int st = itest_wait(d.pid);
+  d.pid = 0;
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+  if (st != 0)
+    itest_print_log(&d);
+  CHECK(st == 0);
+  CHECK(itest_log_says(&d, "stopped cleanly"));
+  unlink(disk);
+}
+
+int main(void) {
+  test_fill_and_promote();
+  test_faults();
+  test_kill_and_term();
+  return 0;
+}
