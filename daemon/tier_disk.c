@@ -47,7 +47,8 @@ struct tier_disk {
   struct io_uring ring;
   int ring_ok;
   uv_poll_t poll;
-  uv_check_t check;
+  uv_check_t check;     /* flushes what poll-phase callbacks prepared */
+  uv_prepare_t prepare; /* ... and what timers did, before the loop blocks */
   int poll_open, check_open;
   uint64_t data_len, data_bytes, slot_bytes; /* block, rounded, + header */
   uint32_t nslots;
@@ -131,10 +132,10 @@ static int prep(tier_disk *d, disk_io *io) {
   return 0;
 }
 
-/* End of a loop turn: everything prepared goes in one system call. */
-static void on_check(uv_check_t *h) {
-  tier_disk *d = h->data;
-
+/* Everything prepared goes in one system call: at the end of the loop
+ * turn (check), or before the loop blocks in poll (prepare), whichever
+ * comes first. */
+static void flush(tier_disk *d) {
   while (d->waiting && prep(d, d->waiting) == 0) {
     d->waiting = d->waiting->next;
     if (!d->waiting)
@@ -149,8 +150,18 @@ static void on_check(uv_check_t *h) {
     else if (rc != -EAGAIN && rc != -EBUSY && rc != -EINTR)
       log_error(-rc, "disk tier: io_uring_submit");
   }
-  if (!d->unsubmitted && !d->waiting)
+  if (!d->unsubmitted && !d->waiting) {
     uv_check_stop(&d->check);
+    uv_prepare_stop(&d->prepare);
+  }
+}
+
+static void on_check(uv_check_t *h) { flush(h->data); }
+static void on_prepare(uv_prepare_t *h) { flush(h->data); }
+
+static void want_flush(tier_disk *d) {
+  uv_check_start(&d->check, on_check);
+  uv_prepare_start(&d->prepare, on_prepare);
 }
 
 void tier_disk_submit(tier_disk *d, disk_io *io) {
@@ -175,7 +186,7 @@ void tier_disk_submit(tier_disk *d, disk_io *io) {
     *d->waiting_tail = io;
     d->waiting_tail = &io->next;
   }
-  uv_check_start(&d->check, on_check);
+  want_flush(d);
 }
 
 /* ---- completion ------------------------------------------------------------ */
@@ -263,7 +274,7 @@ static void on_poll(uv_poll_t *h, int status, int events) {
     n += k;
   }
   if (n && d->waiting)
-    uv_check_start(&d->check, on_check);
+    want_flush(d);
 }
 
 /* ---- set-up ---------------------------------------------------------------- */
@@ -379,7 +390,8 @@ int tier_disk_open(uv_loop_t *loop, const char *path, uint64_t bytes,
   }
   uv_poll_init(loop, &d->poll, d->efd);
   uv_check_init(loop, &d->check);
-  d->poll.data = d->check.data = d;
+  uv_prepare_init(loop, &d->prepare);
+  d->poll.data = d->check.data = d->prepare.data = d;
   d->poll_open = d->check_open = 1;
   uv_poll_start(&d->poll, UV_READABLE, on_poll);
   *out = d;
@@ -410,10 +422,11 @@ void tier_disk_close(tier_disk *d) {
   if (!d)
     return;
   if (d->poll_open) {
-    /* two handles to close; the last frees */
-    d->poll_open = 2;
+    /* three handles to close; the last frees */
+    d->poll_open = 3;
     uv_close((uv_handle_t *)&d->poll, on_handle_closed);
     uv_close((uv_handle_t *)&d->check, on_handle_closed);
+    uv_close((uv_handle_t *)&d->prepare, on_handle_closed);
     return;
   }
   d->poll_open = 1;
