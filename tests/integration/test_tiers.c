@@ -228,11 +228,24 @@ static void test_faults(void) {
   unlink(disk);
 }
 
-/* A worker that looks up promoting prompts for ever. */
+/* A worker that looks up promoting prompts until it is killed, or until
+ * the daemon goes away (SIGTERM: ECLOSED ends it quietly). */
 static void promoter(uint32_t seed) {
   kvs_client *c = itest_connect(&d, "promoter");
-  for (uint64_t i = 0;; i++)
-    lookup_check(c, (uint32_t)((i * 7 + seed) % NPROMPTS), 10000 + i);
+  const kvs_layout *l = kvs_layout_of(c);
+  uint32_t n = FULL * l->block_size + 1, tok[64];
+  kvs_lookup_result lr;
+
+  for (uint64_t i = 0;; i++) {
+    uint32_t p = (uint32_t)((i * 7 + seed) % NPROMPTS);
+    prompt_tokens(p, tok, n);
+    if (kvs_lookup(c, 10000 + i, tok, n, NULL, 0, &lr) != 0)
+      _exit(0);
+    for (uint32_t b = 0; b < lr.num_blocks; b++)
+      CHECK(block_bytes(c, lr.blocks[b], p, b, 1) == 0);
+    if (kvs_free(c, 10000 + i) != 0)
+      _exit(0);
+  }
 }
 
 static void test_kill_and_term(void) {
