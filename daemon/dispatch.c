@@ -345,11 +345,8 @@ static void do_lookup(sess *c, const Kvshare__Lookup *l,
       pr->r = r;
       pr->req_id = l->req_id;
       int st = tiers_promote(s->tiers, pr, promos, out.npromos);
-      if (st < 0) {
-        int *okv = kvs__arena_alloc(a, out.npromos * sizeof(int));
-        if (okv)
-          memset(okv, 0, out.npromos * sizeof(int));
-        hit = core_promote_finish(cr, r, promos, out.npromos, okv);
+      if (st < 0) { /* nothing started: every promotion failed */
+        hit = core_promote_finish(cr, r, promos, out.npromos, NULL);
       } else if (st == 1) {
         hit = pr->hit_tokens;
         promoted = pr->promoted_tokens;

@@ -446,15 +446,44 @@ static void on_copied(copy_job *j) {
   send_held(c, w);
 }
 
+/* The framed reply resp (in the server's arena) to frame seq: ETOOBIG in
+ * its place when it is over max_frame.  NULL (logged) when out of memory. */
+static struct wreq *encode_reply(sess *c, uint64_t seq,
+                                 const Kvshare__Response *resp) {
+  disp_reply r;
+  struct wreq *w;
+  size_t len = disp_reply_size(&r, &c->srv->arena, seq, resp);
+
+  if (len - KVS_FRAME_HEADER_SIZE > c->srv->cfg->max_frame) {
+    /* The ops ran; only their results are too big to send back. */
+    w = error_frame(c, seq, KVS_ETOOBIG, "the reply (%zu bytes) is over "
+                    "max_frame; split the batch", len);
+  } else if ((w = malloc(sizeof(*w) + len))) {
+    disp_reply_encode(&r, w->data);
+    w->len = len;
+  }
+  if (!w)
+    log_error(KVS_ENOMEM, "session %llu: reply of %zu bytes",
+              (unsigned long long)c->id, len);
+  return w;
+}
+
+/* A copy or a promotion holds the frame's reply back: the frames after it
+ * wait, so replies stay in order. */
+static void hold_input(sess *c) {
+  c->copying = 1;
+  if (c->reading) {
+    uv_read_stop((uv_stream_t *)&c->pipe);
+    c->reading = 0;
+  }
+}
+
 /* On the loop, when the Lookup's blocks are up (or failed). */
 void sess_promoted(tier_promo *pr) {
   sess *c = pr->data;
-  srv *s = c->srv;
-  kvs__arena *a = &s->arena;
+  kvs__arena *a = &c->srv->arena;
   Kvshare__Response resp;
-  disp_reply r;
   struct wreq *w;
-  size_t len;
 
   c->promoting = 0;
   c->copying = 0;
@@ -466,18 +495,12 @@ void sess_promoted(tier_promo *pr) {
   /* (No frame is being handled now: the server's arena is free.) */
   kvshare__response__init(&resp);
   disp_lookup_promoted(c, &resp, a);
-  len = disp_reply_size(&r, a, pr->seq, &resp);
-  w = malloc(sizeof(*w) + len);
+  w = encode_reply(c, pr->seq, &resp);
+  kvs__arena_reset(a);
   if (!w) {
-    kvs__arena_reset(a);
-    log_error(KVS_ENOMEM, "session %llu: reply of %zu bytes",
-              (unsigned long long)c->id, len);
     close_now(c);
     return;
   }
-  disp_reply_encode(&r, w->data);
-  w->len = len;
-  kvs__arena_reset(a);
   send_held(c, w);
 }
 
@@ -506,44 +529,24 @@ static void reply_after_copies(sess *c, struct wreq *w) {
     return;
   }
   c->held = w;
-  c->copying = 1;
-  if (c->reading) { /* frames after this one wait: replies stay in order */
-    uv_read_stop((uv_stream_t *)&c->pipe);
-    c->reading = 0;
-  }
+  hold_input(c);
 }
 
 /* The reply lives in the server's arena (reset by handle_frame). */
 static void handle_request(sess *c, uint64_t seq, const Kvshare__Request *req) {
   kvs__arena *a = &c->srv->arena;
   Kvshare__Response resp;
-  disp_reply r;
   struct wreq *w;
-  size_t len;
 
   kvshare__response__init(&resp);
   disp_request(c, req, &resp, a);
   if (c->promoting) { /* a Lookup waits for its blocks: sess_promoted */
     c->promo.seq = seq;
-    c->copying = 1;
-    if (c->reading) { /* frames after this one wait: replies stay in order */
-      uv_read_stop((uv_stream_t *)&c->pipe);
-      c->reading = 0;
-    }
+    hold_input(c);
     return;
   }
-  len = disp_reply_size(&r, a, seq, &resp);
-  if (len - KVS_FRAME_HEADER_SIZE > c->srv->cfg->max_frame) {
-    /* The ops ran; only their results are too big to send back. */
-    w = error_frame(c, seq, KVS_ETOOBIG, "the reply (%zu bytes) is over "
-                    "max_frame; split the batch", len);
-  } else if ((w = malloc(sizeof(*w) + len))) {
-    disp_reply_encode(&r, w->data);
-    w->len = len;
-  }
+  w = encode_reply(c, seq, &resp);
   if (!w) {
-    log_error(KVS_ENOMEM, "session %llu: reply of %zu bytes",
-              (unsigned long long)c->id, len);
     disp_copies_done(c);
     close_now(c);
     return;

@@ -49,7 +49,7 @@ struct tier_disk {
   uv_poll_t poll;
   uv_check_t check;     /* flushes what poll-phase callbacks prepared */
   uv_prepare_t prepare; /* ... and what timers did, before the loop blocks */
-  int poll_open, check_open;
+  int handles;       /* uv handles open (closing frees the last) */
   uint64_t data_len, data_bytes, slot_bytes; /* block, rounded, + header */
   uint32_t nslots;
   /* staging buffers: nbufs x slot_bytes, one mapping */
@@ -392,7 +392,7 @@ int tier_disk_open(uv_loop_t *loop, const char *path, uint64_t bytes,
   uv_check_init(loop, &d->check);
   uv_prepare_init(loop, &d->prepare);
   d->poll.data = d->check.data = d->prepare.data = d;
-  d->poll_open = d->check_open = 1;
+  d->handles = 3;
   uv_poll_start(&d->poll, UV_READABLE, on_poll);
   *out = d;
   return 0;
@@ -401,11 +401,7 @@ fail:
   return rc;
 }
 
-static void on_handle_closed(uv_handle_t *h) {
-  tier_disk *d = h->data;
-
-  if (--d->poll_open > 0)
-    return;
+static void destroy(tier_disk *d) {
   if (d->ring_ok)
     io_uring_queue_exit(&d->ring);
   if (d->efd >= 0)
@@ -418,19 +414,23 @@ static void on_handle_closed(uv_handle_t *h) {
   free(d);
 }
 
+static void on_handle_closed(uv_handle_t *h) {
+  tier_disk *d = h->data;
+
+  if (--d->handles == 0)
+    destroy(d);
+}
+
 void tier_disk_close(tier_disk *d) {
   if (!d)
     return;
-  if (d->poll_open) {
-    /* three handles to close; the last frees */
-    d->poll_open = 3;
-    uv_close((uv_handle_t *)&d->poll, on_handle_closed);
-    uv_close((uv_handle_t *)&d->check, on_handle_closed);
-    uv_close((uv_handle_t *)&d->prepare, on_handle_closed);
+  if (!d->handles) { /* open failed before the handles */
+    destroy(d);
     return;
   }
-  d->poll_open = 1;
-  on_handle_closed((uv_handle_t *)&(uv_handle_t){.data = d});
+  uv_close((uv_handle_t *)&d->poll, on_handle_closed);
+  uv_close((uv_handle_t *)&d->check, on_handle_closed);
+  uv_close((uv_handle_t *)&d->prepare, on_handle_closed);
 }
 
 uint32_t tier_disk_slots(const tier_disk *d) { return d->nslots; }

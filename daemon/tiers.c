@@ -27,6 +27,7 @@ struct tiers {
   uv_timer_t tick;
   uv_check_t kick;    /* a plan at the end of a loop turn that had frames */
   int stopped, kicked;
+  int handles;        /* uv handles left to close (tiers_close) */
   uint32_t moves, promos; /* in flight */
   uint64_t host_in, host_out;
   void (*idle_cb)(void *);
@@ -428,7 +429,7 @@ int tiers_idle(const tiers *t) {
 static void on_tick_closed(uv_handle_t *h) {
   tiers *t = h->data;
 
-  if (--t->kicked > 0) /* (counts the handles left to close) */
+  if (--t->handles > 0)
     return;
   tier_host_close(&t->host);
   free(t);
@@ -440,7 +441,7 @@ void tiers_close(tiers *t) {
   tiers_stop(t);
   tier_disk_close(t->disk);
   t->disk = NULL;
-  t->kicked = 2;
+  t->handles = 2;
   uv_close((uv_handle_t *)&t->tick, on_tick_closed);
   uv_close((uv_handle_t *)&t->kick, on_tick_closed);
 }

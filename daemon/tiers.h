@@ -74,7 +74,7 @@ uint32_t tiers_promote_room(const tiers *t);
  * pr->cb runs later, after core_promote_finish.  1: it ended at once (the
  * copy could not start: every block failed), finished, pr's results set,
  * cb not called.  Negative: nothing started; the caller ends it with
- * core_promote_finish (every ok = 0). */
+ * core_promote_finish (ok NULL: every one failed). */
 int tiers_promote(tiers *t, tier_promo *pr, const core_promo *p, uint32_t n);
 
 /* cb(data) runs whenever the last move or promotion in flight ends. */

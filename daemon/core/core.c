@@ -419,7 +419,7 @@ uint32_t core_promote_finish(core *c, core_req *r, const core_promo *p,
   uint32_t bad = n;
 
   for (uint32_t i = 0; i < n; i++) {
-    if (ok[i]) {
+    if (ok != NULL && ok[i]) {
       c->tiers[p[i].tier].st.promotions++;
       tier_cold(c, p[i].entry, (int)p[i].tier);
     } else {

@@ -273,7 +273,7 @@ int core_lookup_promote(core *c, core_req *r, const uint32_t *tokens,
 
 /*
  * The blocks of promos[0..n) are filled: ok[i] says whether block i got the
- * right bytes.  Good blocks before the first failure are indexed; the
+ * right bytes (ok NULL: none did, e.g. the copies could not start).  Good blocks before the first failure are indexed; the
  * request (NULL when it was freed meanwhile) keeps its table up to the
  * first failed promotion (its hit shrinks to there); a failed entry is
  * dropped from its tier (its bytes are bad or unreadable); every block is
