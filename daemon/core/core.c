@@ -15,20 +15,12 @@
 
 static const core_policy *const policies[] = {&core_policy_lru};
 
-static inline int h_eq(kvs_hash128 a, kvs_hash128 b) {
-  return a.lo == b.lo && a.hi == b.hi;
-}
-
 static inline kvs_hash128 blk_hash(const core *c, kvs_hash128 parent,
                                    kvs_hash128 salt, const uint32_t *tokens) {
   if (c->cfg.hash_fn != NULL)
     return c->cfg.hash_fn(parent, salt, tokens, c->cfg.block_size,
                           c->cfg.hash_arg);
   return core_block_hash(parent, salt, tokens, c->cfg.block_size);
-}
-
-static inline uint32_t *btok(const core *c, uint32_t b) {
-  return c->btok + (size_t)b * c->cfg.block_size;
 }
 
 void core_config_init(core_config *cfg) {
@@ -97,54 +89,6 @@ void core_destroy(core *c) {
 
 /* ---- blocks ------------------------------------------------------------ */
 
-/* Takes the head of the free queue (skipping blocks being copied down a
- * tier: at most nbusy of them); a CACHED block loses its hash (an
- * eviction).  Caller has checked the queue holds enough blocks (fq_len -
- * nbusy). */
-static inline uint32_t blk_take(core *c) {
-  uint32_t b = c->fq_head;
-  while (__builtin_expect(c->blocks[b].busy, 0))
-    b = c->blocks[b].next;
-  pool_fq_unlink(c, b);
-  blk *x = &c->blocks[b];
-  if (x->indexed) {
-    tier_on_evict(c, b);
-    hidx_remove(&c->index, c->bhash[b]);
-    x->indexed = 0;
-    c->ncached--;
-    c->st.evictions++;
-  }
-  x->sealed = 0;
-  x->ref = 1;
-  return b;
-}
-
-/* A lookup hit: one more holder of b. */
-static void blk_hit(core *c, uint32_t b) {
-  blk *x = &c->blocks[b];
-  if (x->ref == 0) {
-    c->policy->take(c, b);
-    c->ncached--;
-    c->nbusy -= x->busy;
-  }
-  x->ref++;
-}
-
-static void blk_put(core *c, uint32_t b) {
-  blk *x = &c->blocks[b];
-  assert(x->ref > 0);
-  if (--x->ref > 0)
-    return;
-  c->nbusy += x->busy;
-  if (x->indexed) {
-    c->ncached++;
-    c->policy->release(c, b, 1);
-  } else {
-    x->sealed = 0;
-    c->policy->release(c, b, 0);
-  }
-}
-
 int core_pin(core *c, uint32_t b) {
   blk *x;
 
@@ -168,7 +112,7 @@ void core_unpin(core *c, uint32_t b) {
 
 /* ---- requests ---------------------------------------------------------- */
 
-static int grow_slow(uint32_t **arr, uint32_t *cap, uint64_t need) {
+int core_grow_slow(uint32_t **arr, uint32_t *cap, uint64_t need) {
   if (need > UINT32_MAX)
     return KVS_ERANGE;
   uint64_t n = *cap ? *cap : 16;
@@ -182,11 +126,6 @@ static int grow_slow(uint32_t **arr, uint32_t *cap, uint64_t need) {
   *arr = p;
   *cap = (uint32_t)n;
   return 0;
-}
-
-/* Makes room for `need` entries in a request's array. */
-static inline int grow(uint32_t **arr, uint32_t *cap, uint64_t need) {
-  return __builtin_expect(need <= *cap, 1) ? 0 : grow_slow(arr, cap, need);
 }
 
 int core_req_create(core *c, const void *salt, size_t salt_len,
@@ -220,6 +159,7 @@ static void req_release_blocks(core *c, core_req *r) {
 
 void core_req_free(core *c, core_req *r) {
   req_release_blocks(c, r);
+  swap_req_free(c, r);
   if (r->prev != NULL)
     r->prev->next = r->next;
   else
@@ -233,6 +173,8 @@ void core_req_free(core *c, core_req *r) {
 }
 
 int core_preempt(core *c, core_req *r) {
+  if (r->swap)
+    return KVS_ESTATE;
   req_release_blocks(c, r);
   return 0;
 }
@@ -242,7 +184,7 @@ int core_lookup(core *c, core_req *r, const uint32_t *tokens, uint32_t n,
   const uint32_t bs = c->cfg.block_size;
   int rc;
   *hit_tokens = 0;
-  if (r->nblocks != 0 || r->slots != 0)
+  if (r->nblocks != 0 || r->slots != 0 || r->swap)
     return KVS_ESTATE;
   if (n > 0 && tokens == NULL)
     return KVS_EINVAL;
@@ -416,30 +358,8 @@ int core_lookup_promote(core *c, core_req *r, const uint32_t *tokens,
 uint32_t core_promote_finish(core *c, core_req *r, const core_promo *p,
                              uint32_t n, const int *ok) {
   const uint32_t bs = c->cfg.block_size;
-  uint32_t bad = n;
+  uint32_t bad = tier_fills_end(c, p, n, ok);
 
-  for (uint32_t i = 0; i < n; i++) {
-    if (ok != NULL && ok[i]) {
-      c->tiers[p[i].tier].st.promotions++;
-      tier_cold(c, p[i].entry, (int)p[i].tier);
-    } else {
-      /* Its bytes there are bad or unreadable: never again. */
-      c->tiers[p[i].tier].st.failures++;
-      tier_forget(c, p[i].entry, (int)p[i].tier);
-      if (bad == n)
-        bad = i;
-    }
-    tier_busy(c, p[i].entry, -1);
-  }
-  /* Good blocks up to the first failure join the prefix index (a hash
-   * someone indexed meanwhile stays theirs: this copy stays private). */
-  for (uint32_t i = 0; i < bad; i++) {
-    blk *x = &c->blocks[p[i].block];
-    if (hidx_find(&c->index, p[i].hash) == KVS_BLOCK_NONE) {
-      hidx_insert(&c->index, p[i].hash, p[i].block);
-      x->indexed = 1;
-    }
-  }
   if (r != NULL && bad < n) { /* the request's prefix ends before it */
     uint32_t keep = p[bad].pos;
     for (uint32_t i = r->nblocks; i-- > keep;)
@@ -459,6 +379,8 @@ static int alloc_common(core *c, core_req *r, uint32_t n, core_cow *cow,
   int rc;
   if (cow != NULL)
     cow->src = cow->dst = KVS_BLOCK_NONE;
+  if (r->swap)
+    return KVS_ESTATE;
   if (n == 0)
     return 0;
   uint64_t end = (uint64_t)r->slots + n;
@@ -573,6 +495,8 @@ int core_commit(core *c, core_req *r, uint32_t start, const uint32_t *tokens,
   int rc;
   if (sealed != NULL)
     *sealed = 0;
+  if (r->swap)
+    return KVS_ESTATE;
   if (start > r->written)
     return KVS_ERANGE;
   uint64_t end = (uint64_t)start + n;
@@ -608,6 +532,8 @@ int core_fork(core *c, core_req *r, core_req **child) {
   core_req *k;
   int rc;
   *child = NULL;
+  if (r->swap)
+    return KVS_ESTATE;
   if (r->written != r->slots)
     return KVS_ESTATE; /* unwritten slots would be written by both */
   if ((rc = core_req_create(c, NULL, 0, &k)) != 0)
@@ -671,14 +597,6 @@ void core_get_stats(const core *c, core_stats *st) {
 
 /* ---- invariant check --------------------------------------------------- */
 
-#define FAIL(...)                                  \
-  do {                                             \
-    if (msg != NULL && msg_len > 0)                \
-      snprintf(msg, msg_len, __VA_ARGS__);         \
-    rc = KVS_EINTERNAL;                            \
-    goto out;                                      \
-  } while (0)
-
 int core_check(const core *c, char *msg, size_t msg_len) {
   const uint32_t nb = c->cfg.num_blocks, bs = c->cfg.block_size;
   int rc = 0;
@@ -691,78 +609,78 @@ int core_check(const core *c, char *msg, size_t msg_len) {
   uint32_t nreqs = 0;
   for (const core_req *r = c->reqs; r != NULL; r = r->next, nreqs++) {
     if (r->next != NULL && r->next->prev != r)
-      FAIL("request list broken after request %u", nreqs);
+      CHECK_FAIL("request list broken after request %u", nreqs);
     if (r->nblocks != core_blocks_for(c, r->slots))
-      FAIL("request %u: %u blocks for %u slots", nreqs, r->nblocks, r->slots);
+      CHECK_FAIL("request %u: %u blocks for %u slots", nreqs, r->nblocks, r->slots);
     if (r->written > r->slots || r->written > r->known)
-      FAIL("request %u: written %u > slots %u or known %u", nreqs, r->written,
+      CHECK_FAIL("request %u: written %u > slots %u or known %u", nreqs, r->written,
            r->slots, r->known);
     if (r->sealed != r->written / bs)
-      FAIL("request %u: %u sealed blocks, %u written tokens", nreqs, r->sealed,
+      CHECK_FAIL("request %u: %u sealed blocks, %u written tokens", nreqs, r->sealed,
            r->written);
     kvs_hash128 parent = c->cfg.root;
     for (uint32_t i = 0; i < r->nblocks; i++) {
       uint32_t b = r->blocks[i];
       if (b >= nb)
-        FAIL("request %u slot %u: block %u out of range", nreqs, i, b);
+        CHECK_FAIL("request %u slot %u: block %u out of range", nreqs, i, b);
       holders[b]++;
       if (i < r->sealed) {
         const blk *x = &c->blocks[b];
         kvs_hash128 h = blk_hash(c, parent, r->salt, r->tokens + (size_t)i * bs);
         if (!x->sealed || !h_eq(c->bhash[b], h))
-          FAIL("request %u: sealed block %u (index %u) has the wrong hash",
+          CHECK_FAIL("request %u: sealed block %u (index %u) has the wrong hash",
                nreqs, b, i);
         parent = h;
       }
     }
     if (!h_eq(parent, r->chain))
-      FAIL("request %u: chain hash does not match its last sealed block", nreqs);
+      CHECK_FAIL("request %u: chain hash does not match its last sealed block", nreqs);
   }
   if (nreqs != c->nreqs)
-    FAIL("%u requests listed, %u counted", nreqs, c->nreqs);
+    CHECK_FAIL("%u requests listed, %u counted", nreqs, c->nreqs);
 
   uint32_t ref0 = 0, indexed = 0, cached = 0;
   for (uint32_t b = 0; b < nb; b++) {
     const blk *x = &c->blocks[b];
     if (x->ref != holders[b] + x->pins)
-      FAIL("block %u: ref %u but %u holders and %u pins", b, x->ref,
+      CHECK_FAIL("block %u: ref %u but %u holders and %u pins", b, x->ref,
            holders[b], x->pins);
     if ((x->ref == 0) != (x->on_queue != 0))
-      FAIL("block %u: ref %u but %s the free queue", b, x->ref,
+      CHECK_FAIL("block %u: ref %u but %s the free queue", b, x->ref,
            x->on_queue ? "on" : "off");
     if (x->indexed && !x->sealed)
-      FAIL("block %u: indexed but not sealed", b);
+      CHECK_FAIL("block %u: indexed but not sealed", b);
     if (x->ref == 0 && !x->indexed && x->sealed)
-      FAIL("block %u: FREE but still sealed", b);
+      CHECK_FAIL("block %u: FREE but still sealed", b);
     if (x->indexed) {
       indexed++;
       if (hidx_find(&c->index, c->bhash[b]) != b)
-        FAIL("block %u: indexed but the index does not point at it", b);
+        CHECK_FAIL("block %u: indexed but the index does not point at it", b);
     }
     ref0 += x->ref == 0;
     cached += x->ref == 0 && x->indexed;
   }
   if (indexed != c->index.count)
-    FAIL("%u indexed blocks, index holds %u", indexed, c->index.count);
+    CHECK_FAIL("%u indexed blocks, index holds %u", indexed, c->index.count);
   if (cached != c->ncached)
-    FAIL("%u cached blocks, counter says %u", cached, c->ncached);
+    CHECK_FAIL("%u cached blocks, counter says %u", cached, c->ncached);
   if (ref0 != c->fq_len)
-    FAIL("%u blocks with ref 0, free queue length %u", ref0, c->fq_len);
+    CHECK_FAIL("%u blocks with ref 0, free queue length %u", ref0, c->fq_len);
 
   uint32_t n = 0, prev = KVS_BLOCK_NONE;
   for (uint32_t b = c->fq_head; b != KVS_BLOCK_NONE; b = c->blocks[b].next) {
     if (b >= nb || n > nb)
-      FAIL("free queue: bad link to %u", b);
+      CHECK_FAIL("free queue: bad link to %u", b);
     if (c->blocks[b].prev != prev)
-      FAIL("free queue: block %u prev %u, expected %u", b, c->blocks[b].prev,
+      CHECK_FAIL("free queue: block %u prev %u, expected %u", b, c->blocks[b].prev,
            prev);
     if (!c->blocks[b].on_queue)
-      FAIL("free queue: block %u not marked on queue", b);
+      CHECK_FAIL("free queue: block %u not marked on queue", b);
     prev = b;
     n++;
   }
   if (prev != c->fq_tail || n != c->fq_len)
-    FAIL("free queue: %u linked, length %u, tail mismatch", n, c->fq_len);
+    CHECK_FAIL("free queue: %u linked, length %u, tail mismatch", n, c->fq_len);
 
   for (uint64_t i = 0; i <= c->index.mask; i++) {
     const hidx_entry *e = &c->index.slots[i];
@@ -770,7 +688,7 @@ int core_check(const core *c, char *msg, size_t msg_len) {
       continue;
     if (e->b >= nb || !c->blocks[e->b].indexed ||
         !h_eq(c->bhash[e->b], e->h))
-      FAIL("index slot %llu: points at block %u which does not hold its hash",
+      CHECK_FAIL("index slot %llu: points at block %u which does not hold its hash",
            (unsigned long long)i, e->b);
   }
   rc = tier_check(c, msg, msg_len);

@@ -215,11 +215,14 @@ typedef struct core_tier_stats {
   uint64_t hit_blocks;   /* blocks lookups found here (promoted or not) */
   uint64_t drops;        /* entries dropped to make room */
   uint64_t failures;     /* moves into it or promotions from it that failed */
+  uint32_t held;         /* of used, slots swapped-out requests keep */
 } core_tier_stats;
 
 typedef enum core_move_kind {
   CORE_MOVE_DOWN = 0,         /* device block -> a slot of `tier` */
   CORE_MOVE_HOST_TO_DISK = 1, /* host slot src_slot -> disk slot `slot` */
+  CORE_MOVE_SWAP = 2,         /* a swapping request's block -> a slot of
+                                 `tier` (ended by core_swap_out_finish) */
 } core_move_kind;
 
 typedef struct core_move {
@@ -282,6 +285,62 @@ int core_lookup_promote(core *c, core_req *r, const uint32_t *tokens,
 uint32_t core_promote_finish(core *c, core_req *r, const core_promo *promos,
                              uint32_t n, const int *ok);
 
+/*
+ * ---- Swap ---------------------------------------------------------------
+ *
+ * An engine that preempts a whole request may swap it out: the bytes of
+ * its blocks go below (the host tier, else the disk tier), its device
+ * blocks are released, and it keeps its tokens and its blocks' identity;
+ * swap-in gives it device blocks again and brings the bytes back.
+ *
+ *   core_swap_out   every block of r gets a copy below that r holds (a held
+ *                   copy is never dropped to make room): a sealed block
+ *                   whose hash has a good copy below already holds that
+ *                   one; any other block gets a slot and a move
+ *                   (CORE_MOVE_SWAP) to fill, and is pinned while it runs.
+ *                   From now until its finish r is swapping: every
+ *                   operation on it but core_req_free fails with KVS_ESTATE.
+ *   core_swap_out_finish  the moves ended, ok[i] each (NULL: none did).
+ *                   All good: r releases its blocks, tail first (sealed
+ *                   ones stay CACHED), and is swapped out.  Else what it
+ *                   held below is let go and r is as it was: KVS_EIO.
+ *   core_swap_in    r swapped out: its sealed blocks still resident on the
+ *                   device are taken back as a lookup hit takes them; the
+ *                   others get fresh blocks (as Allocate: the reserve is
+ *                   kept, else KVS_ENOSPC and nothing changes), pinned,
+ *                   listed in promos to fill from their copies.  A block
+ *                   whose copy went bad is not listed: the table ends
+ *                   before it.
+ *   core_swap_in_finish  filled (ok[i] each; NULL: none).  r keeps its table
+ *                   up to the first failure, its slots, written and sealed
+ *                   cut there; sealed blocks brought up join the prefix
+ *                   index; the copies below are let go.  Returns r's
+ *                   written tokens after it.
+ * Both finishes take r = NULL when the request was freed meanwhile.
+ * Errors of core_swap_out: KVS_ESTATE (r is swapping or swapped out),
+ * KVS_ENOTSUP (no tier), KVS_EINVAL (max < r's blocks), KVS_ENOSPC (no
+ * slot below: nothing changes), KVS_ELIMIT (a block pinned 255 times, or a
+ * copy held by 65535 requests), KVS_ENOMEM.
+ */
+enum {
+  CORE_SWAP_NONE = 0,
+  CORE_SWAP_OUT_PENDING = 1,
+  CORE_SWAP_OUT = 2,
+  CORE_SWAP_IN_PENDING = 3
+};
+
+int core_swap_out(core *c, core_req *r, core_move *moves, uint32_t max,
+                  uint32_t *nmoves);
+int core_swap_out_finish(core *c, core_req *r, const core_move *moves,
+                         uint32_t n, const int *ok);
+int core_swap_in(core *c, core_req *r, core_promo *promos, uint32_t max,
+                 uint32_t *npromos);
+uint32_t core_swap_in_finish(core *c, core_req *r, const core_promo *promos,
+                             uint32_t n, const int *ok);
+/* CORE_SWAP_*; and the blocks a swapped-out request will take back. */
+int core_req_swap_state(const core_req *r);
+uint32_t core_req_swap_blocks(const core_req *r);
+
 /* Per-tier counters (zeros for a tier that does not exist). */
 void core_tier_get_stats(const core *c, core_tier_stats st[CORE_TIERS]);
 
@@ -323,6 +382,13 @@ typedef struct core_stats {
   uint64_t no_space;         /* allocations refused with KVS_ENOSPC */
   uint64_t tier_lost;        /* CACHED blocks evicted with no copy below
                                 (tiers on: demotion did not keep up) */
+  uint32_t swapped_requests; /* swapped out now (or swapping) */
+  uint64_t swap_outs, swap_ins;   /* finished with every block good */
+  uint64_t swap_failures;    /* swap-outs undone, swap-ins cut short */
+  uint64_t swap_out_blocks;  /* blocks copied down by swap-outs */
+  uint64_t swap_kept_blocks; /* blocks whose copy below was there already */
+  uint64_t swap_in_blocks;   /* blocks copied up by swap-ins */
+  uint64_t swap_resident_blocks; /* taken back from the device, no copy */
 } core_stats;
 
 void core_get_stats(const core *c, core_stats *st);

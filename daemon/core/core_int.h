@@ -73,15 +73,20 @@ typedef struct tent {
   uint8_t used;               /* allocated (else on the free list: next[0]) */
   uint8_t bad;                /* bit t: tier t's bytes failed a read; the
                                  copy goes when busy drops to 0 */
+  uint8_t priv;               /* a swapped request's own copy (an unsealed
+                                 block): not in the tier index */
   uint16_t busy;              /* moves and promotions reading or writing it */
+  uint16_t hold;              /* swapped-out requests keeping it (swap.c):
+                                 off the LRUs, never dropped */
 } tent;
 
 typedef struct tier {
   uint32_t nslots;     /* 0: no such tier */
   uint32_t *free_slots;
   uint32_t nfree;
-  uint32_t head, tail; /* LRU of the entries holding a slot here */
-  core_tier_stats st;
+  uint32_t head, tail; /* LRU of the entries holding a slot here (held
+                          ones are not in it) */
+  core_tier_stats st;  /* st.held: slots of held entries */
 } tier;
 
 /* Set up / free the tiers of cfg (no-ops without tiers). */
@@ -106,6 +111,30 @@ void tier_busy(core *c, uint32_t e, int delta);
  * slot goes back once no I/O uses it (at once when none does). */
 void tier_forget(core *c, uint32_t e, int t);
 static inline int tier_any(const core *c);
+/* For swap.c: a new entry (priv: not in the tier index); a free slot of
+ * tier t, dropping its coldest entry that can go at once (NONE when none
+ * can); entry e gets slot s of tier t. */
+uint32_t tier_ent_new(core *c, kvs_hash128 h, const uint32_t *tokens,
+                      int priv);
+uint32_t tier_slot_take(core *c, int t);
+void tier_slot_give(core *c, int t, uint32_t e, uint32_t s, int valid);
+/* The tier device blocks go down to (host when there is one). */
+int tier_first(const core *c);
+/* A swapped request keeps entry e (+1) or lets it go (-1): a held entry
+ * is off its tiers' LRUs and never dropped to make room; let go, it goes
+ * back to the cold end of each LRU (a private one is forgotten). */
+int tier_hold(core *c, uint32_t e);
+void tier_unhold(core *c, uint32_t e);
+/* Fills of device blocks from copies below, p[0..n), ended (ok[i]; NULL:
+ * none good): counted per tier, a failed copy dropped, busy ended; good
+ * sealed blocks before the first failure join the prefix index.  Returns
+ * the index of the first failure (n: none). */
+uint32_t tier_fills_end(core *c, const core_promo *p, uint32_t n,
+                        const int *ok);
+/* The swaps' part of core_check. */
+int swap_check(const core *c, char *msg, size_t msg_len);
+/* r's swap ends (r freed, or swapped in): it lets go of what it holds. */
+void swap_req_free(core *c, core_req *r);
 
 struct core_req {
   core_req *prev, *next; /* all requests of the core */
@@ -117,6 +146,13 @@ struct core_req {
   kvs_hash128 chain; /* hash of blocks[sealed - 1], or the root */
   kvs_hash128 salt;  /* digest of the request's salt; zero for none */
   void *udata;
+  /* swap (swap.c): while swapped out the block table is empty and swent
+   * names, per block, the tier entry holding its bytes; sw_* keep the
+   * counters the table had. */
+  uint8_t swap;      /* CORE_SWAP_* */
+  uint32_t *swent;
+  uint32_t sw_n, sw_slots, sw_written, sw_sealed;
+  kvs_hash128 sw_chain;
 };
 
 struct core {
@@ -214,6 +250,79 @@ static inline uint32_t core_full_blocks(const core *c, uint32_t tokens) {
 static inline uint32_t core_in_block(const core *c, uint32_t pos) {
   return c->bs_shift >= 0 ? pos & (c->cfg.block_size - 1)
                           : pos % c->cfg.block_size;
+}
+
+/* core_check and its parts: the first violation goes into msg. */
+#define CHECK_FAIL(...)                                                      \
+  do {                                                                       \
+    if (msg != NULL && msg_len > 0)                                          \
+      snprintf(msg, msg_len, __VA_ARGS__);                                   \
+    rc = KVS_EINTERNAL;                                                      \
+    goto out;                                                                \
+  } while (0)
+
+/* ---- blocks (core.c, swap.c) --------------------------------------------- */
+
+static inline int h_eq(kvs_hash128 a, kvs_hash128 b) {
+  return a.lo == b.lo && a.hi == b.hi;
+}
+
+static inline uint32_t *btok(const core *c, uint32_t b) {
+  return c->btok + (size_t)b * c->cfg.block_size;
+}
+
+/* Takes the head of the free queue (skipping blocks being copied down a
+ * tier: at most nbusy of them); a CACHED block loses its hash (an
+ * eviction).  Caller has checked the queue holds enough blocks (fq_len -
+ * nbusy). */
+static inline uint32_t blk_take(core *c) {
+  uint32_t b = c->fq_head;
+  while (__builtin_expect(c->blocks[b].busy, 0))
+    b = c->blocks[b].next;
+  pool_fq_unlink(c, b);
+  blk *x = &c->blocks[b];
+  if (x->indexed) {
+    tier_on_evict(c, b);
+    hidx_remove(&c->index, c->bhash[b]);
+    x->indexed = 0;
+    c->ncached--;
+    c->st.evictions++;
+  }
+  x->sealed = 0;
+  x->ref = 1;
+  return b;
+}
+
+/* A lookup hit: one more holder of b. */
+static inline void blk_hit(core *c, uint32_t b) {
+  blk *x = &c->blocks[b];
+  if (x->ref == 0) {
+    c->policy->take(c, b);
+    c->ncached--;
+    c->nbusy -= x->busy;
+  }
+  x->ref++;
+}
+
+static inline void blk_put(core *c, uint32_t b) {
+  blk *x = &c->blocks[b];
+  assert(x->ref > 0);
+  if (--x->ref > 0)
+    return;
+  c->nbusy += x->busy;
+  if (x->indexed) {
+    c->ncached++;
+    c->policy->release(c, b, 1);
+  } else {
+    x->sealed = 0;
+    c->policy->release(c, b, 0);
+  }
+}
+
+/* Makes room for `need` entries in a request's array (core.c). */
+int core_grow_slow(uint32_t **arr, uint32_t *cap, uint64_t need);
+static inline int grow(uint32_t **arr, uint32_t *cap, uint64_t need) {
+  return __builtin_expect(need <= *cap, 1) ? 0 : core_grow_slow(arr, cap, need);
 }
 
 #endif

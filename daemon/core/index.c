@@ -8,10 +8,6 @@
 
 #include "core_int.h"
 
-static inline int h_eq(kvs_hash128 a, kvs_hash128 b) {
-  return a.lo == b.lo && a.hi == b.hi;
-}
-
 int hidx_init(hidx *x, uint32_t max_entries) {
   uint64_t n = 16;
   while (n < 2 * (uint64_t)max_entries)

@@ -16,10 +16,6 @@
  * skipped). */
 #define SCAN_MAX 64
 
-static inline int same_hash(kvs_hash128 a, kvs_hash128 b) {
-  return a.lo == b.lo && a.hi == b.hi;
-}
-
 /* ---- entries ------------------------------------------------------------ */
 
 uint32_t tier_find(const core *c, kvs_hash128 h) {
@@ -30,7 +26,8 @@ const uint32_t *tier_tokens(const core *c, uint32_t e) {
   return c->ttok ? c->ttok + (size_t)e * c->cfg.block_size : NULL;
 }
 
-static uint32_t ent_new(core *c, kvs_hash128 h, const uint32_t *tokens) {
+uint32_t tier_ent_new(core *c, kvs_hash128 h, const uint32_t *tokens,
+                      int priv) {
   uint32_t e = c->tent_free;
   tent *x;
 
@@ -40,12 +37,14 @@ static uint32_t ent_new(core *c, kvs_hash128 h, const uint32_t *tokens) {
   memset(x, 0, sizeof(*x));
   x->h = h;
   x->used = 1;
+  x->priv = (uint8_t)(priv != 0);
   for (int t = 0; t < CORE_TIERS; t++)
     x->slot[t] = x->prev[t] = x->next[t] = NONE;
-  if (c->ttok)
+  if (c->ttok && tokens)
     memcpy(c->ttok + (size_t)e * c->cfg.block_size, tokens,
            (size_t)c->cfg.block_size * sizeof(uint32_t));
-  hidx_insert(&c->tindex, h, e);
+  if (!priv)
+    hidx_insert(&c->tindex, h, e);
   return e;
 }
 
@@ -53,10 +52,12 @@ static uint32_t ent_new(core *c, kvs_hash128 h, const uint32_t *tokens) {
 static void ent_maybe_free(core *c, uint32_t e) {
   tent *x = &c->tents[e];
 
-  if (x->slot[CORE_TIER_HOST] != NONE || x->slot[CORE_TIER_DISK] != NONE)
+  if (x->slot[CORE_TIER_HOST] != NONE || x->slot[CORE_TIER_DISK] != NONE ||
+      x->hold)
     return;
   assert(x->busy == 0);
-  hidx_remove(&c->tindex, x->h);
+  if (!x->priv)
+    hidx_remove(&c->tindex, x->h);
   x->used = 0;
   x->next[0] = c->tent_free;
   c->tent_free = e;
@@ -93,7 +94,7 @@ static void lru_push_tail(core *c, int t, uint32_t e) {
 }
 
 /* Entry e gets slot s of tier t (valid: the bytes are there already). */
-static void slot_give(core *c, int t, uint32_t e, uint32_t s, int valid) {
+void tier_slot_give(core *c, int t, uint32_t e, uint32_t s, int valid) {
   tent *x = &c->tents[e];
 
   x->slot[t] = s;
@@ -102,13 +103,22 @@ static void slot_give(core *c, int t, uint32_t e, uint32_t s, int valid) {
   c->tiers[t].st.used++;
 }
 
+/* Slot s of tier t goes back unused.  (Entries run out before slots only
+ * when held copies lost their slots: rare.) */
+static void slot_put(core *c, int t, uint32_t s) {
+  c->tiers[t].free_slots[c->tiers[t].nfree++] = s;
+}
+
 /* Entry e loses its copy in tier t; forgotten when it was the last. */
 static void tier_drop(core *c, uint32_t e, int t) {
   tier *q = &c->tiers[t];
   tent *x = &c->tents[e];
 
   assert(x->slot[t] != NONE);
-  lru_unlink(c, t, e);
+  if (x->hold)
+    q->st.held--;
+  else
+    lru_unlink(c, t, e);
   q->free_slots[q->nfree++] = x->slot[t];
   q->st.used--;
   x->slot[t] = NONE;
@@ -127,7 +137,7 @@ void tier_forget(core *c, uint32_t e, int t) {
 }
 
 void tier_touch(core *c, uint32_t e, int t) {
-  if (c->tents[e].slot[t] == NONE)
+  if (c->tents[e].slot[t] == NONE || c->tents[e].hold)
     return;
   lru_unlink(c, t, e);
   lru_push_tail(c, t, e);
@@ -137,7 +147,7 @@ void tier_cold(core *c, uint32_t e, int t) {
   tier *q = &c->tiers[t];
   tent *x = &c->tents[e];
 
-  if (x->slot[t] == NONE || q->head == e)
+  if (x->slot[t] == NONE || x->hold || q->head == e)
     return;
   lru_unlink(c, t, e);
   x->prev[t] = NONE;
@@ -214,7 +224,7 @@ static uint32_t slot_take(core *c, int t, core_move *pend, int *blocked) {
       if (c->cfg.tier_sync) {
         uint32_t s = x->slot[t];
 
-        slot_give(c, CORE_TIER_DISK, e, d, 1);
+        tier_slot_give(c, CORE_TIER_DISK, e, d, 1);
         c->tiers[CORE_TIER_DISK].st.demotions++;
         tier_drop(c, e, t); /* moved down, not dropped */
         q->nfree--;
@@ -224,7 +234,7 @@ static uint32_t slot_take(core *c, int t, core_move *pend, int *blocked) {
           c->tiers[CORE_TIER_DISK].free_slots[c->tiers[CORE_TIER_DISK].nfree++] = d;
           return NONE;
         }
-        slot_give(c, CORE_TIER_DISK, e, d, 0);
+        tier_slot_give(c, CORE_TIER_DISK, e, d, 0);
         x->busy++;
         pend->kind = CORE_MOVE_HOST_TO_DISK;
         pend->tier = CORE_TIER_DISK;
@@ -249,6 +259,97 @@ static uint32_t slot_take(core *c, int t, core_move *pend, int *blocked) {
   return NONE;
 }
 
+uint32_t tier_slot_take(core *c, int t) {
+  uint32_t s = slot_take(c, t, NULL, NULL);
+
+  if (s != NONE && c->tent_free == NONE) {
+    slot_put(c, t, s);
+    s = NONE;
+  }
+  return s;
+}
+
+/* ---- holds (swap) ---------------------------------------------------------- */
+
+int tier_hold(core *c, uint32_t e) {
+  tent *x = &c->tents[e];
+
+  if (x->hold == UINT16_MAX)
+    return KVS_ELIMIT;
+  if (x->hold++ == 0)
+    for (int t = 0; t < CORE_TIERS; t++)
+      if (x->slot[t] != NONE) {
+        lru_unlink(c, t, e);
+        c->tiers[t].st.held++;
+      }
+  return 0;
+}
+
+void tier_unhold(core *c, uint32_t e) {
+  tent *x = &c->tents[e];
+
+  assert(x->hold > 0);
+  if (--x->hold > 0)
+    return;
+  for (int t = 0; t < CORE_TIERS; t++) {
+    tier *q = &c->tiers[t];
+
+    if (x->slot[t] == NONE)
+      continue;
+    q->st.held--;
+    /* The cold end: the device holds the block again, or nobody does. */
+    x->prev[t] = NONE;
+    x->next[t] = q->head;
+    if (q->head != NONE)
+      c->tents[q->head].prev[t] = e;
+    else
+      q->tail = e;
+    q->head = e;
+  }
+  if (x->priv) { /* nobody else can find it */
+    uint8_t had = (uint8_t)((x->slot[CORE_TIER_HOST] != NONE) |
+                            (x->slot[CORE_TIER_DISK] != NONE) << 1);
+    if (had & 2)
+      tier_forget(c, e, CORE_TIER_DISK);
+    if ((had & 1) && x->used && x->slot[CORE_TIER_HOST] != NONE)
+      tier_forget(c, e, CORE_TIER_HOST);
+  }
+  if (x->used)
+    ent_maybe_free(c, e); /* no copy left (went bad while held) */
+}
+
+/* ---- fills (promotion, swap-in) ------------------------------------------- */
+
+uint32_t tier_fills_end(core *c, const core_promo *p, uint32_t n,
+                        const int *ok) {
+  uint32_t bad = n;
+
+  for (uint32_t i = 0; i < n; i++) {
+    if (ok != NULL && ok[i]) {
+      c->tiers[p[i].tier].st.promotions++;
+      tier_cold(c, p[i].entry, (int)p[i].tier);
+    } else {
+      /* Its bytes there are bad or unreadable: never again. */
+      c->tiers[p[i].tier].st.failures++;
+      tier_forget(c, p[i].entry, (int)p[i].tier);
+      if (bad == n)
+        bad = i;
+    }
+    tier_busy(c, p[i].entry, -1);
+  }
+  /* Good sealed blocks up to the first failure join the prefix index (a
+   * hash someone indexed meanwhile stays theirs: this copy stays private). */
+  for (uint32_t i = 0; i < bad; i++) {
+    blk *x = &c->blocks[p[i].block];
+
+    if (x->sealed && hidx_find(&c->index, p[i].hash) == NONE) {
+      hidx_insert(&c->index, p[i].hash, p[i].block);
+      x->indexed = 1;
+    }
+  }
+  return bad;
+}
+
 /* ---- demotion ----------------------------------------------------------- */
 
 /* Does hash h have a copy below (or one being written)? */
@@ -258,8 +359,7 @@ static int has_copy_below(const core *c, kvs_hash128 h) {
   return e != NONE;
 }
 
-/* The tier a device block goes down to: host when there is one. */
-static int first_tier(const core *c) {
+int tier_first(const core *c) {
   return c->tiers[CORE_TIER_HOST].nslots ? CORE_TIER_HOST : CORE_TIER_DISK;
 }
 
@@ -281,7 +381,7 @@ static uint32_t plan_host_to_disk(core *c, core_move *mv, uint32_t max) {
     d = slot_take(c, CORE_TIER_DISK, NULL, NULL);
     if (d == NONE)
       break;
-    slot_give(c, CORE_TIER_DISK, e, d, 0);
+    tier_slot_give(c, CORE_TIER_DISK, e, d, 0);
     x->busy++;
     mv[n].kind = CORE_MOVE_HOST_TO_DISK;
     mv[n].tier = CORE_TIER_DISK;
@@ -296,7 +396,7 @@ static uint32_t plan_host_to_disk(core *c, core_move *mv, uint32_t max) {
 }
 
 uint32_t core_tier_plan(core *c, core_move *mv, uint32_t max) {
-  const int t = first_tier(c);
+  const int t = tier_first(c);
   uint32_t n = 0, seen = 0;
 
   if (!tier_any(c) || c->cfg.tier_sync)
@@ -319,8 +419,12 @@ uint32_t core_tier_plan(core *c, core_move *mv, uint32_t max) {
         break;
       continue;
     }
-    e = ent_new(c, c->bhash[b], c->btok + (size_t)b * c->cfg.block_size);
-    slot_give(c, t, e, s, 0);
+    if (c->tent_free == NONE) { /* held copies that lost their slots */
+      slot_put(c, t, s);
+      break;
+    }
+    e = tier_ent_new(c, c->bhash[b], c->btok + (size_t)b * c->cfg.block_size, 0);
+    tier_slot_give(c, t, e, s, 0);
     c->tents[e].busy++;
     x->busy = 1;
     c->nbusy++;
@@ -378,14 +482,18 @@ void tier_on_evict(core *c, uint32_t b) {
     return;
   }
   /* An ideal write-back: down at once. */
-  t = first_tier(c);
+  t = tier_first(c);
   s = slot_take(c, t, NULL, NULL);
+  if (s != NONE && c->tent_free == NONE) {
+    slot_put(c, t, s);
+    s = NONE;
+  }
   if (s == NONE) {
     c->st.tier_lost++;
     return;
   }
-  e = ent_new(c, c->bhash[b], c->btok + (size_t)b * c->cfg.block_size);
-  slot_give(c, t, e, s, 1);
+  e = tier_ent_new(c, c->bhash[b], c->btok + (size_t)b * c->cfg.block_size, 0);
+  tier_slot_give(c, t, e, s, 1);
   c->tiers[t].st.demotions++;
 }
 
@@ -450,14 +558,6 @@ void tier_destroy(core *c) {
     hidx_destroy(&c->tindex);
 }
 
-#define TFAIL(...)                                                           \
-  do {                                                                       \
-    if (msg && msg_len)                                                      \
-      snprintf(msg, msg_len, __VA_ARGS__);                                   \
-    rc = KVS_EINTERNAL;                                                      \
-    goto out;                                                                \
-  } while (0)
-
 int tier_check(const core *c, char *msg, size_t msg_len) {
   uint8_t *seen[CORE_TIERS] = {NULL, NULL};
   uint32_t used = 0, nbusy = 0;
@@ -466,7 +566,7 @@ int tier_check(const core *c, char *msg, size_t msg_len) {
   for (uint32_t b = 0; b < c->cfg.num_blocks; b++)
     nbusy += c->blocks[b].busy && c->blocks[b].on_queue;
   if (nbusy != c->nbusy)
-    TFAIL("%u busy blocks queued, counter says %u", nbusy, c->nbusy);
+    CHECK_FAIL("%u busy blocks queued, counter says %u", nbusy, c->nbusy);
   if (!c->ntents)
     return 0;
   for (int t = 0; t < CORE_TIERS; t++) {
@@ -475,10 +575,10 @@ int tier_check(const core *c, char *msg, size_t msg_len) {
 
     seen[t] = calloc(q->nslots ? q->nslots : 1, 1);
     if (!seen[t])
-      TFAIL("out of memory");
+      CHECK_FAIL("out of memory");
     for (uint32_t i = 0; i < q->nfree; i++) {
       if (q->free_slots[i] >= q->nslots || seen[t][q->free_slots[i]])
-        TFAIL("tier %d: free slot %u out of range or twice", t,
+        CHECK_FAIL("tier %d: free slot %u out of range or twice", t,
               q->free_slots[i]);
       seen[t][q->free_slots[i]] = 1;
     }
@@ -486,41 +586,61 @@ int tier_check(const core *c, char *msg, size_t msg_len) {
       const tent *x = &c->tents[e];
 
       if (e >= c->ntents || !x->used || n > c->ntents)
-        TFAIL("tier %d: LRU holds a bad entry %u", t, e);
+        CHECK_FAIL("tier %d: LRU holds a bad entry %u", t, e);
       if (x->prev[t] != prev)
-        TFAIL("tier %d: entry %u's prev is %u, expected %u", t, e, x->prev[t],
+        CHECK_FAIL("tier %d: entry %u's prev is %u, expected %u", t, e, x->prev[t],
               prev);
       if (x->slot[t] >= q->nslots || seen[t][x->slot[t]])
-        TFAIL("tier %d: entry %u's slot %u out of range or shared", t, e,
+        CHECK_FAIL("tier %d: entry %u's slot %u out of range or shared", t, e,
               x->slot[t]);
+      if (x->hold)
+        CHECK_FAIL("tier %d: held entry %u in the LRU", t, e);
       seen[t][x->slot[t]] = 1;
       prev = e;
       n++;
     }
-    if (prev != q->tail || n != q->st.used || n + q->nfree != q->nslots)
-      TFAIL("tier %d: %u in the LRU, %u free, %u used, %u slots", t, n,
-            q->nfree, q->st.used, q->nslots);
+    uint32_t held = 0;
+    for (uint32_t e = 0; e < c->ntents; e++) {
+      const tent *x = &c->tents[e];
+
+      if (!x->used || !x->hold || x->slot[t] == NONE)
+        continue;
+      if (x->slot[t] >= q->nslots || seen[t][x->slot[t]])
+        CHECK_FAIL("tier %d: held entry %u's slot %u out of range or shared", t,
+              e, x->slot[t]);
+      seen[t][x->slot[t]] = 1;
+      held++;
+    }
+    if (prev != q->tail || n + held != q->st.used ||
+        held != q->st.held || n + held + q->nfree != q->nslots)
+      CHECK_FAIL("tier %d: %u in the LRU, %u held (counter %u), %u free, %u used, "
+            "%u slots", t, n, held, q->st.held, q->nfree, q->st.used,
+            q->nslots);
   }
   for (uint32_t e = 0; e < c->ntents; e++) {
     const tent *x = &c->tents[e];
 
     if (!x->used)
       continue;
-    used++;
-    if (hidx_find(&c->tindex, x->h) != e)
-      TFAIL("entry %u: the tier index does not point at it", e);
-    if (x->slot[CORE_TIER_HOST] == NONE && x->slot[CORE_TIER_DISK] == NONE)
-      TFAIL("entry %u holds no slot", e);
+    used += !x->priv;
+    if (!x->priv && hidx_find(&c->tindex, x->h) != e)
+      CHECK_FAIL("entry %u: the tier index does not point at it", e);
+    if (x->priv && !x->hold && !x->busy)
+      CHECK_FAIL("entry %u: private, yet nobody holds it", e);
+    if (x->slot[CORE_TIER_HOST] == NONE && x->slot[CORE_TIER_DISK] == NONE &&
+        !x->hold)
+      CHECK_FAIL("entry %u holds no slot", e);
     for (int t = 0; t < CORE_TIERS; t++)
       if (x->slot[t] == NONE && x->valid[t])
-        TFAIL("entry %u: valid in tier %d without a slot", e, t);
+        CHECK_FAIL("entry %u: valid in tier %d without a slot", e, t);
     if (!x->busy && ((x->slot[0] != NONE && !x->valid[0]) ||
                      (x->slot[1] != NONE && !x->valid[1]) || x->bad))
-      TFAIL("entry %u: a slot being written or a bad copy, yet nothing in "
+      CHECK_FAIL("entry %u: a slot being written or a bad copy, yet nothing in "
             "flight", e);
   }
   if (used != c->tindex.count)
-    TFAIL("%u entries, the tier index holds %u", used, c->tindex.count);
+    CHECK_FAIL("%u entries, the tier index holds %u", used, c->tindex.count);
+  rc = swap_check(c, msg, msg_len);
 out:
   free(seen[0]);
   free(seen[1]);

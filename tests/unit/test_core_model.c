@@ -22,6 +22,7 @@
 #include <cmocka.h>
 
 #include "daemon/core/core.h"
+#include "tests/unit/core_test.h"
 
 #define NB 48
 #define BS 4
@@ -198,14 +199,6 @@ static int m_fork(mreq *r, mreq *k) {
 }
 
 /* ---- the driver ------------------------------------------------------- */
-
-static uint64_t rng = 0x9e3779b97f4a7c15ull;
-static uint32_t rnd(uint32_t n) {
-  rng ^= rng << 13;
-  rng ^= rng >> 7;
-  rng ^= rng << 17;
-  return (uint32_t)(rng % n);
-}
 
 static core *c;
 static core_req *cr[MAXREQ];

@@ -30,6 +30,7 @@
 #include <cmocka.h>
 
 #include "daemon/core/core.h"
+#include "tests/unit/core_test.h"
 
 #define BS 4
 #define MAXREQ 10
@@ -37,31 +38,12 @@
 #define MAXB (MAXTOK / BS + 1)
 #define NONE KVS_BLOCK_NONE
 
-static uint64_t rng;
-static uint32_t rnd(uint32_t n) {
-  rng ^= rng << 13;
-  rng ^= rng >> 7;
-  rng ^= rng << 17;
-  return (uint32_t)(rng % n);
-}
-
-static uint64_t nops(void) {
-  const char *env = getenv("KVS_MODEL_OPS");
-  return env ? strtoull(env, NULL, 10) : 300000;
-}
-
 /* Prompts share stems and long prefixes (a small alphabet early on). */
 static uint32_t gen_prompt(uint32_t *t) {
   uint32_t n = 2 + rnd(MAXTOK - 2), stem = rnd(6);
   for (uint32_t i = 0; i < n; i++)
     t[i] = i < 3 * BS ? 100 * stem + i : rnd(i < 6 * BS ? 2 : 5);
   return n;
-}
-
-static void check(core *c) {
-  char msg[256];
-  if (core_check(c, msg, sizeof(msg)) != 0)
-    fail_msg("invariant: %s", msg);
 }
 
 static core *make_core(uint32_t nb, uint32_t reserve, uint32_t host,
@@ -453,10 +435,6 @@ typedef struct areq {
   core_promo promos[MAXB];
   uint32_t npromos;
 } areq;
-
-static int heq(kvs_hash128 a, kvs_hash128 b) {
-  return a.lo == b.lo && a.hi == b.hi;
-}
 
 static kvs_hash128 dev_bytes[ANB], slot_bytes[CORE_TIERS][ADISK];
 static core_move moves[MAXMOVES];
