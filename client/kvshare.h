@@ -305,6 +305,55 @@ int kvs_tier_stats_get(kvs_client *c, kvs_tier_stats *out, uint32_t max,
  */
 int kvs_set_promote(kvs_client *c, int on);
 
+/*
+ * Since 0.4.  Swap: an engine that preempts a whole request may send its
+ * blocks below the pool instead of dropping them, and bring them back when
+ * it resumes the request.  Both wait for the copies (one round trip, no
+ * polling); neither is allowed inside a batch (KVS_ENOTSUP); both need a
+ * tier below the daemon's pool (KVS_ENOTSUP otherwise).
+ *
+ * kvs_swap_out: the bytes of every block of req_id go to the host tier
+ * (else the disk tier), then its blocks are released (its sealed ones stay
+ * cached); the request keeps its tokens and its blocks' identity, and takes
+ * no operation but kvs_swap_in and kvs_free meanwhile (KVS_ESTATE).  The
+ * worker must not write into the request's blocks once it asks.  A copy
+ * that fails undoes the swap: KVS_EIO, the request as it was.  KVS_ENOSPC:
+ * no room below (the tiers are full of swapped requests' blocks).
+ *
+ * kvs_swap_in: blocks again (sealed blocks still in the pool come back with
+ * no copy; the others keep allocate's reserve: KVS_ENOSPC otherwise,
+ * nothing changed) and the bytes brought back into them.  res->blocks is
+ * the request's block table.  If a copy below turned out bad (an I/O error,
+ * a checksum), the request ends before that block: res->tokens are the
+ * written tokens restored, res->lost_tokens those to compute again.
+ */
+typedef struct kvs_swap_result {
+  uint32_t tokens;        /* out: written tokens swapped out; in: restored */
+  uint32_t lost_tokens;   /* in: written tokens not restored */
+  uint32_t copied_blocks; /* blocks whose bytes moved (the others had a copy
+                             below already, or were still in the pool) */
+  uint32_t num_blocks;    /* in: the request's block table */
+  const uint32_t *blocks; /* valid until the client's next call */
+} kvs_swap_result;
+
+int kvs_swap_out(kvs_client *c, uint64_t req_id, kvs_swap_result *res);
+int kvs_swap_in(kvs_client *c, uint64_t req_id, kvs_swap_result *res);
+
+/* Since 0.4.  The daemon's swap counters.  One round trip. */
+typedef struct kvs_swap_stats {
+  uint32_t swapped_requests; /* swapped out now (or on their way) */
+  uint32_t held_slots;       /* tier slots they keep, all tiers */
+  uint64_t swap_outs;        /* kvs_swap_out calls done */
+  uint64_t swap_ins;         /* kvs_swap_in calls that restored everything */
+  uint64_t failures;         /* swap-outs undone, swap-ins cut short */
+  uint64_t out_blocks;       /* blocks copied down */
+  uint64_t kept_blocks;      /* blocks with a copy below already */
+  uint64_t in_blocks;        /* blocks copied up */
+  uint64_t resident_blocks;  /* blocks taken back from the pool */
+} kvs_swap_stats;
+
+int kvs_swap_stats_get(kvs_client *c, kvs_swap_stats *st);
+
 int kvs_copy_blocks(kvs_client *c, const uint32_t *pairs, uint32_t n,
                     void *stream);
 

@@ -62,7 +62,12 @@ static void json_str(const char *s) {
   X(drops) X(failures) X(bytes_in) X(bytes_out) X(io_errors)                  \
   X(checksum_failures)
 
+#define SWAP_FIELDS(X)                                                        \
+  X(swapped_requests) X(held_slots) X(swap_outs) X(swap_ins) X(failures)     \
+  X(out_blocks) X(kept_blocks) X(in_blocks) X(resident_blocks)
+
 static int cmd_stats(kvs_client *c, int json, int check) {
+  kvs_swap_stats sw;
   kvs_stats st;
   kvs_tier_stats ts[4];
   uint32_t nt = 0;
@@ -70,6 +75,8 @@ static int cmd_stats(kvs_client *c, int json, int check) {
   int rc = kvs_stats_get(c, check, &st);
   if (!rc)
     rc = kvs_tier_stats_get(c, ts, 4, &nt, &lost);
+  if (!rc)
+    rc = kvs_swap_stats_get(c, &sw);
   if (rc) {
     fprintf(stderr, "kvshare: stats: %s%s%s\n", kvs_strerror(rc),
             *kvs_last_message(c) ? ": " : "", kvs_last_message(c));
@@ -95,7 +102,13 @@ static int cmd_stats(kvs_client *c, int json, int check) {
 #undef JSON_TIER
         printf("}");
       }
-      printf("]");
+      printf("], \"swap\": {");
+#define JSON_SWAP(f) printf("%s\"" #f "\": %llu", \
+                            strcmp(#f, "swapped_requests") ? ", " : "", \
+                            (unsigned long long)sw.f);
+      SWAP_FIELDS(JSON_SWAP)
+#undef JSON_SWAP
+      printf("}");
     }
     if (check) {
       printf(", \"check\": %d, \"check_status\": ", (int)st.check);
@@ -117,6 +130,12 @@ static int cmd_stats(kvs_client *c, int json, int check) {
 #define TEXT_TIER(f) printf("  %-16s %llu\n", #f, (unsigned long long)ts[i].f);
       TIER_FIELDS(TEXT_TIER)
 #undef TEXT_TIER
+    }
+    if (nt) {
+      printf("swap:\n");
+#define TEXT_SWAP(f) printf("  %-16s %llu\n", #f, (unsigned long long)sw.f);
+      SWAP_FIELDS(TEXT_SWAP)
+#undef TEXT_SWAP
     }
     if (check)
       printf("%-18s %s\n", "check", st.check ? kvs_status_name(st.check) : "ok");

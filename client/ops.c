@@ -297,6 +297,71 @@ int kvs_tier_stats_get(kvs_client *c, kvs_tier_stats *out, uint32_t max,
   return 0;
 }
 
+int kvs_swap_stats_get(kvs_client *c, kvs_swap_stats *st) {
+  if (!st)
+    return KVS_EINVAL;
+  memset(st, 0, sizeof *st);
+  const Kvshare__StatsResult *s;
+  int rc = stats_call(c, 0, &s);
+  if (rc)
+    return rc;
+  st->swapped_requests = s->swapped_requests;
+  for (size_t i = 0; i < s->n_tiers; i++)
+    st->held_slots += s->tiers[i]->held;
+  st->swap_outs = s->swap_outs;
+  st->swap_ins = s->swap_ins;
+  st->failures = s->swap_failures;
+  st->out_blocks = s->swap_out_blocks;
+  st->kept_blocks = s->swap_kept_blocks;
+  st->in_blocks = s->swap_in_blocks;
+  st->resident_blocks = s->swap_resident_blocks;
+  return 0;
+}
+
+static int swap_op(kvs_client *c, int in, uint64_t req_id,
+                   kvs_swap_result *res) {
+  Kvshare__SwapOut o = KVSHARE__SWAP_OUT__INIT;
+  Kvshare__SwapIn i = KVSHARE__SWAP_IN__INIT;
+  Kvshare__Request req = KVSHARE__REQUEST__INIT;
+  Kvshare__Response *r;
+  int rc;
+
+  if (res) {
+    memset(res, 0, sizeof *res);
+    res->blocks = no_blocks;
+  }
+  if (in) {
+    i.req_id = req_id;
+    req.op_case = KVSHARE__REQUEST__OP_SWAP_IN;
+    req.swap_in = &i;
+  } else {
+    o.req_id = req_id;
+    req.op_case = KVSHARE__REQUEST__OP_SWAP_OUT;
+    req.swap_out = &o;
+  }
+  rc = call(c, &req, &r);
+  if (rc)
+    return rc;
+  if (r->result_case != KVSHARE__RESPONSE__RESULT_SWAP || !r->swap)
+    return KVS_EPROTO;
+  if (res) {
+    res->tokens = r->swap->tokens;
+    res->lost_tokens = r->swap->lost_tokens;
+    res->copied_blocks = r->swap->copied_blocks;
+    res->num_blocks = (uint32_t)r->swap->n_blocks;
+    res->blocks = res->num_blocks ? r->swap->blocks : no_blocks;
+  }
+  return 0;
+}
+
+int kvs_swap_out(kvs_client *c, uint64_t req_id, kvs_swap_result *res) {
+  return swap_op(c, 0, req_id, res);
+}
+
+int kvs_swap_in(kvs_client *c, uint64_t req_id, kvs_swap_result *res) {
+  return swap_op(c, 1, req_id, res);
+}
+
 int kvs_ping(kvs_client *c, const void *payload, size_t len) {
   if (len && !payload)
     return KVS_EINVAL;

@@ -178,14 +178,21 @@ static void ok(Kvshare__Response *resp, kvs__arena *a) {
 
 #define ERR(...) (disp_status(resp, a, __VA_ARGS__))
 
-static core_req *get_req(sess *c, uint64_t id, Kvshare__Response *resp,
-                         kvs__arena *a) {
+/* The session's request id; a swapped one only when swapped_ok (other
+ * operations wait for its SwapIn). */
+static core_req *get_req(sess *c, uint64_t id, int swapped_ok,
+                         Kvshare__Response *resp, kvs__arena *a) {
   core_req *r = reqmap_get(&c->reqs, id);
 
-  if (!r)
+  if (!r) {
     ERR(KVS_ENOENT, "no request %llu in this session (never created, or "
                     "already freed)",
         (unsigned long long)id);
+  } else if (!swapped_ok && core_req_swap_state(r) != CORE_SWAP_NONE) {
+    ERR(KVS_ESTATE, "request %llu is swapped out: only SwapIn and Free "
+        "apply to it", (unsigned long long)id);
+    r = NULL;
+  }
   return r;
 }
 
@@ -360,8 +367,10 @@ static void do_lookup(sess *c, const Kvshare__Lookup *l,
       below = 0;
   }
   if (rc == KVS_ESTATE) {
-    ERR(rc, "lookup of request %llu: it already holds blocks; look up a new "
-            "or preempted request",
+    ERR(rc, core_req_swap_state(r) ? "lookup of request %llu: it is swapped "
+            "out; SwapIn brings it back"
+            : "lookup of request %llu: it already holds blocks; look up a "
+              "new or preempted request",
         (unsigned long long)l->req_id);
     goto fail;
   }
@@ -392,7 +401,7 @@ static void do_alloc(sess *c, uint64_t id, uint32_t n, int append,
                      int daemon_copy, Kvshare__Response *resp,
                      kvs__arena *a) {
   const kvs_layout *l = &c->srv->layout;
-  core_req *r = get_req(c, id, resp, a);
+  core_req *r = get_req(c, id, 0, resp, a);
   const char *op = append ? "append" : "allocate";
   Kvshare__AllocResult *res;
   core_cow cow = {KVS_BLOCK_NONE, KVS_BLOCK_NONE};
@@ -461,7 +470,7 @@ static void do_alloc(sess *c, uint64_t id, uint32_t n, int append,
 static void do_commit(sess *c, const Kvshare__Commit *m,
                       Kvshare__Response *resp, kvs__arena *a) {
   const kvs_layout *l = &c->srv->layout;
-  core_req *r = get_req(c, m->req_id, resp, a);
+  core_req *r = get_req(c, m->req_id, 0, resp, a);
   unsigned long long id = (unsigned long long)m->req_id;
   Kvshare__CommitResult *res;
   uint32_t n, sealed = 0, ntable, first, i;
@@ -559,7 +568,7 @@ static void do_commit(sess *c, const Kvshare__Commit *m,
 
 static void do_fork(sess *c, const Kvshare__Fork *f, Kvshare__Response *resp,
                     kvs__arena *a) {
-  core_req *r = get_req(c, f->req_id, resp, a), *child;
+  core_req *r = get_req(c, f->req_id, 0, resp, a), *child;
   int rc;
 
   if (!r)
@@ -613,7 +622,7 @@ static void do_free(sess *c, uint64_t id, Kvshare__Response *resp,
 
 static void do_preempt(sess *c, uint64_t id, Kvshare__Response *resp,
                        kvs__arena *a) {
-  core_req *r = get_req(c, id, resp, a);
+  core_req *r = get_req(c, id, 0, resp, a);
   int rc;
 
   if (!r)
@@ -625,6 +634,134 @@ static void do_preempt(sess *c, uint64_t id, Kvshare__Response *resp,
   }
   account(c, id, r);
   ok(resp, a);
+}
+
+/* ---- swap ------------------------------------------------------------------ */
+
+static void swap_reply(sess *c, const tier_swap *sw, Kvshare__Response *resp,
+                       kvs__arena *a) {
+  const char *op = sw->in ? "swap-in" : "swap-out";
+  Kvshare__SwapResult *res;
+
+  if (!sw->r) {
+    ERR(KVS_ECLOSED, "%s of request %llu: the session closed while its "
+        "blocks moved", op, (unsigned long long)sw->req_id);
+    return;
+  }
+  account(c, sw->req_id, sw->r);
+  if (sw->status < 0) {
+    ERR(sw->status, "%s of request %llu: a copy below failed (%s); the "
+        "request keeps its blocks, as before", op,
+        (unsigned long long)sw->req_id, kvs_strerror(sw->status));
+    return;
+  }
+  res = kvs__arena_alloc(a, sizeof(*res));
+  if (!res) {
+    ERR(KVS_ENOMEM, "out of memory");
+    return;
+  }
+  kvshare__swap_result__init(res);
+  res->copied_blocks = sw->copied;
+  if (sw->in) {
+    res->tokens = sw->tokens;
+    res->lost_tokens = sw->before - sw->tokens;
+    res->blocks = copy_table(sw->r, 0, &res->n_blocks, a);
+  } else {
+    res->tokens = sw->before;
+  }
+  resp->result_case = KVSHARE__RESPONSE__RESULT_SWAP;
+  resp->swap = res;
+  ok(resp, a);
+}
+
+void disp_swap_done(sess *c, Kvshare__Response *resp, kvs__arena *a) {
+  swap_reply(c, &c->swap, resp, a);
+}
+
+static void do_swap(sess *c, uint64_t id, int in, Kvshare__Response *resp,
+                    kvs__arena *a) {
+  srv *s = c->srv;
+  core *cr = s->core;
+  const char *op = in ? "swap-in" : "swap-out";
+  core_req *r = get_req(c, id, 1, resp, a);
+  tier_swap *sw = &c->swap;
+  uint32_t n, nitems = 0;
+  void *items;
+  int rc;
+
+  if (!r)
+    return;
+  if (c->in_batch) {
+    ERR(KVS_ENOTSUP, "%s of request %llu: not inside a Batch (its reply "
+        "waits for the copies); send it on its own", op,
+        (unsigned long long)id);
+    return;
+  }
+  if (!s->tiers) {
+    ERR(KVS_ENOTSUP, "%s of request %llu: the daemon has no tier below the "
+        "pool (host_tier_bytes, disk_tier)", op, (unsigned long long)id);
+    return;
+  }
+  if (s->stopping) {
+    ERR(KVS_ECLOSED, "%s of request %llu: the daemon is shutting down", op,
+        (unsigned long long)id);
+    return;
+  }
+  if (in)
+    n = core_req_swap_blocks(r);
+  else
+    core_req_blocks(r, &n);
+  items = kvs__arena_alloc(a, (n ? n : 1) * (in ? sizeof(core_promo)
+                                                : sizeof(core_move)));
+  if (!items) {
+    ERR(KVS_ENOMEM, "out of memory");
+    return;
+  }
+  memset(sw, 0, sizeof(*sw));
+  sw->cb = sess_swapped;
+  sw->data = c;
+  sw->r = r;
+  sw->req_id = id;
+  sw->in = in;
+  if (in) {
+    sw->before = core_req_swap_written(r);
+    rc = core_swap_in(cr, r, items, n, &nitems);
+  } else {
+    sw->before = core_req_num_written(r);
+    rc = core_swap_out(cr, r, items, n, &nitems);
+  }
+  if (rc == KVS_ESTATE) {
+    ERR(rc, "%s of request %llu: it is %s", op, (unsigned long long)id,
+        in ? "not swapped out" : "swapped out already");
+    return;
+  }
+  if (rc == KVS_ENOSPC) {
+    ERR(rc, in ? "swap-in of request %llu: not enough free blocks in the "
+                 "pool (the reserve kept); try again when some are"
+               : "swap-out of request %llu: no room below the pool (the "
+                 "tiers are full of swapped requests' blocks)",
+        (unsigned long long)id);
+    return;
+  }
+  if (rc < 0) {
+    core_error(resp, a, rc, op, id);
+    return;
+  }
+  if (nitems > 0) {
+    rc = in ? tiers_swap_in(s->tiers, sw, items, nitems)
+            : tiers_swap_out(s->tiers, sw, items, nitems);
+    if (rc == 0) {
+      c->swapping = 1; /* the reply waits: handle_request sees it */
+      return;
+    }
+  }
+  if (nitems == 0 || rc < 0) { /* nothing to copy, or nothing started */
+    if (in)
+      sw->tokens = core_swap_in_finish(cr, r, items, nitems, NULL);
+    else
+      sw->status = core_swap_out_finish(cr, r, items, nitems, NULL);
+  }
+  swap_reply(c, sw, resp, a);
 }
 
 static void do_stats(sess *c, const Kvshare__Stats *q, Kvshare__Response *resp,
@@ -671,6 +808,14 @@ static void do_stats(sess *c, const Kvshare__Stats *q, Kvshare__Response *resp,
   res->daemon_copy_blocks = s->copy.blocks;
   res->copy_errors = s->copy.errors;
   res->tier_lost = st.tier_lost;
+  res->swapped_requests = st.swapped_requests;
+  res->swap_outs = st.swap_outs;
+  res->swap_ins = st.swap_ins;
+  res->swap_failures = st.swap_failures;
+  res->swap_out_blocks = st.swap_out_blocks;
+  res->swap_kept_blocks = st.swap_kept_blocks;
+  res->swap_in_blocks = st.swap_in_blocks;
+  res->swap_resident_blocks = st.swap_resident_blocks;
   {
     tiers_stats ts[CORE_TIERS];
     uint32_t nt = 0;
@@ -694,6 +839,7 @@ static void do_stats(sess *c, const Kvshare__Stats *q, Kvshare__Response *resp,
         ms[i].bytes_out = ts[i].bytes_out;
         ms[i].io_errors = ts[i].io_errors;
         ms[i].checksum_failures = ts[i].checksum_failures;
+        ms[i].held = ts[i].core.held;
         mp[i] = &ms[i];
       }
       res->n_tiers = nt;
@@ -793,6 +939,12 @@ void disp_request(sess *c, const Kvshare__Request *req,
     break;
   case KVSHARE__REQUEST__OP_BATCH:
     do_batch(c, req->batch, resp, a);
+    break;
+  case KVSHARE__REQUEST__OP_SWAP_OUT:
+    do_swap(c, req->swap_out->req_id, 0, resp, a);
+    break;
+  case KVSHARE__REQUEST__OP_SWAP_IN:
+    do_swap(c, req->swap_in->req_id, 1, resp, a);
     break;
   case KVSHARE__REQUEST__OP_PING:
     resp->result_case = KVSHARE__RESPONSE__RESULT_PONG;

@@ -97,6 +97,10 @@ struct sess {
    * lookups do not promote). */
   tier_promo promo;
   int promoting;
+  /* A SwapOut or SwapIn moving a request's blocks: its reply waits the
+   * same way (sess_swapped). */
+  tier_swap swap;
+  int swapping;
   int in_batch;
 };
 
@@ -113,6 +117,8 @@ void sess_sweep_handshakes(srv *s);
 
 /* The promotion of c->promo is over: sends the Lookup's reply. */
 void sess_promoted(tier_promo *pr);
+/* The swap of c->swap is over: sends its reply. */
+void sess_swapped(tier_swap *sw);
 
 /* Queue one envelope for writing.  0, or a negative status (the session is
  * then being closed). */
@@ -155,6 +161,8 @@ void disp_copies_done(sess *c);
 
 /* The reply of c->promo's Lookup, once its blocks are up. */
 void disp_lookup_promoted(sess *c, Kvshare__Response *resp, kvs__arena *a);
+/* The reply of c->swap's SwapOut or SwapIn, once its blocks moved. */
+void disp_swap_done(sess *c, Kvshare__Response *resp, kvs__arena *a);
 
 /* Sets resp->status to (code, message). */
 void disp_status(Kvshare__Response *resp, kvs__arena *a, int code,

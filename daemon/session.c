@@ -81,6 +81,8 @@ static void free_requests(sess *c) {
               (unsigned long long)c->id, c->reqs.count);
   if (c->promoting)
     c->promo.r = NULL; /* freed below; the promotion ends without it */
+  if (c->swapping)
+    c->swap.r = NULL;
   reqmap_drain(&c->reqs, free_one, c->srv->core);
   c->tokens_held = 0;
 }
@@ -478,14 +480,14 @@ static void hold_input(sess *c) {
   }
 }
 
-/* On the loop, when the Lookup's blocks are up (or failed). */
-void sess_promoted(tier_promo *pr) {
-  sess *c = pr->data;
+/* A held reply (a promotion's, a swap's) is ready: build() writes it. */
+static void send_async_reply(sess *c, uint64_t seq,
+                             void (*build)(sess *, Kvshare__Response *,
+                                           kvs__arena *)) {
   kvs__arena *a = &c->srv->arena;
   Kvshare__Response resp;
   struct wreq *w;
 
-  c->promoting = 0;
   c->copying = 0;
   if (c->closed) {
     if (c->reaped)
@@ -494,14 +496,30 @@ void sess_promoted(tier_promo *pr) {
   }
   /* (No frame is being handled now: the server's arena is free.) */
   kvshare__response__init(&resp);
-  disp_lookup_promoted(c, &resp, a);
-  w = encode_reply(c, pr->seq, &resp);
+  build(c, &resp, a);
+  w = encode_reply(c, seq, &resp);
   kvs__arena_reset(a);
   if (!w) {
     close_now(c);
     return;
   }
   send_held(c, w);
+}
+
+/* On the loop, when the Lookup's blocks are up (or failed). */
+void sess_promoted(tier_promo *pr) {
+  sess *c = pr->data;
+
+  c->promoting = 0;
+  send_async_reply(c, pr->seq, disp_lookup_promoted);
+}
+
+/* On the loop, when a SwapOut's or SwapIn's blocks have moved. */
+void sess_swapped(tier_swap *sw) {
+  sess *c = sw->data;
+
+  c->swapping = 0;
+  send_async_reply(c, sw->seq, disp_swap_done);
 }
 
 /* Sends w now, or, when the frame asked for copies, once they are done. */
@@ -540,8 +558,9 @@ static void handle_request(sess *c, uint64_t seq, const Kvshare__Request *req) {
 
   kvshare__response__init(&resp);
   disp_request(c, req, &resp, a);
-  if (c->promoting) { /* a Lookup waits for its blocks: sess_promoted */
-    c->promo.seq = seq;
+  if (c->promoting || c->swapping) { /* its blocks are on the move:
+                                         sess_promoted, sess_swapped */
+    c->promo.seq = c->swap.seq = seq;
     hold_input(c);
     return;
   }

@@ -28,15 +28,17 @@ struct tiers {
   uv_check_t kick;    /* a plan at the end of a loop turn that had frames */
   int stopped, kicked;
   int handles;        /* uv handles left to close (tiers_close) */
-  uint32_t moves, promos; /* in flight */
+  uint32_t moves, promos, swaps; /* in flight */
+  tier_swap *waiting, **waiting_tail; /* swaps waiting for staging buffers */
   uint64_t host_in, host_out;
   void (*idle_cb)(void *);
   void *idle_data;
 };
 
-/* A demotion batch: the moves one tick started. */
+/* A batch of moves: those one tick started, or a chunk of a SwapOut's. */
 typedef struct mbatch {
   tiers *t;
+  tier_swap *sw;           /* a SwapOut's chunk: its moves from sw->next */
   uint32_t n, pending;
   core_move *mv;
   uint32_t *blocks, *bufs; /* pool -> host/staging job */
@@ -45,6 +47,8 @@ typedef struct mbatch {
   disk_io *ios;
   copy_job job;
 } mbatch;
+
+static void swaps_retry(tiers *t);
 
 static void maybe_idle(tiers *t) {
   if (t->idle_cb && tiers_idle(t))
@@ -58,18 +62,25 @@ void tiers_set_idle_cb(tiers *t, void (*cb)(void *), void *data) {
 
 /* ---- demotion -------------------------------------------------------------- */
 
+static void swap_chunk_done(tier_swap *sw, const int *ok, uint32_t n);
+
 static void batch_end(mbatch *b) {
   tiers *t = b->t;
+  tier_swap *sw = b->sw;
 
   for (uint32_t i = 0; i < b->n; i++) {
-    core_tier_done(t->core, &b->mv[i], b->ok[i]);
+    if (!sw)
+      core_tier_done(t->core, &b->mv[i], b->ok[i]);
     if (b->ok[i] && b->mv[i].tier == CORE_TIER_HOST)
       t->host_in += t->stride;
     if (b->bufs[i] != NONE)
       tier_disk_buf_put(t->disk, b->bufs[i]);
   }
   t->moves -= b->n;
+  if (sw)
+    swap_chunk_done(sw, b->ok, b->n);
   free(b);
+  swaps_retry(t);
   maybe_idle(t);
 }
 
@@ -106,28 +117,20 @@ static void on_moved_down(copy_job *j) {
 
   if (j->status < 0)
     for (uint32_t i = 0; i < b->n; i++)
-      if (b->mv[i].kind == CORE_MOVE_DOWN)
+      if (b->mv[i].kind != CORE_MOVE_HOST_TO_DISK)
         b->ok[i] = 0;
   write_staged(b);
 }
 
-static void on_tick(uv_timer_t *h) {
-  tiers *t = h->data;
-  uint32_t room = MOVES_MAX - t->moves, n, nj = 0;
-  mbatch *b;
-  size_t sz;
+/* A batch for up to room moves (mv to be filled by the caller). */
+static mbatch *batch_new(tiers *t, uint32_t room) {
+  size_t sz = sizeof(mbatch) +
+              room * (sizeof(core_move) + 2 * sizeof(uint32_t) +
+                      sizeof(void *) + sizeof(int) + sizeof(disk_io));
+  mbatch *b = calloc(1, sz);
 
-  if (t->stopped || room == 0)
-    return;
-  if (t->disk && tier_disk_bufs_free(t->disk) / 2 < room)
-    room = tier_disk_bufs_free(t->disk) / 2; /* half for promotions */
-  if (room == 0)
-    return;
-  sz = sizeof(*b) + room * (sizeof(core_move) + 2 * sizeof(uint32_t) +
-                            sizeof(void *) + sizeof(int) + sizeof(disk_io));
-  b = calloc(1, sz);
   if (!b)
-    return;
+    return NULL;
   b->t = t;
   b->ios = (disk_io *)(b + 1);
   b->mv = (core_move *)(b->ios + room);
@@ -135,11 +138,16 @@ static void on_tick(uv_timer_t *h) {
   b->blocks = (uint32_t *)(b->host + room);
   b->bufs = b->blocks + room;
   b->ok = (int *)(b->bufs + room);
-  n = core_tier_plan(t->core, b->mv, room);
-  if (n == 0) {
-    free(b);
-    return;
-  }
+  return b;
+}
+
+/* Starts b's n moves: pool -> host slots or staging buffers as one copy
+ * job, host -> staging at once; then the disk writes.  A staging buffer
+ * for each move to disk is free (the caller checked). */
+static void batch_start(mbatch *b, uint32_t n) {
+  tiers *t = b->t;
+  uint32_t nj = 0;
+
   b->n = n;
   t->moves += n;
   for (uint32_t i = 0; i < n; i++) {
@@ -148,7 +156,7 @@ static void on_tick(uv_timer_t *h) {
     b->ok[i] = 1;
     b->bufs[i] = NONE;
     if (m->tier == CORE_TIER_DISK)
-      tier_disk_buf_get(t->disk, &b->bufs[i]); /* room kept one for it */
+      tier_disk_buf_get(t->disk, &b->bufs[i]);
     if (m->kind == CORE_MOVE_HOST_TO_DISK) {
       memcpy(tier_disk_buf_data(t->disk, b->bufs[i]),
              tier_host_slot(&t->host, m->src_slot), t->stride);
@@ -172,10 +180,29 @@ static void on_tick(uv_timer_t *h) {
   b->job.data = b;
   if (copy_submit(t->copy, &b->job) < 0) {
     for (uint32_t i = 0; i < n; i++)
-      if (b->mv[i].kind == CORE_MOVE_DOWN)
+      if (b->mv[i].kind != CORE_MOVE_HOST_TO_DISK)
         b->ok[i] = 0;
     write_staged(b);
   }
+}
+
+static void on_tick(uv_timer_t *h) {
+  tiers *t = h->data;
+  uint32_t room = MOVES_MAX - t->moves, n;
+  mbatch *b;
+
+  if (t->stopped || t->moves >= MOVES_MAX)
+    return;
+  if (t->disk && tier_disk_bufs_free(t->disk) / 2 < room)
+    room = tier_disk_bufs_free(t->disk) / 2; /* half for promotions */
+  if (room == 0 || !(b = batch_new(t, room)))
+    return;
+  n = core_tier_plan(t->core, b->mv, room);
+  if (n == 0) {
+    free(b);
+    return;
+  }
+  batch_start(b, n);
 }
 
 static void on_kick(uv_check_t *h) {
@@ -213,11 +240,16 @@ static void promo_end(tier_promo *pr) {
     if (pr->ok[i] && pr->p[i].tier == CORE_TIER_HOST)
       t->host_out += t->stride;
   }
-  pr->hit_tokens = core_promote_finish(t->core, pr->r, pr->p, pr->n, pr->ok);
-  /* what the request kept of them: good ones up to the first failure */
-  while (good < pr->n && pr->ok[good])
-    good++;
-  pr->promoted_tokens = pr->r ? good * t->pool->layout.block_size : 0;
+  if (pr->ok_out) { /* a swap-in's chunk: its owner calls the core */
+    memcpy(pr->ok_out, pr->ok, pr->n * sizeof(int));
+  } else {
+    pr->hit_tokens =
+        core_promote_finish(t->core, pr->r, pr->p, pr->n, pr->ok);
+    /* what the request kept of them: good ones up to the first failure */
+    while (good < pr->n && pr->ok[good])
+      good++;
+    pr->promoted_tokens = pr->r ? good * t->pool->layout.block_size : 0;
+  }
   free(pr->ios); /* the allocation holds p, ok, bufs... too */
   pr->p = NULL;
   pr->ios = NULL;
@@ -227,6 +259,7 @@ static void promo_end(tier_promo *pr) {
     return;
   }
   pr->cb(pr);
+  swaps_retry(t);
   maybe_idle(t);
 }
 
@@ -323,6 +356,166 @@ int tiers_promote(tiers *t, tier_promo *pr, const core_promo *p, uint32_t n) {
   return pr->early;
 }
 
+/* ---- swap ------------------------------------------------------------------ */
+
+#define SWAP_CHUNK 128 /* moves or fills per chunk */
+
+static void swap_step(tier_swap *sw);
+
+/* Ends sw: the core's finish, then (unless still inside tiers_swap_*)
+ * the owner's callback. */
+static void swap_end(tier_swap *sw) {
+  tiers *t = sw->t;
+
+  for (uint32_t i = 0; i < sw->n; i++)
+    sw->copied += (uint32_t)(sw->ok[i] != 0);
+  if (sw->in) {
+    sw->tokens = core_swap_in_finish(t->core, sw->r, sw->p, sw->n, sw->ok);
+  } else {
+    sw->status = core_swap_out_finish(t->core, sw->r, sw->mv, sw->n, sw->ok);
+  }
+  free(sw->ok); /* (one allocation with mv or p) */
+  sw->ok = NULL;
+  sw->mv = NULL;
+  sw->p = NULL;
+  t->swaps--;
+  if (sw->starting) { /* inside tiers_swap_*: it tells the caller */
+    sw->starting = 0;
+    return;
+  }
+  sw->cb(sw);
+  maybe_idle(t);
+}
+
+static void swap_chunk_done(tier_swap *sw, const int *ok, uint32_t n) {
+  memcpy(sw->ok + sw->next, ok, n * sizeof(int));
+  sw->next += n;
+  swap_step(sw);
+}
+
+static void on_swap_fill(tier_promo *pr) {
+  tier_swap *sw = pr->data;
+
+  sw->next += pr->n;
+  swap_step(sw);
+}
+
+/* The staging buffers a chunk of sw from sw->next may use: 0 means wait. */
+static uint32_t swap_room(const tier_swap *sw) {
+  const tiers *t = sw->t;
+  uint32_t room = sw->n - sw->next, need = 0, free_bufs;
+
+  if (room > SWAP_CHUNK)
+    room = SWAP_CHUNK;
+  if (sw->in && room > tiers_promote_room(t))
+    room = tiers_promote_room(t);
+  if (!t->disk)
+    return room;
+  free_bufs = tier_disk_bufs_free(t->disk);
+  for (uint32_t i = 0; i < room; i++) {
+    uint32_t tier = sw->in ? sw->p[sw->next + i].tier
+                           : sw->mv[sw->next + i].tier;
+    if (tier == CORE_TIER_DISK && ++need > free_bufs)
+      return i;
+  }
+  return room;
+}
+
+/* Starts sw's next chunk, ends it when none is left, or queues it to wait
+ * for staging buffers. */
+static void swap_step(tier_swap *sw) {
+  tiers *t = sw->t;
+  uint32_t k;
+
+  if (sw->next == sw->n) {
+    swap_end(sw);
+    return;
+  }
+  k = swap_room(sw);
+  if (k == 0) { /* a batch or promotion in flight gives buffers back */
+    sw->wait_next = NULL;
+    *t->waiting_tail = sw;
+    t->waiting_tail = &sw->wait_next;
+    return;
+  }
+  if (!sw->in) {
+    mbatch *b = batch_new(t, k);
+
+    if (!b) {
+      for (uint32_t i = sw->next; i < sw->n; i++)
+        sw->ok[i] = 0;
+      sw->next = sw->n;
+      swap_end(sw);
+      return;
+    }
+    b->sw = sw;
+    memcpy(b->mv, sw->mv + sw->next, k * sizeof(core_move));
+    batch_start(b, k);
+    return;
+  }
+  memset(&sw->fill, 0, sizeof(sw->fill));
+  sw->fill.cb = on_swap_fill;
+  sw->fill.data = sw;
+  sw->fill.ok_out = sw->ok + sw->next;
+  int rc = tiers_promote(t, &sw->fill, sw->p + sw->next, k);
+  if (rc < 0) {
+    for (uint32_t i = sw->next; i < sw->next + k; i++)
+      sw->ok[i] = 0;
+    rc = 1;
+  }
+  if (rc == 1) /* ended at once */
+    on_swap_fill(&sw->fill);
+}
+
+static void swaps_retry(tiers *t) {
+  tier_swap *list = t->waiting;
+
+  t->waiting = NULL;
+  t->waiting_tail = &t->waiting;
+  while (list) {
+    tier_swap *sw = list;
+
+    list = sw->wait_next;
+    swap_step(sw); /* may queue it again */
+  }
+}
+
+static int swap_start(tiers *t, tier_swap *sw, const void *items,
+                      size_t item_size, uint32_t n) {
+  uint8_t *mem = malloc(n * (sizeof(int) + item_size));
+
+  if (!mem)
+    return KVS_ENOMEM;
+  sw->t = t;
+  sw->ok = (int *)mem;
+  memcpy(mem + n * sizeof(int), items, n * item_size);
+  if (sw->in)
+    sw->p = (core_promo *)(mem + n * sizeof(int));
+  else
+    sw->mv = (core_move *)(mem + n * sizeof(int));
+  sw->n = n;
+  sw->next = 0;
+  sw->copied = 0;
+  sw->status = 0;
+  t->swaps++;
+  sw->starting = 1; /* swap_end does not call back: we tell the caller */
+  swap_step(sw);
+  if (sw->starting == 0)
+    return 1;
+  sw->starting = 0;
+  return 0;
+}
+
+int tiers_swap_out(tiers *t, tier_swap *sw, const core_move *mv, uint32_t n) {
+  sw->in = 0;
+  return swap_start(t, sw, mv, sizeof(*mv), n);
+}
+
+int tiers_swap_in(tiers *t, tier_swap *sw, const core_promo *p, uint32_t n) {
+  sw->in = 1;
+  return swap_start(t, sw, p, sizeof(*p), n);
+}
+
 /* ---- set-up ---------------------------------------------------------------- */
 
 int tiers_slots(const cfg *c, const kvs_layout *l, const backend *pool,
@@ -394,6 +587,7 @@ int tiers_open(uv_loop_t *loop, const cfg *c, core *cr, backend *pool,
       return rc;
     }
   }
+  t->waiting_tail = &t->waiting;
   uv_timer_init(loop, &t->tick);
   uv_check_init(loop, &t->kick);
   t->tick.data = t->kick.data = t;
@@ -422,7 +616,7 @@ void tiers_stop(tiers *t) {
 }
 
 int tiers_idle(const tiers *t) {
-  return !t || (t->moves == 0 && t->promos == 0 &&
+  return !t || (t->moves == 0 && t->promos == 0 && t->swaps == 0 &&
                 (!t->disk || tier_disk_idle(t->disk)));
 }
 

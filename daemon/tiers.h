@@ -17,6 +17,12 @@
  * blocks as one copy-engine job; then core_promote_finish, and the
  * owner's callback sends the Lookup's reply.  A failed read or copy makes
  * that block (and the rest of the prefix after it) a miss.
+ *
+ * Swap: a SwapOut's moves (core_swap_out) and a SwapIn's fills
+ * (core_swap_in) run the same way, in chunks that fit the staging buffers
+ * (a chunk that finds none waits for the next batch or promotion to give
+ * some back); after the last one, core_swap_out_finish or
+ * core_swap_in_finish, and the owner's callback sends the reply.
  */
 #ifndef KVS_DAEMON_TIERS_H
 #define KVS_DAEMON_TIERS_H
@@ -57,6 +63,34 @@ struct tier_promo {
   uint32_t *jblocks;
   void **jhost;
   copy_job job;
+  int *ok_out;       /* a swap-in's fill: each block's result goes here and
+                        no core call is made */
+};
+
+typedef struct tier_swap tier_swap;
+typedef void (*tier_swap_cb)(tier_swap *sw);
+
+struct tier_swap {
+  /* the owner's: set before tiers_swap_out/tiers_swap_in */
+  tier_swap_cb cb;
+  void *data;
+  core_req *r;   /* the request; set to NULL when it is freed meanwhile */
+  uint64_t req_id, seq;
+  uint32_t before;  /* written tokens before (for the reply) */
+  /* the result, for cb */
+  int in;           /* a SwapIn (else a SwapOut) */
+  int status;       /* SwapOut: 0 or KVS_EIO */
+  uint32_t copied;  /* blocks whose bytes moved */
+  uint32_t tokens;  /* SwapIn: written tokens after it */
+  /* tiers.c's */
+  tiers *t;
+  core_move *mv;    /* SwapOut */
+  core_promo *p;    /* SwapIn */
+  int *ok;
+  uint32_t n, next;
+  int starting;
+  tier_swap *wait_next;
+  tier_promo fill;  /* SwapIn: the chunk being filled */
 };
 
 /* Opens the tiers cfg asks for (none: *out = NULL, 0) over the core, which
@@ -76,6 +110,15 @@ uint32_t tiers_promote_room(const tiers *t);
  * cb not called.  Negative: nothing started; the caller ends it with
  * core_promote_finish (ok NULL: every one failed). */
 int tiers_promote(tiers *t, tier_promo *pr, const core_promo *p, uint32_t n);
+
+/* Runs a SwapOut's moves mv[0..n) (n > 0; copied) for sw.  0: sw->cb runs
+ * later, after core_swap_out_finish.  1: it ended at once (the copies could
+ * not start), finished, sw's results set, cb not called.  KVS_ENOMEM:
+ * nothing started; the caller ends it with core_swap_out_finish (ok
+ * NULL). */
+int tiers_swap_out(tiers *t, tier_swap *sw, const core_move *mv, uint32_t n);
+/* Likewise a SwapIn's fills p[0..n), then core_swap_in_finish. */
+int tiers_swap_in(tiers *t, tier_swap *sw, const core_promo *p, uint32_t n);
 
 /* cb(data) runs whenever the last move or promotion in flight ends. */
 void tiers_set_idle_cb(tiers *t, void (*cb)(void *), void *data);

@@ -337,9 +337,11 @@ int core_swap_in(core *c, core_req *r, core_promo *promos, uint32_t max,
                  uint32_t *npromos);
 uint32_t core_swap_in_finish(core *c, core_req *r, const core_promo *promos,
                              uint32_t n, const int *ok);
-/* CORE_SWAP_*; and the blocks a swapped-out request will take back. */
+/* CORE_SWAP_*; the blocks a swapped-out request will take back, and its
+ * written tokens (0 when not swapped out). */
 int core_req_swap_state(const core_req *r);
 uint32_t core_req_swap_blocks(const core_req *r);
+uint32_t core_req_swap_written(const core_req *r);
 
 /* Per-tier counters (zeros for a tier that does not exist). */
 void core_tier_get_stats(const core *c, core_tier_stats st[CORE_TIERS]);

@@ -18,6 +18,10 @@ uint32_t core_req_swap_blocks(const core_req *r) {
   return r->swap == CORE_SWAP_OUT ? r->sw_n : 0;
 }
 
+uint32_t core_req_swap_written(const core_req *r) {
+  return r->swap == CORE_SWAP_OUT ? r->sw_written : 0;
+}
+
 /* The entry holding a good copy of sealed block b (its hash, its tokens),
  * or NONE. */
 static uint32_t good_copy(const core *c, uint32_t b) {

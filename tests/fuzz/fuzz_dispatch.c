@@ -67,6 +67,20 @@ void sess_promoted(tier_promo *pr) {
   (void)pr;
   die("sess_promoted without tiers", NULL);
 }
+int tiers_swap_out(tiers *t, tier_swap *sw, const core_move *mv, uint32_t n) {
+  (void)t, (void)sw, (void)mv, (void)n;
+  die("tiers_swap_out without tiers", NULL);
+  return 0;
+}
+int tiers_swap_in(tiers *t, tier_swap *sw, const core_promo *p, uint32_t n) {
+  (void)t, (void)sw, (void)p, (void)n;
+  die("tiers_swap_in without tiers", NULL);
+  return 0;
+}
+void sess_swapped(tier_swap *sw) {
+  (void)sw;
+  die("sess_swapped without tiers", NULL);
+}
 
 static void setup(void) {
   static const char *opts[][2] = {

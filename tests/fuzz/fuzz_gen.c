@@ -37,6 +37,8 @@ struct op_store {
   Kvshare__Preempt preempt;
   Kvshare__Stats stats;
   Kvshare__Ping ping;
+  Kvshare__SwapOut swap_out;
+  Kvshare__SwapIn swap_in;
   uint32_t tokens[MAX_TOKENS];
   uint32_t blocks[8];
   uint8_t bytes[64];
@@ -70,7 +72,7 @@ static void random_op(fz_rng *r, struct op_store *o, int allow_batch) {
   size_t n;
 
   kvshare__request__init(&o->req);
-  switch (fz_below(r, allow_batch ? 10 : 9)) {
+  switch (fz_below(r, allow_batch ? 12 : 11)) {
   case 0:
     kvshare__lookup__init(&o->lookup);
     o->lookup.req_id = id;
@@ -154,6 +156,18 @@ static void random_op(fz_rng *r, struct op_store *o, int allow_batch) {
     memset(o->bytes, 'p', sizeof(o->bytes));
     o->req.op_case = KVSHARE__REQUEST__OP_PING;
     o->req.ping = &o->ping;
+    break;
+  case 9:
+    kvshare__swap_out__init(&o->swap_out);
+    o->swap_out.req_id = id;
+    o->req.op_case = KVSHARE__REQUEST__OP_SWAP_OUT;
+    o->req.swap_out = &o->swap_out;
+    break;
+  case 10:
+    kvshare__swap_in__init(&o->swap_in);
+    o->swap_in.req_id = id;
+    o->req.op_case = KVSHARE__REQUEST__OP_SWAP_IN;
+    o->req.swap_in = &o->swap_in;
     break;
   default:
     break; /* a Batch: filled by the caller */

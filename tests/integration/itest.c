@@ -313,3 +313,39 @@ void itest_daemon_finish(itest_daemon *d, int my_fds) {
     itest_print_log(d);
   itest_daemon_kill(d);
 }
+
+static uint8_t block_pattern(uint64_t key, uint32_t blk, size_t i) {
+  uint64_t x = key * 0x9e3779b97f4a7c15ull ^ blk * 0x85ebca6bu ^
+               i * 0xc2b2ae35u;
+  x ^= x >> 29;
+  return (uint8_t)(x * 0xbf58476d1ce4e5b9ull >> 56);
+}
+
+long itest_block_bytes(kvs_client *c, uint32_t b, uint64_t key, uint32_t blk,
+                       int check) {
+  const kvs_layout *l = kvs_layout_of(c);
+  uint8_t *x = kvs_block_ptr(c, b);
+  long bad = 0;
+
+  for (size_t i = 0; i < l->block_stride; i++) {
+    if (check)
+      bad += x[i] != block_pattern(key, blk, i);
+    else
+      x[i] = block_pattern(key, blk, i);
+  }
+  return bad;
+}
+
+void itest_term_under_load(itest_daemon *d, pid_t worker) {
+  int st;
+
+  kill(d->pid, SIGTERM);
+  st = itest_wait(d->pid);
+  d->pid = 0;
+  kill(worker, SIGKILL);
+  waitpid(worker, NULL, 0);
+  if (st != 0)
+    itest_print_log(d);
+  CHECK(st == 0);
+  CHECK(itest_log_says(d, "stopped cleanly"));
+}

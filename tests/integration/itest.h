@@ -108,4 +108,15 @@ double itest_now(void);
 /* Waits for a child; returns its exit status (128+sig if killed). */
 int itest_wait(pid_t pid);
 
+/* Writes (check = 0), or counts the wrong bytes in (check = 1), pool block
+ * b as the recognisable bytes of block blk of `key` (a prompt, a
+ * request). */
+long itest_block_bytes(kvs_client *c, uint32_t b, uint64_t key, uint32_t blk,
+                       int check);
+
+/* SIGTERM to the daemon while `worker` (a child process) is busy with it:
+ * the daemon must drain and exit 0, saying "stopped cleanly"; the worker
+ * is then killed and reaped. */
+void itest_term_under_load(itest_daemon *d, pid_t worker);
+
 #endif /* KVS_ITEST_H */

@@ -79,4 +79,29 @@ wait "$pid"; rc=$?
 pid=
 [ $rc = 0 ] || fail "kvshared exited $rc after SIGTERM"
 [ -e "$sock" ] && fail "socket left behind"
+
+# With a tier below the pool, stats shows each tier and the swap counters.
+kvs_start_daemon "$daemon" "$dir" "$sock" "$dir/log" --num-layers 2 \
+  --head-dim 16 --pool-blocks 128 --host-tier-bytes 1M ||
+  fail "kvshared with a host tier did not become ready"
+out=$("$cli" --socket "$sock" stats) || fail "stats (tiers) exit $?"
+grep -Eq '^tier host:$' <<<"$out" || fail "stats: no host tier: $out"
+grep -Eq '^swap:$' <<<"$out" || fail "stats: no swap section: $out"
+grep -Eq '^  swapped_requests +0$' <<<"$out" || fail "stats: swapped_requests"
+out=$("$cli" --socket "$sock" stats --json) || fail "stats --json (tiers) exit $?"
+python3 - "$out" <<'EOF' || fail "stats --json with tiers: $out"
+import json, sys
+s = json.loads(sys.argv[1])
+assert [t["name"] for t in s["tiers"]] == ["host"], s
+assert s["tiers"][0]["capacity_bytes"] == 1 << 20, s
+w = s["swap"]
+assert set(w) == {"swapped_requests", "held_slots", "swap_outs", "swap_ins",
+                  "failures", "out_blocks", "kept_blocks", "in_blocks",
+                  "resident_blocks"}, w
+assert all(v == 0 for v in w.values()), w
+EOF
+kill -TERM "$pid"
+wait "$pid"; rc=$?
+pid=
+[ $rc = 0 ] || fail "kvshared (tiers) exited $rc after SIGTERM"
 echo "test_cli: ok"

@@ -26,33 +26,9 @@
 
 static itest_daemon d;
 
-static uint8_t pattern(uint32_t prompt, uint32_t blk, size_t i) {
-  uint64_t x = (uint64_t)prompt * 0x9e3779b97f4a7c15ull ^ blk * 0x85ebca6bu ^
-               i * 0xc2b2ae35u;
-  x ^= x >> 29;
-  return (uint8_t)(x * 0xbf58476d1ce4e5b9ull >> 56);
-}
-
 static void prompt_tokens(uint32_t p, uint32_t *tok, uint32_t n) {
   for (uint32_t i = 0; i < n; i++)
     tok[i] = 100000 * (p + 1) + i;
-}
-
-/* Writes (check = 0) or counts wrong bytes in (check = 1) block blk of
- * prompt p, held in pool block b. */
-static long block_bytes(kvs_client *c, uint32_t b, uint32_t p, uint32_t blk,
-                        int check) {
-  const kvs_layout *l = kvs_layout_of(c);
-  uint8_t *x = kvs_block_ptr(c, b);
-  long bad = 0;
-
-  for (size_t i = 0; i < l->block_stride; i++) {
-    if (check)
-      bad += x[i] != pattern(p, blk, i);
-    else
-      x[i] = pattern(p, blk, i);
-  }
-  return bad;
 }
 
 static void compute(kvs_client *c, uint32_t p) {
@@ -66,7 +42,7 @@ static void compute(kvs_client *c, uint32_t p) {
   CHECK(lr.hit_tokens == 0);
   CHECK_OK(c, kvs_allocate(c, p, n, &ar));
   for (uint32_t i = 0; i < FULL; i++)
-    block_bytes(c, ar.blocks[i], p, i, 0);
+    itest_block_bytes(c, ar.blocks[i], p, i, 0);
   CHECK_OK(c, kvs_commit(c, p, 0, NULL, n, NULL, 0, NULL));
   CHECK_OK(c, kvs_free(c, p));
 }
@@ -83,7 +59,7 @@ static uint32_t lookup_check(kvs_client *c, uint32_t p, uint64_t id) {
   CHECK(lr.hit_tokens % l->block_size == 0);
   CHECK(lr.num_blocks == lr.hit_tokens / l->block_size);
   for (uint32_t i = 0; i < lr.num_blocks; i++) {
-    long bad = block_bytes(c, lr.blocks[i], p, i, 1);
+    long bad = itest_block_bytes(c, lr.blocks[i], p, i, 1);
     if (bad) {
       fprintf(stderr, "prompt %u block %u (pool block %u): %ld wrong bytes\n",
               p, i, lr.blocks[i], bad);
@@ -242,7 +218,7 @@ static void promoter(uint32_t seed) {
     if (kvs_lookup(c, 10000 + i, tok, n, NULL, 0, &lr) != 0)
       _exit(0);
     for (uint32_t b = 0; b < lr.num_blocks; b++)
-      CHECK(block_bytes(c, lr.blocks[b], p, b, 1) == 0);
+      CHECK(itest_block_bytes(c, lr.blocks[b], p, b, 1) == 0);
     if (kvs_free(c, 10000 + i) != 0)
       _exit(0);
   }
@@ -285,15 +261,7 @@ static void test_kill_and_term(void) {
   if (pid == 0)
     promoter(5);
   usleep(50000);
-  kill(d.pid, SIGTERM);
-  int st = itest_wait(d.pid);
-  d.pid = 0;
-  kill(pid, SIGKILL);
-  waitpid(pid, NULL, 0);
-  if (st != 0)
-    itest_print_log(&d);
-  CHECK(st == 0);
-  CHECK(itest_log_says(&d, "stopped cleanly"));
+  itest_term_under_load(&d, pid);
   unlink(disk);
 }
 
