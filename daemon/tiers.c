@@ -374,7 +374,7 @@ static void swap_end(tier_swap *sw) {
   } else {
     sw->status = core_swap_out_finish(t->core, sw->r, sw->mv, sw->n, sw->ok);
   }
-  free(sw->ok); /* (one allocation with mv or p) */
+  free(sw->in ? (void *)sw->p : (void *)sw->mv); /* (ok is in it) */
   sw->ok = NULL;
   sw->mv = NULL;
   sw->p = NULL;
@@ -482,17 +482,18 @@ static void swaps_retry(tiers *t) {
 
 static int swap_start(tiers *t, tier_swap *sw, const void *items,
                       size_t item_size, uint32_t n) {
-  uint8_t *mem = malloc(n * (sizeof(int) + item_size));
+  /* One allocation: the items first (they hold 64-bit fields), then ok. */
+  uint8_t *mem = malloc(n * (item_size + sizeof(int)));
 
   if (!mem)
     return KVS_ENOMEM;
   sw->t = t;
-  sw->ok = (int *)mem;
-  memcpy(mem + n * sizeof(int), items, n * item_size);
+  memcpy(mem, items, n * item_size);
+  sw->ok = (int *)(mem + n * item_size);
   if (sw->in)
-    sw->p = (core_promo *)(mem + n * sizeof(int));
+    sw->p = (core_promo *)mem;
   else
-    sw->mv = (core_move *)(mem + n * sizeof(int));
+    sw->mv = (core_move *)mem;
   sw->n = n;
   sw->next = 0;
   sw->copied = 0;

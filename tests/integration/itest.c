@@ -103,6 +103,7 @@ static void kill_at_exit(void) {
   if (running && getpid() == owner && running->pid > 0) {
     fprintf(stderr, "(stopping kvshared %d after a failure)\n",
             (int)running->pid);
+    itest_print_log(running);
     itest_daemon_kill(running);
   }
 }
