@@ -93,6 +93,7 @@ test-unit: all
 	$(Q)tests/run-tests.sh $(BUILD) $(UNIT_TESTS) $(TEST_SCRIPTS)
 
 bench: all $(BENCHES)
+	$(Q)deploy/install-deps.sh --bench || echo "(no fio: bench_tiers skips the disk tier)"
 	$(Q)tests/run-bench.sh $(BUILD) $(BENCHES)
 
 demo: all

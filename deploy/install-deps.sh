@@ -3,11 +3,16 @@
 # Called by `make` when pkg-config cannot find a dependency.
 #   --fuzz   also clang and libFuzzer, for `make fuzz` (never needed by
 #            `make` or `make test`)
+#   --bench  also fio, the baseline of the disk tier's benchmark (`make
+#            bench`; bench_tiers skips its disk part without it)
 set -eu
 PKGS="build-essential pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler \
 liburing-dev libcmocka-dev libxxhash-dev libjansson-dev python3 python3-numpy"
 if [ "${1:-}" = "--fuzz" ]; then
   PKGS="$PKGS clang-14 libclang-rt-14-dev"
+fi
+if [ "${1:-}" = "--bench" ]; then
+  PKGS="$PKGS fio"
 fi
 missing=""
 for p in $PKGS; do
