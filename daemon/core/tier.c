@@ -103,8 +103,7 @@ void tier_slot_give(core *c, int t, uint32_t e, uint32_t s, int valid) {
   c->tiers[t].st.used++;
 }
 
-/* Slot s of tier t goes back unused.  (Entries run out before slots only
- * when held copies lost their slots: rare.) */
+/* Slot s of tier t goes back unused. */
 static void slot_put(core *c, int t, uint32_t s) {
   c->tiers[t].free_slots[c->tiers[t].nfree++] = s;
 }
@@ -259,14 +258,20 @@ static uint32_t slot_take(core *c, int t, core_move *pend, int *blocked) {
   return NONE;
 }
 
-uint32_t tier_slot_take(core *c, int t) {
-  uint32_t s = slot_take(c, t, NULL, NULL);
+/* slot_take for a new entry: NONE (the slot given back) when no entry is
+ * free, which happens only when held copies lost their slots. */
+static uint32_t slot_take_new(core *c, int t, core_move *pend, int *blocked) {
+  uint32_t s = slot_take(c, t, pend, blocked);
 
   if (s != NONE && c->tent_free == NONE) {
     slot_put(c, t, s);
     s = NONE;
   }
   return s;
+}
+
+uint32_t tier_slot_take(core *c, int t) {
+  return slot_take_new(c, t, NULL, NULL);
 }
 
 /* ---- holds (swap) ---------------------------------------------------------- */
@@ -412,16 +417,12 @@ uint32_t core_tier_plan(core *c, core_move *mv, uint32_t max) {
 
     if (!x->indexed || x->busy || has_copy_below(c, c->bhash[b]))
       continue;
-    s = slot_take(c, t, &mv[n], &blocked);
+    s = slot_take_new(c, t, &mv[n], &blocked);
     if (s == NONE) {
       n += (uint32_t)blocked; /* a host entry goes to disk first */
       if (!blocked)
         break;
       continue;
-    }
-    if (c->tent_free == NONE) { /* held copies that lost their slots */
-      slot_put(c, t, s);
-      break;
     }
     e = tier_ent_new(c, c->bhash[b], c->btok + (size_t)b * c->cfg.block_size, 0);
     tier_slot_give(c, t, e, s, 0);
@@ -483,11 +484,7 @@ void tier_on_evict(core *c, uint32_t b) {
   }
   /* An ideal write-back: down at once. */
   t = tier_first(c);
-  s = slot_take(c, t, NULL, NULL);
-  if (s != NONE && c->tent_free == NONE) {
-    slot_put(c, t, s);
-    s = NONE;
-  }
+  s = slot_take_new(c, t, NULL, NULL);
   if (s == NONE) {
     c->st.tier_lost++;
     return;
