@@ -35,4 +35,41 @@ static inline void check(core *c) {
     fail_msg("invariant: %s", msg);
 }
 
+/* What a block or slot holds in the byte models: the hash its bytes stand
+ * for, or this. */
+static const kvs_hash128 MODEL_GARBAGE = {0xdeadbeefull, 0xfeedfaceull};
+
+/* A prompt of 2..maxtok tokens: six stems, long shared prefixes (a small
+ * alphabet early on). */
+static inline uint32_t model_prompt(uint32_t *t, uint32_t maxtok,
+                                    uint32_t bs) {
+  uint32_t n = 2 + rnd(maxtok - 2), stem = rnd(6);
+  for (uint32_t i = 0; i < n; i++)
+    t[i] = i < 3 * bs ? 100 * stem + i : rnd(i < 6 * bs ? 2 : 5);
+  return n;
+}
+
+/* The daemon's part of demotion move m in a byte model (dev[b]: what pool
+ * block b holds; slots[t][s]: what slot s of tier t holds): its source
+ * still holds the move's hash (a block being read is busy and never
+ * reused), its destination gets those bytes, or garbage when !ok; then
+ * core_tier_done. */
+static inline void model_move_end(core *c, const core_move *m, int ok,
+                                  const kvs_hash128 *dev,
+                                  kvs_hash128 *const slots[CORE_TIERS]) {
+  const kvs_hash128 *src;
+
+  if (m->kind == CORE_MOVE_DOWN) {
+    core_block_info bi;
+    core_block_get(c, m->block, &bi);
+    assert_true(bi.busy);
+    src = &dev[m->block];
+  } else {
+    src = &slots[CORE_TIER_HOST][m->src_slot];
+  }
+  assert_true(heq(*src, m->hash));
+  slots[m->tier][m->slot] = ok ? *src : MODEL_GARBAGE;
+  core_tier_done(c, m, ok);
+}
+
 #endif

@@ -225,7 +225,7 @@ static void test_swap_cases(void **state) {
 
 enum { S_IDLE, S_PROMOTING, S_OUTGOING, S_OUT, S_INCOMING };
 
-static const kvs_hash128 GARBAGE = {0xdeadbeefull, 0xfeedfaceull};
+#define GARBAGE MODEL_GARBAGE
 
 typedef struct sreq {
   core_req *r;
@@ -248,10 +248,7 @@ static sreq S[MAXREQ];
 static uint64_t faults;
 
 static uint32_t gen_prompt(uint32_t *t) {
-  uint32_t n = 2 + rnd(MAXTOK - 2), stem = rnd(6);
-  for (uint32_t i = 0; i < n; i++)
-    t[i] = i < 3 * BS ? 100 * stem + i : rnd(i < 6 * BS ? 2 : 5);
-  return n;
+  return model_prompt(t, MAXTOK, BS);
 }
 
 /* Every block of s's table holds what s expects. */
@@ -337,18 +334,11 @@ static void new_request(core *c, sreq *s) {
 static void end_move(core *c, uint32_t k) {
   core_move m = moves[k];
   int ok = rnd(16) != 0;
+  kvs_hash128 *const slots[CORE_TIERS] = {slot_bytes[0], slot_bytes[1]};
 
   moves[k] = moves[--nmoves];
-  if (m.kind == CORE_MOVE_DOWN) {
-    assert_true(heq(dev[m.block], m.hash));
-    slot_bytes[m.tier][m.slot] = ok ? dev[m.block] : GARBAGE;
-  } else {
-    assert_true(heq(slot_bytes[CORE_TIER_HOST][m.src_slot], m.hash));
-    slot_bytes[m.tier][m.slot] =
-        ok ? slot_bytes[CORE_TIER_HOST][m.src_slot] : GARBAGE;
-  }
   faults += !ok;
-  core_tier_done(c, &m, ok);
+  model_move_end(c, &m, ok, dev, slots);
 }
 
 static void swap_out(core *c, sreq *s) {

@@ -40,10 +40,7 @@
 
 /* Prompts share stems and long prefixes (a small alphabet early on). */
 static uint32_t gen_prompt(uint32_t *t) {
-  uint32_t n = 2 + rnd(MAXTOK - 2), stem = rnd(6);
-  for (uint32_t i = 0; i < n; i++)
-    t[i] = i < 3 * BS ? 100 * stem + i : rnd(i < 6 * BS ? 2 : 5);
-  return n;
+  return model_prompt(t, MAXTOK, BS);
 }
 
 static core *make_core(uint32_t nb, uint32_t reserve, uint32_t host,
@@ -426,7 +423,7 @@ static void test_sync_vs_model(void **state) {
 #define ADISK 48
 #define MAXMOVES 64
 
-static const kvs_hash128 GARBAGE = {0xdeadbeefull, 0xfeedfaceull};
+#define GARBAGE MODEL_GARBAGE
 
 typedef struct areq {
   core_req *r;
@@ -457,23 +454,12 @@ static void check_req_bytes(core *c, areq *a) {
 static void end_move(core *c, uint32_t k) {
   core_move m = moves[k];
   int ok = rnd(16) != 0;
+  kvs_hash128 *const slots[CORE_TIERS] = {slot_bytes[0], slot_bytes[1]};
 
   moves[k] = moves[--nmoves];
-  if (m.kind == CORE_MOVE_DOWN) {
-    core_block_info bi;
-    core_block_get(c, m.block, &bi);
-    assert_true(bi.busy);
-    /* the block was never reused while it was read */
-    assert_true(heq(dev_bytes[m.block], m.hash));
-    slot_bytes[m.tier][m.slot] = ok ? dev_bytes[m.block] : GARBAGE;
-  } else {
-    assert_true(heq(slot_bytes[CORE_TIER_HOST][m.src_slot], m.hash));
-    slot_bytes[m.tier][m.slot] =
-        ok ? slot_bytes[CORE_TIER_HOST][m.src_slot] : GARBAGE;
-  }
   faults += !ok;
   moved += ok;
-  core_tier_done(c, &m, ok);
+  model_move_end(c, &m, ok, dev_bytes, slots);
 }
 
 static void end_promotion(core *c, areq *a) {
