@@ -401,9 +401,12 @@ int kvs_batch_status(const kvs_batch *b, uint32_t i) {
 const char *kvs_batch_message(const kvs_batch *b, uint32_t i) {
   int rc;
   const Kvshare__Response *r = reply_at(b, i, &rc);
-  if (!r || !r->status || !r->status->message)
+  if (!r || !r->status)
     return "";
-  return r->status->message;
+  /* Past the batch's first 16 failures the daemon sends the code alone. */
+  if ((!r->status->message || !r->status->message[0]) && r->status->code < 0)
+    return kvs_strerror(r->status->code);
+  return r->status->message ? r->status->message : "";
 }
 
 int kvs_batch_lookup_result(const kvs_batch *b, uint32_t i,

@@ -35,6 +35,7 @@ struct kvs_client {
   uint64_t session_id;
   char model_id[128];
   uint32_t max_frame;
+  uint32_t max_batch_ops; /* Welcome's; bounds the decode of a reply */
   char msg[256];         /* the daemon's message for the last status */
 
   Kvshare__Envelope *last; /* the last reply; results point into it */

@@ -81,9 +81,10 @@ static int recv_frame(kvs_client *c, uint32_t max_frame, int *fds, int *nfds,
     if (pr < 0)
       return pr;
     if (pr == 1) {
-      int rc = kvs__arena_unpack(&c->arena,
-                                 c->rbuf + c->rpos + KVS_FRAME_HEADER_SIZE,
-                                 flen - KVS_FRAME_HEADER_SIZE, out);
+      size_t plen = flen - KVS_FRAME_HEADER_SIZE;
+      int rc = kvs__arena_unpack(
+          &c->arena, c->rbuf + c->rpos + KVS_FRAME_HEADER_SIZE, plen,
+          KVS_UNPACK_LIMIT(plen, c->max_batch_ops), NULL, out);
       c->rpos += flen;
       if (c->rpos == c->rlen)
         c->rpos = c->rlen = 0;
@@ -272,6 +273,8 @@ static int handshake(kvs_client *c, const kvs_connect_opts *opts) {
   c->pool_size = w->pool->size;
   c->session_id = w->session_id;
   c->max_frame = w->max_frame ? w->max_frame : KVS_FRAME_MAX_DEFAULT;
+  c->max_batch_ops = w->max_batch_ops ? w->max_batch_ops
+                                      : KVS_UNPACK_OPS_DEFAULT;
   kvs__copy_str(c->backend, sizeof c->backend, w->pool->backend);
   kvs__copy_str(c->gpu_uuid, sizeof c->gpu_uuid, w->pool->gpu_uuid);
   kvs__copy_str(c->model_id, sizeof c->model_id, w->model_id);
@@ -339,6 +342,7 @@ int kvs_connect(const char *path, const kvs_connect_opts *opts,
   c->pool.fd = -1;
   c->next_seq = 1;
   c->max_frame = KVS_FRAME_MAX_DEFAULT;
+  c->max_batch_ops = KVS_UNPACK_OPS_DEFAULT;
   int rc = 0;
   c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (c->fd < 0) {

@@ -429,7 +429,10 @@ int kvs_batch_submit(kvs_client *c, kvs_batch *b);
 /* After a submit: op i's status (0 or negative); KVS_ERANGE for a bad i,
  * KVS_ESTATE before a submit. */
 int kvs_batch_status(const kvs_batch *b, uint32_t i);
-/* The daemon's message for op i ("" when none or out of range). */
+/* The daemon's message for op i ("" when none or out of range).  Only the
+ * first 16 failing ops of a batch get one from the daemon (so that a
+ * batch's reply stays small); for the others this is kvs_strerror of the
+ * op's status. */
 const char *kvs_batch_message(const kvs_batch *b, uint32_t i);
 /* Op i's result; fails with op i's status, KVS_ERANGE or KVS_EINVAL (op i
  * is not that kind of op). */

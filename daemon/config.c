@@ -79,6 +79,14 @@ static const cfg_option options[] = {
      "A connection that has not sent its Hello this long after it was "
      "accepted gets a Welcome with EPROTO and is closed, so silent "
      "connections cannot hold the max_connections slots.  0: no limit."},
+    {"frame_timeout_ms", T_U32, F(frame_timeout_ms), 0, 3600000, "10000",
+     NULL, "MS", "Listening",
+     "After the handshake: a session that has sent part of a frame and "
+     "then nothing more for this long is closed (an EPROTO reply with seq "
+     "0 first), so peers that stall mid-frame cannot hold the "
+     "max_connections slots.  Time the daemon itself stops reading (a "
+     "peer not reading its replies, a reply waiting on a copy) does not "
+     "count.  0: no limit."},
     {"max_queued_bytes", T_SIZE, F(max_queued_bytes), 1u << 20, 1ull << 40,
      "256M", NULL, "BYTES", "Listening",
      "Replies queued for all sessions together before the daemon also "

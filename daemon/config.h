@@ -73,6 +73,7 @@ typedef struct cfg {
   int exit_with_parent;
   uint32_t shutdown_timeout_ms;
   uint32_t handshake_timeout_ms;
+  uint32_t frame_timeout_ms;
 
   /* Derived by cfg_finish. */
   kvs_layout layout;

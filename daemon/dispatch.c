@@ -57,93 +57,6 @@ void disp_copies_done(sess *c) {
 
 /* ---- the reply, sized once ---------------------------------------- */
 
-static size_t varint_size(uint64_t v) {
-  size_t n = 1;
-
-  while (v >= 0x80) {
-    v >>= 7;
-    n++;
-  }
-  return n;
-}
-
-static uint8_t *put_varint(uint8_t *p, uint64_t v) {
-  while (v >= 0x80) {
-    *p++ = (uint8_t)(v | 0x80);
-    v >>= 7;
-  }
-  *p++ = (uint8_t)v;
-  return p;
-}
-
-/* Field numbers and tags of the messages written by hand below. */
-#define TAG_LD(field) ((uint8_t)((field) << 3 | 2))
-#define TAG_VARINT(field) ((uint8_t)((field) << 3))
-enum {
-  F_ENVELOPE_SEQ = 1, F_ENVELOPE_RESPONSE = 5, /* Envelope */
-  F_RESPONSE_STATUS = 1, F_RESPONSE_BATCH = 6, /* Response */
-  F_BATCH_REPLIES = 1                          /* BatchResult */
-};
-
-size_t disp_reply_size(disp_reply *r, kvs__arena *a, uint64_t seq,
-                       const Kvshare__Response *resp) {
-  size_t i, st;
-
-  r->seq = seq;
-  r->resp = resp;
-  r->sizes = NULL;
-  if (resp->result_case == KVSHARE__RESPONSE__RESULT_BATCH &&
-      resp->batch->n_replies &&
-      (r->sizes = kvs__arena_alloc(a, resp->batch->n_replies * sizeof(size_t)))) {
-    /* Response { status, batch: BatchResult { replies... } } by hand;
-     * each reply is sized once, here. */
-    r->batch_size = 0;
-    for (i = 0; i < resp->batch->n_replies; i++) {
-      r->sizes[i] =
-          kvshare__response__get_packed_size(resp->batch->replies[i]);
-      r->batch_size += 1 + varint_size(r->sizes[i]) + r->sizes[i];
-    }
-    st = resp->status ? kvshare__status__get_packed_size(resp->status) : 0;
-    r->resp_size = (resp->status ? 1 + varint_size(st) + st : 0) + 1 +
-                   varint_size(r->batch_size) + r->batch_size;
-  } else {
-    r->resp_size = kvshare__response__get_packed_size(resp);
-  }
-  r->payload = (seq ? 1 + varint_size(seq) : 0) + 1 +
-               varint_size(r->resp_size) + r->resp_size;
-  return KVS_FRAME_HEADER_SIZE + r->payload;
-}
-
-void disp_reply_encode(const disp_reply *r, uint8_t *out) {
-  const Kvshare__Response *resp = r->resp;
-  uint8_t *p = out + KVS_FRAME_HEADER_SIZE;
-  size_t i;
-
-  kvs_frame_header_encode(out, (uint32_t)r->payload);
-  if (r->seq) {
-    *p++ = TAG_VARINT(F_ENVELOPE_SEQ);
-    p = put_varint(p, r->seq);
-  }
-  *p++ = TAG_LD(F_ENVELOPE_RESPONSE);
-  p = put_varint(p, r->resp_size);
-  if (!r->sizes) {
-    kvshare__response__pack(resp, p);
-    return;
-  }
-  if (resp->status) {
-    *p++ = TAG_LD(F_RESPONSE_STATUS);
-    p = put_varint(p, kvshare__status__get_packed_size(resp->status));
-    p += kvshare__status__pack(resp->status, p);
-  }
-  *p++ = TAG_LD(F_RESPONSE_BATCH);
-  p = put_varint(p, r->batch_size);
-  for (i = 0; i < resp->batch->n_replies; i++) {
-    *p++ = TAG_LD(F_BATCH_REPLIES);
-    p = put_varint(p, r->sizes[i]);
-    p += kvshare__response__pack(resp->batch->replies[i], p);
-  }
-}
-
 /* A static Status for when the arena cannot allocate. */
 static Kvshare__Status nomem_status = {
     PROTOBUF_C_MESSAGE_INIT(&kvshare__status__descriptor), KVS_ENOMEM,
@@ -870,7 +783,7 @@ static void do_batch(sess *c, const Kvshare__Batch *b, Kvshare__Response *resp,
                      kvs__arena *a) {
   Kvshare__BatchResult *res = kvs__arena_alloc(a, sizeof(*res));
   Kvshare__Response **replies = NULL;
-  size_t i;
+  size_t i, failed = 0;
 
   if (b->n_ops > c->srv->cfg->max_batch_ops) {
     ERR(KVS_ELIMIT, "batch of %zu ops is over max_batch_ops (%u); none ran",
@@ -898,6 +811,9 @@ static void do_batch(sess *c, const Kvshare__Batch *b, Kvshare__Response *resp,
       disp_status(r, a, KVS_EINVAL, "op %zu: a batch inside a batch", i);
     else
       disp_request(c, b->ops[i], r, a);
+    if (r->status && r->status->code != 0 &&
+        ++failed > DISP_BATCH_MESSAGES && r->status != &nomem_status)
+      r->status->message = (char *)""; /* the code alone */
     replies[i] = r;
   }
   c->in_batch = 0;

@@ -230,7 +230,7 @@ static void srv_stop(srv *s, const char *why) {
    * ends the process at once. */
   close_handle((uv_handle_t *)&s->sig_term);
   close_handle((uv_handle_t *)&s->sig_int);
-  close_handle((uv_handle_t *)&s->hello_timer);
+  close_handle((uv_handle_t *)&s->sweep_timer);
   tiers_stop(s->tiers);
   for (c = s->sessions; c; c = next) {
     next = c->next;
@@ -243,7 +243,7 @@ static void srv_stop(srv *s, const char *why) {
     srv_maybe_done(s);
 }
 
-static void on_hello_timer(uv_timer_t *t) { sess_sweep_handshakes(t->data); }
+static void on_sweep_timer(uv_timer_t *t) { sess_sweep(t->data); }
 
 static void on_signal(uv_signal_t *h, int signum) {
   srv_stop(h->data, signum == SIGTERM ? "SIGTERM" : "SIGINT");
@@ -344,9 +344,9 @@ static int run(const cfg *c) {
   uv_signal_init(&loop, &s.sig_term);
   uv_signal_init(&loop, &s.sig_int);
   uv_timer_init(&loop, &s.drain_timer);
-  uv_timer_init(&loop, &s.hello_timer);
+  uv_timer_init(&loop, &s.sweep_timer);
   s.sig_term.data = s.sig_int.data = s.drain_timer.data = &s;
-  s.hello_timer.data = &s;
+  s.sweep_timer.data = &s;
   uv_signal_start(&s.sig_term, on_signal, SIGTERM);
   uv_signal_start(&s.sig_int, on_signal, SIGINT);
 
@@ -357,7 +357,7 @@ static int run(const cfg *c) {
     close_handle((uv_handle_t *)&s.sig_term);
     close_handle((uv_handle_t *)&s.sig_int);
     close_handle((uv_handle_t *)&s.drain_timer);
-    close_handle((uv_handle_t *)&s.hello_timer);
+    close_handle((uv_handle_t *)&s.sweep_timer);
     tiers_close(s.tiers);
     s.tiers = NULL;
     copy_engine_close(&s.copy);
@@ -374,13 +374,15 @@ static int run(const cfg *c) {
            s.layout.num_kv_heads, s.layout.head_dim,
            (unsigned long long)s.layout.block_stride,
            (unsigned long long)(kvs_pool_bytes(&s.layout) >> 20));
-  if (c->handshake_timeout_ms) {
-    /* A sweep every quarter of the timeout: a silent connection goes
-     * between 1 and 1.25 timeouts after its accept. */
-    uint64_t every = c->handshake_timeout_ms / 4 ? c->handshake_timeout_ms / 4
-                                                 : 1;
+  if (c->handshake_timeout_ms || c->frame_timeout_ms) {
+    /* A sweep every quarter of the shorter timeout: a silent connection
+     * goes between 1 and 1.25 timeouts after it fell silent. */
+    uint64_t t = c->handshake_timeout_ms, every;
 
-    uv_timer_start(&s.hello_timer, on_hello_timer, every, every);
+    if (!t || (c->frame_timeout_ms && c->frame_timeout_ms < t))
+      t = c->frame_timeout_ms;
+    every = t / 4 ? t / 4 : 1;
+    uv_timer_start(&s.sweep_timer, on_sweep_timer, every, every);
   }
   announce_ready(&s);
 

@@ -39,7 +39,8 @@ struct srv {
   uv_pipe_t listener;
   uv_signal_t sig_term, sig_int;
   uv_timer_t drain_timer;
-  uv_timer_t hello_timer; /* closes connections that never say Hello */
+  uv_timer_t sweep_timer; /* closes connections that never say Hello or
+                             stall mid-frame */
   const cfg *cfg;
   kvs_layout layout;
   core *core;
@@ -70,6 +71,8 @@ struct sess {
   gid_t gid;
   int counted;    /* counts against max_connections */
   uint64_t accepted_ms; /* uv_now at accept */
+  uint64_t progress_ms; /* uv_now at the last bytes read, or when the
+                           daemon last stopped waiting on them */
   int handshaken; /* Welcome sent */
   int closing;    /* no more input is processed */
   int closed;     /* uv_close called */
@@ -111,9 +114,10 @@ void sess_accept(srv *s);
  * queued replies are written (or at once when force). */
 void sess_shutdown(sess *c, int force);
 
-/* Closes (after an EPROTO Welcome) every session that has not sent its
- * Hello within handshake_timeout_ms of its accept. */
-void sess_sweep_handshakes(srv *s);
+/* Closes (after an EPROTO reply) every session that has not sent its
+ * Hello within handshake_timeout_ms of its accept, and every one stalled
+ * in the middle of a frame for frame_timeout_ms. */
+void sess_sweep(srv *s);
 
 /* The promotion of c->promo is over: sends the Lookup's reply. */
 void sess_promoted(tier_promo *pr);
@@ -126,7 +130,7 @@ int sess_send(sess *c, const Kvshare__Envelope *env);
 
 
 
-/* dispatch.c */
+/* reply.c */
 /* What lives while one frame is handled — the decoded request
  * (kvs__arena_unpack) and the reply's messages and arrays — comes from the
  * session's kvs__arena (proto/kvs_arena.h), reset after each frame. */
@@ -147,6 +151,16 @@ typedef struct disp_reply {
 size_t disp_reply_size(disp_reply *r, kvs__arena *a, uint64_t seq,
                        const Kvshare__Response *resp);
 void disp_reply_encode(const disp_reply *r, uint8_t *out);
+/* In a Batch, only the first this many failing ops carry their message;
+ * the others carry their code alone, so the reply stays within
+ * disp_reply_bound. */
+#define DISP_BATCH_MESSAGES 16u
+/* The most the reply to req can take, framed, before it runs; *mutates:
+ * whether any of its ops changes anything. */
+size_t disp_reply_bound(const sess *c, const Kvshare__Request *req,
+                        int *mutates);
+
+/* dispatch.c */
 
 /* Fills resp (already initialised) for one request of session c. */
 void disp_request(sess *c, const Kvshare__Request *req,

@@ -11,7 +11,9 @@
  * Errors in a frame header (magic, version, flags, length over the limit)
  * leave the stream impossible to resynchronise: the peer gets one error
  * reply and the connection closes.  A well-framed payload that does not
- * decode gets an EPROTO Response and the connection goes on.  Before the
+ * decode gets an EPROTO Response (ELIMIT when decoding it would take more
+ * memory than any frame the daemon accepts needs), with the frame's seq
+ * when it could be read, and the connection goes on.  Before the
  * handshake, anything but a good Hello is answered by an error Welcome and
  * a close.
  */
@@ -277,6 +279,7 @@ static struct wreq *error_frame(sess *c, uint64_t seq, int code,
     w.status = &st;
     w.version = KVS_PROTO_VERSION;
     w.max_frame = (uint32_t)c->srv->cfg->max_frame;
+    w.max_batch_ops = c->srv->cfg->max_batch_ops;
     env.body_case = KVSHARE__ENVELOPE__BODY_WELCOME;
     env.welcome = &w;
   } else {
@@ -366,6 +369,7 @@ static void handle_hello(sess *c, uint64_t seq, const Kvshare__Hello *h) {
   w.session_id = c->id;
   w.model_id = (char *)s->cfg->model_id;
   w.max_frame = (uint32_t)s->cfg->max_frame;
+  w.max_batch_ops = s->cfg->max_batch_ops;
   env.seq = seq;
   env.body_case = KVSHARE__ENVELOPE__BODY_WELCOME;
   env.welcome = &w;
@@ -553,11 +557,22 @@ static void reply_after_copies(sess *c, struct wreq *w) {
 /* The reply lives in the server's arena (reset by handle_frame). */
 static void handle_request(sess *c, uint64_t seq, const Kvshare__Request *req) {
   kvs__arena *a = &c->srv->arena;
+  int mutates;
+  size_t bound =
+      disp_reply_bound(c, req, &mutates) - KVS_FRAME_HEADER_SIZE;
   Kvshare__Response resp;
   struct wreq *w;
 
   kvshare__response__init(&resp);
-  disp_request(c, req, &resp, a);
+  /* Refused before it runs when its reply might not fit a frame: ops that
+   * ran and could not be answered would be lost to the client.  (Stats and
+   * Pings run: encode_reply answers ETOOBIG if they do not fit.) */
+  if (mutates && bound > c->srv->cfg->max_frame)
+    disp_status(&resp, a, KVS_ETOOBIG, "the reply to this request could "
+                "take %zu bytes, over max_frame (%zu); none of it ran: split "
+                "it", bound, c->srv->cfg->max_frame);
+  else
+    disp_request(c, req, &resp, a);
   if (c->promoting || c->swapping) { /* its blocks are on the move:
                                          sess_promoted, sess_swapped */
     c->promo.seq = c->swap.seq = seq;
@@ -575,17 +590,28 @@ static void handle_request(sess *c, uint64_t seq, const Kvshare__Request *req) {
 
 static void handle_frame(sess *c, const uint8_t *payload, size_t len) {
   srv *s = c->srv;
+  size_t limit = KVS_UNPACK_LIMIT(len, s->cfg->max_batch_ops);
+  kvs_payload_scan scan;
   Kvshare__Envelope *env;
   int rc;
 
   s->frames_in++;
   /* The envelope and the reply live in s->arena until the reset below. */
-  rc = kvs__arena_unpack(&s->arena, payload, len, &env);
+  rc = kvs__arena_unpack(&s->arena, payload, len, limit, &scan, &env);
   if (rc < 0) {
+    char what[200];
+
     kvs__arena_reset(&s->arena);
-    protocol_error(c, 0, !c->handshaken, KVS_EPROTO,
-                   c->handshaken ? "undecodable message"
-                                 : "undecodable message; expected Hello");
+    /* Answered in the frame's place when its seq could be read: the
+     * client's call fails, its session goes on. */
+    if (rc == KVS_ELIMIT)
+      snprintf(what, sizeof(what), "decoding this %zu-byte message would "
+               "take %zu bytes, over the %zu allowed for it (max_batch_ops "
+               "%u)", len, scan.alloc_bound, limit, s->cfg->max_batch_ops);
+    else
+      snprintf(what, sizeof(what), "undecodable message%s",
+               c->handshaken ? "" : "; expected Hello");
+    protocol_error(c, scan.seq, !c->handshaken, rc, what);
     return;
   }
   if (!c->handshaken) {
@@ -726,25 +752,39 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
   if (nread == 0 || c->closing)
     return;
   c->rlen += (size_t)nread;
+  c->progress_ms = uv_now(c->srv->loop);
   process_input(c);
 }
 
-void sess_sweep_handshakes(srv *s) {
-  uint64_t now = uv_now(s->loop), max = s->cfg->handshake_timeout_ms;
+void sess_sweep(srv *s) {
+  uint64_t now = uv_now(s->loop), hello = s->cfg->handshake_timeout_ms,
+           frame = s->cfg->frame_timeout_ms;
   sess *c, *next;
+  char what[128];
 
   for (c = s->sessions; c; c = next) {
     next = c->next;
-    if (c->handshaken || c->closing || !c->counted ||
-        now - c->accepted_ms < max)
+    if (c->closing || !c->counted)
       continue;
-    {
-      char what[96];
-
+    if (!c->handshaken) {
+      if (!hello || now - c->accepted_ms < hello)
+        continue;
       snprintf(what, sizeof(what), "no Hello within %llu ms of connecting",
-               (unsigned long long)max);
+               (unsigned long long)hello);
       protocol_error(c, 0, 1, KVS_EPROTO, what);
+      continue;
     }
+    if (!c->reading || c->copying || c->rlen == 0) {
+      /* Not waiting on the peer: the window starts when we are. */
+      c->progress_ms = now;
+      continue;
+    }
+    if (!frame || now - c->progress_ms < frame)
+      continue;
+    snprintf(what, sizeof(what), "%zu bytes of a frame, then nothing for "
+             "%llu ms (frame_timeout_ms)", c->rlen,
+             (unsigned long long)(now - c->progress_ms));
+    protocol_error(c, 0, 1, KVS_EPROTO, what);
   }
 }
 

@@ -23,7 +23,8 @@ void *kvs__arena_alloc(kvs__arena *a, size_t size) {
 
   if (need == 0)
     need = 16;
-  if (need < size || (a->limit && need > a->limit - a->total))
+  /* Charged as the decode's scan bounds it (kvs__unpack_cost). */
+  if (need < size || (a->limit && need + 16 > a->limit - a->total))
     return NULL;
   if (!c || c->size - c->used < need) {
     size_t cap = c ? c->size * 2 : CHUNK_MIN;
@@ -40,7 +41,7 @@ void *kvs__arena_alloc(kvs__arena *a, size_t size) {
   }
   p = (char *)c->data + c->used;
   c->used += need;
-  a->total += need;
+  a->total += need + 16;
   return p;
 }
 
@@ -85,14 +86,27 @@ static void pb_free(void *data, void *p) {
 }
 
 int kvs__arena_unpack(kvs__arena *a, const uint8_t *payload, size_t len,
+                      size_t alloc_limit, kvs_payload_scan *scan,
                       Kvshare__Envelope **out) {
   ProtobufCAllocator pa = {pb_alloc, pb_free, a};
-  size_t limit = KVS_UNPACK_LIMIT(len);
+  kvs_payload_scan own;
+  size_t budget;
   int rc;
 
+  *out = NULL;
+  if (!scan)
+    scan = &own;
+  if (!alloc_limit)
+    alloc_limit = KVS_UNPACK_LIMIT(len, KVS_UNPACK_OPS_DEFAULT);
+  rc = kvs_envelope_scan(payload, len, scan);
+  if (rc < 0)
+    return rc;
+  if (scan->alloc_bound > alloc_limit)
+    return KVS_ELIMIT;
+  budget = kvs__unpack_budget(scan, alloc_limit);
   /* The budget counts from what the arena already holds. */
-  a->limit = a->total + limit < a->total ? SIZE_MAX : a->total + limit;
-  rc = kvs_envelope_unpack_with(payload, len, &pa, out);
+  a->limit = a->total + budget < a->total ? SIZE_MAX : a->total + budget;
+  *out = kvshare__envelope__unpack(&pa, len, payload);
   a->limit = 0;
-  return rc;
+  return *out ? 0 : KVS_EPROTO;
 }

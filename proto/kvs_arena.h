@@ -7,9 +7,10 @@
  * thousand malloc/free pairs.  Decoding into an arena instead costs one
  * reset.  Chunks grow as needed (16 KiB, doubling); a reset keeps the oldest
  * chunk when it is at most 64 KiB, so a steady stream of small frames does no
- * malloc at all.  `limit` (0 = none) caps the bytes handed out: the decode
- * sets it to KVS_UNPACK_LIMIT of the payload and clears it afterwards, so a
- * small malicious frame cannot make the arena grow without end.
+ * malloc at all.  `limit` (0 = none) caps what is handed out, each
+ * allocation charged kvs__unpack_cost: the decode sets it from the payload's
+ * scan and clears it afterwards, so a small malicious frame cannot make the
+ * arena grow without end.
  */
 #ifndef KVS_ARENA_H
 #define KVS_ARENA_H
@@ -17,12 +18,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvs_frame.h"
 #include "kvshare.pb-c.h"
 
 typedef struct kvs__chunk kvs__chunk;
 typedef struct kvs__arena {
   kvs__chunk *head; /* the chunk being filled; older ones behind it */
-  size_t total;     /* bytes handed out since the reset */
+  size_t total;     /* charged since the reset (kvs__unpack_cost each) */
   size_t limit;     /* 0 = none */
 } kvs__arena;
 #define KVS__ARENA_INIT {NULL, 0, 0}
@@ -36,12 +38,14 @@ void kvs__arena_reset(kvs__arena *a);
 void kvs__arena_destroy(kvs__arena *a);
 
 /*
- * Decodes one payload into the arena with kvs_envelope_unpack's checks (the
- * nesting depth; at most KVS_UNPACK_LIMIT(len) bytes allocated).  The
- * envelope lives until the arena is reset; never pass it to
- * kvs_envelope_free.  0 or KVS_EPROTO.
+ * Decodes one payload into the arena as kvs_envelope_unpack does: 0,
+ * KVS_EPROTO or KVS_ELIMIT (alloc_limit 0 = the same default).  scan, when
+ * not NULL, receives the payload's scan, filled even when the decode
+ * fails: its seq names the frame to answer.  The envelope lives until the
+ * arena is reset; never pass it to kvs_envelope_free.
  */
 int kvs__arena_unpack(kvs__arena *a, const uint8_t *payload, size_t len,
+                      size_t alloc_limit, kvs_payload_scan *scan,
                       Kvshare__Envelope **out);
 
 #endif

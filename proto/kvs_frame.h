@@ -89,29 +89,68 @@ int kvs_frame_pack(const Kvshare__Envelope *env, uint32_t max_frame,
                    uint8_t **out, size_t *out_len);
 
 /*
- * Decodes one payload (the bytes after the header).  At most alloc_limit
- * bytes are live at any time while decoding (0 = KVS_UNPACK_LIMIT(len)), so
- * a payload cannot make the decoder allocate out of proportion to its size.
- * Real messages decode to a few times their wire size; a large Batch of
- * empty ops (about 20 times) is refused by the default limit.  Returns 0
- * and *out (free with kvs_envelope_free), or KVS_EPROTO (undecodable, over
- * the allocation limit, or messages nested deeper than
- * KVS_UNPACK_MAX_DEPTH).
+ * What a first pass over a payload finds before anything is allocated
+ * (kvs_envelope_scan): the envelope's seq, so that even a payload refused
+ * later can be answered in its place; and a bound on what decoding it will
+ * allocate, so that a receiver can refuse it without trying.
  */
-#define KVS_UNPACK_LIMIT(len) ((size_t)(len) * 16u + (1u << 20))
+typedef struct kvs_payload_scan {
+  uint64_t seq;       /* Envelope.seq (0 when absent or past a fault) */
+  size_t messages;    /* messages in the payload, the Envelope included */
+  size_t alloc_bound; /* what decoding it allocates, at most (in
+                         kvs__unpack_cost units) */
+} kvs_payload_scan;
+
+/*
+ * Walks a payload: the wire format, the nesting depth (at most
+ * KVS_UNPACK_MAX_DEPTH) and the bound.  Returns 0, or KVS_EPROTO when the
+ * payload is malformed or nested too deep (s->seq is still set when the
+ * seq came before the fault).
+ */
+int kvs_envelope_scan(const uint8_t *payload, size_t len,
+                      kvs_payload_scan *s);
+
+/*
+ * The most a receiver lets the decode of a len-byte payload allocate: 16
+ * bytes per byte plus 1 MiB, and KVS_UNPACK_OP_COST more for each op of
+ * the largest Batch it accepts (max_ops).  Every frame a sender may send
+ * (docs/protocol.md: up to max_frame bytes, up to max_batch_ops ops of any
+ * kind) fits; tests/unit/test_proto_decode.c checks it at both limits.
+ * A Batch of empty ops (2 bytes each on the wire) takes 68 bytes per wire
+ * byte, packed numbers at most 8 plus their message: the per-op allowance
+ * is what lets the former through without letting every payload grow 68
+ * times.
+ */
+#define KVS_UNPACK_OP_COST 1024u
+#define KVS_UNPACK_OPS_DEFAULT 16384u /* the daemon's default max_batch_ops */
+#define KVS_UNPACK_LIMIT(len, max_ops)                                      \
+  ((size_t)(len) * 16u + ((size_t)1 << 20) +                                \
+   (size_t)(max_ops) * KVS_UNPACK_OP_COST)
 /* Deepest nesting of messages accepted (the Envelope is depth 0; a Batch
  * inside a Batch is depth 4).  Deeper payloads are refused with KVS_EPROTO
  * before protobuf-c, which recurses without a limit, sees them. */
 #define KVS_UNPACK_MAX_DEPTH 16u
+
+/* What one allocation of n bytes counts for against a decode's limit (the
+ * arena's rounding to 16, or malloc's header and rounding). */
+static inline size_t kvs__unpack_cost(size_t n) {
+  return ((n + 15) & ~(size_t)15) + 16;
+}
+/* The budget a decode runs under once its scan fits alloc_limit: the bound
+ * and some room (for what the bound does not count, such as a merge of a
+ * repeated singular message), never more than alloc_limit. */
+size_t kvs__unpack_budget(const kvs_payload_scan *s, size_t alloc_limit);
+
+/*
+ * Decodes one payload (the bytes after the header), allocating at most
+ * alloc_limit bytes in all (0 = KVS_UNPACK_LIMIT(len,
+ * KVS_UNPACK_OPS_DEFAULT)).  Returns 0 and *out (free with
+ * kvs_envelope_free); KVS_EPROTO when the payload is malformed, nested
+ * deeper than KVS_UNPACK_MAX_DEPTH or does not decode; KVS_ELIMIT when its
+ * scan's bound is over alloc_limit (nothing was allocated).
+ */
 int kvs_envelope_unpack(const uint8_t *payload, size_t len,
                         size_t alloc_limit, Kvshare__Envelope **out);
-
-/* The same checks (the nesting depth) with the caller's allocator, which
- * enforces its own limit; the caller frees the envelope accordingly (e.g.
- * all at once, with an arena). */
-int kvs_envelope_unpack_with(const uint8_t *payload, size_t len,
-                             ProtobufCAllocator *alloc,
-                             Kvshare__Envelope **out);
 
 /* Frees an envelope from kvs_envelope_unpack.  NULL is fine. */
 void kvs_envelope_free(Kvshare__Envelope *env);

@@ -27,7 +27,8 @@
 #define NSESS 2
 
 static cfg fz_cfg;
-static unsigned long n_frames, n_undecodable, n_requests, n_ok, n_err;
+static unsigned long n_frames, n_undecodable, n_too_big, n_requests, n_ok,
+    n_err;
 static unsigned long n_by_op[16], n_copies;
 static srv fz_srv;
 static sess *fz_sess[NSESS];
@@ -165,13 +166,13 @@ static void check_pool(const char *when) {
 static kvs__arena arena = KVS__ARENA_INIT;
 
 /* The reply as session.c builds it; then decoded again and checked. */
-static void reply(const Kvshare__Request *req, uint64_t seq,
+static void reply(const sess *c, const Kvshare__Request *req, uint64_t seq,
                   Kvshare__Response *resp) {
   Kvshare__Envelope env, *back = NULL;
   uint8_t *buf, *mine;
   disp_reply dr;
   size_t len, mylen;
-  int rc;
+  int rc, mutates;
 
   kvshare__envelope__init(&env);
   env.seq = seq;
@@ -184,8 +185,30 @@ static void reply(const Kvshare__Request *req, uint64_t seq,
   if (resp->status->code < 0 &&
       (!resp->status->message || !resp->status->message[0]))
     die("an error without a message", kvs_status_name(resp->status->code));
-  if (kvs_frame_size(&env) - KVS_FRAME_HEADER_SIZE > fz_cfg.max_frame)
-    return; /* session.c answers ETOOBIG instead */
+  /* The reply is within the bound known before the request ran (which
+   * session.c keeps under max_frame). */
+  if (kvs_frame_size(&env) > disp_reply_bound(c, req, &mutates))
+    die("a reply over disp_reply_bound", NULL);
+  if (kvs_frame_size(&env) - KVS_FRAME_HEADER_SIZE > fz_cfg.max_frame) {
+    if (mutates)
+      die("a reply over max_frame after a request that changed things",
+          NULL);
+    return; /* session.c answers ETOOBIG */
+  }
+  if (req->op_case == KVSHARE__REQUEST__OP_BATCH && resp->status->code == 0) {
+    size_t i, failed = 0;
+
+    for (i = 0; i < resp->batch->n_replies; i++) {
+      const Kvshare__Status *st = resp->batch->replies[i]->status;
+
+      if (!st || st->code == 0)
+        continue;
+      if (++failed <= DISP_BATCH_MESSAGES ? !st->message || !st->message[0]
+                                          : st->message && st->message[0])
+        die("a batch's failures carry a message, the first ones only",
+            NULL);
+    }
+  }
   rc = kvs_frame_pack(&env, (uint32_t)fz_cfg.max_frame, &buf, &len);
   if (rc < 0)
     die("packing a reply", kvs_status_name(rc));
@@ -221,11 +244,10 @@ static void one_frame(sess *c, const uint8_t *payload, size_t len) {
 
   fz_srv.frames_in++;
   n_frames++;
-  /* The arena decoder and the malloc one agree on what decodes (away from
-   * their allocation limits, which they count differently). */
-  rc = kvs__arena_unpack(a, payload, len, &env);
-  if (len < 4096 &&
-      (kvs_envelope_unpack(payload, len, 0, &ref) < 0) != (rc < 0))
+  /* The arena decoder and the malloc one agree on what decodes, and why
+   * not: they charge every allocation alike (kvs__unpack_cost). */
+  rc = kvs__arena_unpack(a, payload, len, 0, NULL, &env);
+  if (kvs_envelope_unpack(payload, len, 0, &ref) != rc)
     die("kvs__arena_unpack and kvs_envelope_unpack disagree", NULL);
   kvs_envelope_free(ref);
   if (rc < 0) {
@@ -234,7 +256,16 @@ static void one_frame(sess *c, const uint8_t *payload, size_t len) {
     return; /* EPROTO, the connection goes on */
   }
   if (env->body_case == KVSHARE__ENVELOPE__BODY_REQUEST) {
+    int mutates;
+
     kvshare__response__init(&resp);
+    if (disp_reply_bound(c, env->request, &mutates) - KVS_FRAME_HEADER_SIZE >
+            fz_cfg.max_frame &&
+        mutates) {
+      n_too_big++; /* session.c answers ETOOBIG, none of it run */
+      kvs__arena_reset(a);
+      return;
+    }
     disp_request(c, env->request, &resp, a);
     n_requests++;
     n_by_op[(unsigned)env->request->op_case & 15]++;
@@ -242,7 +273,7 @@ static void one_frame(sess *c, const uint8_t *payload, size_t len) {
       n_ok++;
     else
       n_err++;
-    reply(env->request, env->seq, &resp);
+    reply(c, env->request, env->seq, &resp);
     check_pool("while the frame's copies are pinned");
     finish_copies(c);
     check_pool("after a request");
@@ -272,8 +303,9 @@ void fuzz_dispatch_report(FILE *out) {
   unsigned i;
 
   core_get_stats(fz_srv.core, &st);
-  fprintf(out, "%lu frames, %lu undecodable, %lu requests (%lu ok, %lu "
-          "errors); by op:", n_frames, n_undecodable, n_requests, n_ok, n_err);
+  fprintf(out, "%lu frames, %lu undecodable, %lu with a reply too big to "
+          "run, %lu requests (%lu ok, %lu errors); by op:", n_frames,
+          n_undecodable, n_too_big, n_requests, n_ok, n_err);
   for (i = 0; i < 16; i++)
     if (n_by_op[i])
       fprintf(out, " %u:%lu", i, n_by_op[i]);

@@ -9,7 +9,7 @@
 #                       for FUZZ_TIME seconds (default 60); not part of test
 MOD_CFLAGS_tests_fuzz_ = $(call DEP_CFLAGS,libuv libprotobuf-c)
 
-FUZZ_TARGET_SRCS := tests/fuzz/fuzz_dispatch.c daemon/dispatch.c \
+FUZZ_TARGET_SRCS := tests/fuzz/fuzz_dispatch.c daemon/dispatch.c daemon/reply.c \
                     daemon/reqmap.c daemon/log.c daemon/config.c
 FUZZ_TARGET_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(FUZZ_TARGET_SRCS))
 FUZZ_GEN_OBJS := $(BUILD)/tests/fuzz/fuzz_gen.o

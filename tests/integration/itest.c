@@ -13,7 +13,12 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
+
+#include "kvs_frame.h"
+#include "kvs_shm.h"
 
 double itest_now(void) {
   struct timespec ts;
@@ -349,4 +354,115 @@ void itest_term_under_load(itest_daemon *d, pid_t worker) {
     itest_print_log(d);
   CHECK(st == 0);
   CHECK(itest_log_says(d, "stopped cleanly"));
+}
+
+/* ---- raw connections ---------------------------------------------------- */
+
+int itest_raw_connect(const itest_daemon *d) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  CHECK(fd >= 0);
+  struct sockaddr_un sa = {0};
+  sa.sun_family = AF_UNIX;
+  strcpy(sa.sun_path, d->socket);
+  CHECK(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0);
+  struct timeval tv = {20, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return fd;
+}
+
+void itest_raw_send(int fd, const void *p, size_t n) {
+  CHECK(send(fd, p, n, MSG_NOSIGNAL) == (ssize_t)n);
+}
+
+void itest_raw_send_env(int fd, const Kvshare__Envelope *env) {
+  uint8_t *buf;
+  size_t len;
+  CHECK(kvs_frame_pack(env, KVS_FRAME_MAX_DEFAULT, &buf, &len) == 0);
+  itest_raw_send(fd, buf, len);
+  free(buf);
+}
+
+/* Reads exactly n bytes; 0, or -1 at end of stream / error.  Passed fds
+ * are closed. */
+int itest_raw_read(int fd, uint8_t *p, size_t n) {
+  while (n) {
+    int fds[KVS_SHM_MAX_FDS], nfds = 0;
+    ssize_t r = kvs_recv_fds(fd, p, n, fds, KVS_SHM_MAX_FDS, &nfds);
+    for (int i = 0; i < nfds; i++)
+      close(fds[i]);
+    if (r <= 0)
+      return -1;
+    p += r;
+    n -= (size_t)r;
+  }
+  return 0;
+}
+
+/* The next envelope from the daemon, or NULL at end of stream. */
+Kvshare__Envelope *itest_raw_recv(int fd) {
+  uint8_t hdr[KVS_FRAME_HEADER_SIZE];
+  if (itest_raw_read(fd, hdr, sizeof hdr))
+    return NULL;
+  kvs_frame_header h;
+  CHECK(kvs_frame_header_decode(hdr, KVS_FRAME_MAX_DEFAULT, &h) == 0);
+  uint8_t *payload = malloc(h.length + 1);
+  CHECK(payload);
+  CHECK(itest_raw_read(fd, payload, h.length) == 0);
+  Kvshare__Envelope *env = NULL;
+  CHECK(kvs_envelope_unpack(payload, h.length, 0, &env) == 0);
+  free(payload);
+  return env;
+}
+
+void itest_raw_hello(int fd, uint32_t version) {
+  Kvshare__Hello h = KVSHARE__HELLO__INIT;
+  h.version = version;
+  h.client_name = "raw";
+  Kvshare__Envelope env = KVSHARE__ENVELOPE__INIT;
+  env.seq = 1;
+  env.body_case = KVSHARE__ENVELOPE__BODY_HELLO;
+  env.hello = &h;
+  itest_raw_send_env(fd, &env);
+}
+
+/* A raw connection past the handshake (the pool fd is closed). */
+int itest_raw_session(const itest_daemon *d) {
+  int fd = itest_raw_connect(d);
+  itest_raw_hello(fd, KVS_PROTO_VERSION);
+  Kvshare__Envelope *w = itest_raw_recv(fd);
+  CHECK(w && w->body_case == KVSHARE__ENVELOPE__BODY_WELCOME);
+  CHECK(w->welcome->status == NULL || w->welcome->status->code == 0);
+  kvs_envelope_free(w);
+  return fd;
+}
+
+/* The connection still works: a ping comes back. */
+void itest_raw_alive(int fd) {
+  Kvshare__Ping p = KVSHARE__PING__INIT;
+  p.payload.data = (uint8_t *)"alive";
+  p.payload.len = 5;
+  Kvshare__Request r = KVSHARE__REQUEST__INIT;
+  r.op_case = KVSHARE__REQUEST__OP_PING;
+  r.ping = &p;
+  Kvshare__Envelope env = KVSHARE__ENVELOPE__INIT;
+  env.seq = 4242;
+  env.body_case = KVSHARE__ENVELOPE__BODY_REQUEST;
+  env.request = &r;
+  itest_raw_send_env(fd, &env);
+  Kvshare__Envelope *e = itest_raw_recv(fd);
+  CHECK(e && e->seq == 4242 && e->response);
+  CHECK(e->response->result_case == KVSHARE__RESPONSE__RESULT_PONG);
+  CHECK(e->response->pong.len == 5);
+  kvs_envelope_free(e);
+}
+
+size_t itest_put_varint(uint8_t *p, uint64_t v) {
+  size_t n = 0;
+
+  while (v >= 0x80) {
+    p[n++] = (uint8_t)(v | 0x80);
+    v >>= 7;
+  }
+  p[n++] = (uint8_t)v;
+  return n;
 }

@@ -119,4 +119,22 @@ long itest_block_bytes(kvs_client *c, uint32_t b, uint64_t key, uint32_t blk,
  * is then killed and reaped. */
 void itest_term_under_load(itest_daemon *d, pid_t worker);
 
+/* Raw connections to the daemon, frames built by hand (libkvsproto): a
+ * connection (20 s receive timeout), bytes and envelopes out, exactly n
+ * bytes in (0, or -1 at the end of the stream; passed fds are closed), the
+ * next envelope (NULL at the end of the stream; free it with
+ * kvs_envelope_free), a Hello, a connection past the handshake. */
+struct Kvshare__Envelope;
+int itest_raw_connect(const itest_daemon *d);
+void itest_raw_send(int fd, const void *p, size_t n);
+void itest_raw_send_env(int fd, const struct Kvshare__Envelope *env);
+int itest_raw_read(int fd, uint8_t *p, size_t n);
+struct Kvshare__Envelope *itest_raw_recv(int fd);
+void itest_raw_hello(int fd, uint32_t version);
+int itest_raw_session(const itest_daemon *d);
+/* The raw connection still answers a Ping (exits 1 otherwise). */
+void itest_raw_alive(int fd);
+/* Writes v as a protobuf varint at p; returns its length (at most 10). */
+size_t itest_put_varint(uint8_t *p, uint64_t v);
+
 #endif /* KVS_ITEST_H */

@@ -34,91 +34,11 @@ static kvs_client *obs;        /* the observer */
 static uint32_t obs_tok[256], obs_n, obs_blocks[16], obs_nfull;
 static int cases;
 
-/* ---- raw connections ---------------------------------------------------- */
-
-static int raw_connect(void) {
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  CHECK(fd >= 0);
-  struct sockaddr_un sa = {0};
-  sa.sun_family = AF_UNIX;
-  strcpy(sa.sun_path, d.socket);
-  CHECK(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0);
-  struct timeval tv = {20, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  return fd;
-}
-
-static void raw_send(int fd, const void *p, size_t n) {
-  CHECK(send(fd, p, n, MSG_NOSIGNAL) == (ssize_t)n);
-}
-
-static void raw_send_env(int fd, const Kvshare__Envelope *env) {
-  uint8_t *buf;
-  size_t len;
-  CHECK(kvs_frame_pack(env, KVS_FRAME_MAX_DEFAULT, &buf, &len) == 0);
-  raw_send(fd, buf, len);
-  free(buf);
-}
-
-/* Reads exactly n bytes; 0, or -1 at end of stream / error.  Passed fds
- * are closed. */
-static int raw_read(int fd, uint8_t *p, size_t n) {
-  while (n) {
-    int fds[KVS_SHM_MAX_FDS], nfds = 0;
-    ssize_t r = kvs_recv_fds(fd, p, n, fds, KVS_SHM_MAX_FDS, &nfds);
-    for (int i = 0; i < nfds; i++)
-      close(fds[i]);
-    if (r <= 0)
-      return -1;
-    p += r;
-    n -= (size_t)r;
-  }
-  return 0;
-}
-
-/* The next envelope from the daemon, or NULL at end of stream. */
-static Kvshare__Envelope *raw_recv(int fd) {
-  uint8_t hdr[KVS_FRAME_HEADER_SIZE];
-  if (raw_read(fd, hdr, sizeof hdr))
-    return NULL;
-  kvs_frame_header h;
-  CHECK(kvs_frame_header_decode(hdr, KVS_FRAME_MAX_DEFAULT, &h) == 0);
-  uint8_t *payload = malloc(h.length + 1);
-  CHECK(payload);
-  CHECK(raw_read(fd, payload, h.length) == 0);
-  Kvshare__Envelope *env = NULL;
-  CHECK(kvs_envelope_unpack(payload, h.length, 0, &env) == 0);
-  free(payload);
-  return env;
-}
-
-static void send_hello(int fd, uint32_t version) {
-  Kvshare__Hello h = KVSHARE__HELLO__INIT;
-  h.version = version;
-  h.client_name = "badinput";
-  Kvshare__Envelope env = KVSHARE__ENVELOPE__INIT;
-  env.seq = 1;
-  env.body_case = KVSHARE__ENVELOPE__BODY_HELLO;
-  env.hello = &h;
-  raw_send_env(fd, &env);
-}
-
-/* A raw connection past the handshake (the pool fd is closed). */
-static int raw_session(void) {
-  int fd = raw_connect();
-  send_hello(fd, KVS_PROTO_VERSION);
-  Kvshare__Envelope *w = raw_recv(fd);
-  CHECK(w && w->body_case == KVSHARE__ENVELOPE__BODY_WELCOME);
-  CHECK(w->welcome->status == NULL || w->welcome->status->code == 0);
-  kvs_envelope_free(w);
-  return fd;
-}
-
 /* The next reply must be an error `code` with a message (and seq `seq`
  * unless seq is UINT64_MAX); when closes, the daemon must then close. */
 static void expect_error(int fd, uint64_t seq, int code, int closes,
                          const char *what) {
-  Kvshare__Envelope *e = raw_recv(fd);
+  Kvshare__Envelope *e = itest_raw_recv(fd);
   if (!e) {
     fprintf(stderr, "%s: connection closed with no error reply\n", what);
     exit(1);
@@ -142,28 +62,8 @@ static void expect_error(int fd, uint64_t seq, int code, int closes,
   kvs_envelope_free(e);
   if (closes) {
     uint8_t b;
-    CHECK(raw_read(fd, &b, 1) == -1);
+    CHECK(itest_raw_read(fd, &b, 1) == -1);
   }
-}
-
-/* The connection still works: a ping comes back. */
-static void expect_alive(int fd) {
-  Kvshare__Ping p = KVSHARE__PING__INIT;
-  p.payload.data = (uint8_t *)"alive";
-  p.payload.len = 5;
-  Kvshare__Request r = KVSHARE__REQUEST__INIT;
-  r.op_case = KVSHARE__REQUEST__OP_PING;
-  r.ping = &p;
-  Kvshare__Envelope env = KVSHARE__ENVELOPE__INIT;
-  env.seq = 4242;
-  env.body_case = KVSHARE__ENVELOPE__BODY_REQUEST;
-  env.request = &r;
-  raw_send_env(fd, &env);
-  Kvshare__Envelope *e = raw_recv(fd);
-  CHECK(e && e->seq == 4242 && e->response);
-  CHECK(e->response->result_case == KVSHARE__RESPONSE__RESULT_PONG);
-  CHECK(e->response->pong.len == 5);
-  kvs_envelope_free(e);
 }
 
 /* ---- the observer -------------------------------------------------------- */
@@ -200,59 +100,59 @@ static void frame_cases(void) {
   int fd;
 
   /* Garbage bytes instead of a frame. */
-  fd = raw_session();
+  fd = itest_raw_session(&d);
   for (int i = 0; i < 64; i++)
     hdr[i] = (uint8_t)(i * 37 + 11);
-  raw_send(fd, hdr, 64);
+  itest_raw_send(fd, hdr, 64);
   expect_error(fd, 0, KVS_EPROTO, 1, "garbage bytes");
   close(fd);
   observe("garbage");
 
   /* Wrong magic. */
-  fd = raw_session();
+  fd = itest_raw_session(&d);
   kvs_frame_header_encode(hdr, 4);
   hdr[0] = 'X';
   memset(hdr + KVS_FRAME_HEADER_SIZE, 0, 4);
-  raw_send(fd, hdr, KVS_FRAME_HEADER_SIZE + 4);
+  itest_raw_send(fd, hdr, KVS_FRAME_HEADER_SIZE + 4);
   expect_error(fd, 0, KVS_EPROTO, 1, "wrong magic");
   close(fd);
   observe("wrong magic");
 
   /* Wrong frame version, before any Hello. */
-  fd = raw_connect();
+  fd = itest_raw_connect(&d);
   kvs_frame_header_encode(hdr, 4);
   hdr[4] = 99;
-  raw_send(fd, hdr, KVS_FRAME_HEADER_SIZE + 4);
+  itest_raw_send(fd, hdr, KVS_FRAME_HEADER_SIZE + 4);
   expect_error(fd, 0, KVS_EVERSION, 1, "wrong frame version");
   close(fd);
   observe("wrong frame version");
 
   /* Hello with a version the daemon does not speak. */
-  fd = raw_connect();
-  send_hello(fd, 99);
+  fd = itest_raw_connect(&d);
+  itest_raw_hello(fd, 99);
   expect_error(fd, UINT64_MAX, KVS_EVERSION, 1, "Hello version 99");
   close(fd);
   observe("Hello version");
 
   /* Nonzero flags. */
-  fd = raw_session();
+  fd = itest_raw_session(&d);
   kvs_frame_header_encode(hdr, 4);
   hdr[6] = 1;
-  raw_send(fd, hdr, KVS_FRAME_HEADER_SIZE + 4);
+  itest_raw_send(fd, hdr, KVS_FRAME_HEADER_SIZE + 4);
   expect_error(fd, 0, KVS_EPROTO, 1, "nonzero frame flags");
   close(fd);
   observe("flags");
 
   /* A length over the limit. */
-  fd = raw_session();
+  fd = itest_raw_session(&d);
   kvs_frame_header_encode(hdr, kvs_max_frame(obs) + 1);
-  raw_send(fd, hdr, KVS_FRAME_HEADER_SIZE);
+  itest_raw_send(fd, hdr, KVS_FRAME_HEADER_SIZE);
   expect_error(fd, 0, KVS_ETOOBIG, 1, "length over the limit");
   close(fd);
   observe("too big");
 
   /* An undecodable payload (a valid envelope cut short): error, go on. */
-  fd = raw_session();
+  fd = itest_raw_session(&d);
   {
     uint32_t tok[40];
     for (int i = 0; i < 40; i++)
@@ -272,25 +172,25 @@ static void frame_cases(void) {
     size_t n = kvshare__envelope__pack(&env, buf + KVS_FRAME_HEADER_SIZE);
     CHECK(n > 20 && n < sizeof buf - KVS_FRAME_HEADER_SIZE);
     kvs_frame_header_encode(buf, (uint32_t)(n - 7));
-    raw_send(fd, buf, KVS_FRAME_HEADER_SIZE + n - 7);
+    itest_raw_send(fd, buf, KVS_FRAME_HEADER_SIZE + n - 7);
   }
-  expect_error(fd, 0, KVS_EPROTO, 0, "truncated (undecodable) payload");
-  expect_alive(fd);
+  expect_error(fd, 2, KVS_EPROTO, 0, "truncated (undecodable) payload");
+  itest_raw_alive(fd);
   close(fd);
   observe("truncated payload");
 
   /* An envelope with no body, a request with no op: unknown messages. */
-  fd = raw_session();
+  fd = itest_raw_session(&d);
   {
     Kvshare__Envelope env = KVSHARE__ENVELOPE__INIT;
     env.seq = 3;
-    raw_send_env(fd, &env);
+    itest_raw_send_env(fd, &env);
     expect_error(fd, 3, KVS_EUNKNOWN, 0, "envelope with no body");
     Kvshare__Request r = KVSHARE__REQUEST__INIT;
     env.seq = 4;
     env.body_case = KVSHARE__ENVELOPE__BODY_REQUEST;
     env.request = &r;
-    raw_send_env(fd, &env);
+    itest_raw_send_env(fd, &env);
     expect_error(fd, 4, KVS_EUNKNOWN, 0, "request with no op");
     /* A field number from the future: decodes as an empty envelope. */
     uint8_t fut[KVS_FRAME_HEADER_SIZE + 3];
@@ -298,16 +198,16 @@ static void frame_cases(void) {
     fut[KVS_FRAME_HEADER_SIZE] = 0x98; /* tag of field 99, varint: 792 */
     fut[KVS_FRAME_HEADER_SIZE + 1] = 0x06;
     fut[KVS_FRAME_HEADER_SIZE + 2] = 0x01; /* value 1 */
-    raw_send(fd, fut, KVS_FRAME_HEADER_SIZE + 3);
+    itest_raw_send(fd, fut, KVS_FRAME_HEADER_SIZE + 3);
     expect_error(fd, UINT64_MAX, KVS_EUNKNOWN, 0, "unknown field number");
     /* Hello again, and a Response sent to the daemon. */
-    send_hello(fd, KVS_PROTO_VERSION);
+    itest_raw_hello(fd, KVS_PROTO_VERSION);
     expect_error(fd, 1, KVS_EPROTO, 0, "Hello after the handshake");
     Kvshare__Response resp = KVSHARE__RESPONSE__INIT;
     env.seq = 5;
     env.body_case = KVSHARE__ENVELOPE__BODY_RESPONSE;
     env.response = &resp;
-    raw_send_env(fd, &env);
+    itest_raw_send_env(fd, &env);
     expect_error(fd, 5, KVS_EPROTO, 0, "a Response sent to the daemon");
     /* A batch inside a batch: that op fails, the batch goes on. */
     Kvshare__Batch inner = KVSHARE__BATCH__INIT;
@@ -328,8 +228,8 @@ static void frame_cases(void) {
     env.seq = 6;
     env.body_case = KVSHARE__ENVELOPE__BODY_REQUEST;
     env.request = &rb;
-    raw_send_env(fd, &env);
-    Kvshare__Envelope *e = raw_recv(fd);
+    itest_raw_send_env(fd, &env);
+    Kvshare__Envelope *e = itest_raw_recv(fd);
     CHECK(e && e->seq == 6 && e->response);
     CHECK(e->response->result_case == KVSHARE__RESPONSE__RESULT_BATCH);
     CHECK(e->response->batch->n_replies == 2);
@@ -341,12 +241,12 @@ static void frame_cases(void) {
            kvs_status_name(s0->code), s0->message);
     kvs_envelope_free(e);
   }
-  expect_alive(fd);
+  itest_raw_alive(fd);
   close(fd);
   observe("unknown messages");
 
   /* A request before Hello. */
-  fd = raw_connect();
+  fd = itest_raw_connect(&d);
   {
     Kvshare__Ping p = KVSHARE__PING__INIT;
     Kvshare__Request r = KVSHARE__REQUEST__INIT;
@@ -356,22 +256,22 @@ static void frame_cases(void) {
     env.seq = 7;
     env.body_case = KVSHARE__ENVELOPE__BODY_REQUEST;
     env.request = &r;
-    raw_send_env(fd, &env);
+    itest_raw_send_env(fd, &env);
   }
   expect_error(fd, UINT64_MAX, KVS_EPROTO, 1, "request before Hello");
   close(fd);
   observe("request before Hello");
 
   /* Disconnects mid-header, mid-frame, and right after Hello. */
-  fd = raw_session();
+  fd = itest_raw_session(&d);
   kvs_frame_header_encode(hdr, 100);
-  raw_send(fd, hdr, 5);
+  itest_raw_send(fd, hdr, 5);
   close(fd);
-  fd = raw_session();
-  raw_send(fd, hdr, KVS_FRAME_HEADER_SIZE + 10);
+  fd = itest_raw_session(&d);
+  itest_raw_send(fd, hdr, KVS_FRAME_HEADER_SIZE + 10);
   close(fd);
-  fd = raw_connect();
-  send_hello(fd, KVS_PROTO_VERSION);
+  fd = itest_raw_connect(&d);
+  itest_raw_hello(fd, KVS_PROTO_VERSION);
   close(fd);
   printf("  %-40s -> closed by the client\n", "disconnects mid-frame");
   observe("disconnects");
@@ -380,18 +280,18 @@ static void frame_cases(void) {
    * payloads, on fresh sessions. */
   uint64_t seed = 0x9E3779B97F4A7C15ull;
   for (int i = 0; i < 60; i++) {
-    fd = raw_session();
+    fd = itest_raw_session(&d);
     uint8_t buf[KVS_FRAME_HEADER_SIZE + 200];
     uint32_t n = (uint32_t)(itest_rand(&seed) % 200);
     for (size_t j = 0; j < sizeof buf; j++)
       buf[j] = (uint8_t)itest_rand(&seed);
     if (i % 2)
       kvs_frame_header_encode(buf, n);
-    raw_send(fd, buf, KVS_FRAME_HEADER_SIZE + n);
+    itest_raw_send(fd, buf, KVS_FRAME_HEADER_SIZE + n);
     /* Whatever comes back must be error replies, then maybe a close. */
     struct pollfd p = {fd, POLLIN, 0};
     while (poll(&p, 1, 50) > 0) {
-      Kvshare__Envelope *e = raw_recv(fd);
+      Kvshare__Envelope *e = itest_raw_recv(fd);
       if (!e)
         break;
       CHECK(e->body_case == KVSHARE__ENVELOPE__BODY_RESPONSE ||

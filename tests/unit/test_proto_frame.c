@@ -226,19 +226,18 @@ static void test_alloc_limit(void **state) {
                    0);
   assert_int_equal(out->request->batch->n_ops, n);
   kvs_envelope_free(out);
-  /* ...and a tight budget refuses it cleanly, freeing what it took. */
+  /* ...and a tight budget refuses it before decoding... */
   assert_int_equal(kvs_envelope_unpack(buf + KVS_FRAME_HEADER_SIZE,
                                        len - KVS_FRAME_HEADER_SIZE, 4096,
                                        &out),
-                   KVS_EPROTO);
-  /* Regression: malloc's rounding could carry the count of live bytes past
-   * the limit, and `limit - used` then wrapped around and let everything
-   * through.  No budget much smaller than the decode needs may succeed. */
+                   KVS_ELIMIT);
+  assert_null(out);
+  /* ...as does every budget below the scan's bound. */
   for (i = 1; i < 20000; i += 7) {
     out = NULL;
     assert_int_equal(kvs_envelope_unpack(buf + KVS_FRAME_HEADER_SIZE,
                                          len - KVS_FRAME_HEADER_SIZE, i, &out),
-                     KVS_EPROTO);
+                     KVS_ELIMIT);
     assert_null(out);
   }
   free(buf);
