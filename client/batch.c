@@ -2,16 +2,20 @@
  * batch.c — libkvshare: the batch builder (many ops, one round trip).
  *
  * Ops are recorded compactly as they are added (arrays copied into two
- * growing pools, referenced by offset so the pools may move).  Submit builds
- * the protobuf Requests pointing into the pools, sends one Batch, and keeps
- * the reply: per-op results point into it until the batch is reset,
- * submitted again or freed.
+ * growing pools, referenced by offset so the pools may move).  Submit sends
+ * them as one PackedBatch when the daemon takes it and every op can be
+ * packed (fixed-width records, the u32 pool as their data: no message per
+ * op), else builds the protobuf Requests pointing into the pools and sends
+ * one Batch.  Either way it keeps the reply, a packed one turned back into
+ * Responses in the batch's arena: per-op results point into it until the
+ * batch is reset, submitted again or freed.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "client/client_int.h"
 #include "client/ops_int.h"
+#include "kvs_packed.h"
 
 typedef struct bop {
   Kvshare__Request__OpCase kind;
@@ -45,6 +49,8 @@ struct kvs_batch {
   uint8_t *bytes;
   size_t nbytes, capbytes;
   /* submit-time scratch */
+  uint8_t *pops;  /* packed op records */
+  size_t pcap;
   bmsg *msgs;
   Kvshare__Request **reqs;
   uint32_t msgcap;
@@ -82,6 +88,7 @@ void kvs_batch_free(kvs_batch *b) {
   free(b->bytes);
   free(b->msgs);
   free(b->reqs);
+  free(b->pops);
   free(b);
 }
 
@@ -322,10 +329,206 @@ static void build(kvs_batch *b, uint32_t i, int daemon_copy) {
   b->reqs[i] = &m->req;
 }
 
+/* Can every op go in a PackedBatch, and does it fit a frame?  (Token ids
+ * are 4 bytes each there, 1 to 5 as protobuf varints: a batch of small ids
+ * near max_frame may fit only as a Batch.) */
+static int packable(const kvs_client *c, const kvs_batch *b) {
+  if ((size_t)b->n * KVS_PACKED_OP_SIZE + b->nu32 * 4 + 64 > c->max_frame)
+    return 0;
+  for (uint32_t i = 0; i < b->n; i++) {
+    switch (b->ops[i].kind) {
+    case KVSHARE__REQUEST__OP_LOOKUP:
+      if (b->ops[i].bytes_len) /* a salt */
+        return 0;
+      break;
+    case KVSHARE__REQUEST__OP_ALLOCATE:
+    case KVSHARE__REQUEST__OP_APPEND:
+    case KVSHARE__REQUEST__OP_COMMIT:
+    case KVSHARE__REQUEST__OP_FORK:
+    case KVSHARE__REQUEST__OP_FREE:
+    case KVSHARE__REQUEST__OP_PREEMPT:
+      break;
+    default:
+      return 0;
+    }
+  }
+  /* Offsets are u32 words. */
+  return b->nu32 <= UINT32_MAX;
+}
+
+/* The reply to a PackedBatch as Responses in the batch's arena, so that
+ * the accessors read both kinds alike.  0 or KVS_EPROTO / KVS_ENOMEM. */
+static int unpack_results(kvs_batch *b, const Kvshare__PackedBatchResult *pr) {
+  size_t words = pr->data.len / 4;
+  const uint32_t *data = (const uint32_t *)(const void *)pr->data.data;
+  uint32_t n = b->n;
+
+  if (pr->results.len != (size_t)n * KVS_PACKED_RESULT_SIZE ||
+      pr->data.len % 4 || pr->n_messages != pr->n_message_ops)
+    return KVS_EPROTO;
+  b->replies = kvs__arena_alloc(&b->arena, (size_t)n * sizeof(*b->replies));
+  Kvshare__Response *rs = kvs__arena_alloc(&b->arena, (size_t)n * sizeof(*rs));
+  if (!b->replies || !rs)
+    return KVS_ENOMEM;
+  for (uint32_t i = 0; i < n; i++) {
+    Kvshare__Response *r = &rs[i];
+    kvs_pres p;
+
+    kvs_pres_get(pr->results.data + (size_t)i * KVS_PACKED_RESULT_SIZE, &p);
+    if (!kvs_packed_in(p.blk_off, p.blk_n, words) || p.status > 0)
+      return KVS_EPROTO;
+    kvshare__response__init(r);
+    b->replies[i] = r;
+    if (p.status) {
+      Kvshare__Status *st = kvs__arena_alloc(&b->arena, sizeof(*st));
+      if (!st)
+        return KVS_ENOMEM;
+      kvshare__status__init(st);
+      st->code = p.status;
+      for (size_t k = 0; k < pr->n_message_ops; k++)
+        if (pr->message_ops[k] == i)
+          st->message = pr->messages[k];
+      r->status = st;
+      continue;
+    }
+    uint32_t *blocks = (uint32_t *)(uintptr_t)(data ? data + p.blk_off : NULL);
+    switch (b->ops[i].kind) {
+    case KVSHARE__REQUEST__OP_LOOKUP: {
+      Kvshare__LookupResult *l = kvs__arena_alloc(&b->arena, sizeof(*l));
+      if (!l)
+        return KVS_ENOMEM;
+      kvshare__lookup_result__init(l);
+      l->hit_tokens = p.x;
+      l->below_tokens = p.y;
+      l->n_blocks = p.blk_n;
+      l->blocks = blocks;
+      r->result_case = KVSHARE__RESPONSE__RESULT_LOOKUP;
+      r->lookup = l;
+      break;
+    }
+    case KVSHARE__REQUEST__OP_ALLOCATE:
+    case KVSHARE__REQUEST__OP_APPEND: {
+      Kvshare__AllocResult *a = kvs__arena_alloc(&b->arena, sizeof(*a));
+      if (!a)
+        return KVS_ENOMEM;
+      kvshare__alloc_result__init(a);
+      a->first_index = p.x;
+      a->cow_index = p.y;
+      a->cow_src = p.cow_src;
+      a->cow_dst = p.cow_dst;
+      a->has_cow = (p.flags & KVS_PRES_HAS_COW) != 0;
+      a->cow_copied = (p.flags & KVS_PRES_COW_COPIED) != 0;
+      a->n_blocks = p.blk_n;
+      a->blocks = blocks;
+      r->result_case = KVSHARE__RESPONSE__RESULT_ALLOC;
+      r->alloc = a;
+      break;
+    }
+    case KVSHARE__REQUEST__OP_COMMIT: {
+      Kvshare__CommitResult *cr = kvs__arena_alloc(&b->arena, sizeof(*cr));
+      if (!cr)
+        return KVS_ENOMEM;
+      kvshare__commit_result__init(cr);
+      cr->sealed = p.x;
+      r->result_case = KVSHARE__RESPONSE__RESULT_COMMIT;
+      r->commit = cr;
+      break;
+    }
+    default:
+      break;
+    }
+  }
+  b->nreplies = n;
+  return 0;
+}
+
+/* Sends the batch as a PackedBatch; the reply taken over as for a Batch. */
+static int submit_packed(kvs_client *c, kvs_batch *b) {
+  size_t need = (size_t)b->n * KVS_PACKED_OP_SIZE;
+
+  if (need > b->pcap) {
+    uint8_t *np = realloc(b->pops, need);
+    if (!np)
+      return KVS_ENOMEM;
+    b->pops = np;
+    b->pcap = need;
+  }
+  for (uint32_t i = 0; i < b->n; i++) {
+    const bop *o = &b->ops[i];
+    kvs_pop p;
+
+    memset(&p, 0, sizeof p);
+    p.op = (uint8_t)o->kind;
+    p.req_id = o->req_id;
+    p.n = o->n;
+    switch (o->kind) {
+    case KVSHARE__REQUEST__OP_LOOKUP:
+      p.flags = c->no_promote ? KVS_POP_NO_PROMOTE : 0;
+      p.tok_off = (uint32_t)o->tok_off;
+      p.tok_n = o->n;
+      break;
+    case KVSHARE__REQUEST__OP_ALLOCATE:
+    case KVSHARE__REQUEST__OP_APPEND:
+      p.flags = c->daemon_copy ? KVS_POP_DAEMON_COPY : 0;
+      break;
+    case KVSHARE__REQUEST__OP_COMMIT:
+      p.arg = o->start;
+      if (o->has_tokens) {
+        p.flags = KVS_POP_HAS_TOKENS;
+        p.tok_off = (uint32_t)o->tok_off;
+        p.tok_n = o->n;
+      }
+      p.blk_off = (uint32_t)o->blk_off;
+      p.blk_n = o->nblocks;
+      break;
+    case KVSHARE__REQUEST__OP_FORK:
+      p.arg = o->child_id;
+      break;
+    default:
+      break;
+    }
+    kvs_pop_put(b->pops + (size_t)i * KVS_PACKED_OP_SIZE, &p);
+  }
+  Kvshare__PackedBatch pb = KVSHARE__PACKED_BATCH__INIT;
+  pb.ops.data = b->pops;
+  pb.ops.len = need;
+  static uint8_t none[4];
+  pb.data.data = b->u32 ? (uint8_t *)b->u32 : none;
+  pb.data.len = b->nu32 * 4;
+  Kvshare__Request req = KVSHARE__REQUEST__INIT;
+  req.op_case = KVSHARE__REQUEST__OP_PACKED_BATCH;
+  req.packed_batch = &pb;
+  Kvshare__Response *r;
+  int rc = kvs__call(c, &req, &r);
+  if (rc)
+    return rc;
+  if (r->result_case != KVSHARE__RESPONSE__RESULT_PACKED_BATCH ||
+      !r->packed_batch) {
+    c->broken = 1; /* the reply does not match what was sent */
+    return KVS_EPROTO;
+  }
+  b->reply = c->last;
+  c->last = NULL;
+  kvs__arena tmp = b->arena;
+  b->arena = c->arena;
+  c->arena = tmp;
+  rc = unpack_results(b, r->packed_batch);
+  if (rc) {
+    drop_reply(b);
+    if (rc == KVS_EPROTO)
+      c->broken = 1;
+    return rc;
+  }
+  b->submitted = 1;
+  return 0;
+}
+
 int kvs_batch_submit(kvs_client *c, kvs_batch *b) {
   if (!c || !b)
     return KVS_EINVAL;
   drop_reply(b);
+  if (c->packed_batch && b->n && packable(c, b))
+    return submit_packed(c, b);
   if (b->n > b->msgcap) {
     bmsg *nm = realloc(b->msgs, (size_t)b->n * sizeof *nm);
     if (!nm)

@@ -36,6 +36,8 @@ struct kvs_client {
   char model_id[128];
   uint32_t max_frame;
   uint32_t max_batch_ops; /* Welcome's; bounds the decode of a reply */
+  int packed_batch;       /* the daemon takes PackedBatch (Welcome.features)
+                             and $KVS_PACKED_BATCH is not 0 */
   char msg[256];         /* the daemon's message for the last status */
 
   Kvshare__Envelope *last; /* the last reply; results point into it */

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "client/client_int.h"
+#include "kvs_packed.h"
 #include "kvs_shm.h"
 
 const char *kvs_version(void) { return "0.1.0"; }
@@ -275,6 +276,12 @@ static int handshake(kvs_client *c, const kvs_connect_opts *opts) {
   c->max_frame = w->max_frame ? w->max_frame : KVS_FRAME_MAX_DEFAULT;
   c->max_batch_ops = w->max_batch_ops ? w->max_batch_ops
                                       : KVS_UNPACK_OPS_DEFAULT;
+  {
+    const char *e = getenv("KVS_PACKED_BATCH");
+
+    c->packed_batch = (w->features & KVS_FEATURE_PACKED_BATCH) &&
+                      !(e && strcmp(e, "0") == 0);
+  }
   kvs__copy_str(c->backend, sizeof c->backend, w->pool->backend);
   kvs__copy_str(c->gpu_uuid, sizeof c->gpu_uuid, w->pool->gpu_uuid);
   kvs__copy_str(c->model_id, sizeof c->model_id, w->model_id);

@@ -76,8 +76,12 @@ $(CLIENT_BENCHES:%=%.o): | $(PROTO_GEN_H)
 $(CLIENT_BENCHES): $(BUILD)/%: $(BUILD)/%.o $(ITEST_OBJ) $(CLIENT_DEPS) $(BUILD)/libkvsshm.a \
                    $(BUILD)/libkvsproto.a | $(BUILD)/kvshared
 	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(ITEST_LINK) -lm
+	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(BENCH_CORE) $(ITEST_LINK) -lm
 $(CLIENT_BENCHES:%=%.o): CPPFLAGS += $(CLIENT_CFLAGS)
+# bench_rtt runs the core in-process too (the lookup's baseline).
+$(BUILD)/tests/bench/bench_rtt: $(BUILD)/libkvscore.a
+$(BUILD)/tests/bench/bench_rtt: BENCH_CORE = $(CORE_LIBS)
+$(BUILD)/tests/bench/bench_rtt.o: CPPFLAGS += $(call DEP_CFLAGS,libxxhash)
 BENCHES += $(CLIENT_BENCHES)
 all: $(CLIENT_BENCHES)
 

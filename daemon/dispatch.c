@@ -84,9 +84,11 @@ void disp_status(Kvshare__Response *resp, kvs__arena *a, int code,
 /* Every OK reply points at this one (packing only reads it). */
 static Kvshare__Status ok_status = KVSHARE__STATUS__INIT;
 
+void disp_ok(Kvshare__Response *resp) { resp->status = &ok_status; }
+
 static void ok(Kvshare__Response *resp, kvs__arena *a) {
   (void)a;
-  resp->status = &ok_status;
+  disp_ok(resp);
 }
 
 #define ERR(...) (disp_status(resp, a, __VA_ARGS__))
@@ -855,6 +857,12 @@ void disp_request(sess *c, const Kvshare__Request *req,
     break;
   case KVSHARE__REQUEST__OP_BATCH:
     do_batch(c, req->batch, resp, a);
+    break;
+  case KVSHARE__REQUEST__OP_PACKED_BATCH:
+    if (c->in_batch)
+      ERR(KVS_EINVAL, "a packed batch inside a batch");
+    else
+      disp_packed_batch(c, req->packed_batch, resp, a);
     break;
   case KVSHARE__REQUEST__OP_SWAP_OUT:
     do_swap(c, req->swap_out->req_id, 0, resp, a);

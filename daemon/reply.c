@@ -4,6 +4,7 @@
  * can take, known before the request runs.
  */
 #include "daemon/server.h"
+#include "kvs_packed.h"
 
 static size_t varint_size(uint64_t v) {
   size_t n = 1;
@@ -151,6 +152,7 @@ static int op_mutates(const Kvshare__Request *op) {
   case KVSHARE__REQUEST__OP_STATS:
   case KVSHARE__REQUEST__OP_PING:
   case KVSHARE__REQUEST__OP_BATCH: /* inside a Batch: refused */
+  case KVSHARE__REQUEST__OP_PACKED_BATCH:
   case KVSHARE__REQUEST__OP__NOT_SET:
     return 0;
   default:
@@ -158,10 +160,36 @@ static int op_mutates(const Kvshare__Request *op) {
   }
 }
 
+/* A PackedBatch's result records, their blocks and messages. */
+static size_t packed_bound(const sess *c, const Kvshare__PackedBatch *pb) {
+  uint32_t bs = c->srv->layout.block_size, nb = c->srv->layout.num_blocks;
+  size_t n = pb->ops.len / KVS_PACKED_OP_SIZE, i, blocks = 0, msgs;
+
+  for (i = 0; i < n; i++) {
+    kvs_pop o;
+    uint64_t k = 0;
+
+    kvs_pop_get(pb->ops.data + i * KVS_PACKED_OP_SIZE, &o);
+    if (o.op == 1)
+      k = o.tok_n / bs + 1;
+    else if (o.op == 2 || o.op == 3)
+      k = o.n / bs + 2;
+    blocks += k < nb ? k : nb;
+  }
+  msgs = n < DISP_BATCH_MESSAGES ? n : DISP_BATCH_MESSAGES;
+  /* results and data with their tags and lengths; per message its op
+   * index and its text */
+  return 16 + n * KVS_PACKED_RESULT_SIZE + 4 * blocks + msgs * (6 + BOUND_MSG);
+}
+
 size_t disp_reply_bound(const sess *c, const Kvshare__Request *req,
                         int *mutates) {
   size_t n = BOUND_ENVELOPE + BOUND_OP + BOUND_MSG, i, msgs;
 
+  if (req->op_case == KVSHARE__REQUEST__OP_PACKED_BATCH) {
+    *mutates = 1;
+    return n + packed_bound(c, req->packed_batch);
+  }
   if (req->op_case != KVSHARE__REQUEST__OP_BATCH) {
     *mutates = op_mutates(req);
     return n + op_bound(c, req);

@@ -162,6 +162,12 @@ size_t disp_reply_bound(const sess *c, const Kvshare__Request *req,
 
 /* dispatch.c */
 
+/* resp is OK (a shared, empty Status). */
+void disp_ok(Kvshare__Response *resp);
+/* packed.c: a PackedBatch, each op run through disp_request. */
+void disp_packed_batch(sess *c, const Kvshare__PackedBatch *pb,
+                       Kvshare__Response *resp, kvs__arena *a);
+
 /* Fills resp (already initialised) for one request of session c. */
 void disp_request(sess *c, const Kvshare__Request *req,
                   Kvshare__Response *resp, kvs__arena *a);

@@ -26,6 +26,7 @@
 
 #include "daemon/log.h"
 #include "daemon/server.h"
+#include "kvs_packed.h"
 #include "kvs_shm.h"
 
 #define RBUF_MIN (64u << 10)
@@ -370,6 +371,7 @@ static void handle_hello(sess *c, uint64_t seq, const Kvshare__Hello *h) {
   w.model_id = (char *)s->cfg->model_id;
   w.max_frame = (uint32_t)s->cfg->max_frame;
   w.max_batch_ops = s->cfg->max_batch_ops;
+  w.features = KVS_FEATURE_PACKED_BATCH;
   env.seq = seq;
   env.body_case = KVSHARE__ENVELOPE__BODY_WELCOME;
   env.welcome = &w;

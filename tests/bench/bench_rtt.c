@@ -24,6 +24,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "daemon/core/core.h"
 #include "kvs_frame.h"
 #include "tests/integration/itest.h"
 
@@ -417,7 +418,34 @@ static void bench_small(kvs_client *c, const char *mode, double *raw_small) {
 #define PREFILL_REQS 64
 #define DECODE_REQS 128
 
-static void bench_batch(kvs_client *c, double raw_small) {
+/* The framed sizes of a PackedBatch of nops records and words data words,
+ * and of its reply with nblocks block ids. */
+static void packed_sizes(size_t nops, size_t words, size_t nblocks,
+                         size_t *req, size_t *resp) {
+  uint8_t *buf = calloc(1, nops * 40 + (words + nblocks) * 4 + 1);
+  Kvshare__PackedBatch pb = KVSHARE__PACKED_BATCH__INIT;
+  Kvshare__Request top = KVSHARE__REQUEST__INIT;
+  Kvshare__PackedBatchResult pr = KVSHARE__PACKED_BATCH_RESULT__INIT;
+  Kvshare__Response tr = KVSHARE__RESPONSE__INIT;
+  Kvshare__Status st = KVSHARE__STATUS__INIT;
+
+  CHECK(buf);
+  pb.ops.data = pb.data.data = pr.results.data = pr.data.data = buf;
+  pb.ops.len = nops * 40;
+  pb.data.len = words * 4;
+  top.op_case = KVSHARE__REQUEST__OP_PACKED_BATCH;
+  top.packed_batch = &pb;
+  pr.results.len = nops * 32;
+  pr.data.len = nblocks * 4;
+  tr.status = &st;
+  tr.result_case = KVSHARE__RESPONSE__RESULT_PACKED_BATCH;
+  tr.packed_batch = &pr;
+  *req = req_size(&top);
+  *resp = resp_size(&tr);
+  free(buf);
+}
+
+static void bench_batch(kvs_client *c, double raw_small, int packed) {
   uint32_t bs = kvs_layout_of(c)->block_size;
   uint32_t plen = 2 * bs + 5; /* 2 shared system blocks + the user's turn */
   uint32_t *tok = malloc((size_t)PREFILL_REQS * plen * sizeof *tok);
@@ -555,6 +583,9 @@ static void bench_batch(kvs_client *c, double raw_small) {
     CHECK_OK(c, kvs_commit(c, 50000 + (uint64_t)r, 0, NULL, 8, NULL, 0, NULL));
   }
   int dsteps = quick ? 60 : 8 * (int)bs;
+  if (packed) /* what goes on the wire instead */
+    packed_sizes(4 * PREFILL_REQS, (size_t)PREFILL_REQS * plen,
+                 3 * PREFILL_REQS, &preq, &presp);
   for (int s = 0; s < dsteps; s++) {
     kvs_batch_reset(b);
     for (int r = 0; r < DECODE_REQS; r++) {
@@ -636,25 +667,35 @@ static void bench_batch(kvs_client *c, double raw_small) {
   double mp = median(sp.v, sp.n), md = median(sdec.v, sdec.n);
   double mraw = median(sraw.v, sraw.n), mraw2 = median(sraw2.v, sraw2.n);
   int pops = 4 * PREFILL_REQS, dops = 2 * DECODE_REQS;
-  printf("batched steps, median round trip (%d / %d steps):\n", sp.n,
-         sdec.n);
+  if (packed)
+    packed_sizes(2 * DECODE_REQS, DECODE_REQS, DECODE_REQS / bs, &dreq,
+                 &dresp);
+  printf("batched steps as %s, median round trip (%d / %d steps):\n",
+         packed ? "PackedBatch (the default)" : "Batch (KVS_PACKED_BATCH=0)",
+         sp.n, sdec.n);
   printf("  prefill step: %d ops (%d x lookup/allocate/commit/free), %zu B / "
          "%zu B\n",
          pops, PREFILL_REQS, preq, presp);
   printf("    %8.1f us   %.2f M block-ops/s   %.1fx the small raw "
          "ping-pong, %.2fx a raw ping-pong of the same bytes (%.1f us)\n",
          mp, pops / mp, mp / raw_small, mp / mraw, mraw);
-  printf("    of which the daemon's protobuf work (decode the request, encode "
-         "the reply; in-process): %.1f us\n",
-         pcodec);
+  if (!packed)
+    printf("    of which the daemon's protobuf work (decode the request, "
+           "encode the reply; in-process): %.1f us\n",
+           pcodec);
+  printf("    per op: %.0f ns in all, %.0f ns over the raw ping-pong of the "
+         "same bytes\n", mp * 1e3 / pops, (mp - mraw) * 1e3 / pops);
   printf("  decode step: %d ops (%d x append/commit), %zu B / %zu B\n", dops,
          DECODE_REQS, dreq, dresp);
   printf("    %8.1f us   %.2f M block-ops/s   %.1fx the small raw "
          "ping-pong, %.2fx a raw ping-pong of the same bytes (%.1f us)\n",
          md, dops / md, md / raw_small, md / mraw2, mraw2);
-  printf("    of which the daemon's protobuf work (decode the request, encode "
-         "the reply; in-process): %.1f us\n",
-         dcodec);
+  if (!packed)
+    printf("    of which the daemon's protobuf work (decode the request, "
+           "encode the reply; in-process): %.1f us\n",
+           dcodec);
+  printf("    per op: %.0f ns in all, %.0f ns over the raw ping-pong of the "
+         "same bytes\n", md * 1e3 / dops, (md - mraw2) * 1e3 / dops);
   (void)blocks_touched;
   free(sp.v);
   free(sdec.v);
@@ -662,6 +703,107 @@ static void bench_batch(kvs_client *c, double raw_small) {
   free(sraw2.v);
   kvs_batch_free(b);
   free(tok);
+}
+
+/*
+ * One Lookup of a 1024-token prompt (63 blocks cached, token ids of 3-byte
+ * varints) through kvshared, against the core's own lookup of the same
+ * prompt in this process (a request created, the lookup, which hashes the
+ * prompt and probes the index) plus a raw ping-pong of the same frame
+ * bytes.  Interleaved; medians.
+ */
+static void bench_lookup(kvs_client *c) {
+  enum { N = 1024 };
+  const kvs_layout *l = kvs_layout_of(c);
+  uint32_t tok[N], hit = 0, want = (N - 1) / l->block_size * l->block_size;
+  core_config cc;
+  core *co;
+  core_req *r;
+  series sd = {0}, sc = {0}, sr = {0};
+  int rounds = quick ? 10 : 40, per = 200;
+  uint64_t id = 900000;
+  size_t qlen, plen;
+
+  for (uint32_t i = 0; i < N; i++)
+    tok[i] = 200000 + i * 7;
+  /* Cached in the daemon... */
+  CHECK_OK(c, kvs_lookup(c, id, tok, N, NULL, 0, NULL));
+  CHECK_OK(c, kvs_allocate(c, id, N, NULL));
+  CHECK_OK(c, kvs_commit(c, id, 0, NULL, N, NULL, 0, NULL));
+  CHECK_OK(c, kvs_free(c, id));
+  /* ...and in a core of the same shape, in this process. */
+  memset(&cc, 0, sizeof cc);
+  cc.num_blocks = l->num_blocks;
+  cc.block_size = l->block_size;
+  cc.root = core_root_hash(l, kvs_model_id(c));
+  cc.verify_tokens = 1;
+  CHECK(core_create(&cc, &co) == 0);
+  CHECK(core_req_create(co, NULL, 0, &r) == 0);
+  CHECK(core_lookup(co, r, tok, N, &hit) == 0);
+  CHECK(core_allocate(co, r, N, NULL) == 0);
+  CHECK(core_commit(co, r, 0, NULL, N, NULL) == 0);
+  core_req_free(co, r);
+  /* The frames' sizes, for the raw ping-pong. */
+  {
+    Kvshare__Lookup lk = KVSHARE__LOOKUP__INIT;
+    Kvshare__Request rq = KVSHARE__REQUEST__INIT;
+    Kvshare__LookupResult lr = KVSHARE__LOOKUP_RESULT__INIT;
+    Kvshare__Response rs = KVSHARE__RESPONSE__INIT;
+    Kvshare__Status st = KVSHARE__STATUS__INIT;
+    uint32_t blocks[N];
+
+    lk.req_id = id;
+    lk.n_tokens = N;
+    lk.tokens = tok;
+    rq.op_case = KVSHARE__REQUEST__OP_LOOKUP;
+    rq.lookup = &lk;
+    for (uint32_t i = 0; i < N; i++)
+      blocks[i] = 4000 + i;
+    lr.hit_tokens = want;
+    lr.n_blocks = want / l->block_size;
+    lr.blocks = blocks;
+    rs.status = &st;
+    rs.result_case = KVSHARE__RESPONSE__RESULT_LOOKUP;
+    rs.lookup = &lr;
+    qlen = req_size(&rq);
+    plen = resp_size(&rs);
+  }
+  raw rw;
+  raw_start(&rw, qlen, plen);
+  for (int k = 0; k < rounds; k++) {
+    for (int i = 0; i < per; i++) {
+      kvs_lookup_result res;
+      double t0 = itest_now();
+      CHECK_OK(c, kvs_lookup(c, ++id, tok, N, NULL, 0, &res));
+      add(&sd, (itest_now() - t0) * 1e6);
+      CHECK(res.hit_tokens == want);
+      CHECK_OK(c, kvs_free(c, id));
+    }
+    for (int i = 0; i < per; i++) {
+      double t0 = itest_now();
+      CHECK(core_req_create(co, NULL, 0, &r) == 0);
+      CHECK(core_lookup(co, r, tok, N, &hit) == 0);
+      add(&sc, (itest_now() - t0) * 1e6);
+      CHECK(hit == want);
+      core_req_free(co, r);
+    }
+    for (int i = 0; i < per; i++)
+      add(&sr, raw_rtt(&rw));
+  }
+  raw_stop(&rw);
+  core_destroy(co);
+  double md = median(sd.v, sd.n), mc = median(sc.v, sc.n),
+         mr = median(sr.v, sr.n);
+  printf("lookup of a %d-token prompt (%u tokens hit), median over %d "
+         "samples each (interleaved):\n", N, want, sd.n);
+  printf("  the core in-process (create + lookup)     %8.2f us\n", mc);
+  printf("  raw ping-pong of the same bytes %zu B / %zu B  %8.2f us\n",
+         qlen, plen, mr);
+  printf("  through kvshared                          %8.2f us   ratio "
+         "%.2fx core + raw (target <= 2x)\n", md, md / (mc + mr));
+  free(sd.v);
+  free(sc.v);
+  free(sr.v);
 }
 
 int main(void) {
@@ -691,7 +833,19 @@ int main(void) {
   } else {
     bench_small(c, "one core", &raw_small);
   }
-  bench_batch(c, raw_small);
+  bench_lookup(c);
+  {
+    /* The batched steps both ways, each with its own client: the protobuf
+     * Batch first, then the packed records libkvshare uses by default. */
+    kvs_client *cb;
+
+    setenv("KVS_PACKED_BATCH", "0", 1);
+    cb = itest_connect(&d, "bench_rtt_batch");
+    unsetenv("KVS_PACKED_BATCH");
+    bench_batch(cb, raw_small, 0);
+    kvs_close(cb);
+    bench_batch(c, raw_small, 1);
+  }
   unpin(0);
   unpin(d.pid);
   kvs_close(c);

@@ -22,6 +22,7 @@
 
 #include "daemon/log.h"
 #include "daemon/server.h"
+#include "kvs_packed.h"
 #include "tests/fuzz/fuzz_target.h"
 
 #define NSESS 2
@@ -232,6 +233,13 @@ static void reply(const sess *c, const Kvshare__Request *req, uint64_t seq,
       (back->response->result_case != KVSHARE__RESPONSE__RESULT_BATCH ||
        back->response->batch->n_replies != req->batch->n_ops))
     die("a batch reply without one reply per op", NULL);
+  if (req->op_case == KVSHARE__REQUEST__OP_PACKED_BATCH &&
+      back->response->status->code == 0 &&
+      (back->response->result_case !=
+           KVSHARE__RESPONSE__RESULT_PACKED_BATCH ||
+       back->response->packed_batch->results.len * KVS_PACKED_OP_SIZE !=
+           req->packed_batch->ops.len * KVS_PACKED_RESULT_SIZE))
+    die("a packed batch reply without one result per op", NULL);
   kvs_envelope_free(back);
   free(buf);
 }

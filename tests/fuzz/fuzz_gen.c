@@ -1,6 +1,8 @@
 /* fuzz_gen.c — see fuzz_gen.h. */
 #include "tests/fuzz/fuzz_gen.h"
 
+#include "kvs_packed.h"
+
 #include <string.h>
 
 #include "kvs_frame.h"
@@ -240,11 +242,107 @@ static size_t coherent(fz_rng *r, struct op_store *ops) {
   return k;
 }
 
+/* The batch of ops as a PackedBatch (proto/kvs_packed.h): the ops a packed
+ * batch takes as records, any other as a record of an unknown kind; now and
+ * then an array offset pushed out of the data, or a stray op byte. */
+static void to_packed(fz_rng *r, Kvshare__Request **ops, size_t n,
+                      Kvshare__PackedBatch *pb) {
+  static uint8_t recs[MAX_OPS * KVS_PACKED_OP_SIZE];
+  static uint32_t words[MAX_OPS * (MAX_TOKENS + 8)];
+  size_t i, nw = 0;
+
+  for (i = 0; i < n; i++) {
+    const Kvshare__Request *q = ops[i];
+    kvs_pop o;
+
+    memset(&o, 0, sizeof(o));
+    o.op = (uint8_t)q->op_case;
+    switch (q->op_case) {
+    case KVSHARE__REQUEST__OP_LOOKUP:
+      o.req_id = q->lookup->req_id;
+      o.tok_off = (uint32_t)nw;
+      o.tok_n = (uint32_t)q->lookup->n_tokens;
+      if (o.tok_n)
+        memcpy(words + nw, q->lookup->tokens, o.tok_n * 4);
+      nw += o.tok_n;
+      o.flags = q->lookup->no_promote ? KVS_POP_NO_PROMOTE : 0;
+      break;
+    case KVSHARE__REQUEST__OP_ALLOCATE:
+      o.req_id = q->allocate->req_id;
+      o.n = q->allocate->num_tokens;
+      o.flags = q->allocate->daemon_copy ? KVS_POP_DAEMON_COPY : 0;
+      break;
+    case KVSHARE__REQUEST__OP_APPEND:
+      o.req_id = q->append->req_id;
+      o.n = q->append->num_tokens;
+      o.flags = q->append->daemon_copy ? KVS_POP_DAEMON_COPY : 0;
+      break;
+    case KVSHARE__REQUEST__OP_COMMIT:
+      o.req_id = q->commit->req_id;
+      o.arg = q->commit->start;
+      o.n = q->commit->num_tokens;
+      if (q->commit->n_tokens) {
+        o.flags = KVS_POP_HAS_TOKENS;
+        o.tok_off = (uint32_t)nw;
+        o.tok_n = (uint32_t)q->commit->n_tokens;
+        if (o.tok_n)
+          memcpy(words + nw, q->commit->tokens, o.tok_n * 4);
+        nw += o.tok_n;
+      }
+      o.blk_off = (uint32_t)nw;
+      o.blk_n = (uint32_t)q->commit->n_blocks;
+      if (o.blk_n)
+        memcpy(words + nw, q->commit->blocks, o.blk_n * 4);
+      nw += o.blk_n;
+      break;
+    case KVSHARE__REQUEST__OP_FORK:
+      o.req_id = q->fork->req_id;
+      o.arg = q->fork->child_id;
+      break;
+    case KVSHARE__REQUEST__OP_FREE:
+      o.req_id = q->free->req_id;
+      break;
+    case KVSHARE__REQUEST__OP_PREEMPT:
+      o.req_id = q->preempt->req_id;
+      break;
+    default: /* not packable: the daemon answers EINVAL in its slot */
+      break;
+    }
+    switch (fz_below(r, 40)) {
+    case 0:
+      o.tok_off = fz_below(r, 2) ? UINT32_MAX - fz_below(r, 4)
+                                 : (uint32_t)nw + 1;
+      break;
+    case 1:
+      o.blk_n = (uint32_t)fz_next(r);
+      break;
+    case 2:
+      o.op = (uint8_t)fz_next(r);
+      break;
+    case 3:
+      o.arg = fz_next(r); /* a commit start past 2^32 */
+      break;
+    default:
+      break;
+    }
+    kvs_pop_put(recs + i * KVS_PACKED_OP_SIZE, &o);
+  }
+  kvshare__packed_batch__init(pb);
+  pb->ops.data = recs;
+  pb->ops.len = n * KVS_PACKED_OP_SIZE;
+  pb->data.data = (uint8_t *)words;
+  pb->data.len = nw * 4;
+  if (fz_below(r, 30) == 0) /* not whole records or words */
+    fz_below(r, 2) ? (void)(pb->ops.len -= pb->ops.len ? 1 : 0)
+                   : (void)(pb->data.len += pb->data.len ? -1 : 3);
+}
+
 size_t fz_request(fz_rng *r, uint64_t seq, uint8_t *out, size_t cap) {
   static struct op_store ops[MAX_OPS + 1];
   static Kvshare__Request *ptrs[MAX_OPS];
   Kvshare__Envelope env;
   Kvshare__Batch batch;
+  Kvshare__PackedBatch packed;
   size_t len;
 
   random_op(r, &ops[MAX_OPS], 1);
@@ -281,6 +379,12 @@ size_t fz_request(fz_rng *r, uint64_t seq, uint8_t *out, size_t cap) {
     batch.ops = ptrs;
     ops[MAX_OPS].req.op_case = KVSHARE__REQUEST__OP_BATCH;
     ops[MAX_OPS].req.batch = &batch;
+  }
+  if (ops[MAX_OPS].req.op_case == KVSHARE__REQUEST__OP_BATCH &&
+      fz_below(r, 2) == 0) {
+    to_packed(r, batch.ops, batch.n_ops, &packed);
+    ops[MAX_OPS].req.op_case = KVSHARE__REQUEST__OP_PACKED_BATCH;
+    ops[MAX_OPS].req.packed_batch = &packed;
   }
   kvshare__envelope__init(&env);
   env.seq = seq;

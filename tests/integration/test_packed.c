@@ -1,0 +1,192 @@
+/*
+ * test_packed — a PackedBatch does exactly what the same Batch does.
+ *
+ * The same seeded workload runs twice, each time against a fresh daemon:
+ * once with packed batches off ($KVS_PACKED_BATCH=0: every batch goes as a
+ * protobuf Batch, the reference) and once on (libkvshare packs every batch
+ * it can).  The workload is 600 scheduler steps of random batches over 24
+ * requests sharing a few prefixes: lookups, allocates, appends, commits
+ * (with and without tokens, with right and wrong block ids), forks, frees,
+ * preempts, ids that do not exist (some steps fail more than 16 ops), and
+ * daemon copies on.  The core is deterministic, so every op's status,
+ * message and result (hit tokens, block tables, first index, copy-on-write
+ * pair, sealed count) must be the same both times.  Then the pool checks.
+ */
+#include <string.h>
+
+#include "tests/integration/itest.h"
+
+#define STEPS 600
+#define NREQ 24
+#define MAXOPS 64
+
+/* What one op gave back, flattened into words. */
+typedef struct trace {
+  uint32_t *w;
+  size_t n, cap;
+  char **msgs;
+  size_t nmsg, msgcap;
+} trace;
+
+static void put(trace *t, uint32_t v) {
+  if (t->n == t->cap) {
+    t->cap = t->cap ? 2 * t->cap : 4096;
+    t->w = realloc(t->w, t->cap * sizeof(*t->w));
+    CHECK(t->w);
+  }
+  t->w[t->n++] = v;
+}
+
+static void put_msg(trace *t, const char *m) {
+  if (t->nmsg == t->msgcap) {
+    t->msgcap = t->msgcap ? 2 * t->msgcap : 1024;
+    t->msgs = realloc(t->msgs, t->msgcap * sizeof(*t->msgs));
+    CHECK(t->msgs);
+  }
+  t->msgs[t->nmsg] = strdup(m);
+  CHECK(t->msgs[t->nmsg]);
+  t->nmsg++;
+}
+
+static void run(int packed, trace *t, unsigned *packed_ops) {
+  static const char *const opts[] = {"--num-layers", "2", "--head-dim", "16",
+                                     "--pool-blocks", "96", NULL};
+  itest_daemon d;
+  int my_fds = itest_fd_count(0);
+  kvs_client *c;
+  kvs_batch *b;
+  uint64_t rng = 20261123;
+  uint32_t bs, prompt[4][96];
+
+  setenv("KVS_PACKED_BATCH", packed ? "1" : "0", 1);
+  itest_daemon_start(&d, opts);
+  c = itest_connect(&d, packed ? "packed" : "batch");
+  CHECK_OK(c, kvs_set_daemon_copy(c, 1));
+  bs = kvs_layout_of(c)->block_size;
+  for (int p = 0; p < 4; p++)
+    for (int i = 0; i < 96; i++)
+      prompt[p][i] = (uint32_t)(p < 2 ? 1000 + i : 2000 + 97 * p + i);
+  CHECK(kvs_batch_new(&b) == 0);
+  for (int step = 0; step < STEPS; step++) {
+    uint32_t nops = 1 + (uint32_t)(itest_rand(&rng) % MAXOPS);
+    uint32_t blocks[4];
+
+    kvs_batch_reset(b);
+    for (uint32_t k = 0; k < nops; k++) {
+      uint64_t id = 1 + itest_rand(&rng) % (NREQ + 4); /* some never made */
+      uint32_t n = 1 + (uint32_t)(itest_rand(&rng) % (3 * bs));
+      const uint32_t *pr = prompt[itest_rand(&rng) % 4];
+      int rc = 0;
+
+      switch (itest_rand(&rng) % 9) {
+      case 0:
+      case 1:
+        rc = kvs_batch_lookup(b, id, pr, 1 + (uint32_t)(itest_rand(&rng) % 96),
+                              NULL, 0);
+        break;
+      case 2:
+        rc = kvs_batch_allocate(b, id, n);
+        break;
+      case 3:
+        rc = kvs_batch_append(b, id, 1 + n % 3);
+        break;
+      case 4: /* known tokens, or the prompt's own */
+        rc = itest_rand(&rng) % 2
+                 ? kvs_batch_commit(b, id, 0, NULL, n, NULL, 0)
+                 : kvs_batch_commit(b, id, 0, pr, n % 96 + 1, NULL, 0);
+        break;
+      case 5: /* block ids that may or may not be the request's */
+        for (int j = 0; j < 4; j++)
+          blocks[j] = (uint32_t)(itest_rand(&rng) % 100);
+        rc = kvs_batch_commit(b, id, 0, NULL, (1 + n % 4) * bs, blocks,
+                              1 + n % 4);
+        break;
+      case 6:
+        rc = kvs_batch_fork(b, id, 1 + itest_rand(&rng) % (NREQ + 4));
+        break;
+      case 7:
+        rc = kvs_batch_free_req(b, id);
+        break;
+      default:
+        rc = kvs_batch_preempt(b, id);
+        break;
+      }
+      CHECK(rc == (int)k);
+    }
+    CHECK_OK(c, kvs_batch_submit(c, b));
+    *packed_ops += packed ? nops : 0;
+    put(t, nops);
+    for (uint32_t k = 0; k < nops; k++) {
+      int st = kvs_batch_status(b, k);
+      kvs_lookup_result lr;
+      kvs_alloc_result ar;
+      uint32_t sealed;
+
+      put(t, (uint32_t)st);
+      put_msg(t, kvs_batch_message(b, k));
+      if (st)
+        continue;
+      if (kvs_batch_lookup_result(b, k, &lr) == 0) {
+        put(t, 1);
+        put(t, lr.hit_tokens);
+        put(t, lr.num_blocks);
+        for (uint32_t j = 0; j < lr.num_blocks; j++)
+          put(t, lr.blocks[j]);
+      } else if (kvs_batch_alloc_result(b, k, &ar) == 0) {
+        put(t, 2);
+        put(t, ar.first_index);
+        put(t, (uint32_t)ar.has_cow);
+        put(t, ar.cow_src);
+        put(t, ar.cow_dst);
+        put(t, ar.cow_index);
+        put(t, ar.num_blocks);
+        for (uint32_t j = 0; j < ar.num_blocks; j++)
+          put(t, ar.blocks[j]);
+      } else if (kvs_batch_commit_result(b, k, &sealed) == 0) {
+        put(t, 3);
+        put(t, sealed);
+      }
+    }
+  }
+  /* Free everything the workload left, and check the pool. */
+  kvs_batch_reset(b);
+  for (uint64_t id = 1; id <= NREQ + 4; id++)
+    kvs_batch_free_req(b, id);
+  CHECK_OK(c, kvs_batch_submit(c, b));
+  kvs_batch_free(b);
+  itest_check_pool(c, 1, 0, 0);
+  kvs_close(c);
+  itest_daemon_finish(&d, my_fds);
+}
+
+int main(void) {
+  trace ref = {0}, pk = {0};
+  unsigned packed_ops = 0;
+
+  run(0, &ref, &packed_ops);
+  run(1, &pk, &packed_ops);
+  CHECK(ref.n == pk.n && ref.nmsg == pk.nmsg);
+  for (size_t i = 0; i < ref.n; i++)
+    if (ref.w[i] != pk.w[i]) {
+      fprintf(stderr, "word %zu differs: batch %u, packed %u\n", i,
+              ref.w[i], pk.w[i]);
+      exit(1);
+    }
+  for (size_t i = 0; i < ref.nmsg; i++) {
+    if (strcmp(ref.msgs[i], pk.msgs[i]) != 0) {
+      fprintf(stderr, "message %zu differs: batch \"%s\", packed \"%s\"\n",
+              i, ref.msgs[i], pk.msgs[i]);
+      exit(1);
+    }
+    free(ref.msgs[i]);
+    free(pk.msgs[i]);
+  }
+  printf("test_packed: ok (%u packed ops, %zu ops' results the same as "
+         "the Batch's, %zu words)\n",
+         packed_ops, ref.nmsg, ref.n);
+  free(ref.w);
+  free(pk.w);
+  free(ref.msgs);
+  free(pk.msgs);
+  return 0;
+}
