@@ -329,6 +329,17 @@ static void build(kvs_batch *b, uint32_t i, int daemon_copy) {
   b->reqs[i] = &m->req;
 }
 
+/* Takes the reply over from the client: it lives in the client's arena, so
+ * the batch takes that arena and gives the client its own (empty). */
+static void take_reply(kvs_client *c, kvs_batch *b) {
+  kvs__arena tmp = b->arena;
+
+  b->reply = c->last;
+  c->last = NULL;
+  b->arena = c->arena;
+  c->arena = tmp;
+}
+
 /* Can every op go in a PackedBatch, and does it fit a frame?  (Token ids
  * are 4 bytes each there, 1 to 5 as protobuf varints: a batch of small ids
  * near max_frame may fit only as a Batch.) */
@@ -507,11 +518,7 @@ static int submit_packed(kvs_client *c, kvs_batch *b) {
     c->broken = 1; /* the reply does not match what was sent */
     return KVS_EPROTO;
   }
-  b->reply = c->last;
-  c->last = NULL;
-  kvs__arena tmp = b->arena;
-  b->arena = c->arena;
-  c->arena = tmp;
+  take_reply(c, b);
   rc = unpack_results(b, r->packed_batch);
   if (rc) {
     drop_reply(b);
@@ -558,13 +565,7 @@ int kvs_batch_submit(kvs_client *c, kvs_batch *b) {
     c->broken = 1; /* the reply does not match what was sent */
     return KVS_EPROTO;
   }
-  /* Take the reply over from the client: it lives in the client's arena,
-   * so the batch takes that arena and gives the client its own (empty). */
-  b->reply = c->last;
-  c->last = NULL;
-  kvs__arena tmp = b->arena;
-  b->arena = c->arena;
-  c->arena = tmp;
+  take_reply(c, b);
   if (b->n) {
     b->replies = r->batch->replies;
     b->nreplies = (uint32_t)r->batch->n_replies;

@@ -81,6 +81,20 @@ void disp_status(Kvshare__Response *resp, kvs__arena *a, int code,
   resp->status = st;
 }
 
+/* nomem_status without its message, for a Batch's later failures. */
+static Kvshare__Status nomem_bare = {
+    PROTOBUF_C_MESSAGE_INIT(&kvshare__status__descriptor), KVS_ENOMEM,
+    (char *)""};
+
+void disp_batch_trim(Kvshare__Response *r, size_t *failed) {
+  if (!r->status || r->status->code == 0 || ++*failed <= DISP_BATCH_MESSAGES)
+    return;
+  if (r->status == &nomem_status)
+    r->status = &nomem_bare;
+  else
+    r->status->message = (char *)""; /* the code alone */
+}
+
 /* Every OK reply points at this one (packing only reads it). */
 static Kvshare__Status ok_status = KVSHARE__STATUS__INIT;
 
@@ -813,9 +827,7 @@ static void do_batch(sess *c, const Kvshare__Batch *b, Kvshare__Response *resp,
       disp_status(r, a, KVS_EINVAL, "op %zu: a batch inside a batch", i);
     else
       disp_request(c, b->ops[i], r, a);
-    if (r->status && r->status->code != 0 &&
-        ++failed > DISP_BATCH_MESSAGES && r->status != &nomem_status)
-      r->status->message = (char *)""; /* the code alone */
+    disp_batch_trim(r, &failed);
     replies[i] = r;
   }
   c->in_batch = 0;

@@ -154,6 +154,12 @@ static void pack_result(const Kvshare__Response *r, uint8_t *rec,
   kvs_pres_put(rec, &p);
 }
 
+/* Does a failed op's status still carry its message (disp_batch_trim)? */
+static int has_message(const Kvshare__Response *r) {
+  return r->status && r->status->code != 0 && r->status->message &&
+         r->status->message[0];
+}
+
 static size_t result_blocks(const Kvshare__Response *r) {
   if (r->result_case == KVSHARE__RESPONSE__RESULT_LOOKUP)
     return r->lookup->n_blocks;
@@ -164,7 +170,8 @@ static size_t result_blocks(const Kvshare__Response *r) {
 
 void disp_packed_batch(sess *c, const Kvshare__PackedBatch *pb,
                        Kvshare__Response *resp, kvs__arena *a) {
-  size_t n = pb->ops.len / KVS_PACKED_OP_SIZE, i, nblocks = 0, nmsg = 0;
+  size_t n = pb->ops.len / KVS_PACKED_OP_SIZE, i, nblocks = 0, nmsg = 0,
+         failed = 0;
   Kvshare__PackedBatchResult *res;
   Kvshare__Response *rs;
   uint32_t nd = 0;
@@ -197,15 +204,15 @@ void disp_packed_batch(sess *c, const Kvshare__PackedBatch *pb,
     kvs_pop_get(pb->ops.data + i * KVS_PACKED_OP_SIZE, &o);
     if (unpack_op(&o, i, pb, &req, &m, &rs[i], a))
       disp_request(c, &req, &rs[i], a);
-    if (rs[i].status && rs[i].status->code != 0 &&
-        rs[i].status->message && rs[i].status->message[0] &&
-        nmsg < DISP_BATCH_MESSAGES)
-      nmsg++;
+    disp_batch_trim(&rs[i], &failed);
+    nmsg += has_message(&rs[i]);
     nblocks += result_blocks(&rs[i]);
   }
   c->in_batch = 0;
-  if (nblocks > UINT32_MAX / 4)
-    nblocks = UINT32_MAX / 4; /* cannot happen: bounded by the frame */
+  if (nblocks > UINT32_MAX) { /* never: the reply bound keeps it in a frame */
+    disp_status(resp, a, KVS_ELIMIT, "%zu block ids in one reply", nblocks);
+    return;
+  }
   res->results.len = n * KVS_PACKED_RESULT_SIZE;
   res->results.data = n ? kvs__arena_alloc(a, res->results.len) : NULL;
   res->data.len = nblocks * 4;
@@ -219,14 +226,11 @@ void disp_packed_batch(sess *c, const Kvshare__PackedBatch *pb,
     return;
   }
   for (i = 0; i < n; i++) {
-    const Kvshare__Status *st = rs[i].status;
-
     pack_result(&rs[i], res->results.data + i * KVS_PACKED_RESULT_SIZE,
                 (uint32_t *)(void *)res->data.data, &nd);
-    if (st && st->code != 0 && st->message && st->message[0] &&
-        res->n_messages < nmsg) {
+    if (has_message(&rs[i])) {
       res->message_ops[res->n_message_ops++] = (uint32_t)i;
-      res->messages[res->n_messages++] = st->message;
+      res->messages[res->n_messages++] = rs[i].status->message;
     }
   }
   resp->result_case = KVSHARE__RESPONSE__RESULT_PACKED_BATCH;

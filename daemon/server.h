@@ -155,6 +155,10 @@ void disp_reply_encode(const disp_reply *r, uint8_t *out);
  * the others carry their code alone, so the reply stays within
  * disp_reply_bound. */
 #define DISP_BATCH_MESSAGES 16u
+/* A Batch's op i has its Response r: past the DISP_BATCH_MESSAGES'th
+ * failure (counted in *failed), its status keeps its code alone.  Batch and
+ * PackedBatch both call it after each op. */
+void disp_batch_trim(Kvshare__Response *r, size_t *failed);
 /* The most the reply to req can take, framed, before it runs; *mutates:
  * whether any of its ops changes anything. */
 size_t disp_reply_bound(const sess *c, const Kvshare__Request *req,
