@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "daemon/core/core.h"
 #include "kvs_status.h"
 
 enum cfg_type {
@@ -185,8 +186,9 @@ static const cfg_option options[] = {
      "Core",
      "On a prefix hit, also compare the stored token ids, so a hash "
      "collision never serves another prefix."},
-    {"policy", T_STR, F(policy), 0, 0, "lru", NULL, "NAME", "Core",
-     "Eviction policy of the core."},
+    {"policy", T_STR, F(policy), 0, 0, "slru", NULL, "NAME", "Core",
+     "Eviction policy of the core: slru (segmented LRU with ghost "
+     "admission), lru or mq (multi-queue); see docs/policies.md."},
 
     {"log_level", T_ENUM, F(log_level), 0, 0, "info",
      "error|warn|info|debug", "LEVEL", "Process",
@@ -684,6 +686,22 @@ int cfg_finish(cfg *c, char *err, size_t err_len) {
   if (!c->disk_tier[0] != !c->disk_tier_bytes)
     return fail(err, err_len, "disk_tier and disk_tier_bytes go together "
                 "(the file and its size)");
+  {
+    char names[128] = "";
+    const char *n;
+    int offline, known = 0;
+    for (size_t i = 0; (n = core_policy_name(i, &offline)) != NULL; i++) {
+      if (offline)
+        continue;
+      known |= strcmp(n, c->policy) == 0;
+      snprintf(names + strlen(names), sizeof(names) - strlen(names), "%s%s",
+               names[0] ? ", " : "", n);
+    }
+    if (!known)
+      return fail(err, err_len, "policy '%s' is not one of the daemon's "
+                  "eviction policies (%s; 'opt' needs the future: the "
+                  "replayer only)", c->policy, names);
+  }
   if (c->reserve_blocks >= l->num_blocks && c->gpu_memory_fraction == 0)
     return fail(err, err_len, "reserve_blocks %u must be below the pool's %u "
                 "blocks", c->reserve_blocks, l->num_blocks);

@@ -24,14 +24,14 @@ $(BUILD)/kvshared: $(DAEMON_OBJS) $(BUILD)/libkvsshm.a $(BUILD)/libkvscore.a \
 	  $(BUILD)/libkvsgpu.a $(BUILD)/libkvsproto.a $(DAEMON_LIBS)
 
 # Unit tests of the configuration: tests/unit/test_config*.c, linked with the
-# option table alone (no loop, no core).
+# option table (and the core, for its policy names; no loop).
 CONFIG_TESTS := $(patsubst %.c,$(BUILD)/%,$(wildcard tests/unit/test_config*.c))
 UNIT_TESTS += $(CONFIG_TESTS)
 $(CONFIG_TESTS): $(BUILD)/%: $(BUILD)/%.o $(BUILD)/daemon/config.o \
-                 $(BUILD)/libkvsproto.a
+                 $(BUILD)/libkvscore.a $(BUILD)/libkvsproto.a
 	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(BUILD)/daemon/config.o $(BUILD)/libkvsproto.a \
-	  $(PROTO_LIBS) $(TEST_LIBS)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(BUILD)/daemon/config.o $(BUILD)/libkvscore.a \
+	  $(BUILD)/libkvsproto.a $(CORE_LIBS) $(PROTO_LIBS) $(TEST_LIBS)
 
 # `make install`: the example config and the systemd unit, for the admin to
 # copy into /etc (see docs/operations.md); the unit runs $(PREFIX)/bin/kvshared.

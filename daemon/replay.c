@@ -15,6 +15,9 @@
 #include <time.h>
 #include <unistd.h>
 
+/* The daemon's default (daemon/config.c). */
+#define REPLAY_DEFAULT_POLICY "slru"
+
 void replay_config_init(replay_config *cfg) {
   memset(cfg, 0, sizeof(*cfg));
   cfg->block_size = 16;
@@ -116,8 +119,7 @@ int replay_core_create(const replay_config *cfg, uint32_t num_blocks,
   cc.block_size = cfg->block_size;
   cc.reserve_blocks = 0;
   cc.root = core_root_hash(&layout, "kvshared-replay");
-  if (cfg->policy != NULL)
-    cc.policy = cfg->policy;
+  cc.policy = cfg->policy != NULL ? cfg->policy : REPLAY_DEFAULT_POLICY;
   for (int t = 0; t < CORE_TIERS; t++) {
     uint64_t slots = cfg->tier_tokens[t] / cfg->block_size;
     /* More slots than the trace has blocks would never fill. */
@@ -128,6 +130,11 @@ int replay_core_create(const replay_config *cfg, uint32_t num_blocks,
     cc.tier_slots[t] = (uint32_t)slots;
   }
   cc.tier_sync = 1;
+  cc.allow_offline = 1;
+  /* The trace's token ids are made from its hash ids, so a hash hit is
+   * always the same tokens: no need to keep them (4 x block_size bytes per
+   * block, most of the replayer's memory). */
+  cc.verify_tokens = 0;
   return core_create(&cc, out);
 }
 
@@ -179,11 +186,51 @@ static void replay_sample(core *c, replay_result *res) {
     res->peak_resident = resident;
 }
 
+/*
+ * For an offline policy: when each full prompt block of each record is next
+ * used, as a record number (UINT32_MAX: never), record by record from
+ * *out[0].  A 16-token block is named by the trace block its last token lies
+ * in and its place among the blocks ending there (see replay_ends_in), which
+ * is what its chained hash stands for.
+ */
+static int replay_next_uses(const trace *t, uint32_t bs, uint32_t **out) {
+  const uint64_t stride = TRACE_BLOCK_TOKENS / bs + 2;
+  uint64_t total = 0, nkeys = ((uint64_t)t->max_hash_id + 1) * stride;
+  uint32_t *next, *last;
+
+  for (size_t i = 0; i < t->num_recs; i++)
+    total += t->recs[i].input_length / bs;
+  next = malloc((total ? total : 1) * sizeof(*next));
+  last = malloc(nkeys * sizeof(*last));
+  if (next == NULL || last == NULL || t->num_recs >= UINT32_MAX) {
+    free(next);
+    free(last);
+    return KVS_ENOMEM;
+  }
+  memset(last, 0xff, nkeys * sizeof(*last));
+  for (size_t i = t->num_recs; i-- > 0;) {
+    const trace_rec *r = &t->recs[i];
+    const uint32_t *ids = trace_rec_hash_ids(t, r);
+    uint32_t full = r->input_length / bs;
+    total -= full;
+    for (uint32_t j = 0; j < full; j++) {
+      uint64_t k = ((uint64_t)(j + 1) * bs - 1) / TRACE_BLOCK_TOKENS;
+      uint64_t key = ids[k] * stride + (j - k * TRACE_BLOCK_TOKENS / bs);
+      next[total + j] = last[key];
+      last[key] = (uint32_t)i;
+    }
+  }
+  free(last);
+  *out = next;
+  return 0;
+}
+
 /* One record.  Returns 0 or an unexpected core error. */
 static int replay_one(core *c, const trace *t, const trace_rec *r,
                       uint64_t index, const replay_config *cfg,
                       uint32_t num_blocks, uint32_t *tokens,
-                      core_promo *promos, int *ok, replay_result *res) {
+                      core_promo *promos, int *ok, const uint32_t *next,
+                      replay_result *res) {
   uint32_t bs = cfg->block_size, n = r->input_length, hit = 0;
   core_lookup_out lo;
   core_req *q = NULL;
@@ -220,6 +267,12 @@ static int replay_one(core *c, const trace *t, const trace_rec *r,
   rc = core_commit(c, q, hit, NULL, n - hit, NULL);
   if (rc != 0)
     goto out;
+  if (next != NULL) {
+    uint32_t nb, full = n / bs;
+    const uint32_t *blocks = core_req_blocks(q, &nb);
+    for (uint32_t j = 0; j < full && j < nb; j++)
+      core_policy_hint(c, blocks[j], next[j]);
+  }
   res->served++;
   res->hit_tokens += hit;
   res->hit_blocks += hit / bs;
@@ -255,12 +308,17 @@ int replay_run(core *c, const trace *t, const replay_config *cfg,
   uint32_t *tokens;
   core_promo *promos;
   int *ok;
+  uint32_t *next = NULL;
+  uint64_t next_off = 0;
   size_t step = t->num_recs / 200 + 1, maxb;
   double t0 = replay_now();
   int rc = 0;
 
   memset(res, 0, sizeof(*res));
   core_get_stats(c, &st);
+  if (core_policy_offline(c) &&
+      (rc = replay_next_uses(t, cfg->block_size, &next)) != 0)
+    return rc;
   maxb = (size_t)t->max_input_length / cfg->block_size + 1;
   tokens = malloc((size_t)t->max_input_length * sizeof(*tokens));
   promos = malloc(maxb * sizeof(*promos));
@@ -269,19 +327,22 @@ int replay_run(core *c, const trace *t, const replay_config *cfg,
     free(tokens);
     free(promos);
     free(ok);
+    free(next);
     return KVS_ENOMEM;
   }
   for (size_t i = 0; i < maxb; i++)
     ok[i] = 1;
   for (size_t i = 0; i < t->num_recs && rc == 0; i++) {
     rc = replay_one(c, t, &t->recs[i], i, cfg, st.num_blocks, tokens, promos,
-                    ok, res);
+                    ok, next != NULL ? next + next_off : NULL, res);
+    next_off += t->recs[i].input_length / cfg->block_size;
     if (cfg->progress && (i % step == 0 || i + 1 == t->num_recs))
       replay_progress(i + 1, t->num_recs, t0);
   }
   free(tokens);
   free(promos);
   free(ok);
+  free(next);
   res->seconds = replay_now() - t0;
   core_get_stats(c, &res->stats);
   core_tier_get_stats(c, res->tiers);
@@ -293,9 +354,10 @@ int replay_run(core *c, const trace *t, const replay_config *cfg,
 static void replay_usage(FILE *f) {
   fprintf(f,
           "usage: kvshared replay --trace FILE [--capacity-tokens N|unlimited]\n"
-          "                       [--block-size 16] [--policy lru] [--decode]\n"
+          "                       [--block-size 16] [--policy NAME[,NAME...]]\n"
+          "                       [--sweep N,N,...] [--plot FILE.png] [--decode]\n"
           "                       [--host-tier-tokens N] [--disk-tier-tokens N]\n"
-          "                       [--limit N] [--json] [--progress|--no-progress]\n"
+          "                       [--limit N] [--skip N] [--json] [--progress|--no-progress]\n"
           "\n"
           "Replays a Mooncake-format request trace through the block-manager core,\n"
           "one request at a time in timestamp order, and prints token and block\n"
@@ -307,17 +369,39 @@ static void replay_usage(FILE *f) {
           "                          'unlimited' (default) sizes the pool to hold\n"
           "                          the whole trace without eviction\n"
           "  --block-size N          tokens per block (default 16)\n"
-          "  --policy NAME           eviction policy (default lru)\n"
+          "  --policy NAME[,NAME...] eviction policy: slru (default, as the daemon),\n"
+          "                          lru, mq, or opt (Belady's offline optimum: it\n"
+          "                          reads the trace's future; replayer only)\n"
+          "  --sweep N,N,...         replay once per capacity (tokens, 1e6 notation\n"
+          "                          or 'unlimited') and policy; print a table\n"
+          "  --plot FILE.png         with --sweep: draw hit rate vs capacity per\n"
+          "                          policy (needs gnuplot)\n"
           "  --host-tier-tokens N    a host tier of N tokens below the pool: an\n"
           "                          evicted block is copied down, a lookup that\n"
           "                          finds it there promotes it (a hit)\n"
           "  --disk-tier-tokens N    a disk tier below the host tier (or the pool)\n"
           "  --decode                also append and commit output_length tokens\n"
           "                          per request (unique tokens: space, never hits)\n"
-          "  --limit N               replay only the first N records of the file\n"
+          "  --limit N               read only the first N records of the file\n"
+          "  --skip N                then drop the first N records (by time): with\n"
+          "                          --limit, a held-out part of a trace\n"
           "  --json                  print the result as one JSON object\n"
           "  --progress, --no-progress  progress bar on stderr (default: when\n"
           "                          stderr is a terminal)\n");
+}
+
+/* Splits a comma-separated list in place: its non-empty items, at most max.
+ * -1 when there are none or too many. */
+static int replay_split(char *list, const char **items, size_t max,
+                        size_t *n) {
+  *n = 0;
+  for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok != NULL;
+       tok = strtok_r(NULL, ",", &save)) {
+    if (*n == max)
+      return -1;
+    items[(*n)++] = tok;
+  }
+  return *n ? 0 : -1;
 }
 
 /* A positive integer, in plain or 1e6 notation.  -1 when it is not one. */
@@ -352,7 +436,7 @@ static void replay_print_text(const char *path, const trace *t,
          "policy %s, decode %s\n",
          (uint64_t)num_blocks * cfg->block_size, num_blocks, cfg->block_size,
          cfg->capacity_tokens ? "" : " (unlimited: holds the whole trace)",
-         cfg->policy ? cfg->policy : "lru", cfg->decode ? "on" : "off");
+         cfg->policy ? cfg->policy : REPLAY_DEFAULT_POLICY, cfg->decode ? "on" : "off");
   printf("requests        %" PRIu64 " served, %" PRIu64 " refused (%" PRIu64
          " prompt tokens larger than the pool)\n",
          res->served, res->refused, res->refused_tokens);
@@ -412,7 +496,7 @@ static int replay_print_json(const char *path, const trace *t,
       "trace", path, "records", (json_int_t)t->num_recs, "capacity_tokens",
       (json_int_t)num_blocks * cfg->block_size, "num_blocks",
       (json_int_t)num_blocks, "unlimited", cfg->capacity_tokens == 0,
-      "policy", cfg->policy ? cfg->policy : "lru", "decode", cfg->decode != 0,
+      "policy", cfg->policy ? cfg->policy : REPLAY_DEFAULT_POLICY, "decode", cfg->decode != 0,
       "block_size", (json_int_t)cfg->block_size, "requests",
       (json_int_t)res->requests, "served", (json_int_t)res->served, "refused",
       (json_int_t)res->refused, "query_tokens", (json_int_t)res->query_tokens,
@@ -465,6 +549,9 @@ enum {
   OPT_JSON,
   OPT_DECODE,
   OPT_LIMIT,
+  OPT_SKIP,
+  OPT_SWEEP,
+  OPT_PLOT,
   OPT_HOST_TIER,
   OPT_DISK_TIER,
   OPT_PROGRESS,
@@ -481,6 +568,9 @@ int replay_main(int argc, char **argv) {
       {"json", no_argument, NULL, OPT_JSON},
       {"decode", no_argument, NULL, OPT_DECODE},
       {"limit", required_argument, NULL, OPT_LIMIT},
+      {"skip", required_argument, NULL, OPT_SKIP},
+      {"sweep", required_argument, NULL, OPT_SWEEP},
+      {"plot", required_argument, NULL, OPT_PLOT},
       {"host-tier-tokens", required_argument, NULL, OPT_HOST_TIER},
       {"disk-tier-tokens", required_argument, NULL, OPT_DISK_TIER},
       {"progress", no_argument, NULL, OPT_PROGRESS},
@@ -490,8 +580,11 @@ int replay_main(int argc, char **argv) {
   replay_config cfg;
   replay_plan plan;
   replay_result res;
-  const char *path = NULL;
-  uint64_t v, limit = 0;
+  enum { MAX_LIST = 32 };
+  const char *path = NULL, *plot = NULL, *pols[MAX_LIST];
+  char *pol_list = NULL, *sweep_list = NULL;
+  uint64_t v, limit = 0, skip = 0, caps[MAX_LIST];
+  size_t npols = 0, ncaps = 0;
   uint32_t num_blocks;
   int json = 0, progress = -1, opt, rc, status = 1;
   trace *t = NULL;
@@ -524,7 +617,13 @@ int replay_main(int argc, char **argv) {
       cfg.block_size = (uint32_t)v;
       break;
     case OPT_POLICY:
-      cfg.policy = optarg;
+      pol_list = optarg;
+      break;
+    case OPT_SWEEP:
+      sweep_list = optarg;
+      break;
+    case OPT_PLOT:
+      plot = optarg;
       break;
     case OPT_JSON:
       json = 1;
@@ -535,6 +634,13 @@ int replay_main(int argc, char **argv) {
     case OPT_LIMIT:
       if (replay_parse_count(optarg, SIZE_MAX, &limit) != 0) {
         fprintf(stderr, "kvshared replay: bad --limit '%s'\n", optarg);
+        return 2;
+      }
+      break;
+    case OPT_SKIP:
+      if (strcmp(optarg, "0") != 0 &&
+          replay_parse_count(optarg, SIZE_MAX, &skip) != 0) {
+        fprintf(stderr, "kvshared replay: bad --skip '%s'\n", optarg);
         return 2;
       }
       break;
@@ -569,15 +675,72 @@ int replay_main(int argc, char **argv) {
     return 2;
   }
   cfg.progress = progress >= 0 ? progress : isatty(STDERR_FILENO);
+  if (pol_list != NULL &&
+      replay_split(pol_list, pols, MAX_LIST, &npols) != 0) {
+    fprintf(stderr, "kvshared replay: bad --policy list '%s'\n", pol_list);
+    return 2;
+  }
+  if (sweep_list != NULL) {
+    const char *items[MAX_LIST];
+    if (replay_split(sweep_list, items, MAX_LIST, &ncaps) != 0) {
+      fprintf(stderr, "kvshared replay: bad --sweep list '%s'\n", sweep_list);
+      return 2;
+    }
+    for (size_t i = 0; i < ncaps; i++) {
+      if (strcmp(items[i], "unlimited") == 0) {
+        caps[i] = 0;
+      } else if (replay_parse_count(items[i], UINT64_MAX >> 1, &caps[i]) != 0) {
+        fprintf(stderr, "kvshared replay: bad --sweep capacity '%s'\n",
+                items[i]);
+        return 2;
+      }
+    }
+  }
+  if (plot != NULL && sweep_list == NULL) {
+    fprintf(stderr, "kvshared replay: --plot goes with --sweep\n");
+    return 2;
+  }
+  if (npols > 1 && sweep_list == NULL) {
+    caps[0] = cfg.capacity_tokens;
+    ncaps = 1;
+  }
+  if (npols == 0)
+    pols[npols++] = REPLAY_DEFAULT_POLICY;
+  for (size_t i = 0; i < npols; i++) {
+    int offline, known = 0;
+    const char *n;
+    for (size_t k = 0; (n = core_policy_name(k, &offline)) != NULL; k++)
+      known |= strcmp(n, pols[i]) == 0;
+    if (!known) {
+      fprintf(stderr, "kvshared replay: unknown policy '%s' (", pols[i]);
+      for (size_t k = 0; (n = core_policy_name(k, NULL)) != NULL; k++)
+        fprintf(stderr, "%s%s", k ? ", " : "", n);
+      fprintf(stderr, ")\n");
+      return 2;
+    }
+  }
+  cfg.policy = pols[0];
 
   rc = trace_load(path, (size_t)limit, &t, err, sizeof(err));
   if (rc != 0) {
     fprintf(stderr, "kvshared replay: %s (%s)\n", err, kvs_strerror(rc));
     goto out;
   }
+  trace_skip(t, (size_t)skip);
+  if (t->num_recs == 0) {
+    fprintf(stderr, "kvshared replay: no records left to replay\n");
+    goto out;
+  }
   rc = replay_plan_make(t, &cfg, &plan);
   if (rc != 0) {
     fprintf(stderr, "kvshared replay: %s\n", kvs_strerror(rc));
+    goto out;
+  }
+  if (ncaps > 0) {
+    status = replay_sweep(t, path, &cfg, &plan, caps, ncaps, pols, npols, json,
+                          plot) == 0 && fflush(stdout) == 0
+                 ? 0
+                 : 1;
     goto out;
   }
   if (replay_pool_blocks(&cfg, &plan, &num_blocks) != 0) {

@@ -30,7 +30,8 @@ typedef struct replay_config {
                                that holds the whole trace, see
                                replay_plan) */
   uint32_t block_size;      /* tokens per block (default 16) */
-  const char *policy;       /* eviction policy; NULL = the core's default */
+  const char *policy;       /* eviction policy; NULL = the daemon's default
+                               (slru) */
   int decode;               /* also append and commit output tokens */
   uint64_t tier_tokens[CORE_TIERS]; /* host and disk tiers below the pool,
                                in tokens (0: none); copies move at once
@@ -97,5 +98,17 @@ double replay_block_hit_rate(const replay_result *res);
  */
 int replay_run(core *c, const trace *t, const replay_config *cfg,
                replay_result *res);
+
+/*
+ * `--sweep`: replays t once per capacity (caps[k] tokens, 0 = unlimited) and
+ * policy on a fresh core each (base gives the rest), checks the core after
+ * each, prints the table of token hit rates and wall times (or JSON), and,
+ * with plot != NULL, has gnuplot draw hit rate against capacity into that
+ * PNG file.  Returns 0 or the first error (reported on stderr).
+ */
+int replay_sweep(const trace *t, const char *path, const replay_config *base,
+                 const replay_plan *plan, const uint64_t *caps, size_t ncaps,
+                 const char *const *pols, size_t npols, int json,
+                 const char *plot);
 
 #endif /* KVS_DAEMON_REPLAY_H */

@@ -226,3 +226,19 @@ out:
     fclose(f);
   return rc;
 }
+
+void trace_skip(trace *t, size_t n) {
+  if (n > t->num_recs)
+    n = t->num_recs;
+  memmove(t->recs, t->recs + n, (t->num_recs - n) * sizeof(*t->recs));
+  t->num_recs -= n;
+  t->input_tokens = t->output_tokens = 0;
+  t->max_input_length = 0;
+  for (size_t i = 0; i < t->num_recs; i++) {
+    const trace_rec *r = &t->recs[i];
+    t->input_tokens += r->input_length;
+    t->output_tokens += r->output_length;
+    if (r->input_length > t->max_input_length)
+      t->max_input_length = r->input_length;
+  }
+}

@@ -50,6 +50,11 @@ typedef struct trace {
 int trace_load(const char *path, size_t limit, trace **out, char *err,
                size_t err_len);
 
+/* Drops the first n records (in timestamp order; all when n >= num_recs):
+ * what is left replays as if the trace began there.  Hash ids keep their
+ * numbers. */
+void trace_skip(trace *t, size_t n);
+
 /* Frees a trace (NULL is fine). */
 void trace_free(trace *t);
 

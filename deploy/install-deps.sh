@@ -7,7 +7,8 @@
 #            bench`; bench_tiers skips its disk part without it)
 set -eu
 PKGS="build-essential pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler \
-liburing-dev libcmocka-dev libxxhash-dev libjansson-dev python3 python3-numpy"
+liburing-dev libcmocka-dev libxxhash-dev libjansson-dev python3 python3-numpy \
+gnuplot-nox"
 if [ "${1:-}" = "--fuzz" ]; then
   PKGS="$PKGS clang-14 libclang-rt-14-dev"
 fi

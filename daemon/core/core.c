@@ -13,7 +13,26 @@
 
 #include "core_int.h"
 
-static const core_policy *const policies[] = {&core_policy_lru};
+static const core_policy *const policies[] = {
+    &core_policy_lru, &core_policy_slru, &core_policy_mq, &core_policy_opt};
+
+const char *core_policy_name(size_t i, int *offline) {
+  if (i >= sizeof(policies) / sizeof(policies[0]))
+    return NULL;
+  if (offline != NULL)
+    *offline = policies[i]->offline;
+  return policies[i]->name;
+}
+
+int core_policy_offline(const core *c) { return c->policy->offline; }
+
+void core_policy_hint(core *c, uint32_t b, uint32_t value) {
+  if (c->policy->hint != NULL && b < c->cfg.num_blocks)
+    c->policy->hint(c, b, value);
+}
+
+/* Blocks hashed ahead of their index probes (core_lookup, seal_blocks). */
+#define LOOKAHEAD 8
 
 static inline kvs_hash128 blk_hash(const core *c, kvs_hash128 parent,
                                    kvs_hash128 salt, const uint32_t *tokens) {
@@ -37,7 +56,8 @@ int core_create(const core_config *cfg, core **out) {
   for (size_t i = 0; i < sizeof(policies) / sizeof(policies[0]); i++)
     if (strcmp(policies[i]->name, pname) == 0)
       pol = policies[i];
-  if (pol == NULL || cfg->num_blocks == 0 ||
+  if (pol == NULL || (pol->offline && !cfg->allow_offline) ||
+      cfg->num_blocks == 0 ||
       cfg->num_blocks >= KVS_BLOCK_NONE || cfg->block_size == 0 ||
       cfg->block_size > 65536 || cfg->reserve_blocks >= cfg->num_blocks)
     return KVS_EINVAL;
@@ -50,9 +70,12 @@ int core_create(const core_config *cfg, core **out) {
   c->policy = pol;
   c->blocks = calloc(cfg->num_blocks, sizeof(*c->blocks));
   c->bhash = calloc(cfg->num_blocks, sizeof(*c->bhash));
-  c->btok = malloc((size_t)cfg->num_blocks * cfg->block_size * sizeof(uint32_t));
-  if (c->blocks == NULL || c->bhash == NULL || c->btok == NULL ||
-      hidx_init(&c->index, cfg->num_blocks) != 0)
+  if (cfg->verify_tokens)
+    c->btok = malloc((size_t)cfg->num_blocks * cfg->block_size * sizeof(uint32_t));
+  if (c->blocks == NULL || c->bhash == NULL ||
+      (cfg->verify_tokens && c->btok == NULL) ||
+      hidx_init(&c->index, cfg->num_blocks) != 0 ||
+      (pol->init != NULL && pol->init(c) != 0))
     goto fail;
   c->fq_head = c->fq_tail = KVS_BLOCK_NONE;
   if (tier_init(c) != 0)
@@ -65,6 +88,8 @@ int core_create(const core_config *cfg, core **out) {
   *out = c;
   return 0;
 fail:
+  if (pol->destroy != NULL)
+    pol->destroy(c);
   tier_destroy(c);
   hidx_destroy(&c->index);
   free(c->btok);
@@ -79,6 +104,8 @@ void core_destroy(core *c) {
     return;
   while (c->reqs != NULL)
     core_req_free(c, c->reqs);
+  if (c->policy->destroy != NULL)
+    c->policy->destroy(c);
   tier_destroy(c);
   hidx_destroy(&c->index);
   free(c->btok);
@@ -193,21 +220,32 @@ int core_lookup(core *c, core_req *r, const uint32_t *tokens, uint32_t n,
       (rc = grow(&r->blocks, &r->cap_blocks, full)) != 0)
     return rc;
 
-  kvs_hash128 parent = c->cfg.root;
-  uint32_t hits = 0;
-  for (; hits < full; hits++) {
-    const uint32_t *t = tokens + (size_t)hits * bs;
-    kvs_hash128 h = blk_hash(c, parent, r->salt, t);
-    uint32_t b = hidx_find(&c->index, h);
-    if (b == KVS_BLOCK_NONE)
-      break;
-    if (c->cfg.verify_tokens &&
-        memcmp(btok(c, b), t, (size_t)bs * sizeof(uint32_t)) != 0) {
-      c->st.collisions++;
-      break;
+  /* The chain's hashes LOOKAHEAD at a time, their index slots fetched
+   * while the next are hashed: a big index is probed at random, and a probe
+   * that waits for memory costs more than hashing a block. */
+  kvs_hash128 parent = c->cfg.root, hs[LOOKAHEAD];
+  uint32_t hits = 0, stop = 0;
+  while (hits < full && !stop) {
+    uint32_t m = full - hits < LOOKAHEAD ? full - hits : LOOKAHEAD;
+    for (uint32_t k = 0; k < m; k++) {
+      hs[k] = blk_hash(c, k ? hs[k - 1] : parent, r->salt,
+                       tokens + (size_t)(hits + k) * bs);
+      hidx_prefetch(&c->index, hs[k]);
     }
-    r->blocks[hits] = b; /* acquired below, once the walk is done */
-    parent = h;
+    for (uint32_t k = 0; k < m && !stop; k++) {
+      const uint32_t *t = tokens + (size_t)hits * bs;
+      uint32_t b = hidx_find(&c->index, hs[k]);
+      if (b == KVS_BLOCK_NONE) {
+        stop = 1;
+      } else if (c->cfg.verify_tokens &&
+                 memcmp(btok(c, b), t, (size_t)bs * sizeof(uint32_t)) != 0) {
+        c->st.collisions++;
+        stop = 1;
+      } else {
+        r->blocks[hits++] = b; /* acquired below, once the walk is done */
+        parent = hs[k];
+      }
+    }
   }
   for (uint32_t i = 0; i < hits; i++)
     blk_hit(c, r->blocks[i]);
@@ -327,8 +365,7 @@ int core_lookup_promote(core *c, core_req *r, const uint32_t *tokens,
     uint32_t b = blk_take(c);
     blk *x = &c->blocks[b];
     c->bhash[b] = ch[j].h;
-    memcpy(btok(c, b), tokens + (size_t)(base + j) * bs,
-           (size_t)bs * sizeof(uint32_t));
+    btok_set(c, b, tokens + (size_t)(base + j) * bs);
     x->sealed = 1; /* not indexed until its bytes are there */
     x->pins++;     /* until core_promote_finish */
     x->ref++;
@@ -432,9 +469,16 @@ int core_append(core *c, core_req *r, uint32_t n, core_cow *cow) {
 static uint32_t seal_blocks(core *c, core_req *r, uint32_t full) {
   const uint32_t bs = c->cfg.block_size;
   uint32_t n = 0;
+  kvs_hash128 hs[LOOKAHEAD];
   for (uint32_t i = r->sealed; i < full; i++) {
     const uint32_t *t = r->tokens + (size_t)i * bs;
-    kvs_hash128 h = blk_hash(c, r->chain, r->salt, t);
+    uint32_t k = (i - r->sealed) % LOOKAHEAD;
+    if (k == 0) /* hash ahead, fetching the index slots (as core_lookup) */
+      for (uint32_t j = 0; j < LOOKAHEAD && i + j < full; j++) {
+        hs[j] = blk_hash(c, j ? hs[j - 1] : r->chain, r->salt, t + (size_t)j * bs);
+        hidx_prefetch(&c->index, hs[j]);
+      }
+    kvs_hash128 h = hs[k];
     uint32_t b = r->blocks[i];
     blk *x = &c->blocks[b];
     r->chain = h;
@@ -443,14 +487,15 @@ static uint32_t seal_blocks(core *c, core_req *r, uint32_t full) {
       continue;
     c->bhash[b] = h;
     x->sealed = 1;
-    memcpy(btok(c, b), t, (size_t)bs * sizeof(uint32_t));
+    btok_set(c, b, t);
     uint32_t other = hidx_find(&c->index, h);
     if (other == KVS_BLOCK_NONE) {
       hidx_insert(&c->index, h, b);
       x->indexed = 1;
     } else {
       c->st.duplicate_blocks++;
-      if (memcmp(btok(c, other), t, (size_t)bs * sizeof(uint32_t)) != 0)
+      if (c->btok != NULL &&
+          memcmp(btok(c, other), t, (size_t)bs * sizeof(uint32_t)) != 0)
         c->st.collisions++;
     }
     c->st.sealed_blocks++;
@@ -692,6 +737,8 @@ int core_check(const core *c, char *msg, size_t msg_len) {
            (unsigned long long)i, e->b);
   }
   rc = tier_check(c, msg, msg_len);
+  if (rc == 0 && c->policy->check != NULL)
+    rc = c->policy->check(c, msg, msg_len);
 out:
   free(holders);
   return rc;

@@ -63,6 +63,8 @@ typedef struct core_config {
   kvs_hash128 root;        /* parent of block 0: core_root_hash() */
   int verify_tokens;       /* on a hit, compare stored token ids (1) */
   const char *policy;      /* eviction policy name; NULL = "lru" */
+  int allow_offline;       /* 1: an offline policy ("opt", which needs
+                              core_policy_hint) may be chosen: the replayer */
   core_hash_fn hash_fn;    /* NULL = XXH3-128 */
   void *hash_arg;
   /* Lower tiers (0: none): slots of block_stride bytes in host memory and
@@ -87,10 +89,22 @@ kvs_hash128 core_root_hash(const kvs_layout *layout, const char *model_id);
 kvs_hash128 core_block_hash(kvs_hash128 parent, kvs_hash128 salt,
                             const uint32_t *tokens, uint32_t n);
 
-/* KVS_EINVAL (bad config, unknown policy) or KVS_ENOMEM. */
+/* The eviction policies: name i (0, 1, ...; NULL past the last) and
+ * whether it is offline (needs the future: the replayer only). */
+const char *core_policy_name(size_t i, int *offline);
+
+/* KVS_EINVAL (bad config, unknown policy, an offline policy without
+ * allow_offline) or KVS_ENOMEM. */
 int core_create(const core_config *cfg, core **out);
 /* Frees every request and the core. */
 void core_destroy(core *c);
+
+/* Tells an offline policy when block b is next used: value orders uses
+ * (the replayer passes a request number); UINT32_MAX = never.  Takes
+ * effect when b is next released.  A no-op for other policies. */
+void core_policy_hint(core *c, uint32_t b, uint32_t value);
+/* 1 when c's policy is offline (wants core_policy_hint). */
+int core_policy_offline(const core *c);
 
 /* A new, empty request.  salt (may be NULL/0) isolates its cache: blocks
  * hashed with one salt never match a lookup with another. */

@@ -5,6 +5,7 @@
 #define KVS_CORE_INT_H
 
 #include <assert.h>
+#include <string.h>
 
 #include "core.h"
 
@@ -20,7 +21,7 @@ typedef struct blk {
   uint8_t busy : 1;    /* its bytes are being copied down a tier: never
                           taken for reuse until that is done */
   uint8_t pins;        /* references held by core_pin (counted in ref too) */
-  uint16_t pad_;
+  uint16_t pol;        /* the eviction policy's own bits (0 when taken) */
 } blk;
 _Static_assert(sizeof(blk) == 16, "hot block record is 16 bytes");
 
@@ -43,22 +44,65 @@ void hidx_destroy(hidx *x);
 uint32_t hidx_find(const hidx *x, kvs_hash128 h);
 /* h must not be present. */
 void hidx_insert(hidx *x, kvs_hash128 h, uint32_t b);
+/* Starts fetching h's home slot (a probe soon after finds it in cache). */
+static inline void hidx_prefetch(const hidx *x, kvs_hash128 h) {
+  __builtin_prefetch(&x->slots[h.lo & x->mask]);
+}
 /* Removes h (which must be present). */
 void hidx_remove(hidx *x, kvs_hash128 h);
 
+/* Ghosts (ghost.c): the hashes of the last `max` evicted blocks, each with
+ * a 16-bit value, for policies that remember what they evicted.  FIFO: the
+ * oldest is forgotten first.  Memory grows with the ghosts held (to about
+ * 70 bytes each at max), never past max. */
+typedef struct ghosts {
+  kvs_hash128 *ring;
+  uint16_t *val;
+  uint32_t cap, max, pos, filled;
+  uint32_t nonzero; /* live ghosts with a non-zero value */
+  hidx idx;         /* hash -> ring position (live ghosts only) */
+} ghosts;
+
+int ghosts_init(ghosts *g, uint64_t max);
+void ghosts_destroy(ghosts *g);
+/* Remembers h with value v (a ghost of h already there is replaced). */
+void ghosts_add(ghosts *g, kvs_hash128 h, uint16_t v);
+/* 1 and *v when h is remembered (the ghost is spent), else 0. */
+int ghosts_take(ghosts *g, kvs_hash128 h, uint16_t *v);
+static inline uint32_t ghosts_live(const ghosts *g) {
+  return g->cap ? g->idx.count : 0;
+}
+int ghosts_check(const ghosts *g, char *msg, size_t msg_len);
+
 /* Eviction policy.  The free queue is kept in eviction order and allocation
- * always takes its head (pool_fq_pop_head); a policy decides where a released
- * block goes on the queue and how a lookup hit takes a CACHED block back.
- * The queue itself (pool_fq_*) is shared by all policies. */
+ * always takes its head (blk_take); a policy decides where a released block
+ * goes on the queue, and sees every block leave it.  The queue itself
+ * (pool_fq_*) is shared by all policies; what a policy keeps beside it lives
+ * in core.pol (from init) and in each block's blk.pol bits.  Every hook is
+ * O(1) or O(log n). */
 typedef struct core_policy {
   const char *name;
-  /* b's ref reached 0; cached: its hash stays indexed (CACHED), else FREE. */
+  int offline;  /* needs the future (core_policy_hint): the replayer only */
+  int (*init)(core *c);     /* optional; KVS_ENOMEM */
+  void (*destroy)(core *c); /* optional */
+  /* b's ref reached 0; cached: its hash stays indexed (CACHED), else FREE.
+   * The policy puts b on the queue. */
   void (*release)(core *c, uint32_t b, int cached);
-  /* A lookup hit takes CACHED block b off the free queue. */
-  void (*take)(core *c, uint32_t b);
+  /* A lookup hits sealed block b; when its ref is 0 (on the queue) the
+   * policy takes it off. */
+  void (*hit)(core *c, uint32_t b);
+  /* Allocation takes b (FREE or CACHED, near the head) off the queue. */
+  void (*evict)(core *c, uint32_t b);
+  /* Optional: what the caller knows of b's future (core_policy_hint). */
+  void (*hint)(core *c, uint32_t b, uint32_t value);
+  /* Optional: the policy's part of core_check. */
+  int (*check)(const core *c, char *msg, size_t msg_len);
 } core_policy;
 
 extern const core_policy core_policy_lru;
+extern const core_policy core_policy_slru;
+extern const core_policy core_policy_mq;
+extern const core_policy core_policy_opt;
 
 /* ---- lower tiers (tier.c) ------------------------------------------------
  * An entry is one sealed block's bytes below the device pool, found by its
@@ -158,9 +202,11 @@ struct core_req {
 struct core {
   core_config cfg;
   const core_policy *policy;
+  void *pol;          /* the policy's state (init) */
   blk *blocks;
   kvs_hash128 *bhash; /* num_blocks hashes of sealed blocks */
-  uint32_t *btok; /* num_blocks * block_size token ids of sealed blocks */
+  uint32_t *btok; /* num_blocks * block_size token ids of sealed blocks
+                     (NULL without verify_tokens) */
   uint32_t fq_head, fq_tail, fq_len;
   uint32_t ncached;
   int bs_shift; /* log2(block_size), or -1 when not a power of two */
@@ -209,6 +255,26 @@ static inline void pool_fq_push_tail(core *c, uint32_t b) {
   else
     c->fq_head = b;
   c->fq_tail = b;
+  x->on_queue = 1;
+  c->fq_len++;
+}
+
+/* b onto the queue just before block `at` (on the queue), or at the tail
+ * when at is KVS_BLOCK_NONE. */
+static inline void pool_fq_insert_before(core *c, uint32_t b, uint32_t at) {
+  if (at == KVS_BLOCK_NONE) {
+    pool_fq_push_tail(c, b);
+    return;
+  }
+  blk *x = &c->blocks[b], *y = &c->blocks[at];
+  assert(!x->on_queue && x->ref == 0 && y->on_queue);
+  x->next = at;
+  x->prev = y->prev;
+  if (y->prev != KVS_BLOCK_NONE)
+    c->blocks[y->prev].next = b;
+  else
+    c->fq_head = b;
+  y->prev = b;
   x->on_queue = 1;
   c->fq_len++;
 }
@@ -267,8 +333,15 @@ static inline int h_eq(kvs_hash128 a, kvs_hash128 b) {
   return a.lo == b.lo && a.hi == b.hi;
 }
 
+/* Block b's stored token ids: NULL without verify_tokens (none kept). */
 static inline uint32_t *btok(const core *c, uint32_t b) {
-  return c->btok + (size_t)b * c->cfg.block_size;
+  return c->btok != NULL ? c->btok + (size_t)b * c->cfg.block_size : NULL;
+}
+
+/* Stores block b's token ids when they are kept (verify_tokens). */
+static inline void btok_set(core *c, uint32_t b, const uint32_t *t) {
+  if (c->btok != NULL)
+    memcpy(btok(c, b), t, (size_t)c->cfg.block_size * sizeof(uint32_t));
 }
 
 /* Takes the head of the free queue (skipping blocks being copied down a
@@ -279,8 +352,9 @@ static inline uint32_t blk_take(core *c) {
   uint32_t b = c->fq_head;
   while (__builtin_expect(c->blocks[b].busy, 0))
     b = c->blocks[b].next;
-  pool_fq_unlink(c, b);
+  c->policy->evict(c, b);
   blk *x = &c->blocks[b];
+  x->pol = 0;
   if (x->indexed) {
     tier_on_evict(c, b);
     hidx_remove(&c->index, c->bhash[b]);
@@ -296,8 +370,8 @@ static inline uint32_t blk_take(core *c) {
 /* A lookup hit: one more holder of b. */
 static inline void blk_hit(core *c, uint32_t b) {
   blk *x = &c->blocks[b];
+  c->policy->hit(c, b);
   if (x->ref == 0) {
-    c->policy->take(c, b);
     c->ncached--;
     c->nbusy -= x->busy;
   }

@@ -5,16 +5,26 @@
  */
 #include <assert.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 
 #include "core_int.h"
+
+#define HIDX_HUGE (2u << 20)
 
 int hidx_init(hidx *x, uint32_t max_entries) {
   uint64_t n = 16;
   while (n < 2 * (uint64_t)max_entries)
     n <<= 1;
-  x->slots = malloc(n * sizeof(*x->slots));
-  if (x->slots == NULL)
+  size_t bytes = n * sizeof(*x->slots);
+  if (bytes >= HIDX_HUGE) {
+    /* A big index is probed at random: on 2 MiB pages a probe costs one
+     * cache miss instead of a cache miss and a TLB miss. */
+    if (posix_memalign((void **)&x->slots, HIDX_HUGE, bytes) != 0)
+      return KVS_ENOMEM;
+    (void)madvise(x->slots, bytes, MADV_HUGEPAGE);
+  } else if ((x->slots = malloc(bytes)) == NULL) {
     return KVS_ENOMEM;
+  }
   for (uint64_t i = 0; i < n; i++)
     x->slots[i].b = KVS_BLOCK_NONE;
   x->mask = n - 1;

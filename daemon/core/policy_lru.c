@@ -1,9 +1,9 @@
 /*
  * policy_lru.c — least recently used.  A block released with its hash cached
  * goes to the tail (most recently used); a block with nothing worth keeping
- * goes to the head, so it is reused before any cached block.  Allocation
- * takes the head (for every policy: the queue is in eviction order).  Requests release their blocks tail-first, so a chain's
- * tail sits nearer the head than its parents and is evicted first.
+ * goes to the head, so it is reused before any cached block.  Requests
+ * release their blocks tail-first, so a chain's tail sits nearer the head
+ * than its parents and is evicted first.
  */
 #include "core_int.h"
 
@@ -14,10 +14,16 @@ static void lru_release(core *c, uint32_t b, int cached) {
     pool_fq_push_head(c, b);
 }
 
-static void lru_take(core *c, uint32_t b) { pool_fq_unlink(c, b); }
+static void lru_hit(core *c, uint32_t b) {
+  if (c->blocks[b].ref == 0)
+    pool_fq_unlink(c, b);
+}
+
+static void lru_evict(core *c, uint32_t b) { pool_fq_unlink(c, b); }
 
 const core_policy core_policy_lru = {
     .name = "lru",
     .release = lru_release,
-    .take = lru_take,
+    .hit = lru_hit,
+    .evict = lru_evict,
 };

@@ -266,8 +266,7 @@ int core_swap_in(core *c, core_req *r, core_promo *p, uint32_t max,
     y = &c->blocks[b];
     if (i < r->sw_sealed) { /* indexed once its bytes are in */
       c->bhash[b] = x->h;
-      memcpy(btok(c, b), r->tokens + (size_t)i * bs,
-             (size_t)bs * sizeof(uint32_t));
+      btok_set(c, b, r->tokens + (size_t)i * bs);
       y->sealed = 1;
     }
     y->pins++;

@@ -424,7 +424,7 @@ uint32_t core_tier_plan(core *c, core_move *mv, uint32_t max) {
         break;
       continue;
     }
-    e = tier_ent_new(c, c->bhash[b], c->btok + (size_t)b * c->cfg.block_size, 0);
+    e = tier_ent_new(c, c->bhash[b], btok(c, b), 0);
     tier_slot_give(c, t, e, s, 0);
     c->tents[e].busy++;
     x->busy = 1;
@@ -489,7 +489,7 @@ void tier_on_evict(core *c, uint32_t b) {
     c->st.tier_lost++;
     return;
   }
-  e = tier_ent_new(c, c->bhash[b], c->btok + (size_t)b * c->cfg.block_size, 0);
+  e = tier_ent_new(c, c->bhash[b], btok(c, b), 0);
   tier_slot_give(c, t, e, s, 1);
   c->tiers[t].st.demotions++;
 }

@@ -34,7 +34,7 @@ static void test_defaults(void **state) {
   assert_int_equal(c.ready_fd, -1);
   assert_int_equal(c.log_level, 2); /* info */
   assert_string_equal(c.backend, "auto");
-  assert_string_equal(c.policy, "lru");
+  assert_string_equal(c.policy, "slru");
   assert_string_equal(c.socket, "");
   assert_int_equal(cfg_finish(&c, err, sizeof(err)), 0);
   assert_true(c.socket[0] == '/');
@@ -248,6 +248,22 @@ static void test_finish(void **state) {
   assert_int_equal(cfg_set(&c, "pool_blocks", "10", err, sizeof(err)), 0);
   assert_int_equal(cfg_set(&c, "reserve_blocks", "10", err, sizeof(err)), 0);
   assert_int_equal(cfg_finish(&c, err, sizeof(err)), KVS_EINVAL);
+
+  /* the daemon's policies, named; the offline one refused with a reason */
+  const char *ok[] = {"lru", "slru", "mq"};
+  for (size_t i = 0; i < 3; i++) {
+    cfg_init(&c);
+    assert_int_equal(cfg_set(&c, "policy", ok[i], err, sizeof(err)), 0);
+    assert_int_equal(cfg_finish(&c, err, sizeof(err)), 0);
+  }
+  cfg_init(&c);
+  assert_int_equal(cfg_set(&c, "policy", "opt", err, sizeof(err)), 0);
+  assert_int_equal(cfg_finish(&c, err, sizeof(err)), KVS_EINVAL);
+  assert_non_null(strstr(err, "replayer only"));
+  cfg_init(&c);
+  assert_int_equal(cfg_set(&c, "policy", "lfu", err, sizeof(err)), 0);
+  assert_int_equal(cfg_finish(&c, err, sizeof(err)), KVS_EINVAL);
+  assert_non_null(strstr(err, "lru, slru, mq"));
 
   cfg_init(&c); /* 4096 * 1024 * 4096 * 2 * 2 * 4 bytes: over 1 GiB */
   assert_int_equal(cfg_set(&c, "block_size", "4096", err, sizeof(err)), 0);

@@ -9,7 +9,14 @@
  * is what the chained hash stands for, so any divergence in hashing, index,
  * eviction order or request bookkeeping shows up as a mismatch.
  *
- * KVS_MODEL_OPS overrides the number of operations (default 1,000,000).
+ * It runs once per eviction policy.  Each policy's model below is written
+ * from the policy's rules with arrays and linear scans (no segment marks,
+ * buckets or hash index), so the O(1) bookkeeping of the real one is
+ * checked against the plain statement of what it should do.  The offline
+ * policy gets random hints from the driver.
+ *
+ * KVS_MODEL_OPS overrides the number of operations per policy (default
+ * 1,000,000).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -69,6 +76,186 @@ static void mq_push_head(uint32_t b) {
 }
 static void mq_push_tail(uint32_t b) { mq[mqlen++] = b; }
 
+/* ---- the policies' models ------------------------------------------------
+ * Per block: slru's seen/reused/hot, mq's frequency/level/stamp, opt's
+ * hint.  Ghosts: evicted blocks' keys, oldest first, with what the policy
+ * remembers of them. */
+enum { P_LRU, P_SLRU, P_MQ, P_OPT };
+static int pol;
+#define NEVER UINT32_MAX
+
+typedef struct mpol {
+  int seen, reused, hot;         /* slru */
+  uint32_t freq, lvl, stamp;     /* mq: lvl is the level + 1 while queued */
+  uint32_t hint, queued_hint;    /* opt: queued_hint NEVER = no bucket */
+} mpol;
+static mpol mp[NB];
+
+typedef struct mghost {
+  int live, salt, hot;
+  uint32_t keylen, key[MAXTOK], freq;
+} mghost;
+#define NGHOST (8 * NB)
+static mghost mg[NGHOST];
+static uint32_t mg_n, mg_cap, mg_count[2];
+
+/* slru's numbers for NB blocks (policy_slru.c: 95%, 5%, 4 ghosts per
+ * block); mq's (8 levels, life 2 x NB, 8 ghosts per block). */
+static uint32_t s_hot_max, s_hot_cap = NB * 95 / 100, s_hot_min = NB * 5 / 100;
+static uint64_t m_now;
+#define MQ_LEVELS 8
+#define MQ_LIFE (2 * NB)
+
+static void mg_reset(void) {
+  memset(mg, 0, sizeof(mg));
+  memset(mp, 0, sizeof(mp));
+  for (uint32_t b = 0; b < NB; b++)
+    mp[b].hint = mp[b].queued_hint = NEVER;
+  mg_n = mg_count[0] = mg_count[1] = 0;
+  mg_cap = pol == P_SLRU ? 4 * NB : 8 * NB;
+  s_hot_max = s_hot_cap;
+  m_now = 0;
+}
+
+static int mg_find(const mblock *x) {
+  for (uint32_t i = 0; i < mg_n; i++)
+    if (mg[i].live && mg[i].salt == x->salt && mg[i].keylen == x->keylen &&
+        memcmp(mg[i].key, x->key, x->keylen * sizeof(uint32_t)) == 0)
+      return (int)i;
+  return -1;
+}
+
+static void mg_kill(int i) {
+  mg[i].live = 0;
+  mg_count[mg[i].hot]--;
+}
+
+static void mg_add(const mblock *x, int hot, uint32_t freq) {
+  int old = mg_find(x);
+  if (mg_n == mg_cap) { /* the oldest goes */
+    if (mg[0].live)
+      mg_kill(0);
+    memmove(mg, mg + 1, (mg_n - 1) * sizeof(mg[0]));
+    mg_n--;
+    if (old > 0)
+      old--;
+    else if (old == 0)
+      old = -1;
+  }
+  if (old >= 0)
+    mg_kill(old);
+  mghost *g = &mg[mg_n++];
+  g->live = 1;
+  g->salt = x->salt;
+  g->hot = hot;
+  g->freq = freq;
+  g->keylen = x->keylen;
+  memcpy(g->key, x->key, x->keylen * sizeof(uint32_t));
+  mg_count[hot]++;
+}
+
+static void mq_insert_at(uint32_t i, uint32_t b) {
+  memmove(mq + i + 1, mq + i, (mqlen - i) * sizeof(uint32_t));
+  mq[i] = b;
+  mqlen++;
+}
+
+static void slru_put(uint32_t b) {
+  mpol *p = &mp[b];
+  if (!p->seen) {
+    int g = mg_find(&mb[b]);
+    p->seen = 1;
+    if (g >= 0) {
+      int hot = mg[g].hot;
+      mg_kill(g);
+      p->reused = 1;
+      if (hot) {
+        uint32_t step = mg_count[1] ? mg_count[0] / mg_count[1] : mg_count[0];
+        s_hot_max += step ? step : 1;
+        if (s_hot_max > s_hot_cap)
+          s_hot_max = s_hot_cap;
+      } else {
+        uint32_t step = mg_count[0] ? mg_count[1] / mg_count[0] : mg_count[1];
+        step = step ? step : 1;
+        s_hot_max = s_hot_max - s_hot_min > step ? s_hot_max - step : s_hot_min;
+      }
+    }
+  }
+  uint32_t first_hot = 0, hot = 0;
+  while (first_hot < mqlen && !mp[mq[first_hot]].hot)
+    first_hot++;
+  if (!p->reused) {
+    mq_insert_at(first_hot, b);
+    return;
+  }
+  mq_push_tail(b);
+  p->hot = 1;
+  for (uint32_t i = 0; i < mqlen; i++)
+    hot += mp[mq[i]].hot;
+  for (uint32_t i = 0; i < mqlen && hot > s_hot_max; i++)
+    if (mp[mq[i]].hot) {
+      mp[mq[i]].hot = 0;
+      hot--;
+    }
+}
+
+static void mq_put(uint32_t b) {
+  mpol *p = &mp[b];
+  if (p->freq == 0) {
+    int g = mg_find(&mb[b]);
+    p->freq = 1;
+    if (g >= 0) {
+      p->freq += mg[g].freq;
+      if (p->freq > 0xfff)
+        p->freq = 0xfff;
+      mg_kill(g);
+    }
+    p->stamp = (uint32_t)++m_now;
+  }
+  uint32_t f = p->freq, l = 0;
+  while (l + 1 < MQ_LEVELS && f >> (l + 1))
+    l++;
+  uint32_t at = 0;
+  while (at < mqlen && mp[mq[at]].lvl <= l + 1)
+    at++;
+  mq_insert_at(at, b);
+  p->lvl = l + 1;
+  for (uint32_t k = 1; k < MQ_LEVELS; k++) { /* aging: each level's head */
+    for (uint32_t i = 0; i < mqlen; i++) {
+      mpol *h = &mp[mq[i]];
+      if (h->lvl != k + 1)
+        continue;
+      if ((uint32_t)m_now - h->stamp >= MQ_LIFE) {
+        h->lvl = k;
+        h->freq = h->freq / 2 > 1u << (k - 1) ? h->freq / 2 : 1u << (k - 1);
+        h->stamp = (uint32_t)m_now;
+      }
+      break;
+    }
+  }
+}
+
+static void opt_put(uint32_t b) {
+  uint32_t k = mp[b].hint, i = 0;
+  if (k == NEVER) {
+    mq_push_head(b);
+    return;
+  }
+  /* after every block used no sooner, before the first one used sooner */
+  while (i < mqlen && (mp[mq[i]].queued_hint == NEVER || mp[mq[i]].queued_hint >= k))
+    i++;
+  mq_insert_at(i, b);
+  mp[b].queued_hint = k;
+}
+
+/* b leaves the queue (a hit, or taken for allocation). */
+static void mpol_off_queue(uint32_t b) {
+  mp[b].hot = 0;
+  mp[b].lvl = 0;
+  mp[b].queued_hint = NEVER;
+}
+
+
 static uint32_t m_find(int salt, const uint32_t *prefix, uint32_t len) {
   for (uint32_t b = 0; b < NB; b++)
     if (mb[b].indexed && mb[b].salt == salt && mb[b].keylen == len &&
@@ -80,6 +267,13 @@ static uint32_t m_find(int salt, const uint32_t *prefix, uint32_t len) {
 static uint32_t m_take(void) {
   uint32_t b = mq[0];
   mq_remove(b);
+  mpol_off_queue(b);
+  if (mb[b].indexed && pol == P_SLRU)
+    mg_add(&mb[b], mp[b].reused, 0);
+  if (mb[b].indexed && pol == P_MQ)
+    mg_add(&mb[b], 0, mp[b].freq);
+  memset(&mp[b], 0, sizeof(mp[b]));
+  mp[b].hint = mp[b].queued_hint = NEVER;
   mb[b].indexed = mb[b].sealed = 0;
   mb[b].ref = 1;
   return b;
@@ -88,11 +282,19 @@ static uint32_t m_take(void) {
 static void m_put(uint32_t b) {
   if (--mb[b].ref > 0)
     return;
-  if (mb[b].indexed) {
-    mq_push_tail(b);
-  } else {
+  if (!mb[b].indexed) {
     mb[b].sealed = 0;
+    memset(&mp[b], 0, sizeof(mp[b]));
+    mp[b].hint = mp[b].queued_hint = NEVER;
     mq_push_head(b);
+  } else if (pol == P_SLRU) {
+    slru_put(b);
+  } else if (pol == P_MQ) {
+    mq_put(b);
+  } else if (pol == P_OPT) {
+    opt_put(b);
+  } else {
+    mq_push_tail(b);
   }
 }
 
@@ -111,8 +313,15 @@ static int m_lookup(mreq *r, const uint32_t *t, uint32_t n, uint32_t *hit) {
     h++;
   for (uint32_t i = 0; i < h; i++) {
     uint32_t b = m_find(r->salt, t, (i + 1) * BS);
-    if (mb[b].ref == 0)
+    if (mb[b].ref == 0) {
       mq_remove(b);
+      mpol_off_queue(b);
+    }
+    mp[b].reused = 1;
+    if (pol == P_MQ) {
+      mp[b].freq += mp[b].freq < 0xfff;
+      mp[b].stamp = (uint32_t)++m_now;
+    }
     mb[b].ref++;
     r->blocks[i] = b;
   }
@@ -300,6 +509,13 @@ static void one_op(uint64_t opno) {
     rc = core_commit(c, cr[i], start, tp, n, NULL);
     mrc = m_commit(m, start, tp, n);
     assert_int_equal(rc, mrc);
+    for (uint32_t k = 0; pol == P_OPT && rc == 0 && k < m->nblocks; k++) {
+      uint32_t v = rnd(4) == 0 ? NEVER : rnd(8); /* ties on purpose */
+      if (rnd(2) == 0)
+        continue;
+      core_policy_hint(c, m->blocks[k], v);
+      mp[m->blocks[k]].hint = v;
+    }
   } else if (op < 72) { /* fork into a free slot */
     int j = (int)rnd(MAXREQ);
     if (mr[j].live || j == i)
@@ -329,10 +545,16 @@ static void one_op(uint64_t opno) {
   }
 }
 
-static void test_random_vs_model(void **state) {
-  (void)state;
+static void random_vs_model(int policy, const char *name) {
   core_config cfg;
   core_config_init(&cfg);
+  cfg.policy = name;
+  cfg.allow_offline = 1;
+  pol = policy;
+  mqlen = 0;
+  memset(mb, 0, sizeof(mb));
+  memset(mr, 0, sizeof(mr));
+  mg_reset();
   cfg.num_blocks = NB;
   cfg.block_size = BS;
   cfg.reserve_blocks = RESERVE;
@@ -351,9 +573,9 @@ static void test_random_vs_model(void **state) {
 
   core_stats st;
   core_get_stats(c, &st);
-  print_message("ops %llu: lookups %llu hit blocks %llu, evictions %llu, "
+  print_message("%s: ops %llu: lookups %llu hit blocks %llu, evictions %llu, "
                 "cow %llu, no-space %llu, duplicates %llu\n",
-                (unsigned long long)ops, (unsigned long long)st.lookups,
+                name, (unsigned long long)ops, (unsigned long long)st.lookups,
                 (unsigned long long)st.hit_blocks,
                 (unsigned long long)st.evictions,
                 (unsigned long long)st.cow_copies,
@@ -379,9 +601,46 @@ static void test_random_vs_model(void **state) {
   core_destroy(c);
 }
 
+static void test_lru(void **state) {
+  (void)state;
+  random_vs_model(P_LRU, "lru");
+}
+
+static void test_slru(void **state) {
+  (void)state;
+  random_vs_model(P_SLRU, "slru");
+}
+
+static void test_mq(void **state) {
+  (void)state;
+  random_vs_model(P_MQ, "mq");
+}
+
+static void test_opt(void **state) {
+  (void)state;
+  random_vs_model(P_OPT, "opt");
+}
+
+/* Every policy the core has is modelled here. */
+static void test_all_policies_modelled(void **state) {
+  (void)state;
+  static const char *modelled[] = {"lru", "slru", "mq", "opt"};
+  size_t n = 0;
+  while (core_policy_name(n, NULL) != NULL) {
+    assert_true(n < 4);
+    assert_string_equal(core_policy_name(n, NULL), modelled[n]);
+    n++;
+  }
+  assert_int_equal(n, 4);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_random_vs_model),
+      cmocka_unit_test(test_all_policies_modelled),
+      cmocka_unit_test(test_lru),
+      cmocka_unit_test(test_slru),
+      cmocka_unit_test(test_mq),
+      cmocka_unit_test(test_opt),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

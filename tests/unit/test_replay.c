@@ -433,6 +433,7 @@ static void test_replay_synthetic_tiers(void **state) {
   replay_result alone, two, three, flat2, flat3;
 
   replay_config_init(&cfg);
+  cfg.policy = "lru"; /* the tiers are LRU: the equality is LRU's */
   cfg.capacity_tokens = dev;
   run(t, &cfg, &alone, &plan);
   cfg.capacity_tokens = dev + host;

@@ -43,7 +43,53 @@ for f in "token hit rate" "block hit rate" "allocations" "evictions" "refused"; 
 done
 grep -q "100% 300/300" "$tmp/b.err" || fail "no progress bar: $(head -c 300 "$tmp/b.err")"
 "$bin" replay --trace "$trace" --limit 50 --policy no-such-policy --no-progress \
-  >/dev/null 2>&1; [ $? = 1 ] || fail "unknown policy: want exit 1"
+  >/dev/null 2>"$tmp/err"; [ $? = 2 ] || fail "unknown policy: want exit 2"
+grep -q "lru, slru, mq, opt" "$tmp/err" || fail "unknown policy: $(cat "$tmp/err")"
+"$bin" replay --trace "$trace" --plot "$tmp/x.png" 2>/dev/null; [ $? = 2 ] || fail "--plot without --sweep: want exit 2"
+"$bin" replay --trace "$trace" --sweep 1e5,x 2>/dev/null; [ $? = 2 ] || fail "bad --sweep: want exit 2"
+"$bin" replay --trace "$trace" --policy , 2>/dev/null; [ $? = 2 ] || fail "empty --policy: want exit 2"
+"$bin" replay --trace "$trace" --skip 5000 --no-progress 2>"$tmp/err"; [ $? = 1 ] || fail "skip all: want exit 1"
+grep -q "no records left" "$tmp/err" || fail "skip all: $(cat "$tmp/err")"
+
+# A sweep: every policy at three capacities, against the figures of single
+# runs, and opt (which reads the future) never below any online policy nor
+# above the ideal; then the same as a plot.
+"$bin" replay --trace "$trace" --limit 600 --sweep 2e5,5e5,unlimited \
+  --policy lru,slru,mq,opt --json --no-progress >"$tmp/s.json" || fail "sweep exits $?"
+for p in lru slru; do
+  "$bin" replay --trace "$trace" --limit 600 --capacity-tokens 5e5 --policy $p \
+    --json --no-progress >"$tmp/one-$p.json" || fail "single $p exits $?"
+done
+python3 - "$tmp" <<'PY' || fail "sweep JSON"
+import json, sys
+d = sys.argv[1]
+s = json.load(open(d + "/s.json"))
+runs = {(r["capacity_tokens"], r["policy"]): r for r in s["runs"]}
+assert len(runs) == 12, runs.keys()
+for p in ("lru", "slru"):
+    one = json.load(open(d + "/one-%s.json" % p))
+    assert one["policy"] == p
+    assert runs[(500000, p)]["token_hit_rate"] == one["token_hit_rate"], (p, one)
+for cap in (200000, 500000):
+    opt = runs[(cap, "opt")]["token_hit_rate"]
+    for p in ("lru", "slru", "mq"):
+        assert opt >= runs[(cap, p)]["token_hit_rate"], (cap, p, opt)
+    assert opt <= s["ideal_token_hit_rate"] + 1e-9
+for p in ("lru", "slru", "mq", "opt"):  # unlimited: nothing evicted, all equal
+    assert abs(runs[(0, p)]["token_hit_rate"] - s["ideal_token_hit_rate"]) < 0.01, p
+PY
+if command -v gnuplot >/dev/null; then
+  "$bin" replay --trace "$trace" --limit 300 --sweep 1e5,3e5 --policy lru,slru \
+    --plot "$tmp/p.png" --no-progress >"$tmp/p.txt" || fail "plot exits $?"
+  grep -q "slru" "$tmp/p.txt" || fail "sweep table lacks slru"
+  [ "$(head -c 8 "$tmp/p.png" | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ] \
+    || fail "--plot did not write a PNG"
+else
+  echo "note: gnuplot not installed, --plot not tested"
+fi
+# The daemon refuses the offline policy with the reason.
+"$bin" --policy opt --socket "$tmp/s" 2>"$tmp/err" </dev/null; [ $? != 0 ] || fail "daemon took --policy opt"
+grep -q "replayer only" "$tmp/err" || fail "daemon --policy opt: $(cat "$tmp/err")"
 
 # Tiers: options, per-tier hits in text and JSON.
 "$bin" replay --trace "$trace" --host-tier-tokens 0 2>/dev/null; [ $? = 2 ] || fail "host tier 0: want exit 2"
