@@ -10,3 +10,6 @@ all: $(CORE_BENCHES)
 $(CORE_BENCHES): $(BUILD)/%: $(BUILD)/%.o $(BUILD)/libkvscore.a
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(CORE_LIBS) -lm
+
+# The replayer against a Python LRU simulation of the same trace.
+BENCHES += tests/bench/bench_replay.sh
