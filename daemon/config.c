@@ -642,6 +642,7 @@ void cfg_default_socket(char *out, size_t len) {
 
 int cfg_finish(cfg *c, char *err, size_t err_len) {
   kvs_layout *l = &c->layout;
+  int offline;
 
   if (!c->socket[0])
     cfg_default_socket(c->socket, sizeof(c->socket));
@@ -686,21 +687,12 @@ int cfg_finish(cfg *c, char *err, size_t err_len) {
   if (!c->disk_tier[0] != !c->disk_tier_bytes)
     return fail(err, err_len, "disk_tier and disk_tier_bytes go together "
                 "(the file and its size)");
-  {
-    char names[128] = "";
-    const char *n;
-    int offline, known = 0;
-    for (size_t i = 0; (n = core_policy_name(i, &offline)) != NULL; i++) {
-      if (offline)
-        continue;
-      known |= strcmp(n, c->policy) == 0;
-      snprintf(names + strlen(names), sizeof(names) - strlen(names), "%s%s",
-               names[0] ? ", " : "", n);
-    }
-    if (!known)
-      return fail(err, err_len, "policy '%s' is not one of the daemon's "
-                  "eviction policies (%s; 'opt' needs the future: the "
-                  "replayer only)", c->policy, names);
+  if (core_policy_find(c->policy, &offline) != 0 || offline) {
+    char names[128];
+    core_policy_list(names, sizeof(names), 0);
+    return fail(err, err_len, "policy '%s' is not one of the daemon's "
+                "eviction policies (%s; 'opt' needs the future: the "
+                "replayer only)", c->policy, names);
   }
   if (c->reserve_blocks >= l->num_blocks && c->gpu_memory_fraction == 0)
     return fail(err, err_len, "reserve_blocks %u must be below the pool's %u "

@@ -349,6 +349,41 @@ int replay_run(core *c, const trace *t, const replay_config *cfg,
   return rc;
 }
 
+int replay_checked(const trace *t, const replay_config *cfg,
+                   const replay_plan *plan, uint32_t *num_blocks,
+                   replay_result *res) {
+  const char *pol = cfg->policy != NULL ? cfg->policy : REPLAY_DEFAULT_POLICY;
+  core *c = NULL;
+  char msg[256];
+  int rc;
+
+  if (replay_pool_blocks(cfg, plan, num_blocks) != 0) {
+    fprintf(stderr,
+            "kvshared replay: a pool of %" PRIu64
+            " tokens is not 1 .. 2^32-2 blocks of %u tokens\n",
+            cfg->capacity_tokens ? cfg->capacity_tokens : plan->unlimited_blocks,
+            cfg->block_size);
+    return KVS_EINVAL;
+  }
+  rc = replay_core_create(cfg, *num_blocks, plan, &c);
+  if (rc != 0) {
+    fprintf(stderr, "kvshared replay: cannot create the core (%u blocks, "
+            "policy '%s'): %s\n", *num_blocks, pol, kvs_strerror(rc));
+    return rc;
+  }
+  rc = replay_run(c, t, cfg, res);
+  if (rc != 0) {
+    fprintf(stderr, "kvshared replay: core error (policy '%s'): %s\n", pol,
+            kvs_strerror(rc));
+  } else if (core_check(c, msg, sizeof(msg)) != 0) {
+    fprintf(stderr, "kvshared replay: core invariant broken (policy '%s'): "
+            "%s\n", pol, msg);
+    rc = KVS_EINTERNAL;
+  }
+  core_destroy(c);
+  return rc;
+}
+
 /* ---- command line ---- */
 
 static void replay_usage(FILE *f) {
@@ -588,8 +623,7 @@ int replay_main(int argc, char **argv) {
   uint32_t num_blocks;
   int json = 0, progress = -1, opt, rc, status = 1;
   trace *t = NULL;
-  core *c = NULL;
-  char err[256], msg[256];
+  char err[256];
 
   replay_config_init(&cfg);
   optind = 1;
@@ -707,15 +741,11 @@ int replay_main(int argc, char **argv) {
   if (npols == 0)
     pols[npols++] = REPLAY_DEFAULT_POLICY;
   for (size_t i = 0; i < npols; i++) {
-    int offline, known = 0;
-    const char *n;
-    for (size_t k = 0; (n = core_policy_name(k, &offline)) != NULL; k++)
-      known |= strcmp(n, pols[i]) == 0;
-    if (!known) {
-      fprintf(stderr, "kvshared replay: unknown policy '%s' (", pols[i]);
-      for (size_t k = 0; (n = core_policy_name(k, NULL)) != NULL; k++)
-        fprintf(stderr, "%s%s", k ? ", " : "", n);
-      fprintf(stderr, ")\n");
+    if (core_policy_find(pols[i], NULL) != 0) {
+      char names[128];
+      core_policy_list(names, sizeof(names), 1);
+      fprintf(stderr, "kvshared replay: unknown policy '%s' (%s)\n", pols[i],
+              names);
       return 2;
     }
   }
@@ -743,29 +773,8 @@ int replay_main(int argc, char **argv) {
                  : 1;
     goto out;
   }
-  if (replay_pool_blocks(&cfg, &plan, &num_blocks) != 0) {
-    fprintf(stderr,
-            "kvshared replay: a pool of %" PRIu64
-            " tokens is not 1 .. 2^32-2 blocks of %u tokens\n",
-            cfg.capacity_tokens ? cfg.capacity_tokens : plan.unlimited_blocks,
-            cfg.block_size);
+  if (replay_checked(t, &cfg, &plan, &num_blocks, &res) != 0)
     goto out;
-  }
-  rc = replay_core_create(&cfg, num_blocks, &plan, &c);
-  if (rc != 0) {
-    fprintf(stderr, "kvshared replay: cannot create the core (%u blocks): %s\n",
-            num_blocks, kvs_strerror(rc));
-    goto out;
-  }
-  rc = replay_run(c, t, &cfg, &res);
-  if (rc != 0) {
-    fprintf(stderr, "kvshared replay: core error: %s\n", kvs_strerror(rc));
-    goto out;
-  }
-  if (core_check(c, msg, sizeof(msg)) != 0) {
-    fprintf(stderr, "kvshared replay: core invariant broken: %s\n", msg);
-    goto out;
-  }
   if (json) {
     if (replay_print_json(path, t, &cfg, num_blocks, &plan, &res) != 0) {
       fprintf(stderr, "kvshared replay: cannot write JSON\n");
@@ -776,8 +785,6 @@ int replay_main(int argc, char **argv) {
   }
   status = fflush(stdout) == 0 ? 0 : 1;
 out:
-  if (c != NULL)
-    core_destroy(c);
   trace_free(t);
   return status;
 }

@@ -100,6 +100,15 @@ int replay_run(core *c, const trace *t, const replay_config *cfg,
                replay_result *res);
 
 /*
+ * One replay of t on a fresh core for cfg (pool sized by replay_pool_blocks,
+ * into *num_blocks), and the core's invariant checked after it.  Returns 0
+ * or the first error, said on stderr.
+ */
+int replay_checked(const trace *t, const replay_config *cfg,
+                   const replay_plan *plan, uint32_t *num_blocks,
+                   replay_result *res);
+
+/*
  * `--sweep`: replays t once per capacity (caps[k] tokens, 0 = unlimited) and
  * policy on a fresh core each (base gives the rest), checks the core after
  * each, prints the table of token hit rates and wall times (or JSON), and,

@@ -30,29 +30,13 @@ static int sweep_one(const trace *t, const replay_config *base,
   replay_config cfg = *base;
   replay_result res;
   uint32_t nb;
-  core *c = NULL;
-  char msg[256];
   int rc;
 
   cfg.capacity_tokens = cap;
   cfg.policy = pol;
   cfg.progress = 0;
-  if ((rc = replay_pool_blocks(&cfg, plan, &nb)) != 0 ||
-      (rc = replay_core_create(&cfg, nb, plan, &c)) != 0) {
-    fprintf(stderr, "kvshared replay: no core for %" PRIu64 " tokens, policy "
-            "'%s': %s\n", cap, pol, kvs_strerror(rc));
+  if ((rc = replay_checked(t, &cfg, plan, &nb, &res)) != 0)
     return rc;
-  }
-  rc = replay_run(c, t, &cfg, &res);
-  if (rc == 0 && core_check(c, msg, sizeof(msg)) != 0) {
-    fprintf(stderr, "kvshared replay: core invariant broken (%s): %s\n", pol,
-            msg);
-    rc = KVS_EINTERNAL;
-  } else if (rc != 0) {
-    fprintf(stderr, "kvshared replay: core error (%s): %s\n", pol,
-            kvs_strerror(rc));
-  }
-  core_destroy(c);
   out->hit = replay_token_hit_rate(&res);
   out->block_hit = replay_block_hit_rate(&res);
   out->seconds = res.seconds;

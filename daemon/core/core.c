@@ -16,6 +16,36 @@
 static const core_policy *const policies[] = {
     &core_policy_lru, &core_policy_slru, &core_policy_mq, &core_policy_opt};
 
+static const core_policy *policy_find(const char *name) {
+  for (size_t i = 0; i < sizeof(policies) / sizeof(policies[0]); i++)
+    if (strcmp(policies[i]->name, name) == 0)
+      return policies[i];
+  return NULL;
+}
+
+int core_policy_find(const char *name, int *offline) {
+  const core_policy *p = policy_find(name);
+  if (p == NULL)
+    return KVS_EINVAL;
+  if (offline != NULL)
+    *offline = p->offline;
+  return 0;
+}
+
+void core_policy_list(char *buf, size_t len, int offline) {
+  size_t n = 0;
+  if (len > 0)
+    buf[0] = '\0';
+  for (size_t i = 0; i < sizeof(policies) / sizeof(policies[0]); i++) {
+    if (policies[i]->offline && !offline)
+      continue;
+    int w = snprintf(buf + n, len - n, "%s%s", n ? ", " : "", policies[i]->name);
+    if (w < 0 || (size_t)w >= len - n)
+      return;
+    n += (size_t)w;
+  }
+}
+
 const char *core_policy_name(size_t i, int *offline) {
   if (i >= sizeof(policies) / sizeof(policies[0]))
     return NULL;
@@ -31,15 +61,30 @@ void core_policy_hint(core *c, uint32_t b, uint32_t value) {
     c->policy->hint(c, b, value);
 }
 
-/* Blocks hashed ahead of their index probes (core_lookup, seal_blocks). */
-#define LOOKAHEAD 8
-
 static inline kvs_hash128 blk_hash(const core *c, kvs_hash128 parent,
                                    kvs_hash128 salt, const uint32_t *tokens) {
   if (c->cfg.hash_fn != NULL)
     return c->cfg.hash_fn(parent, salt, tokens, c->cfg.block_size,
                           c->cfg.hash_arg);
   return core_block_hash(parent, salt, tokens, c->cfg.block_size);
+}
+
+/* Blocks hashed ahead of their index probes (core_lookup, seal_blocks): a
+ * big index is probed at random, and a probe that waits for memory costs
+ * more than hashing a block, so the slots are fetched while the next blocks
+ * are hashed. */
+#define LOOKAHEAD 8
+
+/* hs[0..m) = the chained hashes of the m (<= LOOKAHEAD) blocks of tokens
+ * after parent, their index slots being fetched. */
+static inline void hash_ahead(const core *c, kvs_hash128 parent,
+                              kvs_hash128 salt, const uint32_t *tokens,
+                              uint32_t m, kvs_hash128 *hs) {
+  for (uint32_t k = 0; k < m; k++) {
+    hs[k] = blk_hash(c, k ? hs[k - 1] : parent, salt,
+                     tokens + (size_t)k * c->cfg.block_size);
+    hidx_prefetch(&c->index, hs[k]);
+  }
 }
 
 void core_config_init(core_config *cfg) {
@@ -50,12 +95,9 @@ void core_config_init(core_config *cfg) {
 }
 
 int core_create(const core_config *cfg, core **out) {
-  const core_policy *pol = NULL;
-  const char *pname = cfg->policy != NULL ? cfg->policy : "lru";
+  const core_policy *pol =
+      policy_find(cfg->policy != NULL ? cfg->policy : "lru");
   *out = NULL;
-  for (size_t i = 0; i < sizeof(policies) / sizeof(policies[0]); i++)
-    if (strcmp(policies[i]->name, pname) == 0)
-      pol = policies[i];
   if (pol == NULL || (pol->offline && !cfg->allow_offline) ||
       cfg->num_blocks == 0 ||
       cfg->num_blocks >= KVS_BLOCK_NONE || cfg->block_size == 0 ||
@@ -220,18 +262,11 @@ int core_lookup(core *c, core_req *r, const uint32_t *tokens, uint32_t n,
       (rc = grow(&r->blocks, &r->cap_blocks, full)) != 0)
     return rc;
 
-  /* The chain's hashes LOOKAHEAD at a time, their index slots fetched
-   * while the next are hashed: a big index is probed at random, and a probe
-   * that waits for memory costs more than hashing a block. */
   kvs_hash128 parent = c->cfg.root, hs[LOOKAHEAD];
   uint32_t hits = 0, stop = 0;
   while (hits < full && !stop) {
     uint32_t m = full - hits < LOOKAHEAD ? full - hits : LOOKAHEAD;
-    for (uint32_t k = 0; k < m; k++) {
-      hs[k] = blk_hash(c, k ? hs[k - 1] : parent, r->salt,
-                       tokens + (size_t)(hits + k) * bs);
-      hidx_prefetch(&c->index, hs[k]);
-    }
+    hash_ahead(c, parent, r->salt, tokens + (size_t)hits * bs, m, hs);
     for (uint32_t k = 0; k < m && !stop; k++) {
       const uint32_t *t = tokens + (size_t)hits * bs;
       uint32_t b = hidx_find(&c->index, hs[k]);
@@ -473,11 +508,9 @@ static uint32_t seal_blocks(core *c, core_req *r, uint32_t full) {
   for (uint32_t i = r->sealed; i < full; i++) {
     const uint32_t *t = r->tokens + (size_t)i * bs;
     uint32_t k = (i - r->sealed) % LOOKAHEAD;
-    if (k == 0) /* hash ahead, fetching the index slots (as core_lookup) */
-      for (uint32_t j = 0; j < LOOKAHEAD && i + j < full; j++) {
-        hs[j] = blk_hash(c, j ? hs[j - 1] : r->chain, r->salt, t + (size_t)j * bs);
-        hidx_prefetch(&c->index, hs[j]);
-      }
+    if (k == 0)
+      hash_ahead(c, r->chain, r->salt, t,
+                 full - i < LOOKAHEAD ? full - i : LOOKAHEAD, hs);
     kvs_hash128 h = hs[k];
     uint32_t b = r->blocks[i];
     blk *x = &c->blocks[b];

@@ -92,6 +92,11 @@ kvs_hash128 core_block_hash(kvs_hash128 parent, kvs_hash128 salt,
 /* The eviction policies: name i (0, 1, ...; NULL past the last) and
  * whether it is offline (needs the future: the replayer only). */
 const char *core_policy_name(size_t i, int *offline);
+/* 0 and *offline (may be NULL) when name is a policy, else KVS_EINVAL. */
+int core_policy_find(const char *name, int *offline);
+/* The policies' names, ", "-separated, into buf (cut to len); offline ones
+ * only when offline is 1. */
+void core_policy_list(char *buf, size_t len, int offline);
 
 /* KVS_EINVAL (bad config, unknown policy, an offline policy without
  * allow_offline) or KVS_ENOMEM. */

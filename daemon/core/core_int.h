@@ -63,7 +63,8 @@ typedef struct ghosts {
   hidx idx;         /* hash -> ring position (live ghosts only) */
 } ghosts;
 
-int ghosts_init(ghosts *g, uint64_t max);
+/* Holds nothing until the first add: allocates nothing. */
+void ghosts_init(ghosts *g, uint64_t max);
 void ghosts_destroy(ghosts *g);
 /* Remembers h with value v (a ghost of h already there is replaced). */
 void ghosts_add(ghosts *g, kvs_hash128 h, uint16_t v);
@@ -79,7 +80,7 @@ int ghosts_check(const ghosts *g, char *msg, size_t msg_len);
  * goes on the queue, and sees every block leave it.  The queue itself
  * (pool_fq_*) is shared by all policies; what a policy keeps beside it lives
  * in core.pol (from init) and in each block's blk.pol bits.  Every hook is
- * O(1) or O(log n). */
+ * O(1) in the pool size (mq: O(levels); opt: O(buckets / 4096)). */
 typedef struct core_policy {
   const char *name;
   int offline;  /* needs the future (core_policy_hint): the replayer only */

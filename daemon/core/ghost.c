@@ -12,10 +12,9 @@
 #define NONE KVS_BLOCK_NONE
 #define GHOSTS_FIRST 1024u
 
-int ghosts_init(ghosts *g, uint64_t max) {
+void ghosts_init(ghosts *g, uint64_t max) {
   memset(g, 0, sizeof(*g));
   g->max = max == 0 ? 1 : max > UINT32_MAX / 4 ? UINT32_MAX / 4 : (uint32_t)max;
-  return 0;
 }
 
 void ghosts_destroy(ghosts *g) {

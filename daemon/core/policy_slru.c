@@ -113,7 +113,7 @@ static void slru_release(core *c, uint32_t b, int cached) {
     if (ghost_take(s, c->bhash[b]))
       x->pol |= SLRU_REUSED;
   }
-  if (!(x->pol & SLRU_REUSED) || s->hot_max == 0) {
+  if (!(x->pol & SLRU_REUSED)) {
     pool_fq_insert_before(c, b, s->mark);
     return;
   }

@@ -106,11 +106,16 @@ static uint64_t m_now;
 #define MQ_LEVELS 8
 #define MQ_LIFE (2 * NB)
 
+/* What a policy knows of a block that was just taken (or never used). */
+static void mp_clear(uint32_t b) {
+  memset(&mp[b], 0, sizeof(mp[b]));
+  mp[b].hint = mp[b].queued_hint = NEVER;
+}
+
 static void mg_reset(void) {
   memset(mg, 0, sizeof(mg));
-  memset(mp, 0, sizeof(mp));
   for (uint32_t b = 0; b < NB; b++)
-    mp[b].hint = mp[b].queued_hint = NEVER;
+    mp_clear(b);
   mg_n = mg_count[0] = mg_count[1] = 0;
   mg_cap = pol == P_SLRU ? 4 * NB : 8 * NB;
   s_hot_max = s_hot_cap;
@@ -272,8 +277,7 @@ static uint32_t m_take(void) {
     mg_add(&mb[b], mp[b].reused, 0);
   if (mb[b].indexed && pol == P_MQ)
     mg_add(&mb[b], 0, mp[b].freq);
-  memset(&mp[b], 0, sizeof(mp[b]));
-  mp[b].hint = mp[b].queued_hint = NEVER;
+  mp_clear(b);
   mb[b].indexed = mb[b].sealed = 0;
   mb[b].ref = 1;
   return b;
@@ -284,8 +288,7 @@ static void m_put(uint32_t b) {
     return;
   if (!mb[b].indexed) {
     mb[b].sealed = 0;
-    memset(&mp[b], 0, sizeof(mp[b]));
-    mp[b].hint = mp[b].queued_hint = NEVER;
+    mp_clear(b);
     mq_push_head(b);
   } else if (pol == P_SLRU) {
     slru_put(b);
