@@ -329,7 +329,7 @@ int core_lookup_promote(core *c, core_req *r, const uint32_t *tokens,
     return 0; /* the device hits stand; nothing more */
 
   /* Walk on: each block resident (the device index) or below (a tier). */
-  kvs_hash128 parent = r->chain;
+  kvs_hash128 parent = r->chain, chain0 = r->chain;
   for (uint32_t i = r->nblocks; i < full; i++, m++) {
     const uint32_t *t = tokens + (size_t)i * bs;
     kvs_hash128 h = blk_hash(c, parent, r->salt, t);
@@ -412,6 +412,7 @@ int core_lookup_promote(core *c, core_req *r, const uint32_t *tokens,
     p->tier = ch[j].t;
     p->slot = c->tents[ch[j].e].slot[ch[j].t];
     p->hash = ch[j].h;
+    p->parent = j ? ch[j - 1].h : chain0;
     out->tier_blocks[ch[j].t]++;
   }
   r->nblocks = r->sealed = base + keep;
@@ -514,6 +515,7 @@ static uint32_t seal_blocks(core *c, core_req *r, uint32_t full) {
     kvs_hash128 h = hs[k];
     uint32_t b = r->blocks[i];
     blk *x = &c->blocks[b];
+    kvs_hash128 parent = r->chain;
     r->chain = h;
     if (x->sealed) /* shared with a fork sibling that sealed it (same hash:
                       checked by the caller) */
@@ -525,6 +527,8 @@ static uint32_t seal_blocks(core *c, core_req *r, uint32_t full) {
     if (other == KVS_BLOCK_NONE) {
       hidx_insert(&c->index, h, b);
       x->indexed = 1;
+      if (__builtin_expect(c->obs.stored != NULL, 0))
+        c->obs.stored(c->obs.arg, h, i ? &parent : NULL, t);
     } else {
       c->st.duplicate_blocks++;
       if (c->btok != NULL &&
@@ -671,6 +675,14 @@ void core_get_stats(const core *c, core_stats *st) {
   st->free_blocks = c->fq_len - c->ncached;
   st->used_blocks = c->cfg.num_blocks - c->fq_len;
   st->num_requests = c->nreqs;
+  st->indexed_blocks = c->index.count;
+}
+
+void core_set_observer(core *c, const core_observer *obs) {
+  if (obs != NULL)
+    c->obs = *obs;
+  else
+    memset(&c->obs, 0, sizeof(c->obs));
 }
 
 /* ---- invariant check --------------------------------------------------- */

@@ -268,6 +268,7 @@ typedef struct core_promo {
   uint32_t tier;   /* where the bytes are: CORE_TIER_* */
   uint32_t slot;   /* their slot there */
   kvs_hash128 hash;
+  kvs_hash128 parent; /* the hash of the block before it (pos > 0) */
 } core_promo;
 
 typedef struct core_lookup_out {
@@ -410,9 +411,34 @@ typedef struct core_stats {
   uint64_t swap_kept_blocks; /* blocks whose copy below was there already */
   uint64_t swap_in_blocks;   /* blocks copied up by swap-ins */
   uint64_t swap_resident_blocks; /* taken back from the device, no copy */
+  uint32_t indexed_blocks;   /* hashes in the prefix index (CACHED, and
+                                sealed blocks in use) */
 } core_stats;
 
 void core_get_stats(const core *c, core_stats *st);
+
+/*
+ * ---- Index events ---------------------------------------------------------
+ *
+ * An observer is told of every hash that enters the prefix index (a block
+ * sealed, or brought up from a tier) and of every one that leaves it (its
+ * block evicted), in order, as the operation that does it runs: the
+ * daemon's KV event stream (daemon/events.c).  The callbacks must not call
+ * the core.
+ *   stored   h, the hash of the block before it in its chain (parent; NULL
+ *            for a chain's first block) and its block_size token ids (NULL
+ *            when unknown: a block brought up from a tier without
+ *            verify_tokens).
+ *   removed  h left the index.
+ */
+typedef struct core_observer {
+  void (*stored)(void *arg, kvs_hash128 h, const kvs_hash128 *parent,
+                 const uint32_t *tokens);
+  void (*removed)(void *arg, kvs_hash128 h);
+  void *arg;
+} core_observer;
+/* obs NULL: none.  The core keeps a copy. */
+void core_set_observer(core *c, const core_observer *obs);
 
 /*
  * Checks every invariant over the whole pool: ref counts equal the (request,

@@ -223,6 +223,7 @@ struct core {
   hidx tindex;                /* hash -> entry */
   uint32_t nbusy;             /* blocks on the free queue being copied
                                  down (allocation skips them) */
+  core_observer obs;          /* index events (zeroes: none) */
 };
 
 static inline int tier_any(const core *c) {
@@ -359,6 +360,8 @@ static inline uint32_t blk_take(core *c) {
   if (x->indexed) {
     tier_on_evict(c, b);
     hidx_remove(&c->index, c->bhash[b]);
+    if (__builtin_expect(c->obs.removed != NULL, 0))
+      c->obs.removed(c->obs.arg, c->bhash[b]);
     x->indexed = 0;
     c->ncached--;
     c->st.evictions++;

@@ -278,6 +278,7 @@ int core_swap_in(core *c, core_req *r, core_promo *p, uint32_t max,
     p[np].tier = x->valid[CORE_TIER_HOST] ? CORE_TIER_HOST : CORE_TIER_DISK;
     p[np].slot = x->slot[p[np].tier];
     p[np].hash = x->h;
+    p[np].parent = i > 0 ? c->tents[r->swent[i - 1]].h : (kvs_hash128){0, 0};
     np++;
   }
   c->st.allocated_blocks += np;

@@ -350,6 +350,9 @@ uint32_t tier_fills_end(core *c, const core_promo *p, uint32_t n,
     if (x->sealed && hidx_find(&c->index, p[i].hash) == NONE) {
       hidx_insert(&c->index, p[i].hash, p[i].block);
       x->indexed = 1;
+      if (c->obs.stored != NULL)
+        c->obs.stored(c->obs.arg, p[i].hash, p[i].pos ? &p[i].parent : NULL,
+                      btok(c, p[i].block));
     }
   }
   return bad;

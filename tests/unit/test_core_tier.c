@@ -517,10 +517,67 @@ static void new_request(core *c, areq *a) {
   }
 }
 
+/* The index as the core's observer tells it (the KV event stream's
+ * source): every hash stored once, removed only when stored, each stored
+ * one the hash of its tokens under its parent (the root for a chain's
+ * first block), and the set always the index itself. */
+static kvs_hash128 ev_set[ANB], ev_root;
+static uint32_t ev_n;
+static uint64_t ev_stored, ev_removed;
+
+static int ev_find(kvs_hash128 h) {
+  for (uint32_t i = 0; i < ev_n; i++)
+    if (heq(ev_set[i], h))
+      return (int)i;
+  return -1;
+}
+
+static void ev_on_stored(void *arg, kvs_hash128 h, const kvs_hash128 *parent,
+                         const uint32_t *tokens) {
+  kvs_hash128 zero = {0, 0};
+
+  assert_ptr_equal(arg, &ev_n);
+  assert_true(ev_find(h) < 0);
+  assert_true(ev_n < ANB);
+  assert_non_null(tokens); /* verify_tokens: the core keeps them */
+  assert_true(heq(core_block_hash(parent ? *parent : ev_root, zero, tokens, BS),
+                  h));
+  ev_set[ev_n++] = h;
+  ev_stored++;
+}
+
+static void ev_on_removed(void *arg, kvs_hash128 h) {
+  int i = ev_find(h);
+
+  (void)arg;
+  assert_true(i >= 0);
+  ev_set[i] = ev_set[--ev_n];
+  ev_removed++;
+}
+
+static void ev_compare(core *c) {
+  uint32_t indexed = 0;
+
+  for (uint32_t b = 0; b < ANB; b++) {
+    core_block_info bi;
+    core_block_get(c, b, &bi);
+    if (bi.indexed) {
+      indexed++;
+      assert_true(ev_find(bi.hash) >= 0);
+    }
+  }
+  assert_int_equal(indexed, ev_n);
+}
+
 static void test_async_bytes(void **state) {
   (void)state;
   core *c = make_core(ANB, 2, AHOST, ADISK, 0);
   uint64_t ops = nops();
+  kvs_layout l = {BS, 1, 1, 1, KVS_DTYPE_FP32, ANB, 0};
+  core_observer obs = {ev_on_stored, ev_on_removed, &ev_n};
+
+  ev_root = core_root_hash(&l, "tier-model");
+  core_set_observer(c, &obs);
 
   rng = 0x9e3779b97f4a7c15ull;
   for (uint32_t b = 0; b < ANB; b++)
@@ -550,8 +607,10 @@ static void test_async_bytes(void **state) {
     } else if (nmoves) { /* a move completes */
       end_move(c, rnd(nmoves));
     }
-    if (op % 256 == 0)
+    if (op % 256 == 0) {
       check(c);
+      ev_compare(c);
+    }
   }
   while (nmoves)
     end_move(c, nmoves - 1);
@@ -580,6 +639,11 @@ static void test_async_bytes(void **state) {
   assert_true(st[0].failures > 100 && st[1].failures > 10);
   assert_true(st[1].demotions > 1000);
   assert_int_equal(cs.used_blocks, 0);
+  ev_compare(c);
+  print_message("observer: %llu stored, %llu removed, %u indexed\n",
+                (unsigned long long)ev_stored, (unsigned long long)ev_removed,
+                ev_n);
+  assert_true(ev_stored > 1000 && ev_removed > 1000);
   for (uint32_t b = 0; b < ANB; b++) {
     core_block_info bi;
     core_block_get(c, b, &bi);
