@@ -1,0 +1,651 @@
+"""kvshare.Client: one connection (one session) to kvshared."""
+import ctypes
+import os
+import warnings
+import weakref
+from ctypes import byref, c_uint32, c_uint64, c_void_p
+from dataclasses import dataclass, field
+from typing import Optional, Tuple
+
+import numpy as np
+
+from . import _lib
+from .errors import ConnectError, KvsError, error_for
+from .views import NUMPY_DTYPES, PoolTensor
+
+_U32_MAX = 0xFFFFFFFF
+_U64_MAX = 0xFFFFFFFFFFFFFFFF
+
+
+# ---- results -------------------------------------------------------------------
+@dataclass(frozen=True)
+class Layout:
+    """The pool layout the daemon announced (kvs_layout)."""
+    block_size: int
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: int          # kvs_dtype: 0 fp32, 1 fp16, 2 bf16
+    num_blocks: int
+    block_stride: int   # bytes from one block to the next
+
+    @property
+    def dtype_name(self):
+        return _lib.DTYPES[self.dtype][0]
+
+    @property
+    def numpy_dtype(self):
+        """float32, float16, or uint16 for bf16 (its raw bits)."""
+        return NUMPY_DTYPES[self.dtype]
+
+    @property
+    def block_shape(self):
+        """(num_layers, 2, block_size, num_kv_heads, head_dim): one block."""
+        return (self.num_layers, 2, self.block_size, self.num_kv_heads,
+                self.head_dim)
+
+    @property
+    def plane_shape(self):
+        """(block_size, num_kv_heads, head_dim): one K or V plane."""
+        return (self.block_size, self.num_kv_heads, self.head_dim)
+
+    @property
+    def block_bytes(self):
+        """Useful bytes of a block (block_stride rounds this up to 4096)."""
+        n = _lib.DTYPES[self.dtype][1]
+        for d in self.block_shape:
+            n *= d
+        return n
+
+
+@dataclass(frozen=True)
+class LookupResult:
+    hit_tokens: int              # tokens of the prompt already cached
+    blocks: Tuple[int, ...]      # the request's block table after the lookup
+
+
+@dataclass(frozen=True)
+class CowPair:
+    """A copy-on-write pair of an allocation: copy block src into dst
+    before writing (Client.copy_blocks), unless done_by_daemon."""
+    src: int
+    dst: int
+    index: int                   # block-table index now holding dst
+    done_by_daemon: bool         # has_cow 2: the daemon copied already
+
+
+@dataclass(frozen=True)
+class AllocResult:
+    first_index: int             # block-table index of blocks[0]
+    blocks: Tuple[int, ...]      # blocks appended to the request's table
+    cow: Optional[CowPair] = None
+
+
+@dataclass(frozen=True)
+class SwapResult:
+    tokens: int          # out: written tokens swapped out; in: restored
+    lost_tokens: int     # in: written tokens not restored (compute again)
+    copied_blocks: int
+    blocks: Tuple[int, ...]  # in: the request's block table
+
+
+@dataclass(frozen=True)
+class TierStats:
+    name: str
+    capacity_bytes: int
+    slots: int
+    used: int
+    demotions: int
+    promotions: int
+    hit_blocks: int
+    drops: int
+    failures: int
+    bytes_in: int
+    bytes_out: int
+    io_errors: int
+    checksum_failures: int
+
+
+@dataclass(frozen=True)
+class SwapStats:
+    swapped_requests: int
+    held_slots: int
+    swap_outs: int
+    swap_ins: int
+    failures: int
+    out_blocks: int
+    kept_blocks: int
+    in_blocks: int
+    resident_blocks: int
+
+
+@dataclass(frozen=True)
+class Stats:
+    """The daemon's counters (kvs_stats), its tiers and swap counters."""
+    num_blocks: int
+    free_blocks: int
+    cached_blocks: int
+    used_blocks: int
+    num_requests: int
+    sessions: int
+    lookups: int
+    query_tokens: int
+    hit_tokens: int
+    hit_blocks: int
+    miss_blocks: int
+    allocated_blocks: int
+    evictions: int
+    cow_copies: int
+    sealed_blocks: int
+    no_space: int
+    frames_in: int
+    protocol_errors: int
+    check: int               # the invariant check's status (when asked)
+    check_message: str
+    backend: str
+    gpu_uuid: str
+    pool_bytes: int
+    daemon_copies: int
+    daemon_copy_blocks: int
+    copy_errors: int
+    tiers: Tuple[TierStats, ...] = ()
+    tier_lost: int = 0
+    swap: Optional[SwapStats] = None  # None: this library has no swap
+
+    @property
+    def check_ok(self):
+        return self.check == 0
+
+    def as_dict(self):
+        """The same as plain dicts and lists (JSON-ready)."""
+        import dataclasses
+        return dataclasses.asdict(self)
+
+
+def _struct_dict(s):
+    out = {}
+    for name, _ in s._fields_:
+        v = getattr(s, name)
+        out[name] = v.decode("utf-8", "replace") if isinstance(v, bytes) else v
+    return out
+
+
+# ---- arguments ----------------------------------------------------------------
+def _req(x, what="req_id"):
+    if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
+        raise TypeError(f"{what} must be an int, not {type(x).__name__}")
+    x = int(x)
+    if not 0 <= x <= _U64_MAX:
+        raise ValueError(f"{what} {x} is not a 64-bit unsigned value")
+    return x
+
+
+def _u32(x, what):
+    if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
+        raise TypeError(f"{what} must be an int, not {type(x).__name__}")
+    x = int(x)
+    if not 0 <= x <= _U32_MAX:
+        raise ValueError(f"{what} {x} is out of range (0 .. 2**32-1)")
+    return x
+
+
+def as_u32_array(values, what="tokens"):
+    """A C-contiguous uint32 numpy array of values (a list, tuple, range or
+    numpy array of integers); no copy for a contiguous uint32 array.
+    ValueError for values out of 0 .. 2**32-1, TypeError for non-integers."""
+    if isinstance(values, np.ndarray):
+        a = values
+        if a.ndim != 1:
+            raise ValueError(f"{what} must be one-dimensional, not {a.shape}")
+        if a.dtype == np.uint32:
+            return np.ascontiguousarray(a)
+        if a.dtype.kind not in "iu":
+            raise TypeError(f"{what} must be integers, not {a.dtype}")
+    else:
+        if isinstance(values, (str, bytes)):
+            raise TypeError(f"{what} must be a sequence of ints")
+        values = list(values)
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise TypeError(f"{what} must be ints, not {type(v).__name__}")
+        try:  # every value is an int: no silent truncation here
+            a = np.array(values, dtype=np.int64)
+        except OverflowError:
+            raise ValueError(f"{what} out of range (0 .. 2**32-1)") from None
+    if a.size and (a.min() < 0 or a.max() > _U32_MAX):
+        raise ValueError(f"{what} out of range (0 .. 2**32-1)")
+    return np.ascontiguousarray(a, dtype=np.uint32)
+
+
+def _u32_ptr(a):
+    return a.ctypes.data_as(ctypes.POINTER(c_uint32)) if a.size else None
+
+
+def _blocks(ptr, n):
+    return tuple(ptr[:n]) if n else ()
+
+
+def _salt(salt):
+    if salt is None:
+        return None, 0
+    if isinstance(salt, str):
+        salt = salt.encode()
+    salt = bytes(salt)
+    return salt, len(salt)
+
+
+def _alloc_result(r):
+    cow = None
+    if r.has_cow:
+        cow = CowPair(r.cow_src, r.cow_dst, r.cow_index, r.has_cow == 2)
+    return AllocResult(r.first_index, _blocks(r.blocks, r.num_blocks), cow)
+
+
+def _commit_args(tokens, n, blocks):
+    if tokens is not None:
+        toks = as_u32_array(tokens)
+        if n is not None and n != toks.size:
+            raise ValueError(f"n={n} but {toks.size} tokens given")
+        n = toks.size
+    else:
+        toks = None
+        if n is None:
+            raise TypeError("commit needs tokens or n")
+    n = _u32(n, "n")
+    blk = as_u32_array(blocks, "blocks") if blocks is not None else None
+    return toks, n, blk
+
+
+# ---- the connection ----------------------------------------------------------
+def _close_native(addr):
+    _lib.lib().kvs_close(c_void_p(addr))
+
+
+class _Conn:
+    """Owns one kvs_client *.  Referenced by the Client and by every view of
+    the pool; kvs_close runs when the Client closes with no view alive, or
+    else when the last of them goes (its unmapping must wait for them)."""
+
+    __slots__ = ("ptr", "pid", "exports", "_finalizer", "__weakref__")
+
+    def __init__(self, ptr):
+        self.ptr = ptr
+        self.pid = os.getpid()
+        self.exports = weakref.WeakSet()
+        self._finalizer = weakref.finalize(self, _close_native, ptr)
+
+    def close(self):
+        self._finalizer()
+        self.ptr = None
+
+
+class Client:
+    """A connection to kvshared: one session.
+
+        with kvshare.Client() as c:          # $KVS_SOCKET or the default
+            hit = c.lookup(1, prompt)
+
+    socket      the daemon's Unix socket; None: $KVS_SOCKET, else the
+                daemon's default ($XDG_RUNTIME_DIR/kvshare/kvshared.sock,
+                else /run/kvshare/kvshared.sock), as kvs_connect(NULL, ...)
+    name        shown in the daemon's logs (default "libkvshare")
+    timeout_ms  per-call socket timeout; 0 waits forever.  A call that
+                times out raises (EAGAIN) and leaves the client broken.
+    no_map      do not map the pool (control-plane tools)
+
+    Raises ConnectError (with the reason in .message) when it cannot
+    connect.  Every method raises KvsError (or a subclass) on failure.
+    A client is used by one thread at a time (the C library takes no lock);
+    open one per thread.  A child process after os.fork() must connect
+    anew (calls on the parent's client raise StateError there).
+    """
+
+    def __init__(self, socket=None, *, name=None, timeout_ms=0,
+                 no_map=False):
+        L = _lib.lib()
+        opts = _lib.kvs_connect_opts(
+            os.fsencode(name) if name is not None else None,
+            int(timeout_ms), 1 if no_map else 0)
+        out = c_void_p()
+        path = os.fsencode(socket) if socket is not None else None
+        rc = L.kvs_connect(path, byref(opts), byref(out))
+        if rc:
+            raise ConnectError(rc, _lib.text(L.kvs_last_message(None)),
+                               op=f"connect {os.fsdecode(path) if path else '(default)'}")
+        self._conn = _Conn(out.value)
+        self._L = L
+        lay = L.kvs_layout_of(self._conn.ptr).contents
+        self.layout = Layout(lay.block_size, lay.num_layers, lay.num_kv_heads,
+                             lay.head_dim, lay.dtype, lay.num_blocks,
+                             lay.block_stride)
+        p = self._conn.ptr
+        self.backend = _lib.text(L.kvs_pool_backend(p))
+        self.gpu_uuid = (_lib.text(L.kvs_pool_gpu_uuid(p))
+                         if L.has("kvs_pool_gpu_uuid") else "")
+        self.session_id = L.kvs_session_id(p)
+        self.model_id = _lib.text(L.kvs_model_id(p))
+        self.max_frame = L.kvs_max_frame(p)
+        self.pool_size = L.kvs_pool_size(p)
+        self.mapped = bool(L.kvs_pool_base(p))
+        self._cuda_ordinal = None
+
+    # -- lifetime ---------------------------------------------------------------
+    def close(self):
+        """Close the connection: the daemon frees every request of the
+        session.  Idempotent.  If numpy arrays or tensors of the pool are
+        still alive, the pool stays mapped — and therefore the connection
+        open, since libkvshare unmaps the pool when it closes the socket —
+        until the last of them is released; the client is unusable at once
+        either way, and a ResourceWarning says so.  Drop the views before
+        closing when the session's requests must be released now."""
+        conn, self._conn = getattr(self, "_conn", None), None
+        if conn is None:
+            return
+        alive = len(conn.exports)
+        if alive and conn.pid == os.getpid():
+            warnings.warn(
+                f"kvshare.Client.close(): {alive} view(s) of the pool are "
+                "still alive; the connection closes when the last is "
+                "released", ResourceWarning, stacklevel=2)
+            return  # the last view's release runs kvs_close
+        conn.close()
+
+    @property
+    def closed(self):
+        return self._conn is None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        # The _Conn's finalizer closes the native client once nothing (the
+        # client, a view) refers to it; nothing to do here but drop it.
+        self._conn = None
+
+    def __repr__(self):
+        state = "closed" if self.closed else f"session {self.session_id}"
+        return (f"<kvshare.Client {state}, {self.backend} pool of "
+                f"{self.layout.num_blocks} blocks>")
+
+    def _p(self):
+        conn = self._conn
+        if conn is None:
+            raise error_for(_lib.ECLOSED, "the client is closed")
+        if conn.pid != os.getpid():
+            raise error_for(_lib.ESTATE, "this client belongs to process "
+                            f"{conn.pid}: a child must connect anew")
+        return conn.ptr
+
+    def _check(self, rc, op):
+        if rc:
+            msg = ""
+            if self._conn is not None:
+                msg = _lib.text(self._L.kvs_last_message(self._conn.ptr))
+            raise error_for(rc, msg, op)
+
+    def _fn(self, name, since):
+        fn = getattr(self._L, name)
+        if fn is None:
+            raise error_for(_lib.ENOTSUP, f"{self._L.path} has no {name} "
+                            f"(libkvshare older than {since})", name)
+        return fn
+
+    def fileno(self):
+        """The socket's descriptor (to poll for the daemon going away)."""
+        return self._L.kvs_fd(self._p())
+
+    # -- operations, one round trip each -----------------------------------------
+    def lookup(self, req_id, tokens, salt=None):
+        """Longest cached prefix of tokens (whole blocks, never the last
+        token).  Creates the request when new.  tokens: list or numpy array
+        of uint32 token ids; salt: bytes/str (a tenant's cache salt)."""
+        p = self._p()
+        toks = as_u32_array(tokens)
+        s, slen = _salt(salt)
+        r = _lib.kvs_lookup_result()
+        rc = self._L.kvs_lookup(p, _req(req_id), _u32_ptr(toks), toks.size,
+                                s, slen, byref(r))
+        self._check(rc, "lookup")
+        return LookupResult(r.hit_tokens, _blocks(r.blocks, r.num_blocks))
+
+    def allocate(self, req_id, num_tokens):
+        """Slots for num_tokens more tokens (prefill)."""
+        p = self._p()
+        r = _lib.kvs_alloc_result()
+        rc = self._L.kvs_allocate(p, _req(req_id), _u32(num_tokens, "num_tokens"),
+                                  byref(r))
+        self._check(rc, "allocate")
+        return _alloc_result(r)
+
+    def append(self, req_id, num_tokens=1):
+        """Slots for num_tokens more tokens (decode; may use the reserve)."""
+        p = self._p()
+        r = _lib.kvs_alloc_result()
+        rc = self._L.kvs_append(p, _req(req_id), _u32(num_tokens, "num_tokens"),
+                                byref(r))
+        self._check(rc, "append")
+        return _alloc_result(r)
+
+    def commit(self, req_id, start, tokens=None, *, n=None, blocks=None):
+        """Positions [start, start+n) are written and hold tokens (n =
+        len(tokens)); tokens None (give n) when the daemon knows them from
+        the lookup's prompt.  blocks: the block ids written, checked by the
+        daemon.  Returns how many full blocks this commit sealed."""
+        p = self._p()
+        toks, n, blk = _commit_args(tokens, n, blocks)
+        sealed = c_uint32(0)
+        rc = self._L.kvs_commit(
+            p, _req(req_id), _u32(start, "start"),
+            _u32_ptr(toks) if toks is not None else None, n,
+            _u32_ptr(blk) if blk is not None else None,
+            blk.size if blk is not None else 0, byref(sealed))
+        self._check(rc, "commit")
+        return sealed.value
+
+    def fork(self, req_id, child_id):
+        """A new request child_id sharing every block of req_id (CoW)."""
+        self._check(self._L.kvs_fork(self._p(), _req(req_id),
+                                     _req(child_id, "child_id")), "fork")
+
+    def free(self, req_id):
+        """Release every block of req_id and forget it."""
+        self._check(self._L.kvs_free(self._p(), _req(req_id)), "free")
+
+    def preempt(self, req_id):
+        """Release every block of req_id; the request stays."""
+        self._check(self._L.kvs_preempt(self._p(), _req(req_id)), "preempt")
+
+    def ping(self, payload=b""):
+        """An echo round trip carrying payload (bytes); checks the echo."""
+        p = self._p()
+        payload = bytes(payload)
+        self._check(self._L.kvs_ping(p, payload or None, len(payload)), "ping")
+
+    def stats(self, check=False):
+        """The daemon's counters; check=True also runs the pool invariant
+        check (its result in .check / .check_message, .check_ok).  Includes
+        the tiers below the pool and the swap counters (one round trip
+        each, when the library has them)."""
+        p = self._p()
+        st = _lib.kvs_stats()
+        self._check(self._L.kvs_stats_get(p, 1 if check else 0, byref(st)),
+                    "stats")
+        d = _struct_dict(st)
+        tiers, lost, swap = (), 0, None
+        if self._L.has("kvs_tier_stats_get"):
+            tiers, lost = self.tier_stats()
+        if self._L.has("kvs_swap_stats_get"):
+            swap = self.swap_stats()
+        return Stats(**d, tiers=tiers, tier_lost=lost, swap=swap)
+
+    def tier_stats(self):
+        """(tuple of TierStats top first, tier_lost): the tiers below the
+        pool (empty: none) and cached blocks evicted with no copy below."""
+        fn = self._fn("kvs_tier_stats_get", "0.3")
+        p = self._p()
+        arr = (_lib.kvs_tier_stats * 8)()
+        n, lost = c_uint32(0), c_uint64(0)
+        self._check(fn(p, arr, 8, byref(n), byref(lost)), "tier_stats")
+        return (tuple(TierStats(**_struct_dict(arr[i]))
+                      for i in range(min(n.value, 8))), lost.value)
+
+    def swap_stats(self):
+        fn = self._fn("kvs_swap_stats_get", "0.4")
+        p = self._p()
+        st = _lib.kvs_swap_stats()
+        self._check(fn(p, byref(st)), "swap_stats")
+        return SwapStats(**_struct_dict(st))
+
+    def swap_out(self, req_id):
+        """Send req_id's blocks below the pool (needs a tier); the request
+        then takes only swap_in and free."""
+        fn = self._fn("kvs_swap_out", "0.4")
+        p = self._p()
+        r = _lib.kvs_swap_result()
+        self._check(fn(p, _req(req_id), byref(r)), "swap_out")
+        return SwapResult(r.tokens, r.lost_tokens, r.copied_blocks, ())
+
+    def swap_in(self, req_id):
+        """Bring a swapped-out request back; .blocks is its block table,
+        .lost_tokens those to compute again."""
+        fn = self._fn("kvs_swap_in", "0.4")
+        p = self._p()
+        r = _lib.kvs_swap_result()
+        self._check(fn(p, _req(req_id), byref(r)), "swap_in")
+        return SwapResult(r.tokens, r.lost_tokens, r.copied_blocks,
+                          _blocks(r.blocks, r.num_blocks))
+
+    def set_promote(self, on):
+        """Whether this session's lookups wait for blocks coming up from the
+        tiers (default on)."""
+        fn = self._fn("kvs_set_promote", "0.3")
+        self._check(fn(self._p(), 1 if on else 0), "set_promote")
+
+    def set_daemon_copy(self, on):
+        """Ask the daemon to make this client's copy-on-write copies."""
+        fn = self._fn("kvs_set_daemon_copy", "0.2")
+        self._check(fn(self._p(), 1 if on else 0), "set_daemon_copy")
+
+    def copy_blocks(self, pairs, stream=None):
+        """Copy block src into dst for each (src, dst) in pairs, in this
+        process (memcpy on a host pool; device copies on `stream`, an int
+        CUstream or None for the legacy default, on a cuda pool)."""
+        fn = self._fn("kvs_copy_blocks", "0.2")
+        p = self._p()
+        flat = []
+        for pair in pairs:
+            src, dst = pair
+            flat += [src, dst]
+        a = as_u32_array(flat, "pairs")
+        self._check(fn(p, _u32_ptr(a), a.size // 2,
+                       c_void_p(stream) if stream else None), "copy_blocks")
+
+    def batch(self):
+        """A Batch: many ops, one round trip.  As a context manager it
+        submits on a normal exit."""
+        from .batch import Batch
+        return Batch(self)
+
+    # -- views of the pool ----------------------------------------------------------
+    def _mapped_ptr(self, ptr, what):
+        if not ptr:
+            raise error_for(_lib.EINVAL if self.mapped else _lib.ESTATE,
+                            "block out of range" if self.mapped else
+                            "the pool is not mapped (no_map)", what)
+        return ptr
+
+    def _check_host(self, what):
+        self._p()
+        if self.backend != "host":
+            raise error_for(
+                _lib.ENOTSUP,
+                f"the pool is on {self.gpu_uuid or self.backend} (device "
+                "memory the CPU cannot read): use block_tensor() / "
+                "plane_tensor() / pool_tensor() for "
+                "__cuda_array_interface__ or DLPack", what)
+
+    def _device(self):
+        if self.backend != "cuda":
+            return ("cpu", 0)
+        if self._cuda_ordinal is None:
+            from .cuda import device_ordinal
+            self._cuda_ordinal = device_ordinal(self.gpu_uuid)
+        return ("cuda", self._cuda_ordinal)
+
+    def _export(self, ptr, shape, strides=None):
+        conn = self._conn
+        t = PoolTensor(ptr, shape, self.layout.dtype, strides,
+                       self._device(), owner=conn)
+        conn.exports.add(t)
+        return t
+
+    def _check_block(self, b):
+        b = _u32(b, "block")
+        if b >= self.layout.num_blocks:
+            raise error_for(_lib.ERANGE, f"block {b} out of range (pool of "
+                            f"{self.layout.num_blocks})", "block")
+        return b
+
+    def block_tensor(self, b):
+        """Block b as a PoolTensor [layers][2][block_size][heads][head_dim]
+        (host or cuda; DLPack, array interfaces; no copy)."""
+        p = self._p()
+        b = self._check_block(b)
+        ptr = self._mapped_ptr(self._L.kvs_block_ptr(p, b), "block_tensor")
+        return self._export(ptr, self.layout.block_shape)
+
+    def plane_tensor(self, b, layer, kv):
+        """Layer `layer`'s K (kv=0) or V (kv=1) plane of block b as a
+        PoolTensor [block_size][heads][head_dim]."""
+        p = self._p()
+        b = self._check_block(b)
+        layer, kv = _u32(layer, "layer"), _u32(kv, "kv")
+        if layer >= self.layout.num_layers or kv > 1:
+            raise error_for(_lib.ERANGE, f"layer {layer} / kv {kv} out of "
+                            "range", "plane_tensor")
+        ptr = self._mapped_ptr(self._L.kvs_plane_ptr(p, b, layer, kv),
+                               "plane_tensor")
+        return self._export(ptr, self.layout.plane_shape)
+
+    def pool_tensor(self):
+        """The whole pool as a strided PoolTensor [num_blocks][layers][2]
+        [block_size][heads][head_dim] (block axis stride: block_stride)."""
+        p = self._p()
+        ptr = self._mapped_ptr(self._L.kvs_pool_base(p), "pool_tensor")
+        L = self.layout
+        isz = _lib.DTYPES[L.dtype][1]
+        shape = (L.num_blocks,) + L.block_shape
+        inner, strides = isz, []
+        for d in reversed(L.block_shape):
+            strides.append(inner)
+            inner *= d
+        strides = (L.block_stride,) + tuple(reversed(strides))
+        return self._export(ptr, shape, strides)
+
+    def block_array(self, b):
+        """Block b as a writable numpy array (host pool), no copy:
+        [num_layers][2][block_size][num_kv_heads][head_dim], dtype float32,
+        float16, or uint16 holding bf16 bits.  NotSupportedError on a cuda
+        pool (use block_tensor)."""
+        self._check_host("block_array")
+        return np.asarray(self.block_tensor(b))
+
+    def plane_array(self, b, layer, kv):
+        """One K (kv=0) or V (kv=1) plane: [block_size][heads][head_dim]."""
+        self._check_host("plane_array")
+        return np.asarray(self.plane_tensor(b, layer, kv))
+
+    def pool_array(self):
+        """The whole pool: [num_blocks][layers][2][block_size][heads]
+        [head_dim], strided by block_stride (no copy)."""
+        self._check_host("pool_array")
+        return np.asarray(self.pool_tensor())
+
+    @property
+    def views_alive(self):
+        """How many views (arrays, tensors, DLPack exports) of the pool are
+        alive (each keeps the mapping; see close())."""
+        return 0 if self._conn is None else len(self._conn.exports)

@@ -1,0 +1,285 @@
+"""Zero-copy views of the block pool: numpy arrays (host pool),
+__cuda_array_interface__ and DLPack (either pool).
+
+A block is block-major (shm/kvs_layout.h): layer l's K plane then its V
+plane, each [block_size][num_kv_heads][head_dim], so one block is the
+C-contiguous array
+
+    [num_layers][2][block_size][num_kv_heads][head_dim]      (2: K, V)
+
+at kvs_block_ptr(b), and the pool is that array repeated every
+block_stride bytes (block_stride is rounded up to 4096, so the pool view is
+strided, not contiguous).
+
+Element types: fp32 -> float32 ("<f4"), fp16 -> float16 ("<f2"), bf16 ->
+uint16 ("<u2", the raw bits: numpy and the CUDA array interface have no
+bfloat16; see bf16_to_float32 / float32_to_bf16, or view a DLPack import
+as torch.bfloat16).  DLPack carries bf16 as itself (kDLBfloat, 16 bits).
+
+Every view keeps the client's connection (and so the mapping) alive: see
+Client.close().
+"""
+import ctypes
+import threading
+from ctypes import (POINTER, Structure, c_int32, c_int64, c_uint8, c_uint16,
+                    c_uint64, c_void_p)
+
+import numpy as np
+
+from . import _lib
+
+# numpy dtype and array-interface typestr per kvs_dtype.
+NUMPY_DTYPES = {_lib.DTYPE_FP32: np.dtype("<f4"),
+                _lib.DTYPE_FP16: np.dtype("<f2"),
+                _lib.DTYPE_BF16: np.dtype("<u2")}
+
+# ---- DLPack (dlpack.h, the DLManagedTensor ABI every framework takes) -----
+KDL_CPU = 1
+KDL_CUDA = 2
+_KDL_UINT = 1
+_KDL_FLOAT = 2
+_KDL_BFLOAT = 4
+# kvs_dtype -> DLDataType (code, bits)
+_DL_DTYPES = {_lib.DTYPE_FP32: (_KDL_FLOAT, 32),
+              _lib.DTYPE_FP16: (_KDL_FLOAT, 16),
+              _lib.DTYPE_BF16: (_KDL_BFLOAT, 16)}
+
+
+class _DLDevice(Structure):
+    _fields_ = [("device_type", c_int32), ("device_id", c_int32)]
+
+
+class _DLDataType(Structure):
+    _fields_ = [("code", c_uint8), ("bits", c_uint8), ("lanes", c_uint16)]
+
+
+class _DLTensor(Structure):
+    _fields_ = [("data", c_void_p), ("device", _DLDevice), ("ndim", c_int32),
+                ("dtype", _DLDataType), ("shape", POINTER(c_int64)),
+                ("strides", POINTER(c_int64)), ("byte_offset", c_uint64)]
+
+
+class _DLManagedTensor(Structure):
+    pass
+
+
+_DELETER = ctypes.CFUNCTYPE(None, POINTER(_DLManagedTensor))
+_DLManagedTensor._fields_ = [("dl_tensor", _DLTensor),
+                             ("manager_ctx", c_void_p),
+                             ("deleter", _DELETER)]
+
+# Tensors handed out and not yet released by their consumer: address of the
+# DLManagedTensor -> what must outlive it (the struct, its shape and strides,
+# the exporting view, which holds the connection).
+_live = {}
+_live_lock = threading.Lock()
+
+
+def _release(addr):
+    with _live_lock:
+        _live.pop(addr, None)
+
+
+@_DELETER
+def _dl_deleter(managed):
+    _release(ctypes.addressof(managed.contents))
+
+
+_CAPSULE_NAME = b"dltensor"
+# Private prototypes (the shared ctypes.pythonapi attributes may be retyped
+# by other code).
+_capsule_new = ctypes.PYFUNCTYPE(ctypes.py_object, c_void_p, ctypes.c_char_p,
+                                 c_void_p)(("PyCapsule_New", ctypes.pythonapi))
+_capsule_is_valid = ctypes.PYFUNCTYPE(ctypes.c_int, c_void_p, ctypes.c_char_p)(
+    ("PyCapsule_IsValid", ctypes.pythonapi))
+_capsule_get_pointer = ctypes.PYFUNCTYPE(c_void_p, c_void_p, ctypes.c_char_p)(
+    ("PyCapsule_GetPointer", ctypes.pythonapi))
+_CAPSULE_DESTRUCTOR = ctypes.CFUNCTYPE(None, c_void_p)
+
+
+@_CAPSULE_DESTRUCTOR
+def _capsule_destructor(capsule):
+    # A capsule still named "dltensor" was never consumed: release the
+    # tensor here.  A consumer renames it "used_dltensor" and calls the
+    # deleter itself when it is done with the memory.  (The capsule is
+    # being destroyed: touch it through its address only.)
+    if _capsule_is_valid(capsule, _CAPSULE_NAME):
+        _release(_capsule_get_pointer(capsule, _CAPSULE_NAME))
+
+
+def dlpack_live_count():
+    """DLPack tensors exported and not yet released by their consumer
+    (for tests and leak checks)."""
+    with _live_lock:
+        return len(_live)
+
+
+class PoolTensor:
+    """A typed, strided window on pool memory, host or device, for the
+    array protocols.
+
+    ptr     the address of element 0 in this process (a device address on a
+            cuda pool)
+    shape   tuple of ints; strides: bytes per step of each axis (None: C
+            order, contiguous)
+    dtype   the pool's kvs_dtype (0 fp32, 1 fp16, 2 bf16); dtype_name
+            "fp32" / "fp16" / "bf16"
+    device  ("cpu", 0) or ("cuda", ordinal)
+
+    Protocols: on the cpu, __array_interface__ (np.asarray(t) is a view)
+    and DLPack (kDLCPU); on cuda, __cuda_array_interface__ (version 3) and
+    DLPack (kDLCUDA), so torch.as_tensor(t, device="cuda") or
+    torch.from_dlpack(t) use the blocks without a copy.  A cuda tensor has
+    no __array_interface__ and a cpu one no __cuda_array_interface__
+    (hasattr() is False: consumers pick the right protocol).
+
+    Constructing one from a pointer is allowed (tests, or memory the caller
+    vouches for); owner is any object that must stay alive as long as the
+    tensor and every export of it.
+    """
+
+    __slots__ = ("ptr", "shape", "strides", "dtype", "device", "_owner",
+                 "__weakref__")
+
+    def __init__(self, ptr, shape, dtype, strides=None, device=("cpu", 0),
+                 owner=None):
+        if dtype not in NUMPY_DTYPES:
+            raise ValueError(f"unknown kvs_dtype {dtype}")
+        if device[0] not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda', not {device[0]!r}")
+        if not ptr:
+            raise ValueError("NULL pointer")
+        self.ptr = int(ptr)
+        self.shape = tuple(int(n) for n in shape)
+        self.strides = None if strides is None else tuple(int(s) for s in strides)
+        if self.strides is not None and len(self.strides) != len(self.shape):
+            raise ValueError("strides and shape differ in length")
+        self.dtype = dtype
+        self.device = (device[0], int(device[1]))
+        self._owner = owner
+
+    @property
+    def dtype_name(self):
+        return _lib.DTYPES[self.dtype][0]
+
+    @property
+    def itemsize(self):
+        return _lib.DTYPES[self.dtype][1]
+
+    @property
+    def typestr(self):
+        """The array-interface typestr ('<u2' for bf16: its raw bits)."""
+        return NUMPY_DTYPES[self.dtype].str
+
+    @property
+    def nbytes(self):
+        n = self.itemsize
+        for d in self.shape:
+            n *= d
+        return n
+
+    def _byte_strides(self):
+        if self.strides is not None:
+            return self.strides
+        s, out = self.itemsize, []
+        for d in reversed(self.shape):
+            out.append(s)
+            s *= d
+        return tuple(reversed(out))
+
+    def __repr__(self):
+        return (f"PoolTensor({self.device[0]}:{self.device[1]}, "
+                f"0x{self.ptr:x}, shape={self.shape}, {self.dtype_name})")
+
+    # -- numpy's array interface (host memory only) --------------------------
+    @property
+    def __array_interface__(self):
+        if self.device[0] != "cpu":
+            raise AttributeError(
+                "__array_interface__: this tensor is in GPU memory "
+                f"(cuda:{self.device[1]}); the CPU cannot read it: use "
+                "__cuda_array_interface__ or DLPack")
+        return {"version": 3, "shape": self.shape, "typestr": self.typestr,
+                "data": (self.ptr, False), "strides": self.strides}
+
+    # -- the CUDA array interface, version 3 ---------------------------------
+    @property
+    def __cuda_array_interface__(self):
+        if self.device[0] != "cuda":
+            raise AttributeError(
+                "__cuda_array_interface__: this tensor is in host memory "
+                "(a host pool): use numpy (np.asarray, Client.block_array) "
+                "or DLPack")
+        # stream None: no synchronisation is owed to the consumer.  A
+        # writer synchronises its own stream before it commits (the stream
+        # rule, docs/client.md), so a committed block is complete.
+        return {"version": 3, "shape": self.shape, "typestr": self.typestr,
+                "data": (self.ptr, False), "strides": self.strides,
+                "stream": None}
+
+    # -- DLPack ---------------------------------------------------------------
+    def __dlpack_device__(self):
+        return (KDL_CUDA if self.device[0] == "cuda" else KDL_CPU,
+                self.device[1])
+
+    def __dlpack__(self, stream=None):
+        """A "dltensor" capsule of this memory.  stream is accepted and
+        ignored: the pool's bytes are complete once committed, so no
+        ordering with the consumer's stream is needed."""
+        if stream is not None and not isinstance(stream, int):
+            raise TypeError("stream must be an int or None")
+        ndim = len(self.shape)
+        m = _DLManagedTensor()
+        shape = (c_int64 * max(ndim, 1))(*self.shape)
+        strides = None
+        if self.strides is not None:
+            for s in self.strides:
+                if s % self.itemsize:
+                    raise BufferError("strides not a multiple of the element")
+            strides = (c_int64 * max(ndim, 1))(
+                *[s // self.itemsize for s in self.strides])
+        t = m.dl_tensor
+        t.data = self.ptr
+        t.device.device_type, t.device.device_id = self.__dlpack_device__()
+        t.ndim = ndim
+        code, bits = _DL_DTYPES[self.dtype]
+        t.dtype.code, t.dtype.bits, t.dtype.lanes = code, bits, 1
+        t.shape = ctypes.cast(shape, POINTER(c_int64))
+        if strides is not None:
+            t.strides = ctypes.cast(strides, POINTER(c_int64))
+        t.byte_offset = 0
+        m.manager_ctx = None
+        m.deleter = _dl_deleter
+        addr = ctypes.addressof(m)
+        with _live_lock:
+            _live[addr] = (m, shape, strides, self)
+        try:
+            return _capsule_new(
+                addr, _CAPSULE_NAME,
+                ctypes.cast(_capsule_destructor, c_void_p))
+        except BaseException:
+            _release(addr)
+            raise
+
+    def numpy(self):
+        """A numpy view (cpu only; the pool's dtype, bf16 as uint16)."""
+        return np.asarray(self)
+
+
+# ---- bf16 helpers ------------------------------------------------------------
+def bf16_to_float32(a):
+    """bf16 bits (uint16 array) -> float32, exactly."""
+    a = np.asarray(a, dtype=np.uint16)
+    return (a.astype(np.uint32) << 16).view(np.float32)
+
+
+def float32_to_bf16(a):
+    """float32 -> bf16 bits (uint16), rounding to nearest even, NaN kept NaN
+    (the rounding of kvs_float_to_bf16)."""
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    u = a.view(np.uint32)
+    rounded = (u + (np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1)))) >> 16
+    nan = np.isnan(a)
+    out = rounded.astype(np.uint16)
+    out[nan] = ((u[nan] >> 16) | np.uint32(0x40)).astype(np.uint16)
+    return out
