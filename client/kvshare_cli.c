@@ -4,6 +4,8 @@
  *   kvshare [--socket PATH] stats [--json] [--check]
  *   kvshare [--socket PATH] ping [--count N]
  *   kvshare [--socket PATH] layout [--json]
+ *   kvshare [--socket PATH] top [--interval S] [--count N] [-b] [--json]
+ *                                                      (top.c)
  *
  * PATH defaults to $KVS_SOCKET, then the daemon's default
  * ($XDG_RUNTIME_DIR/kvshare/kvshared.sock, else KVS_DEFAULT_SOCKET).  Exit status: 0 ok,
@@ -15,6 +17,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "client/cli_top.h"
 #include "client/kvshare.h"
 
 static void usage(FILE *f) {
@@ -24,6 +27,19 @@ static void usage(FILE *f) {
           "                            run the pool invariant check)\n"
           "  ping [--count N]          round trips to the daemon\n"
           "  layout [--json]           the pool layout the daemon announces\n"
+          "  top [--interval S] [--count N] [-b | --batch] [--json]\n"
+          "                            a live view, every S seconds (default 1,\n"
+          "                            fractions allowed): the pool by state,\n"
+          "                            the token hit rate (last interval and\n"
+          "                            since the daemon started), lookups,\n"
+          "                            frames, block allocations, evictions per\n"
+          "                            second, sessions, requests, errors, tiers\n"
+          "                            and swaps.  On a terminal it redraws in\n"
+          "                            place ('q' quits); -b (the default when\n"
+          "                            stdout is not a terminal): plain text\n"
+          "                            frames; --json: one object per line;\n"
+          "                            --count N: stop after N frames.  Exit 1\n"
+          "                            when the daemon goes away\n"
           "PATH defaults to $KVS_SOCKET, then\n"
           "$XDG_RUNTIME_DIR/kvshare/kvshared.sock, then %s\n",
           KVS_DEFAULT_SOCKET);
@@ -224,6 +240,8 @@ int main(int argc, char **argv) {
       return 0;
     } else if (a[0] != '-' && !cmd) {
       cmd = a;
+      if (strcmp(cmd, "top") == 0) /* its own options: top.c */
+        return kvs__cli_top(argc, argv, usage);
     } else {
       fprintf(stderr, "kvshare: unexpected argument '%s'\n", a);
       usage(stderr);

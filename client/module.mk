@@ -43,9 +43,10 @@ CLIENT_RPATH = -Wl,-rpath,'$$ORIGIN:$$ORIGIN/../lib'
 CLIENT_DEPS := $(CLIENT_SO) $(BUILD)/$(CLIENT_SONAME) $(BUILD)/libkvshare.so
 
 PROGRAMS += $(BUILD)/kvshare
-$(BUILD)/kvshare: $(BUILD)/client/kvshare_cli.o $(CLIENT_DEPS)
+$(BUILD)/kvshare: $(BUILD)/client/kvshare_cli.o $(BUILD)/client/top.o $(CLIENT_DEPS)
 	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(CLIENT_LINK) $(CLIENT_RPATH)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $(BUILD)/client/kvshare_cli.o $(BUILD)/client/top.o \
+	  $(CLIENT_LINK) $(CLIENT_RPATH)
 
 all: $(CLIENT_DEPS)
 
@@ -125,3 +126,4 @@ install -m 644 client/kvshare.h proto/kvs_status.h shm/kvs_layout.h gpu/kvs_kern
 sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(KVS_VERSION)|' client/kvshare.pc.in >$(DESTDIR)$(PREFIX)/lib/pkgconfig/kvshare.pc
 endef
 INSTALL_EXTRA += $(KVS_CLIENT_INSTALL)
+

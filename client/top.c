@@ -1,0 +1,729 @@
+/*
+ * top.c — `kvshare top`: a live view of a running kvshared.
+ *
+ *   kvshare [--socket PATH] top [--interval S] [--count N] [-b | --batch]
+ *                               [--json]
+ *
+ * Every S seconds (default 1, fractions allowed) it takes one sample of the
+ * daemon's counters (kvs_stats_get, then kvs_tier_stats_get and, when tiers
+ * exist, kvs_swap_stats_get) and shows a frame: the pool by state, the token
+ * hit rate over the last interval and over the daemon's life, rates computed
+ * from counter deltas over the measured time between two samples, sessions
+ * and requests, errors, the tiers and swaps.
+ *
+ * Three outputs:
+ *   interactive  stdout is a terminal and neither -b nor --json: the frame
+ *                is redrawn in place on the alternate screen (ANSI
+ *                sequences); 'q' quits; a resize redraws at the new size;
+ *                the terminal is restored on 'q', on SIGINT/SIGTERM/SIGHUP
+ *                (after which the signal is raised again) and on ^Z.
+ *   batch        plain text frames, one per interval, a blank line between.
+ *   json         one JSON object per frame and line.
+ *
+ * A sample's time is the midpoint of its kvs_stats_get round trip.  The
+ * daemon counts top's own requests in frames_in; the frames rate leaves
+ * them out (JSON: own_frames).  The first frame has no interval yet: its
+ * rates are null ("-").
+ *
+ * Exit status: 0 after --count frames or 'q', 1 when the daemon goes away
+ * (or stops answering) or stdout fails, 2 usage, 3 cannot connect.
+ */
+#include <errno.h>
+#include <math.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <termios.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client/cli_top.h"
+#include "client/kvshare.h"
+
+#define TOP_MAX_TIERS 4
+#define TOP_CALL_TIMEOUT_MS 5000 /* a daemon that stops answering: exit 1 */
+
+/* The counters of kvs_stats shown as deltas and rates. */
+#define TOP_COUNTERS(X)                                                       \
+  X(lookups) X(query_tokens) X(hit_tokens) X(hit_blocks) X(miss_blocks)       \
+  X(allocated_blocks) X(evictions) X(sealed_blocks) X(cow_copies)             \
+  X(no_space) X(frames_in) X(protocol_errors) X(copy_errors)
+
+typedef struct top_sample {
+  double t;             /* CLOCK_MONOTONIC seconds: the Stats call's midpoint */
+  double wall;          /* CLOCK_REALTIME seconds, same moment */
+  kvs_stats st;
+  kvs_tier_stats tiers[TOP_MAX_TIERS];
+  uint32_t ntiers;      /* shown: at most TOP_MAX_TIERS */
+  uint64_t tier_lost;
+  kvs_swap_stats sw;    /* zero without tiers */
+  uint32_t calls_after; /* top's frames sent after the Stats call */
+} top_sample;
+
+typedef struct top_opts {
+  const char *path;
+  double interval;
+  long count;           /* 0: forever */
+  int json, batch;
+} top_opts;
+
+/* Where a text frame goes: clipped to the terminal when interactive. */
+typedef struct top_out {
+  int tty;
+  int cols, rows, row;
+} top_out;
+
+typedef struct top_term {
+  int screen;           /* the alternate screen is on */
+  int raw;              /* stdin's termios changed (saved holds the old) */
+  int keys;             /* stdin is a terminal: read keys from it */
+  struct termios saved;
+  int cols, rows;
+} top_term;
+
+static volatile sig_atomic_t top_stop_sig, top_winch, top_tstp;
+
+static void top_on_signal(int sig) {
+  if (sig == SIGWINCH)
+    top_winch = 1;
+  else if (sig == SIGTSTP)
+    top_tstp = 1;
+  else if (!top_stop_sig)
+    top_stop_sig = sig;
+}
+
+static double top_clock(clockid_t id) {
+  struct timespec ts;
+  clock_gettime(id, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static uint64_t top_delta(uint64_t cur, uint64_t prev) {
+  return cur >= prev ? cur - prev : 0;
+}
+
+static void top_json_str(const char *s) {
+  putchar('"');
+  for (; *s; s++) {
+    unsigned char ch = (unsigned char)*s;
+    if (ch == '"' || ch == '\\')
+      printf("\\%c", ch);
+    else if (ch < 0x20)
+      printf("\\u%04x", ch);
+    else
+      putchar(ch);
+  }
+  putchar('"');
+}
+
+/* ---- sampling --------------------------------------------------------- */
+
+static int top_sample_get(kvs_client *c, top_sample *s) {
+  double t0 = top_clock(CLOCK_MONOTONIC);
+  int rc = kvs_stats_get(c, 0, &s->st);
+  double t1 = top_clock(CLOCK_MONOTONIC);
+
+  s->t = (t0 + t1) / 2;
+  s->wall = top_clock(CLOCK_REALTIME) - (t1 - s->t);
+  s->calls_after = 0;
+  s->ntiers = 0;
+  s->tier_lost = 0;
+  memset(&s->sw, 0, sizeof(s->sw));
+  if (rc)
+    return rc;
+  s->calls_after++;
+  rc = kvs_tier_stats_get(c, s->tiers, TOP_MAX_TIERS, &s->ntiers,
+                          &s->tier_lost);
+  if (rc)
+    return rc;
+  if (s->ntiers > TOP_MAX_TIERS)
+    s->ntiers = TOP_MAX_TIERS;
+  if (!s->ntiers)
+    return 0;
+  s->calls_after++;
+  return kvs_swap_stats_get(c, &s->sw);
+}
+
+/* Frames the daemon counted from top itself between prev's Stats and cur's
+ * (cur's own Stats frame included: the daemon counts a frame first). */
+static uint64_t top_own_frames(const top_sample *prev) {
+  return (uint64_t)prev->calls_after + 1;
+}
+
+/* The rate of a counter; frames_in without top's own. */
+static double top_rate(uint64_t cur, uint64_t prev, uint64_t own,
+                       double elapsed) {
+  uint64_t d = top_delta(cur, prev);
+  d = d > own ? d - own : 0;
+  return elapsed > 0 ? (double)d / elapsed : 0;
+}
+
+/* Token hit rate, or -1 when no token was looked up. */
+static double top_hit_rate(uint64_t hit, uint64_t query) {
+  return query ? (double)hit / (double)query : -1;
+}
+
+/* ---- the text frame --------------------------------------------------- */
+
+__attribute__((format(printf, 2, 3)))
+static void top_line(top_out *o, const char *fmt, ...) {
+  char line[1024];
+  va_list ap;
+  int n;
+
+  if (o->tty && o->row >= o->rows)
+    return;
+  va_start(ap, fmt);
+  n = vsnprintf(line, sizeof(line), fmt, ap);
+  va_end(ap);
+  if (n < 0)
+    n = 0;
+  if ((size_t)n >= sizeof(line))
+    n = (int)sizeof(line) - 1;
+  if (o->tty) {
+    /* One column short of the edge: no pending wrap, no scrolling. */
+    if (n > o->cols - 1)
+      n = o->cols > 1 ? o->cols - 1 : 0;
+    printf("%s%.*s\033[K", o->row ? "\n" : "", n, line);
+  } else {
+    printf("%.*s\n", n, line);
+  }
+  o->row++;
+}
+
+/* A rate as text, "-" on the first frame. */
+static const char *top_fmt_rate(char *buf, size_t len, double r, int have) {
+  if (!have)
+    snprintf(buf, len, "-");
+  else
+    snprintf(buf, len, "%.1f", r);
+  return buf;
+}
+
+static const char *top_fmt_pct(char *buf, size_t len, double r) {
+  if (r < 0)
+    snprintf(buf, len, "-");
+  else
+    snprintf(buf, len, "%.1f%%", 100 * r);
+  return buf;
+}
+
+static const char *top_fmt_bytes(char *buf, size_t len, uint64_t b) {
+  static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = (double)b;
+  int u = 0;
+
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    u++;
+  }
+  snprintf(buf, len, u ? "%.1f %s" : "%.0f %s", v, unit[u]);
+  return buf;
+}
+
+/* [####++++......]: used, cached, free blocks in width characters. */
+static void top_bar(char *buf, int width, const kvs_stats *st) {
+  uint64_t n = st->num_blocks ? st->num_blocks : 1;
+  int u = (int)(((uint64_t)st->used_blocks * (uint64_t)width + n / 2) / n);
+  int uc = (int)((((uint64_t)st->used_blocks + st->cached_blocks) *
+                      (uint64_t)width + n / 2) / n);
+  int i = 0;
+
+  if (uc > width)
+    uc = width;
+  if (u > uc)
+    u = uc;
+  buf[i++] = '[';
+  for (int k = 0; k < width; k++)
+    buf[i++] = k < u ? '#' : k < uc ? '+' : '.';
+  buf[i++] = ']';
+  buf[i] = '\0';
+}
+
+static void top_text(top_out *o, const top_opts *op, kvs_client *c,
+                     const top_sample *prev, const top_sample *cur,
+                     long frame) {
+  const kvs_stats *st = &cur->st;
+  double el = prev ? cur->t - prev->t : 0;
+  int have = prev && el > 0;
+  char clock[16], b[6][32], bar[256];
+  struct tm tm;
+  time_t secs = (time_t)cur->wall;
+
+  localtime_r(&secs, &tm);
+  strftime(clock, sizeof(clock), "%H:%M:%S", &tm);
+  top_line(o, "kvshare top  %s  frame %ld  every %gs%s  model %s  socket %s",
+           clock, frame, op->interval, o->tty ? "  (q: quit)" : "",
+           kvs_model_id(c), op->path ? op->path : "(default)");
+  top_line(o, "pool      blocks %u  free %u  cached %u  used %u  (%s, %s)",
+           st->num_blocks, st->free_blocks, st->cached_blocks,
+           st->used_blocks, st->backend[0] ? st->backend : "?",
+           top_fmt_bytes(b[0], sizeof(b[0]), st->pool_bytes));
+  {
+    int w = o->tty ? o->cols - 12 : 50;
+    if (w > (int)sizeof(bar) - 3)
+      w = (int)sizeof(bar) - 3;
+    if (w < 10)
+      w = 10;
+    top_bar(bar, w, st);
+    top_line(o, "          %s  # used  + cached  . free", bar);
+  }
+  {
+    uint64_t dq = prev ? top_delta(st->query_tokens, prev->st.query_tokens) : 0;
+    uint64_t dh = prev ? top_delta(st->hit_tokens, prev->st.hit_tokens) : 0;
+    top_line(o, "hit       interval %s  total %s  (tokens hit %llu of %llu "
+             "this interval)",
+             top_fmt_pct(b[0], sizeof(b[0]), prev ? top_hit_rate(dh, dq) : -1),
+             top_fmt_pct(b[1], sizeof(b[1]),
+                         top_hit_rate(st->hit_tokens, st->query_tokens)),
+             (unsigned long long)dh, (unsigned long long)dq);
+  }
+#define R(field, own)                                                         \
+  (have ? top_rate(st->field, prev->st.field, own, el) : 0)
+  top_line(o, "rate/s    lookups %s  frames %s  allocs %s  evictions %s  "
+           "sealed %s",
+           top_fmt_rate(b[0], sizeof(b[0]), R(lookups, 0), have),
+           top_fmt_rate(b[1], sizeof(b[1]),
+                        R(frames_in, have ? top_own_frames(prev) : 0), have),
+           top_fmt_rate(b[2], sizeof(b[2]), R(allocated_blocks, 0), have),
+           top_fmt_rate(b[3], sizeof(b[3]), R(evictions, 0), have),
+           top_fmt_rate(b[4], sizeof(b[4]), R(sealed_blocks, 0), have));
+#undef R
+  top_line(o, "load      sessions %u  requests %u",
+           st->sessions, st->num_requests);
+  top_line(o, "errors    protocol %llu  no_space %llu  copy %llu",
+           (unsigned long long)st->protocol_errors,
+           (unsigned long long)st->no_space,
+           (unsigned long long)st->copy_errors);
+  for (uint32_t i = 0; i < cur->ntiers; i++) {
+    const kvs_tier_stats *t = &cur->tiers[i];
+    const kvs_tier_stats *p = prev && i < prev->ntiers ? &prev->tiers[i] : NULL;
+    int ht = have && p;
+#define TR(field) (ht ? top_rate(t->field, p->field, 0, el) : 0)
+    top_line(o, "tier %-4s used %u/%u (%s)  demotions/s %s  promotions/s %s  "
+             "drops/s %s  failures %llu  io_errors %llu",
+             t->name, t->used, t->slots,
+             top_fmt_pct(b[0], sizeof(b[0]),
+                         t->slots ? (double)t->used / t->slots : -1),
+             top_fmt_rate(b[1], sizeof(b[1]), TR(demotions), ht),
+             top_fmt_rate(b[2], sizeof(b[2]), TR(promotions), ht),
+             top_fmt_rate(b[3], sizeof(b[3]), TR(drops), ht),
+             (unsigned long long)t->failures,
+             (unsigned long long)(t->io_errors + t->checksum_failures));
+#undef TR
+  }
+  if (cur->ntiers) {
+    const kvs_swap_stats *w = &cur->sw;
+#define SR(field) (have ? top_rate(w->field, prev->sw.field, 0, el) : 0)
+    top_line(o, "swap      swapped %u  held_slots %u  outs/s %s  ins/s %s  "
+             "failures %llu  tier_lost %llu",
+             w->swapped_requests, w->held_slots,
+             top_fmt_rate(b[0], sizeof(b[0]), SR(swap_outs), have),
+             top_fmt_rate(b[1], sizeof(b[1]), SR(swap_ins), have),
+             (unsigned long long)w->failures,
+             (unsigned long long)cur->tier_lost);
+#undef SR
+  }
+}
+
+/* ---- the JSON frame --------------------------------------------------- */
+
+static void top_json_rate(const char *name, uint64_t cur, uint64_t prev,
+                          uint64_t own, double el, int have, int first) {
+  printf("%s\"%s\": ", first ? "" : ", ", name);
+  if (have)
+    printf("%.3f", top_rate(cur, prev, own, el));
+  else
+    printf("null");
+}
+
+static void top_json(const top_opts *op, kvs_client *c,
+                     const top_sample *prev, const top_sample *cur,
+                     long frame) {
+  const kvs_stats *st = &cur->st;
+  double el = prev ? cur->t - prev->t : 0;
+  int have = prev && el > 0;
+  double hr;
+
+  printf("{\"frame\": %ld, \"time\": %.3f, \"interval\": %g, \"socket\": ",
+         frame, cur->wall, op->interval);
+  if (op->path)
+    top_json_str(op->path);
+  else
+    printf("null");
+  printf(", \"model_id\": ");
+  top_json_str(kvs_model_id(c));
+  printf(", \"backend\": ");
+  top_json_str(st->backend);
+  printf(", \"pool_bytes\": %llu, \"num_blocks\": %u, \"free_blocks\": %u, "
+         "\"cached_blocks\": %u, \"used_blocks\": %u, \"sessions\": %u, "
+         "\"num_requests\": %u",
+         (unsigned long long)st->pool_bytes, st->num_blocks, st->free_blocks,
+         st->cached_blocks, st->used_blocks, st->sessions, st->num_requests);
+
+  printf(", \"totals\": {");
+#define JSON_TOTAL(f)                                                         \
+  printf("%s\"" #f "\": %llu", strcmp(#f, "lookups") ? ", " : "",             \
+         (unsigned long long)st->f);
+  TOP_COUNTERS(JSON_TOTAL)
+#undef JSON_TOTAL
+  printf("}");
+
+  if (have) {
+    printf(", \"elapsed\": %.6f, \"own_frames\": %llu, \"delta\": {", el,
+           (unsigned long long)top_own_frames(prev));
+#define JSON_DELTA(f)                                                         \
+  printf("%s\"" #f "\": %llu", strcmp(#f, "lookups") ? ", " : "",             \
+         (unsigned long long)top_delta(st->f, prev->st.f));
+    TOP_COUNTERS(JSON_DELTA)
+#undef JSON_DELTA
+    printf("}");
+  } else {
+    printf(", \"elapsed\": null, \"own_frames\": null, \"delta\": null");
+  }
+  printf(", \"rates\": {");
+#define JSON_RATE(f)                                                          \
+  top_json_rate(#f, st->f, have ? prev->st.f : 0,                             \
+                have && !strcmp(#f, "frames_in") ? top_own_frames(prev) : 0,  \
+                el, have, !strcmp(#f, "lookups"));
+  TOP_COUNTERS(JSON_RATE)
+#undef JSON_RATE
+  printf("}");
+
+  hr = have ? top_hit_rate(top_delta(st->hit_tokens, prev->st.hit_tokens),
+                           top_delta(st->query_tokens, prev->st.query_tokens))
+            : -1;
+  if (hr >= 0)
+    printf(", \"hit_rate\": %.6f", hr);
+  else
+    printf(", \"hit_rate\": null");
+  hr = top_hit_rate(st->hit_tokens, st->query_tokens);
+  if (hr >= 0)
+    printf(", \"hit_rate_total\": %.6f", hr);
+  else
+    printf(", \"hit_rate_total\": null");
+
+  printf(", \"tiers\": [");
+  for (uint32_t i = 0; i < cur->ntiers; i++) {
+    const kvs_tier_stats *t = &cur->tiers[i];
+    const kvs_tier_stats *p = prev && i < prev->ntiers ? &prev->tiers[i] : NULL;
+    int ht = have && p;
+
+    printf("%s{\"name\": ", i ? ", " : "");
+    top_json_str(t->name);
+    printf(", \"capacity_bytes\": %llu, \"slots\": %u, \"used\": %u, "
+           "\"demotions\": %llu, \"promotions\": %llu, \"hit_blocks\": %llu, "
+           "\"drops\": %llu, \"failures\": %llu, \"io_errors\": %llu, "
+           "\"checksum_failures\": %llu, \"rates\": {",
+           (unsigned long long)t->capacity_bytes, t->slots, t->used,
+           (unsigned long long)t->demotions, (unsigned long long)t->promotions,
+           (unsigned long long)t->hit_blocks, (unsigned long long)t->drops,
+           (unsigned long long)t->failures, (unsigned long long)t->io_errors,
+           (unsigned long long)t->checksum_failures);
+    top_json_rate("demotions", t->demotions, ht ? p->demotions : 0, 0, el,
+                  ht, 1);
+    top_json_rate("promotions", t->promotions, ht ? p->promotions : 0, 0, el,
+                  ht, 0);
+    top_json_rate("hit_blocks", t->hit_blocks, ht ? p->hit_blocks : 0, 0, el,
+                  ht, 0);
+    top_json_rate("drops", t->drops, ht ? p->drops : 0, 0, el, ht, 0);
+    printf("}}");
+  }
+  printf("]");
+  if (cur->ntiers) {
+    const kvs_swap_stats *w = &cur->sw;
+
+    printf(", \"tier_lost\": %llu, \"swap\": {\"swapped_requests\": %u, "
+           "\"held_slots\": %u, \"swap_outs\": %llu, \"swap_ins\": %llu, "
+           "\"failures\": %llu, \"rates\": {",
+           (unsigned long long)cur->tier_lost, w->swapped_requests,
+           w->held_slots, (unsigned long long)w->swap_outs,
+           (unsigned long long)w->swap_ins, (unsigned long long)w->failures);
+    top_json_rate("swap_outs", w->swap_outs, have ? prev->sw.swap_outs : 0, 0,
+                  el, have, 1);
+    top_json_rate("swap_ins", w->swap_ins, have ? prev->sw.swap_ins : 0, 0,
+                  el, have, 0);
+    printf("}}");
+  } else {
+    printf(", \"tier_lost\": 0, \"swap\": null");
+  }
+  printf("}\n");
+}
+
+/* ---- the terminal ------------------------------------------------------- */
+
+static void top_term_size(top_term *t) {
+  struct winsize ws;
+
+  t->cols = 80;
+  t->rows = 24;
+  if (ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col && ws.ws_row) {
+    t->cols = ws.ws_col;
+    t->rows = ws.ws_row;
+  }
+}
+
+static void top_term_enter(top_term *t) {
+  if (t->keys && tcgetattr(STDIN_FILENO, &t->saved) == 0) {
+    struct termios raw = t->saved;
+
+    raw.c_lflag &= ~(tcflag_t)(ICANON | ECHO);
+    raw.c_cc[VMIN] = 1;
+    raw.c_cc[VTIME] = 0;
+    t->raw = tcsetattr(STDIN_FILENO, TCSANOW, &raw) == 0;
+  }
+  /* Alternate screen, cursor hidden, cleared. */
+  fputs("\033[?1049h\033[?25l\033[H\033[2J", stdout);
+  fflush(stdout);
+  t->screen = 1;
+  top_term_size(t);
+}
+
+static void top_term_leave(top_term *t) {
+  if (t->screen) {
+    fputs("\033[?25h\033[?1049l", stdout);
+    fflush(stdout);
+    t->screen = 0;
+  }
+  if (t->raw) {
+    tcsetattr(STDIN_FILENO, TCSANOW, &t->saved);
+    t->raw = 0;
+  }
+}
+
+/* ---- the loop ----------------------------------------------------------- */
+
+static int top_draw(const top_opts *op, top_term *t, kvs_client *c,
+                    const top_sample *prev, const top_sample *cur,
+                    long frame) {
+  if (op->json) {
+    top_json(op, c, prev, cur, frame);
+  } else if (t) {
+    top_out o = {1, t->cols, t->rows, 0};
+
+    fputs("\033[H", stdout);
+    top_text(&o, op, c, prev, cur, frame);
+    fputs("\033[J", stdout);
+  } else {
+    top_out o = {0, 0, 0, 0};
+
+    if (frame > 1)
+      putchar('\n');
+    top_text(&o, op, c, prev, cur, frame);
+  }
+  return fflush(stdout) == 0 && !ferror(stdout) ? 0 : -1;
+}
+
+/* argv[*i] is the option `name VALUE`, `name=VALUE` or `alias VALUE`:
+ * *v = VALUE, *i moves past it. */
+static int top_opt(int argc, char **argv, int *i, const char *name,
+                   const char *alias, const char **v) {
+  const char *a = argv[*i];
+  size_t len = strlen(name);
+
+  if ((strcmp(a, name) == 0 || strcmp(a, alias) == 0) && *i + 1 < argc) {
+    *v = argv[++*i];
+    return 1;
+  }
+  if (strncmp(a, name, len) == 0 && a[len] == '=') {
+    *v = a + len + 1;
+    return 1;
+  }
+  return 0;
+}
+
+/* 0: run, 1: --help, -1: bad usage (said why). */
+static int top_parse(int argc, char **argv, top_opts *op) {
+  int seen_cmd = 0;
+
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v;
+    char *end;
+
+    if (top_opt(argc, argv, &i, "--socket", "--socket", &v)) {
+      op->path = v;
+    } else if (strcmp(a, "top") == 0 && !seen_cmd) {
+      seen_cmd = 1;
+    } else if (strcmp(a, "--json") == 0) {
+      op->json = 1;
+    } else if (strcmp(a, "-b") == 0 || strcmp(a, "--batch") == 0) {
+      op->batch = 1;
+    } else if (top_opt(argc, argv, &i, "--interval", "-d", &v)) {
+      errno = 0;
+      op->interval = strtod(v, &end);
+      if (errno || end == v || *end || !isfinite(op->interval) ||
+          op->interval < 0.01 || op->interval > 86400) {
+        fprintf(stderr, "kvshare: top: bad --interval '%s' (seconds, 0.01 "
+                "to 86400)\n", v);
+        return -1;
+      }
+    } else if (top_opt(argc, argv, &i, "--count", "-n", &v)) {
+      errno = 0;
+      op->count = strtol(v, &end, 10);
+      if (errno || end == v || *end || op->count < 1) {
+        fprintf(stderr, "kvshare: top: bad --count '%s'\n", v);
+        return -1;
+      }
+    } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+      return 1;
+    } else {
+      fprintf(stderr, "kvshare: top: unexpected argument '%s'\n", a);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+int kvs__cli_top(int argc, char **argv, void (*usage)(FILE *)) {
+  static char outbuf[1 << 16];
+  top_opts op = {NULL, 1.0, 0, 0, 0};
+  top_term term = {0}, *t = NULL;
+  top_sample s[2];
+  struct sigaction sa;
+  sigset_t block, orig;
+  static const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGWINCH, SIGTSTP};
+  kvs_connect_opts copts = {"kvshare-top", TOP_CALL_TIMEOUT_MS, 1};
+  kvs_client *c = NULL;
+  double next;
+  long frame;
+  int rc, quit = 0;
+
+  rc = top_parse(argc, argv, &op);
+  if (rc) {
+    usage(rc > 0 ? stdout : stderr);
+    return rc > 0 ? 0 : 2;
+  }
+  rc = kvs_connect(op.path, &copts, &c);
+  if (rc) {
+    const char *why = kvs_last_message(NULL);
+    int extra = *why && strcmp(why, kvs_strerror(rc));
+
+    fprintf(stderr, "kvshare: cannot connect to %s: %s%s%s\n",
+            op.path ? op.path : "the default socket", kvs_strerror(rc),
+            extra ? ": " : "", extra ? why : "");
+    return 3;
+  }
+
+  /* The signals are blocked except inside ppoll: none is lost between a
+   * check of the flags and the wait. */
+  sigemptyset(&block);
+  memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = top_on_signal;
+  sigemptyset(&sa.sa_mask);
+  for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++)
+    sigaddset(&block, sigs[i]);
+  sigprocmask(SIG_BLOCK, &block, &orig);
+  for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++) {
+    /* ^Z and resizes matter only on the terminal. */
+    if ((sigs[i] == SIGWINCH || sigs[i] == SIGTSTP) &&
+        (op.json || op.batch || !isatty(STDOUT_FILENO)))
+      continue;
+    sigaction(sigs[i], &sa, NULL);
+  }
+
+  if (!op.json && !op.batch && isatty(STDOUT_FILENO)) {
+    t = &term;
+    t->keys = isatty(STDIN_FILENO);
+    setvbuf(stdout, outbuf, _IOFBF, sizeof(outbuf));
+    top_term_enter(t);
+  }
+
+  rc = 0;
+  next = top_clock(CLOCK_MONOTONIC);
+  for (frame = 1; !quit && !top_stop_sig; frame++) {
+    top_sample *cur = &s[frame & 1], *prev = frame > 1 ? &s[~frame & 1] : NULL;
+    int err = top_sample_get(c, cur);
+
+    if (err) {
+      const char *msg = kvs_last_message(c);
+
+      top_term_leave(&term);
+      fprintf(stderr, "kvshare: top: lost the daemon%s%s: %s%s%s\n",
+              op.path ? " at " : "", op.path ? op.path : "",
+              err == -EAGAIN ? "it did not answer" : kvs_strerror(err),
+              *msg ? ": " : "", msg);
+      rc = 1;
+      break;
+    }
+    if (top_draw(&op, t, c, prev, cur, frame))
+      goto write_error;
+    if (op.count && frame >= op.count)
+      break;
+
+    /* Wait for the next sample: keys, signals, the daemon hanging up. */
+    next += op.interval;
+    if (next < top_clock(CLOCK_MONOTONIC))
+      next = top_clock(CLOCK_MONOTONIC); /* late: no burst to catch up */
+    while (!quit && !top_stop_sig) {
+      struct pollfd pfd[2];
+      struct timespec ts;
+      double left;
+      int nfd = 0;
+
+      if (top_tstp && t) {
+        top_tstp = 0;
+        top_term_leave(t);
+        signal(SIGTSTP, SIG_DFL);
+        sigprocmask(SIG_UNBLOCK, &block, NULL);
+        raise(SIGTSTP); /* stopped here until SIGCONT */
+        sigprocmask(SIG_BLOCK, &block, NULL);
+        sigaction(SIGTSTP, &sa, NULL);
+        top_term_enter(t);
+        top_winch = 1;
+      }
+      if (top_winch && t) {
+        top_winch = 0;
+        top_term_size(t);
+        fputs("\033[2J", stdout);
+        if (top_draw(&op, t, c, prev, cur, frame))
+          goto write_error;
+      }
+      left = next - top_clock(CLOCK_MONOTONIC);
+      if (left <= 0)
+        break;
+      pfd[nfd++] = (struct pollfd){kvs_fd(c), POLLIN, 0};
+      if (t && t->keys)
+        pfd[nfd++] = (struct pollfd){STDIN_FILENO, POLLIN, 0};
+      ts.tv_sec = (time_t)left;
+      ts.tv_nsec = (long)((left - (double)ts.tv_sec) * 1e9);
+      if (ppoll(pfd, (nfds_t)nfd, &ts, &orig) <= 0)
+        continue; /* a signal, or the time has come */
+      /* The daemon sends nothing unasked: readable means it hung up.  The
+       * next sample finds out and says so. */
+      if (pfd[0].revents)
+        break;
+      if (nfd > 1 && pfd[1].revents) {
+        char keys[64];
+        ssize_t n = read(STDIN_FILENO, keys, sizeof(keys));
+
+        if (n <= 0)
+          t->keys = 0; /* end of input: no more keys */
+        for (ssize_t k = 0; k < n; k++)
+          if (keys[k] == 'q' || keys[k] == 'Q')
+            quit = 1;
+      }
+    }
+  }
+  goto out;
+
+write_error:
+  top_term_leave(&term);
+  fprintf(stderr, "kvshare: top: cannot write the output\n");
+  rc = 1;
+out:
+  top_term_leave(&term);
+  kvs_close(c);
+  if (top_stop_sig) {
+    /* Die of the signal, as the caller expects. */
+    signal(top_stop_sig, SIG_DFL);
+    sigprocmask(SIG_UNBLOCK, &block, NULL);
+    raise(top_stop_sig);
+    return 128 + top_stop_sig;
+  }
+  sigprocmask(SIG_SETMASK, &orig, NULL);
+  return rc;
+}
