@@ -22,7 +22,8 @@ endif
 CC      ?= cc
 PKG_CONFIG ?= pkg-config
 PYTHON  ?= /usr/bin/python3
-PKGS    := libuv libprotobuf-c liburing cmocka libxxhash jansson
+PKGS    := libuv libprotobuf-c liburing cmocka libxxhash jansson libmicrohttpd libzmq \
+           msgpack libsystemd
 
 ifeq ($(V),1)
 Q :=

@@ -127,3 +127,11 @@ sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(KVS_VERSION)|' client/kvshare.p
 endef
 INSTALL_EXTRA += $(KVS_CLIENT_INSTALL)
 
+# kvs_drive: a client scripted on stdin, for the tests written in other
+# languages (tests/integration/test_observe.sh).
+KVS_DRIVE := $(BUILD)/tests/integration/kvs_drive
+$(KVS_DRIVE).o: | $(PROTO_GEN_H)
+$(KVS_DRIVE): $(KVS_DRIVE).o $(CLIENT_DEPS)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(CLIENT_LINK) -Wl,-rpath,'$$ORIGIN/../..'
+all: $(KVS_DRIVE)

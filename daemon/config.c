@@ -190,6 +190,32 @@ static const cfg_option options[] = {
      "Eviction policy of the core: slru (segmented LRU with ghost "
      "admission), lru or mq (multi-queue); see docs/policies.md."},
 
+    {"metrics_listen", T_STR, F(metrics_listen), 0, 0, "", NULL,
+     "ADDR:PORT", "Observability",
+     "Serve Prometheus metrics at http://ADDR:PORT/metrics (pool by state, "
+     "tiers, lookups and hits, evictions, sessions, protocol errors, "
+     "request latency and batch size histograms; docs/operations.md).  "
+     "ADDR is an IPv4 or IPv6 address ([::1]:9400) or * for every "
+     "interface.  Empty: off."},
+    {"kv_events_endpoint", T_STR, F(kv_events_endpoint), 0, 0, "", NULL,
+     "ENDPOINT", "Observability",
+     "Publish the prefix index's changes (BlockStored, BlockRemoved, "
+     "AllBlocksCleared; msgpack, as vLLM's KV events) on a ZMQ PUB socket "
+     "bound here: tcp://*:5557, ipc:///run/kvshare/events.  For KV-aware "
+     "routers.  Empty: off."},
+    {"kv_events_replay_endpoint", T_STR, F(kv_events_replay_endpoint), 0, 0,
+     "", NULL, "ENDPOINT", "Observability",
+     "A ZMQ ROUTER socket bound here answers a late subscriber's request "
+     "(an 8-byte big-endian sequence number) with every kept event batch "
+     "from that number on, then an end marker.  Empty: no replay."},
+    {"kv_events_topic", T_STR, F(kv_events_topic), 0, 0, "", NULL, "TOPIC",
+     "Observability",
+     "Topic (the first frame of each published message)."},
+    {"kv_events_buffer", T_U32, F(kv_events_buffer), 1, 1u << 24, "10000",
+     NULL, "N", "Observability",
+     "Event batches kept for replay (the oldest go first; at most 64 MiB "
+     "of them)."},
+
     {"log_level", T_ENUM, F(log_level), 0, 0, "info",
      "error|warn|info|debug", "LEVEL", "Process",
      "Least severe level logged to stderr."},

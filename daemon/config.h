@@ -67,6 +67,12 @@ typedef struct cfg {
   uint32_t reserve_blocks;
   int verify_tokens;
   char policy[32];
+  /* observability */
+  char metrics_listen[128];   /* "": no /metrics */
+  char kv_events_endpoint[256]; /* "": no KV events */
+  char kv_events_replay_endpoint[256];
+  char kv_events_topic[64];
+  uint32_t kv_events_buffer;  /* event batches kept for replay */
   /* process */
   int log_level;          /* enum log_level */
   int ready_fd;           /* -1: none */

@@ -13,8 +13,9 @@ CORE_LIBS = $(BUILD)/libkvscore.a $(call DEP_LIBS,libxxhash)
 # gpu/vmm.c, whose driver is dlopen'ed at run time) and backend.c picks one
 # at start-up.
 DAEMON_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(wildcard daemon/*.c))
-MOD_CFLAGS_daemon_ := $(call DEP_CFLAGS,libuv libprotobuf-c liburing jansson libxxhash)
-DAEMON_LIBS = $(call DEP_LIBS,libuv libprotobuf-c liburing jansson) $(GPU_LIBS)
+DAEMON_PKGS := libuv libprotobuf-c liburing jansson libmicrohttpd libzmq msgpack libsystemd
+MOD_CFLAGS_daemon_ := $(call DEP_CFLAGS,$(DAEMON_PKGS) libxxhash)
+DAEMON_LIBS = $(call DEP_LIBS,$(DAEMON_PKGS)) $(GPU_LIBS)
 PROGRAMS += $(BUILD)/kvshared
 $(DAEMON_OBJS): | $(PROTO_GEN_H)
 $(BUILD)/kvshared: $(DAEMON_OBJS) $(BUILD)/libkvsshm.a $(BUILD)/libkvscore.a \
@@ -38,7 +39,7 @@ $(CONFIG_TESTS): $(BUILD)/%: $(BUILD)/%.o $(BUILD)/daemon/config.o \
 define KVS_DAEMON_INSTALL
 
 install -d $(DESTDIR)$(PREFIX)/share/kvshare
-install -m 644 deploy/kvshared.conf $(DESTDIR)$(PREFIX)/share/kvshare/
+install -m 644 deploy/kvshared.conf deploy/kvshared.socket deploy/kvshare.sysusers $(DESTDIR)$(PREFIX)/share/kvshare/
 sed -e 's|/usr/local/bin/kvshared|$(PREFIX)/bin/kvshared|' deploy/kvshared.service >$(DESTDIR)$(PREFIX)/share/kvshare/kvshared.service
 endef
 INSTALL_EXTRA += $(KVS_DAEMON_INSTALL)

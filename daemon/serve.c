@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,9 +15,12 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <systemd/sd-daemon.h>
 #include <unistd.h>
 
+#include "daemon/events.h"
 #include "daemon/log.h"
+#include "daemon/metrics.h"
 #include "daemon/serve.h"
 #include "daemon/server.h"
 #include "kvs_shm.h"
@@ -103,6 +107,120 @@ static int resolve_group(const char *name, gid_t *gid) {
   return 0;
 }
 
+/*
+ * Socket activation.  systemd (or systemd-socket-activate) may start the
+ * daemon with its listening socket already made: LISTEN_FDS=1, LISTEN_PID
+ * ours, the socket at fd 3 (SD_LISTEN_FDS_START).  The daemon then serves
+ * that socket as it is: it does not create, chmod, chown or unlink it (its
+ * path, mode and group are the socket unit's).
+ *
+ * activation_check runs in serve_main, before the loop: it refuses anything
+ * but exactly one AF_UNIX SOCK_STREAM socket that listens on a path, and
+ * makes that path the configured socket, so that every log line, `ready` and
+ * READY=1 name the socket really served.  A socket set by --socket or the
+ * config file that differs is overridden with a warning: systemd owns the
+ * socket and clients may already wait on it.  It leaves LISTEN_FDS in the
+ * environment for take_passed_socket.  Returns 0 (not activated), 1, or a
+ * negative status (logged).
+ */
+static int activation_check(cfg *c, int socket_given) {
+  struct sockaddr_un sa;
+  socklen_t len = sizeof(sa);
+  const int fd = SD_LISTEN_FDS_START;
+  int n, rc;
+
+  n = sd_listen_fds(0);
+  if (n == 0)
+    return 0;
+  if (n < 0) {
+    log_error(n, "socket activation: bad LISTEN_FDS/LISTEN_PID");
+    return n;
+  }
+  if (n != 1) {
+    log_error(0, "socket activation: %d descriptors passed (LISTEN_FDS=%d); "
+              "kvshared takes exactly one listening Unix socket (one "
+              "ListenStream= in kvshared.socket)", n, n);
+    return KVS_EINVAL;
+  }
+  rc = sd_is_socket_unix(fd, 0, -1, NULL, 0);
+  if (rc <= 0) {
+    log_error(rc, "socket activation: fd %d is not a Unix socket", fd);
+    return rc < 0 ? rc : KVS_EINVAL;
+  }
+  if (sd_is_socket_unix(fd, SOCK_STREAM, -1, NULL, 0) <= 0) {
+    log_error(0, "socket activation: fd %d is not a stream socket (use "
+              "ListenStream=)", fd);
+    return KVS_EINVAL;
+  }
+  if (sd_is_socket_unix(fd, SOCK_STREAM, 1, NULL, 0) <= 0) {
+    log_error(0, "socket activation: fd %d is not listening (a connection? "
+              "use Accept=no)", fd);
+    return KVS_EINVAL;
+  }
+  memset(&sa, 0, sizeof(sa));
+  if (getsockname(fd, (struct sockaddr *)&sa, &len) < 0) {
+    rc = -errno;
+    log_error(rc, "socket activation: getsockname of fd %d", fd);
+    return rc;
+  }
+  if (len <= offsetof(struct sockaddr_un, sun_path) || !sa.sun_path[0]) {
+    log_error(0, "socket activation: fd %d is an unnamed or abstract socket; "
+              "kvshared serves a socket with a path", fd);
+    return KVS_EINVAL;
+  }
+  if (strnlen(sa.sun_path, sizeof(sa.sun_path)) >= sizeof(c->socket)) {
+    log_error(0, "socket activation: the path of fd %d is too long", fd);
+    return KVS_EINVAL;
+  }
+  if (strcmp(c->socket, sa.sun_path) != 0) {
+    if (socket_given)
+      log_warn(0, "socket activation: serving the socket systemd passed, %s, "
+               "not the configured socket %s", sa.sun_path, c->socket);
+    snprintf(c->socket, sizeof(c->socket), "%s", sa.sun_path);
+  }
+  if (c->socket_group[0])
+    log_warn(0, "socket activation: socket_group '%s' is ignored (the "
+             "socket unit's SocketGroup= owns %s)", c->socket_group,
+             c->socket);
+  return 1;
+}
+
+/* Takes over the socket activation_check accepted. */
+static int take_passed_socket(srv *s) {
+  const cfg *c = s->cfg;
+  struct stat st;
+  int rc;
+
+  if (sd_listen_fds(1) != 1)
+    return KVS_EINVAL; /* activation_check said otherwise */
+  rc = uv_pipe_init(s->loop, &s->listener, 0);
+  if (rc < 0)
+    return rc;
+  s->listener.data = s;
+  rc = uv_pipe_open(&s->listener, SD_LISTEN_FDS_START);
+  if (rc < 0) {
+    log_error(rc, "socket activation: uv_pipe_open fd %d",
+              SD_LISTEN_FDS_START);
+    return rc;
+  }
+  s->socket_passed = 1;
+  if (stat(c->socket, &st) < 0) {
+    /* Someone removed the file: the socket still works for whoever holds
+     * it, and nobody else can reach it. */
+    log_warn(errno, "socket activation: %s (fd %d)", c->socket,
+             SD_LISTEN_FDS_START);
+  } else {
+    log_info(0, "socket activation: serving %s (fd %d from systemd, mode "
+             "%04o, uid %u, gid %u)", c->socket, SD_LISTEN_FDS_START,
+             (unsigned)(st.st_mode & 07777), (unsigned)st.st_uid,
+             (unsigned)st.st_gid);
+    if (st.st_mode & 0002) /* connect needs write permission */
+      log_warn(0, "%s: every user may connect (SocketMode=0660 is meant); "
+               "peers are still checked with SO_PEERCRED", c->socket);
+  }
+  return 0;
+}
+
 static void on_connection(uv_stream_t *listener, int status) {
   srv *s = listener->data;
 
@@ -115,7 +233,8 @@ static void on_connection(uv_stream_t *listener, int status) {
   sess_accept(s);
 }
 
-static int start_listening(srv *s) {
+/* Creates the socket at the configured path (no socket activation). */
+static int bind_socket(srv *s) {
   const cfg *c = s->cfg;
   mode_t old;
   int rc;
@@ -158,9 +277,23 @@ static int start_listening(srv *s) {
       return rc;
     }
   }
+  return 0;
+}
+
+static int start_listening(srv *s) {
+  int rc;
+
+  /* LISTEN_FDS is left set only when activation_check accepted the one
+   * socket systemd passed. */
+  if (sd_listen_fds(0) > 0)
+    rc = take_passed_socket(s);
+  else
+    rc = bind_socket(s);
+  if (rc < 0)
+    return rc;
   rc = uv_listen((uv_stream_t *)&s->listener, SOMAXCONN, on_connection);
   if (rc < 0) {
-    log_error(rc, "listen %s", c->socket);
+    log_error(rc, "listen %s", s->cfg->socket);
     return rc;
   }
   return 0;
@@ -171,6 +304,15 @@ static void on_handle_closed(uv_handle_t *h) { (void)h; }
 static void close_handle(uv_handle_t *h) {
   if (h->loop && !uv_is_closing(h))
     uv_close(h, on_handle_closed);
+}
+
+/* Stops accepting.  The socket file goes, unless systemd passed it: it is
+ * the socket unit's, and a restarted daemon gets the same socket again. */
+static void stop_listening(srv *s) {
+  sd_notify(0, "STOPPING=1");
+  close_handle((uv_handle_t *)&s->listener);
+  if (!s->socket_passed)
+    unlink(s->cfg->socket);
 }
 
 /* No copy and no tier move in flight. */
@@ -202,6 +344,31 @@ static void on_drain_timeout(uv_timer_t *t) {
                    s->cfg->shutdown_timeout_ms, 0);
 }
 
+/* The KV event stream and /metrics, before the listening socket (no session
+ * can change the index before AllBlocksCleared goes out; a failure leaves
+ * no socket behind). */
+static int start_observers(srv *s) {
+  char err[256];
+
+  if (events_open(s->loop, s->cfg, s->core,
+                  strcmp(s->pool->ex.backend, "cuda") == 0 ? "GPU" : "CPU",
+                  s->layout.block_size, &s->events, err, sizeof(err)) < 0) {
+    log_error(0, "kv events: %s", err);
+    return KVS_EINVAL;
+  }
+  if (metrics_start(s, err, sizeof(err)) < 0) {
+    log_error(0, "metrics: %s", err);
+    return KVS_EINVAL;
+  }
+  return 0;
+}
+
+static void stop_observers(srv *s) {
+  metrics_stop(s);
+  events_close(s->events, s->core);
+  s->events = NULL;
+}
+
 /* A stopping daemon is done when no session and no copy is left: the
  * last handles close and uv_run returns. */
 static void srv_maybe_done(srv *s) {
@@ -211,6 +378,7 @@ static void srv_maybe_done(srv *s) {
   tiers_close(s->tiers);
   s->tiers = NULL;
   copy_engine_close(&s->copy);
+  stop_observers(s);
 }
 
 void srv_session_closed(srv *s) { srv_maybe_done(s); }
@@ -224,8 +392,7 @@ static void srv_stop(srv *s, const char *why) {
     return;
   s->stopping = 1;
   log_info(0, "%s: stopping (%u sessions)", why, s->nsessions);
-  close_handle((uv_handle_t *)&s->listener);
-  unlink(s->cfg->socket);
+  stop_listening(s);
   /* Closing a signal handle restores the default action: a second signal
    * ends the process at once. */
   close_handle((uv_handle_t *)&s->sig_term);
@@ -271,6 +438,8 @@ static void announce_ready(srv *s) {
   }
   printf("ready %s\n", c->socket);
   fflush(stdout);
+  /* Type=notify; nothing happens without NOTIFY_SOCKET. */
+  sd_notifyf(0, "READY=1\nSTATUS=listening on %s", c->socket);
 }
 
 static int make_core(srv *s) {
@@ -350,9 +519,12 @@ static int run(const cfg *c) {
   uv_signal_start(&s.sig_term, on_signal, SIGTERM);
   uv_signal_start(&s.sig_int, on_signal, SIGINT);
 
-  rc = start_listening(&s);
+  rc = start_observers(&s);
+  if (rc == 0)
+    rc = start_listening(&s);
   if (rc < 0) {
     s.stopping = 1;
+    stop_observers(&s);
     close_handle((uv_handle_t *)&s.listener);
     close_handle((uv_handle_t *)&s.sig_term);
     close_handle((uv_handle_t *)&s.sig_int);
@@ -424,6 +596,7 @@ out_pool:
 int serve_main(int argc, char **argv) {
   enum cfg_action action;
   char err[512];
+  int socket_given;
   cfg c;
 
   cfg_init(&c);
@@ -444,6 +617,7 @@ int serve_main(int argc, char **argv) {
   default:
     break;
   }
+  socket_given = c.socket[0] != '\0'; /* by --socket or the file */
   if (cfg_finish(&c, err, sizeof(err)) < 0) {
     fprintf(stderr, "kvshared: %s\n", err);
     return 2;
@@ -453,6 +627,8 @@ int serve_main(int argc, char **argv) {
     return 0;
   }
   log_level_cur = c.log_level;
+  if (activation_check(&c, socket_given) < 0)
+    return 1;
   if (c.exit_with_parent) {
     pid_t parent = getppid();
 

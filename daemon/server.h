@@ -33,6 +33,8 @@
 typedef struct srv srv;
 typedef struct sess sess;
 struct wreq;
+struct metrics;
+struct events;
 
 struct srv {
   uv_loop_t *loop;
@@ -47,12 +49,15 @@ struct srv {
   backend *pool;
   copy_engine copy;
   tiers *tiers;          /* NULL: no tier below the pool */
+  struct metrics *metrics; /* /metrics (metrics.c); NULL: off */
+  struct events *events;   /* the KV event stream (events.c); NULL: off */
   uid_t self_uid;
   int null_fd;           /* /dev/null, for releasing ready_fd; or -1 */
   sess *sessions;        /* every open connection (doubly linked) */
   uint32_t nsessions;    /* accepted ones (rejected ones not counted) */
   uint64_t next_session_id;
   int stopping;
+  int socket_passed;     /* the listener came from systemd: never unlinked */
   kvs__arena arena;      /* the frame being handled: request and reply */
   uint64_t check_frame;  /* frames_in when Stats{check} last ran */
   uint64_t queued;       /* reply bytes in uv_write requests, all sessions */
@@ -105,6 +110,10 @@ struct sess {
   tier_swap swap;
   int swapping;
   int in_batch;
+  /* With metrics on: when the request being answered was taken up
+   * (uv_hrtime; 0: none pending) and its op, for the latency histogram. */
+  uint64_t req_t0;
+  int req_op;
 };
 
 /* session.c */

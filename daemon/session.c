@@ -25,6 +25,7 @@
 #include <sys/socket.h>
 
 #include "daemon/log.h"
+#include "daemon/metrics.h"
 #include "daemon/server.h"
 #include "kvs_packed.h"
 #include "kvs_shm.h"
@@ -411,9 +412,17 @@ static void handle_hello(sess *c, uint64_t seq, const Kvshare__Hello *h) {
 
 /* ---- the daemon's copies for a session ------------------------------------ */
 
+/* The request's reply is queued: its latency (metrics on). */
+static void request_answered(sess *c) {
+  if (c->req_t0 && c->srv->metrics)
+    metrics_request(c->srv->metrics, c->req_op, uv_hrtime() - c->req_t0);
+  c->req_t0 = 0;
+}
+
 /* The reply a copy or a promotion held back goes; reading resumes. */
 static void send_held(sess *c, struct wreq *w) {
   queue_bytes(c, w, 0);
+  request_answered(c);
   if (c->closed)
     return;
   if (c->closing) {
@@ -565,6 +574,15 @@ static void handle_request(sess *c, uint64_t seq, const Kvshare__Request *req) {
   Kvshare__Response resp;
   struct wreq *w;
 
+  if (c->srv->metrics) {
+    c->req_t0 = uv_hrtime();
+    c->req_op = (int)req->op_case;
+    if (req->op_case == KVSHARE__REQUEST__OP_BATCH)
+      metrics_batch(c->srv->metrics, req->batch->n_ops);
+    else if (req->op_case == KVSHARE__REQUEST__OP_PACKED_BATCH)
+      metrics_batch(c->srv->metrics,
+                    req->packed_batch->ops.len / KVS_PACKED_OP_SIZE);
+  }
   kvshare__response__init(&resp);
   /* Refused before it runs when its reply might not fit a frame: ops that
    * ran and could not be answered would be lost to the client.  (Stats and
@@ -588,6 +606,8 @@ static void handle_request(sess *c, uint64_t seq, const Kvshare__Request *req) {
     return;
   }
   reply_after_copies(c, w);
+  if (!c->copying)
+    request_answered(c);
 }
 
 static void handle_frame(sess *c, const uint8_t *payload, size_t len) {

@@ -445,6 +445,9 @@ static void packed_sizes(size_t nops, size_t words, size_t nblocks,
   free(buf);
 }
 
+/* Said after the batched steps' title (which daemon). */
+static const char *batch_label = "";
+
 static void bench_batch(kvs_client *c, double raw_small, int packed) {
   uint32_t bs = kvs_layout_of(c)->block_size;
   uint32_t plen = 2 * bs + 5; /* 2 shared system blocks + the user's turn */
@@ -670,9 +673,9 @@ static void bench_batch(kvs_client *c, double raw_small, int packed) {
   if (packed)
     packed_sizes(2 * DECODE_REQS, DECODE_REQS, DECODE_REQS / bs, &dreq,
                  &dresp);
-  printf("batched steps as %s, median round trip (%d / %d steps):\n",
+  printf("batched steps as %s%s, median round trip (%d / %d steps):\n",
          packed ? "PackedBatch (the default)" : "Batch (KVS_PACKED_BATCH=0)",
-         sp.n, sdec.n);
+         batch_label, sp.n, sdec.n);
   printf("  prefill step: %d ops (%d x lookup/allocate/commit/free), %zu B / "
          "%zu B\n",
          pops, PREFILL_REQS, preq, presp);
@@ -845,6 +848,27 @@ int main(void) {
     bench_batch(cb, raw_small, 0);
     kvs_close(cb);
     bench_batch(c, raw_small, 1);
+  }
+  {
+    /* The same steps on a second daemon with /metrics and the KV event
+     * stream on (every sealed and evicted block published), in this run:
+     * their cost is the difference per op. */
+    itest_daemon d2;
+    char ep[320];
+    const char *o2[] = {"--num-layers", "2", "--head-dim", "16",
+                        "--pool-blocks", "16384", "--log-level", "warn",
+                        "--metrics-listen", "127.0.0.1:0",
+                        "--kv-events-endpoint", ep, NULL};
+    kvs_client *c2;
+
+    snprintf(ep, sizeof(ep), "ipc://%s/events", d.dir);
+    itest_daemon_start(&d2, o2);
+    pin(d2.pid, server_cpu);
+    c2 = itest_connect(&d2, "bench_rtt_observed");
+    batch_label = ", daemon with --metrics-listen and --kv-events-endpoint";
+    bench_batch(c2, raw_small, 1);
+    kvs_close(c2);
+    itest_daemon_finish(&d2, itest_fd_count(0));
   }
   unpin(0);
   unpin(d.pid);

@@ -1,0 +1,63 @@
+/*
+ * events.h — the KV event stream: the prefix index's changes, published for
+ * KV-aware routers in the format vLLM's engines publish theirs.
+ *
+ * The core tells of every hash that enters or leaves its index
+ * (core_observer); the events of one loop iteration become one batch,
+ * msgpack-encoded as vLLM's KVEventBatch:
+ *
+ *   [ts, [event, ...]]                 ts: float seconds since the epoch
+ *   ["BlockStored", [hash, ...], parent | nil, [token, ...], block_size,
+ *    nil, medium]                      a run of blocks, each the parent of
+ *                                      the next; tokens: block_size per
+ *                                      block ([] when unknown)
+ *   ["BlockRemoved", [hash, ...], medium]
+ *   ["AllBlocksCleared"]               at start and at shutdown
+ *
+ * Hashes are the low 64 bits of the core's 128-bit chained block hash, as
+ * unsigned integers.  medium is "GPU" for the cuda pool, "CPU" for the host
+ * pool.  Each batch goes out on a ZMQ PUB socket as three frames (topic,
+ * 8-byte big-endian sequence number from 0, payload); the last
+ * kv_events_buffer batches are kept, and a ZMQ ROUTER socket (optional)
+ * answers a request [start_seq] with [seq, payload] for each kept batch from
+ * start_seq on, then [-1, ""] (the end marker).  Nothing here blocks: a
+ * subscriber that cannot keep up loses messages (its sequence numbers
+ * jump; it asks for a replay).
+ */
+#ifndef KVS_DAEMON_EVENTS_H
+#define KVS_DAEMON_EVENTS_H
+
+#include <stdint.h>
+#include <uv.h>
+
+#include "daemon/config.h"
+#include "daemon/core/core.h"
+
+typedef struct events events;
+
+typedef struct events_stats {
+  uint64_t batches;       /* published */
+  uint64_t stored;        /* BlockStored blocks */
+  uint64_t removed;       /* BlockRemoved blocks */
+  uint64_t dropped;       /* batches the PUB socket refused (or lost to
+                             memory) */
+  uint64_t replays;       /* replay requests answered */
+  uint64_t bad_requests;  /* malformed replay requests */
+  uint32_t kept;          /* batches kept for replay */
+  uint64_t kept_bytes;
+} events_stats;
+
+/*
+ * Binds the sockets of c->kv_events_endpoint (and the replay endpoint),
+ * publishes AllBlocksCleared and becomes cr's observer.  *out = NULL when
+ * c->kv_events_endpoint is empty.  0, or -1 with a reason in err.
+ */
+int events_open(uv_loop_t *loop, const cfg *c, core *cr, const char *medium,
+                uint32_t block_size, events **out, char *err, size_t len);
+/* Publishes what is pending and AllBlocksCleared (the daemon's cache goes
+ * away), stops observing cr and closes (the sockets linger up to half a
+ * second to deliver).  NULL: nothing. */
+void events_close(events *e, core *cr);
+void events_get_stats(const events *e, events_stats *st);
+
+#endif

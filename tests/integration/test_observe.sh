@@ -1,0 +1,77 @@
+#!/bin/bash
+# test_observe — /metrics and the KV event stream of a real kvshared, seen
+# by the tools that consume them: prometheus_client's text parser, a pyzmq +
+# msgpack subscriber that rebuilds the prefix index (observe_check.py); and
+# the refusals of bad metrics_listen / kv_events_endpoint values.
+set -u
+build=${KVS_BUILD:-build}
+daemon=$build/kvshared
+py=/usr/bin/python3
+here=$(dirname "$0")
+fail() { echo "FAIL: $*" >&2; [ -f "$dir/log" ] && sed 's/^/  log| /' "$dir/log" >&2; exit 1; }
+
+[ -x "$daemon" ] || { echo "SKIP: $daemon not built"; exit 77; }
+[ -x "$build/tests/integration/kvs_drive" ] || fail "kvs_drive not built"
+$py -c 'import zmq, msgpack, prometheus_client' 2>/dev/null ||
+  fail "python3-zmq, python3-msgpack or python3-prometheus-client missing (deploy/install-deps.sh)"
+dir=$(mktemp -d "${TMPDIR:-/tmp}/kvs-obs-XXXXXX")
+pid=
+cleanup() { [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null; rm -rf "$dir"; }
+trap cleanup EXIT
+sock=$dir/kvshared.sock
+. "$here/../lib/daemon.sh"
+
+# Refusals: each is a clear error at start-up, and no socket is left.
+refuse() { # WHAT EXPECTED-TEXT OPTION...
+  local what=$1 text=$2; shift 2
+  "$daemon" serve --socket "$sock" --pool-blocks 8 "$@" >"$dir/log" 2>&1 && fail "$what: started"
+  grep -q -- "$text" "$dir/log" || fail "$what: no '$text' in the log"
+  [ -e "$sock" ] && fail "$what: left its socket behind"
+  return 0
+}
+refuse "metrics without a port" "expected ADDR:PORT" --metrics-listen 127.0.0.1
+refuse "metrics on a name" "expected ADDR:PORT" --metrics-listen localhost:9400
+refuse "metrics port 70000" "expected ADDR:PORT" --metrics-listen 127.0.0.1:70000
+refuse "events on a bad endpoint" "kv events: cannot bind bogus://x" \
+  --kv-events-endpoint bogus://x
+refuse "replay on the events endpoint" "must differ" \
+  --kv-events-endpoint "ipc://$dir/same" --kv-events-replay-endpoint "ipc://$dir/same"
+# A port in use.
+$py -c 'import socket,sys,time
+s=socket.socket(); s.bind(("127.0.0.1",0)); s.listen()
+print(s.getsockname()[1], flush=True); time.sleep(30)' >"$dir/port" &
+holder=$!
+for _ in $(seq 50); do [ -s "$dir/port" ] && break; sleep 0.1; done
+busy=$(cat "$dir/port")
+refuse "metrics on a busy port" "cannot serve metrics" --metrics-listen "127.0.0.1:$busy"
+refuse "events on a busy port" "cannot bind tcp://127.0.0.1:$busy" \
+  --kv-events-endpoint "tcp://127.0.0.1:$busy"
+kill "$holder"; wait "$holder" 2>/dev/null
+
+# Off by default: no metrics thread, no event sockets.
+kvs_start_daemon "$daemon" "$dir" "$sock" "$dir/log" --pool-blocks 8 || fail "plain start"
+grep -Eq "metrics:|kv events:" "$dir/log" && fail "metrics or events on by default"
+kill -TERM "$pid"; wait "$pid" || fail "plain daemon exit $?"
+pid=
+
+kvs_start_daemon "$daemon" "$dir" "$sock" "$dir/log" --num-layers 1 --head-dim 8 \
+  --pool-blocks 64 --metrics-listen 127.0.0.1:0 \
+  --kv-events-endpoint "ipc://$dir/events" \
+  --kv-events-replay-endpoint "ipc://$dir/replay" || fail "kvshared did not become ready"
+url=$(grep -o 'metrics: http://[^ ]*' "$dir/log" | head -1 | cut -d' ' -f2)
+[[ $url == http://127.0.0.1:[1-9]*/metrics ]] || fail "no metrics URL in the log ($url)"
+
+# Bad HTTP: the wrong path, the wrong method.
+code=$(curl -s -o /dev/null -w '%{http_code}' "${url%/metrics}/nope") || fail "curl"
+[ "$code" = 404 ] || fail "GET /nope: $code"
+code=$(curl -s -o /dev/null -w '%{http_code}' -X POST -d x "$url") || fail "curl"
+[ "$code" = 405 ] || fail "POST /metrics: $code"
+curl -sf "$url" | grep -q '^kvshare_pool_size_blocks 64$' || fail "curl /metrics"
+
+$py "$here/observe_check.py" "$build" "$sock" "ipc://$dir/events" \
+  "ipc://$dir/replay" "$url" "$pid" || fail "observe_check.py"
+wait "$pid"; rc=$?
+pid=
+[ $rc = 0 ] || fail "kvshared exited $rc after SIGTERM"
+grep -q "stopped cleanly" "$dir/log" || fail "no clean stop"
+echo "PASS"
