@@ -158,12 +158,21 @@ static const cfg_option options[] = {
     {"disk_tier", T_STR, F(disk_tier), 0, 0, "", NULL, "PATH", "Tiers",
      "A file or block device for a disk tier below the host tier (or below "
      "the pool when there is no host tier), read and written O_DIRECT "
-     "through io_uring.  Its contents do not outlive the daemon.  Needs "
-     "disk_tier_bytes.  With the cuda backend it needs a host tier too."},
+     "through io_uring.  Its contents outlive the daemon only with "
+     "disk_tier_persist.  Needs disk_tier_bytes.  With the cuda backend it "
+     "needs a host tier too."},
     {"disk_tier_bytes", T_SIZE, F(disk_tier_bytes), 0, 1ull << 50, "0", NULL,
      "BYTES", "Tiers",
      "Size of the disk tier: each slot is a block plus a 4 KiB header "
-     "(magic, hash, length, XXH3 checksum)."},
+     "(magic, hash, length, XXH3 checksums, token ids, layout)."},
+    {"disk_tier_persist", T_BOOL, F(disk_tier_persist), 0, 1, "no", NULL,
+     "BOOL", "Tiers",
+     "Keep the disk tier's file across restarts: at start the daemon reads "
+     "every slot header and serves again the blocks written under this "
+     "layout and model id (a persistent prefix cache); a clean stop "
+     "fdatasyncs the file.  After a crash the checksums decide: a torn "
+     "slot is skipped or a miss, never served.  no: the file's contents "
+     "are ignored at start."},
     {"tier_window", T_U32, F(tier_window), 0, UINT32_MAX - 1, "0", NULL, "N",
      "Tiers",
      "Cached blocks at the cold end of the pool that background demotion "
@@ -713,6 +722,13 @@ int cfg_finish(cfg *c, char *err, size_t err_len) {
   if (!c->disk_tier[0] != !c->disk_tier_bytes)
     return fail(err, err_len, "disk_tier and disk_tier_bytes go together "
                 "(the file and its size)");
+  if (c->disk_tier_persist && !c->disk_tier[0])
+    return fail(err, err_len, "disk_tier_persist keeps a disk tier: it "
+                "needs disk_tier");
+  if (c->disk_tier_persist && c->verify_tokens && l->block_size > 992)
+    return fail(err, err_len, "disk_tier_persist with verify_tokens keeps "
+                "each block's token ids in its 4 KiB slot header: block_size "
+                "%u is above the 992 that fit", l->block_size);
   if (core_policy_find(c->policy, &offline) != 0 || offline) {
     char names[128];
     core_policy_list(names, sizeof(names), 0);

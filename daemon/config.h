@@ -61,6 +61,7 @@ typedef struct cfg {
   uint64_t host_tier_bytes; /* 0: none */
   char disk_tier[256];      /* "": none */
   uint64_t disk_tier_bytes;
+  int disk_tier_persist;    /* keep and reread the disk tier's file */
   uint32_t tier_window;     /* 0: the core's default */
   uint32_t tier_promote_max;
   char tier_fault[128];     /* tests: tier_disk.h's fault spec */

@@ -24,17 +24,35 @@
 
 #define HDR_BYTES 4096u
 #define ALIGN 4096u
-#define MAGIC 0x3152454954535a4bull /* "KVSTIER1" little-endian */
-#define VERSION 1u
+#define MAGIC 0x3152454954535a4bull /* the bytes "KZSTIER1" */
+#define VERSION 2u
+#define TOK_OFF 128u
+#define FLAG_RESTORABLE 1u
+#define FLAG_TOKENS 2u
 
+/* The header's fixed part (tier_disk.h gives the offsets); the token ids
+ * follow at TOK_OFF, zeros after them. */
 typedef struct slot_hdr {
   uint64_t magic;
   uint32_t version, hdr_bytes;
   uint64_t hash_lo, hash_hi;
   uint64_t data_len;
   uint64_t data_xxh3;
-  uint64_t hdr_xxh3; /* of the fields above */
+  uint64_t hdr_xxh3; /* of the whole header, this field read as zero */
+  uint64_t gen;
+  uint32_t block_size, num_layers, num_kv_heads, head_dim, dtype;
+  uint32_t flags;
+  uint64_t root_lo, root_hi;
+  uint8_t zero[TOK_OFF - 104];
 } slot_hdr;
+_Static_assert(sizeof(slot_hdr) == TOK_OFF, "slot header layout");
+_Static_assert(offsetof(slot_hdr, hdr_xxh3) == 48 &&
+                   offsetof(slot_hdr, gen) == 56 &&
+                   offsetof(slot_hdr, flags) == 84 &&
+                   offsetof(slot_hdr, root_lo) == 88,
+               "slot header offsets (tier_disk.h)");
+_Static_assert(TOK_OFF + TIER_DISK_MAX_TOKENS * 4 <= HDR_BYTES,
+               "token ids fit the header");
 
 enum { F_READ_EIO, F_WRITE_EIO, F_WRITE_ENOSPC, F_SHORT, F_FLIP, F_KINDS };
 static const char *const fault_names[F_KINDS] = {"read-eio", "write-eio",
@@ -61,6 +79,8 @@ struct tier_disk {
   uint64_t fault_at[F_KINDS], fault_seen[F_KINDS];
   tier_disk_stats st;
   int warned_io, warned_sum;
+  tier_disk_stamp stamp;
+  uint64_t gen; /* the next write's */
 };
 
 static uint8_t *buf_of(const tier_disk *d, uint32_t b) {
@@ -99,6 +119,17 @@ bad:
   snprintf(err, err_len, "tier_fault '%s': want KIND:N[,KIND:N...] with KIND "
            "one of read-eio, write-eio, write-enospc, short, flip", spec);
   return KVS_EINVAL;
+}
+
+/* XXH3-64 of header p (HDR_BYTES) with its own checksum field as zero. */
+static uint64_t hdr_sum(uint8_t *p) {
+  uint64_t saved, sum, zero = 0;
+
+  memcpy(&saved, p + offsetof(slot_hdr, hdr_xxh3), sizeof(saved));
+  memcpy(p + offsetof(slot_hdr, hdr_xxh3), &zero, sizeof(zero));
+  sum = XXH3_64bits(p, HDR_BYTES);
+  memcpy(p + offsetof(slot_hdr, hdr_xxh3), &saved, sizeof(saved));
+  return sum;
 }
 
 /* Is this the Nth I/O of fault kind k? */
@@ -172,6 +203,7 @@ void tier_disk_submit(tier_disk *d, disk_io *io) {
     slot_hdr h;
 
     memset(p, 0, HDR_BYTES);
+    memset(&h, 0, sizeof(h));
     h.magic = MAGIC;
     h.version = VERSION;
     h.hdr_bytes = HDR_BYTES;
@@ -179,8 +211,24 @@ void tier_disk_submit(tier_disk *d, disk_io *io) {
     h.hash_hi = io->hash.hi;
     h.data_len = d->data_len;
     h.data_xxh3 = XXH3_64bits(p + HDR_BYTES, d->data_len);
-    h.hdr_xxh3 = XXH3_64bits(&h, offsetof(slot_hdr, hdr_xxh3));
+    h.gen = d->gen++;
+    h.block_size = d->stamp.block_size;
+    h.num_layers = d->stamp.num_layers;
+    h.num_kv_heads = d->stamp.num_kv_heads;
+    h.head_dim = d->stamp.head_dim;
+    h.dtype = d->stamp.dtype;
+    h.root_lo = d->stamp.root.lo;
+    h.root_hi = d->stamp.root.hi;
+    h.flags = io->restorable ? FLAG_RESTORABLE : 0;
+    if (io->tokens && d->stamp.block_size <= TIER_DISK_MAX_TOKENS) {
+      h.flags |= FLAG_TOKENS;
+      memcpy(p + TOK_OFF, io->tokens,
+             (size_t)d->stamp.block_size * sizeof(uint32_t));
+    }
     memcpy(p, &h, sizeof(h));
+    h.hdr_xxh3 = hdr_sum(p);
+    memcpy(p + offsetof(slot_hdr, hdr_xxh3), &h.hdr_xxh3,
+           sizeof(h.hdr_xxh3));
   }
   if (d->waiting || prep(d, io) != 0) {
     *d->waiting_tail = io;
@@ -197,7 +245,7 @@ static int verify(tier_disk *d, disk_io *io) {
 
   memcpy(&h, p, sizeof(h));
   if (h.magic != MAGIC || h.version != VERSION || h.hdr_bytes != HDR_BYTES ||
-      h.hdr_xxh3 != XXH3_64bits(&h, offsetof(slot_hdr, hdr_xxh3)) ||
+      h.hdr_xxh3 != hdr_sum(p) ||
       h.hash_lo != io->hash.lo || h.hash_hi != io->hash.hi ||
       h.data_len != d->data_len ||
       h.data_xxh3 != XXH3_64bits(p + HDR_BYTES, d->data_len))
@@ -280,8 +328,9 @@ static void on_poll(uv_poll_t *h, int status, int events) {
 /* ---- set-up ---------------------------------------------------------------- */
 
 int tier_disk_open(uv_loop_t *loop, const char *path, uint64_t bytes,
-                   uint64_t block_bytes, uint32_t nbufs, const char *fault,
-                   tier_disk **out, char *err, size_t err_len) {
+                   uint64_t block_bytes, const tier_disk_stamp *stamp,
+                   uint32_t nbufs, const char *fault, tier_disk **out,
+                   char *err, size_t err_len) {
   tier_disk *d = calloc(1, sizeof(*d));
   struct stat sb;
   uint64_t have;
@@ -295,6 +344,8 @@ int tier_disk_open(uv_loop_t *loop, const char *path, uint64_t bytes,
   d->loop = loop;
   d->fd = d->efd = -1;
   d->waiting_tail = &d->waiting;
+  d->stamp = *stamp;
+  d->gen = 1;
   d->data_len = block_bytes;
   d->data_bytes = (block_bytes + ALIGN - 1) / ALIGN * ALIGN;
   d->slot_bytes = HDR_BYTES + d->data_bytes;
@@ -453,6 +504,140 @@ void tier_disk_buf_put(tier_disk *d, uint32_t buf) {
 }
 
 uint32_t tier_disk_bufs_free(const tier_disk *d) { return d->nfree; }
+
+/* ---- restart --------------------------------------------------------------- */
+
+/* Sorts header p of slot s into st; 1 when it is good (cb). */
+static int scan_one(tier_disk *d, uint32_t s, uint8_t *p, int res,
+                    tier_disk_scan_stats *st) {
+  slot_hdr h;
+  const tier_disk_stamp *m = &d->stamp;
+
+  memcpy(&h, p, sizeof(h));
+  if (res != (int)HDR_BYTES) {
+    st->io_errors++;
+    return 0;
+  }
+  if (h.magic == 0 && h.version == 0 && h.hdr_xxh3 == 0) {
+    st->empty++;
+    return 0;
+  }
+  if (h.magic != MAGIC) {
+    st->torn++;
+    return 0;
+  }
+  if (h.version != VERSION) {
+    st->other_version++;
+    return 0;
+  }
+  if (h.hdr_bytes != HDR_BYTES || h.hdr_xxh3 != hdr_sum(p)) {
+    st->torn++;
+    return 0;
+  }
+  if (h.gen > st->max_gen)
+    st->max_gen = h.gen;
+  if (h.block_size != m->block_size || h.num_layers != m->num_layers ||
+      h.num_kv_heads != m->num_kv_heads || h.head_dim != m->head_dim ||
+      h.dtype != m->dtype || h.data_len != d->data_len) {
+    if (!st->other_layout++)
+      snprintf(st->layout_note, sizeof(st->layout_note),
+               "slot %u holds a block of block_size %u, %u layers, %u kv "
+               "heads, head_dim %u, dtype %u, %llu bytes; this daemon's: "
+               "%u, %u, %u, %u, %u, %llu", s, h.block_size, h.num_layers,
+               h.num_kv_heads, h.head_dim, h.dtype,
+               (unsigned long long)h.data_len, m->block_size, m->num_layers,
+               m->num_kv_heads, m->head_dim, m->dtype,
+               (unsigned long long)d->data_len);
+    return 0;
+  }
+  if (h.root_lo != m->root.lo || h.root_hi != m->root.hi) {
+    st->other_model++;
+    return 0;
+  }
+  if (!(h.flags & FLAG_RESTORABLE)) {
+    st->private_copies++;
+    return 0;
+  }
+  st->good++;
+  return 1;
+}
+
+int tier_disk_scan(tier_disk *d, tier_disk_scan_cb cb, void *arg,
+                   tier_disk_scan_stats *st) {
+  uint32_t depth = d->nbufs < d->ring.sq.ring_entries ? d->nbufs
+                                                      : d->ring.sq.ring_entries;
+  int res[4096];
+  int rc = 0;
+
+  memset(st, 0, sizeof(*st));
+  if (depth > 4096)
+    depth = 4096;
+  if (!tier_disk_idle(d) || d->nfree != d->nbufs || depth == 0)
+    return -EBUSY;
+  for (uint32_t base = 0; base < d->nslots;) {
+    uint32_t n = d->nslots - base < depth ? d->nslots - base : depth;
+    uint32_t sent = 0;
+
+    for (uint32_t i = 0; i < n; i++) {
+      struct io_uring_sqe *sqe = io_uring_get_sqe(&d->ring);
+      uint64_t off = (uint64_t)(base + i) * d->slot_bytes;
+
+      if (!sqe)
+        return -EBUSY; /* (cannot happen: depth <= the ring's entries) */
+      if (d->registered) {
+        io_uring_prep_read_fixed(sqe, 0, buf_of(d, i), HDR_BYTES, off, 0);
+        sqe->flags |= IOSQE_FIXED_FILE;
+      } else {
+        io_uring_prep_read(sqe, d->fd, buf_of(d, i), HDR_BYTES, off);
+      }
+      io_uring_sqe_set_data64(sqe, i);
+      res[i] = -EIO;
+    }
+    while (sent < n) {
+      rc = io_uring_submit(&d->ring);
+      if (rc == -EINTR || rc == -EAGAIN)
+        continue;
+      if (rc < 0)
+        return rc;
+      sent += (uint32_t)rc;
+    }
+    for (uint32_t k = 0; k < n;) {
+      struct io_uring_cqe *cqe;
+
+      rc = io_uring_wait_cqe(&d->ring, &cqe);
+      if (rc == -EINTR)
+        continue;
+      if (rc < 0)
+        return rc;
+      res[io_uring_cqe_get_data64(cqe)] = cqe->res;
+      io_uring_cqe_seen(&d->ring, cqe);
+      k++;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+      uint8_t *p = buf_of(d, i);
+
+      st->slots++;
+      if (scan_one(d, base + i, p, res[i], st)) {
+        slot_hdr h;
+        kvs_hash128 hash;
+
+        memcpy(&h, p, sizeof(h));
+        hash.lo = h.hash_lo;
+        hash.hi = h.hash_hi;
+        cb(arg, base + i, h.gen, hash,
+           (h.flags & FLAG_TOKENS) ? (const uint32_t *)(p + TOK_OFF) : NULL);
+      }
+    }
+    base += n;
+  }
+  if (st->max_gen >= d->gen)
+    d->gen = st->max_gen + 1;
+  return 0;
+}
+
+int tier_disk_sync(tier_disk *d) {
+  return fdatasync(d->fd) == 0 ? 0 : -errno;
+}
 
 int tier_disk_idle(const tier_disk *d) {
   return d->inflight == 0 && d->waiting == NULL;

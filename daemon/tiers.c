@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "daemon/log.h"
 #include "kvs_status.h"
@@ -103,6 +104,7 @@ static void write_staged(mbatch *b) {
     io->slot = b->mv[i].slot;
     io->buf = b->bufs[i];
     io->hash = b->mv[i].hash;
+    io->restorable = core_tier_entry(b->t->core, b->mv[i].entry, &io->tokens);
     io->cb = on_move_written;
     io->data = b;
     b->pending++;
@@ -345,6 +347,8 @@ int tiers_promote(tiers *t, tier_promo *pr, const core_promo *p, uint32_t n) {
     io->slot = p[i].slot;
     io->buf = pr->bufs[i];
     io->hash = p[i].hash;
+    io->tokens = NULL;
+    io->restorable = 0;
     io->cb = on_promo_read;
     io->data = pr;
     pr->reads++;
@@ -552,6 +556,72 @@ int tiers_slots(const cfg *c, const kvs_layout *l, const backend *pool,
   return 0;
 }
 
+/* ---- restart --------------------------------------------------------------- */
+
+typedef struct restore_ctx {
+  core *core;
+  uint32_t restored, duplicates, refused;
+} restore_ctx;
+
+static void on_scanned(void *arg, uint32_t slot, uint64_t gen, kvs_hash128 h,
+                       const uint32_t *tokens) {
+  restore_ctx *x = arg;
+  int rc = core_tier_restore(x->core, slot, gen, h, tokens);
+
+  if (rc == 0)
+    x->restored++;
+  else if (rc == 1)
+    x->duplicates++;
+  else
+    x->refused++; /* no token ids while verify_tokens is on */
+}
+
+/* A kept disk tier: its slot headers back into the core's books.  Only a
+ * ring that fails is an error: the daemon does not start. */
+static int restore_disk(tiers *t, const cfg *c, char *err, size_t err_len) {
+  restore_ctx x = {t->core, 0, 0, 0};
+  tier_disk_scan_stats st;
+  struct timespec t0, t1;
+  uint32_t kept;
+  int rc;
+
+  rc = core_tier_restore_begin(t->core, CORE_TIER_DISK);
+  if (rc < 0) {
+    snprintf(err, err_len, "disk tier: restore: %s", kvs_strerror(rc));
+    return rc;
+  }
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  rc = tier_disk_scan(t->disk, on_scanned, &x, &st);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  kept = core_tier_restore_end(t->core);
+  if (rc < 0) {
+    snprintf(err, err_len, "disk tier %s: reading the slot headers: %s",
+             c->disk_tier, strerror(-rc));
+    return KVS_EIO;
+  }
+  log_info(0, "disk tier %s: %u slots restored, %u skipped (%u torn, %u "
+           "other layout, %u other model, %u other version, %u swap copies, "
+           "%u without token ids, %u read errors), %u duplicates freed, %u "
+           "empty; %u headers read in %.1f ms",
+           c->disk_tier, kept,
+           st.torn + st.other_layout + st.other_model + st.other_version +
+               st.private_copies + x.refused + st.io_errors,
+           st.torn, st.other_layout, st.other_model, st.other_version,
+           st.private_copies, x.refused, st.io_errors, x.duplicates,
+           st.empty, st.slots,
+           (double)(t1.tv_sec - t0.tv_sec) * 1e3 +
+               (double)(t1.tv_nsec - t0.tv_nsec) / 1e6);
+  if (st.other_layout)
+    log_warn(0, "disk tier %s: %u slots written under another layout are "
+             "not restored (%s)", c->disk_tier, st.other_layout,
+             st.layout_note);
+  if (st.other_model)
+    log_warn(0, "disk tier %s: %u slots written for another model id (not "
+             "'%s') are not restored", c->disk_tier, st.other_model,
+             c->model_id);
+  return 0;
+}
+
 int tiers_open(uv_loop_t *loop, const cfg *c, core *cr, backend *pool,
                copy_engine *copy, tiers **out, char *err, size_t err_len) {
   tiers *t;
@@ -580,8 +650,21 @@ int tiers_open(uv_loop_t *loop, const cfg *c, core *cr, backend *pool,
     }
   }
   if (c->disk_tier[0]) {
+    const kvs_layout *l = &pool->layout;
+    tier_disk_stamp stamp = {l->block_size, l->num_layers, l->num_kv_heads,
+                             l->head_dim, (uint32_t)l->dtype,
+                             core_root_hash(l, c->model_id)};
+
     rc = tier_disk_open(loop, c->disk_tier, c->disk_tier_bytes, t->stride,
-                        STAGING, c->tier_fault, &t->disk, err, err_len);
+                        &stamp, STAGING, c->tier_fault, &t->disk, err,
+                        err_len);
+    if (rc == 0 && c->disk_tier_persist) {
+      rc = restore_disk(t, c, err, err_len);
+      if (rc < 0) {
+        tier_disk_close(t->disk); /* (its handles close on the loop) */
+        t->disk = NULL;
+      }
+    }
     if (rc < 0) {
       tier_host_close(&t->host);
       free(t);
@@ -634,6 +717,19 @@ void tiers_close(tiers *t) {
   if (!t)
     return;
   tiers_stop(t);
+  if (t->disk && t->cfg->disk_tier_persist) {
+    /* Every write has completed (the daemon drained): make them durable
+     * for the next start. */
+    int rc = tier_disk_sync(t->disk);
+    core_tier_stats cs[CORE_TIERS];
+
+    core_tier_get_stats(t->core, cs);
+    if (rc < 0)
+      log_error(-rc, "disk tier %s: fdatasync", t->cfg->disk_tier);
+    else
+      log_info(0, "disk tier %s: synced for the next start (%u slots in "
+               "use)", t->cfg->disk_tier, cs[CORE_TIER_DISK].used);
+  }
   tier_disk_close(t->disk);
   t->disk = NULL;
   t->handles = 2;

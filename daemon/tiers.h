@@ -23,6 +23,11 @@
  * (a chunk that finds none waits for the next batch or promotion to give
  * some back); after the last one, core_swap_out_finish or
  * core_swap_in_finish, and the owner's callback sends the reply.
+ *
+ * Restart (disk_tier_persist): tiers_open reads the disk tier's slot
+ * headers (tier_disk_scan) and gives the good ones to the core
+ * (core_tier_restore_*) before the daemon serves; tiers_close, with every
+ * write done, fdatasyncs the file.
  */
 #ifndef KVS_DAEMON_TIERS_H
 #define KVS_DAEMON_TIERS_H

@@ -363,6 +363,39 @@ int core_req_swap_state(const core_req *r);
 uint32_t core_req_swap_blocks(const core_req *r);
 uint32_t core_req_swap_written(const core_req *r);
 
+/*
+ * ---- Restart: a disk tier that outlives the daemon -----------------------
+ *
+ * A daemon whose disk tier file is kept across restarts rebuilds that
+ * tier's books from the slot headers before it serves anything:
+ *   core_tier_restore_begin  tier t exists and no tier holds an entry yet (a
+ *                     core just created).
+ *   core_tier_restore  slot s of tier t holds the good bytes of hash h,
+ *                     written at gen (larger: written later); tokens are
+ *                     its block_size token ids (NULL: unknown, refused when
+ *                     verify_tokens is on).  A hash restored already keeps
+ *                     the copy with the larger gen (ties: the first); the
+ *                     other slot stays free.
+ *   core_tier_restore_end  the tier's LRU is ordered by gen (the oldest
+ *                     written goes first); every slot not restored is free.
+ * No other call on c between begin and end.  Restored entries are found by
+ * lookups and promoted as any other copy below.
+ */
+int core_tier_restore_begin(core *c, int t);
+/* 0 restored, 1 a duplicate (one copy kept), KVS_EINVAL (slot out of
+ * range or given twice, tokens NULL with verify_tokens, the zero hash),
+ * KVS_ESTATE (no restore begun). */
+int core_tier_restore(core *c, uint32_t slot, uint64_t gen, kvs_hash128 h,
+                      const uint32_t *tokens);
+/* Returns the entries the tier holds. */
+uint32_t core_tier_restore_end(core *c);
+
+/* What a slot header records of a move's entry (core_move.entry, while the
+ * move runs): its token ids (NULL without verify_tokens) in *tokens; 1 when
+ * a restart may restore it (a cache entry), 0 for a swapped request's own
+ * copy. */
+int core_tier_entry(const core *c, uint32_t entry, const uint32_t **tokens);
+
 /* Per-tier counters (zeros for a tier that does not exist). */
 void core_tier_get_stats(const core *c, core_tier_stats st[CORE_TIERS]);
 

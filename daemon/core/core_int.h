@@ -224,6 +224,11 @@ struct core {
   uint32_t nbusy;             /* blocks on the free queue being copied
                                  down (allocation skips them) */
   core_observer obs;          /* index events (zeroes: none) */
+  /* a restore (core_tier_restore_*) in progress: tier + 1 (0: none), the
+   * gen of each entry, which slots are taken */
+  int restoring;
+  uint64_t *rgen;
+  uint8_t *rtaken;
 };
 
 static inline int tier_any(const core *c) {

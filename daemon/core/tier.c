@@ -497,6 +497,121 @@ void tier_on_evict(core *c, uint32_t b) {
   c->tiers[t].st.demotions++;
 }
 
+/* ---- restart ------------------------------------------------------------- */
+
+int core_tier_entry(const core *c, uint32_t entry, const uint32_t **tokens) {
+  const tent *x = &c->tents[entry];
+
+  assert(entry < c->ntents && x->used);
+  *tokens = tier_tokens(c, entry);
+  return !x->priv;
+}
+
+int core_tier_restore_begin(core *c, int t) {
+  tier *q;
+
+  if (t < 0 || t >= CORE_TIERS || c->restoring || !c->tiers[t].nslots)
+    return KVS_EINVAL;
+  q = &c->tiers[t];
+  for (int u = 0; u < CORE_TIERS; u++)
+    if (c->tiers[u].st.used)
+      return KVS_ESTATE;
+  c->rgen = calloc(c->ntents, sizeof(*c->rgen));
+  c->rtaken = calloc(q->nslots, 1);
+  if (!c->rgen || !c->rtaken) {
+    free(c->rgen);
+    free(c->rtaken);
+    c->rgen = NULL;
+    c->rtaken = NULL;
+    return KVS_ENOMEM;
+  }
+  c->restoring = t + 1;
+  return 0;
+}
+
+int core_tier_restore(core *c, uint32_t slot, uint64_t gen, kvs_hash128 h,
+                      const uint32_t *tokens) {
+  const int t = c->restoring - 1;
+  uint32_t e;
+
+  if (!c->restoring)
+    return KVS_ESTATE;
+  if (slot >= c->tiers[t].nslots || c->rtaken[slot] ||
+      (c->cfg.verify_tokens && !tokens) || (h.lo == 0 && h.hi == 0))
+    return KVS_EINVAL;
+  e = tier_find(c, h);
+  if (e != NONE) { /* the newer copy stays */
+    tent *x = &c->tents[e];
+
+    if (c->rgen[e] >= gen)
+      return 1;
+    c->rtaken[x->slot[t]] = 0;
+    x->slot[t] = slot;
+    c->rtaken[slot] = 1;
+    c->rgen[e] = gen;
+    if (c->ttok && tokens)
+      memcpy(c->ttok + (size_t)e * c->cfg.block_size, tokens,
+             (size_t)c->cfg.block_size * sizeof(uint32_t));
+    return 1;
+  }
+  e = tier_ent_new(c, h, tokens, 0); /* (entries >= this tier's slots) */
+  tier_slot_give(c, t, e, slot, 1);
+  c->rtaken[slot] = 1;
+  c->rgen[e] = gen;
+  return 0;
+}
+
+typedef struct rkey {
+  uint64_t gen;
+  uint32_t slot, e;
+} rkey;
+
+static int rkey_cmp(const void *a, const void *b) {
+  const rkey *x = a, *y = b;
+
+  if (x->gen != y->gen)
+    return x->gen < y->gen ? -1 : 1;
+  return x->slot < y->slot ? -1 : x->slot > y->slot;
+}
+
+uint32_t core_tier_restore_end(core *c) {
+  const int t = c->restoring - 1;
+  tier *q;
+  rkey *k;
+  uint32_t n = 0;
+
+  assert(c->restoring);
+  q = &c->tiers[t];
+  /* The LRU, oldest written first: sorted (slots are unique: no ties). */
+  k = malloc((size_t)(q->st.used ? q->st.used : 1) * sizeof(*k));
+  if (k) {
+    for (uint32_t e = q->head; e != NONE; e = c->tents[e].next[t]) {
+      k[n].gen = c->rgen[e];
+      k[n].slot = c->tents[e].slot[t];
+      k[n].e = e;
+      n++;
+    }
+    assert(n == q->st.used);
+    qsort(k, n, sizeof(*k), rkey_cmp);
+    q->head = q->tail = NONE;
+    for (uint32_t i = 0; i < n; i++)
+      lru_push_tail(c, t, k[i].e);
+    free(k);
+  } /* (out of memory: the LRU stays in the order given) */
+  /* The free slots, the lowest on top (as tier_init hands them out). */
+  q->nfree = 0;
+  for (uint32_t s = q->nslots; s-- > 0;)
+    if (!c->rtaken[s])
+      q->free_slots[q->nfree++] = s;
+  assert(q->nfree + q->st.used == q->nslots);
+  free(c->rgen);
+  free(c->rtaken);
+  c->rgen = NULL;
+  c->rtaken = NULL;
+  c->restoring = 0;
+  return q->st.used;
+}
+
 /* ---- stats, set-up, check -------------------------------------------------- */
 
 void core_tier_get_stats(const core *c, core_tier_stats st[CORE_TIERS]) {
@@ -554,6 +669,8 @@ void tier_destroy(core *c) {
     free(c->tiers[t].free_slots);
   free(c->tents);
   free(c->ttok);
+  free(c->rgen);
+  free(c->rtaken);
   if (c->ntents)
     hidx_destroy(&c->tindex);
 }
@@ -567,6 +684,8 @@ int tier_check(const core *c, char *msg, size_t msg_len) {
     nbusy += c->blocks[b].busy && c->blocks[b].on_queue;
   if (nbusy != c->nbusy)
     CHECK_FAIL("%u busy blocks queued, counter says %u", nbusy, c->nbusy);
+  if (c->restoring)
+    CHECK_FAIL("a restore of tier %d is in progress", c->restoring - 1);
   if (!c->ntents)
     return 0;
   for (int t = 0; t < CORE_TIERS; t++) {

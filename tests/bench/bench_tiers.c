@@ -9,7 +9,11 @@
  *    pairs, the median of the pairs' ratios reported.  Target >= 0.9x.
  * 2. Host-tier copies (the copy engine's COPY_TO_HOST / COPY_FROM_HOST on
  *    the host pool) against memcpy of the same blocks.  Target >= 0.8x.
+ * 3. The start-up scan of a kept disk tier (disk_tier_persist): every slot
+ *    of a file of SCAN_SLOTS slots written, the file closed and reopened,
+ *    every header read and checked (tier_disk_scan).  A time, no target.
  *
+ * `bench_tiers scan` runs 3 alone.
  * KVS_BENCH_DIR: where the test file goes (default: the build directory;
  * not /tmp, which may be tmpfs, where O_DIRECT is refused).  Skips (77)
  * without fio.  Prints ratios; the times are for orientation only.
@@ -128,10 +132,11 @@ static void bench_disk(const char *dir) {
     uv_loop_t loop;
     tier_disk *d;
     uint64_t slot = 4096 + sizes[i];
+    tier_disk_stamp stamp = {16, 1, 1, 1, 0, {0, 0}};
 
     uv_loop_init(&loop);
-    if (tier_disk_open(&loop, path, (uint64_t)FILE_MB << 20, sizes[i], QD,
-                       NULL, &d, err, sizeof err) < 0) {
+    if (tier_disk_open(&loop, path, (uint64_t)FILE_MB << 20, sizes[i],
+                       &stamp, QD, NULL, &d, err, sizeof err) < 0) {
       fprintf(stderr, "bench_tiers: %s\n", err);
       exit(1);
     }
@@ -166,6 +171,61 @@ static void bench_disk(const char *dir) {
              (unsigned long long)(sizes[i] >> 10), w ? "write" : "read",
              tier / 1e6, ff[w] / 1e6, ratio[w][REPS / 2], ratio[w][0],
              ratio[w][REPS - 1], (unsigned long long)(bytes >> 20));
+    }
+    tier_disk_close(d);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    uv_loop_close(&loop);
+  }
+  unlink(path);
+}
+
+#define SCAN_SLOTS 10000
+
+static void on_scanned(void *arg, uint32_t slot, uint64_t gen, kvs_hash128 h,
+                       const uint32_t *tokens) {
+  (void)slot;
+  (void)gen;
+  (void)h;
+  (void)tokens;
+  ++*(uint32_t *)arg;
+}
+
+static void bench_scan(const char *dir) {
+  char path[512], err[256];
+  tier_disk_stamp stamp = {16, 2, 1, 64, 0, {1, 2}};
+  const uint64_t block = 4096, bytes = SCAN_SLOTS * (4096 + block);
+
+  snprintf(path, sizeof path, "%s/bench-scan-%d", dir, (int)getpid());
+  for (int round = 0; round < 2; round++) {
+    uv_loop_t loop;
+    tier_disk *d;
+    tier_disk_scan_stats st;
+    uint32_t good = 0;
+
+    uv_loop_init(&loop);
+    if (tier_disk_open(&loop, path, bytes, block, &stamp, 512, NULL, &d, err,
+                       sizeof err) < 0) {
+      fprintf(stderr, "bench_tiers: %s\n", err);
+      exit(1);
+    }
+    if (round == 0) {
+      pass(&loop, d, 1); /* every slot written (not restorable: counted) */
+    } else {
+      double t0 = now();
+      if (tier_disk_scan(d, on_scanned, &good, &st) < 0) {
+        fprintf(stderr, "bench_tiers: the scan failed\n");
+        exit(1);
+      }
+      double dt = now() - t0;
+      printf("disk tier start-up scan: %u slot headers read and checked in "
+             "%.1f ms (%s, queue depth 512; %u private copies)\n", st.slots,
+             dt * 1e3, tier_disk_direct(d) ? "O_DIRECT" : "buffered",
+             st.private_copies);
+      if (st.private_copies != SCAN_SLOTS || good != 0) {
+        fprintf(stderr, "bench_tiers: the scan saw %u of %u headers\n",
+                st.private_copies, SCAN_SLOTS);
+        exit(1);
+      }
     }
     tier_disk_close(d);
     uv_run(&loop, UV_RUN_DEFAULT);
@@ -254,11 +314,16 @@ static void bench_host(void) {
   free(blocks);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
   const char *dir = getenv("KVS_BENCH_DIR");
   const char *build = getenv("KVS_BUILD");
 
+  if (argc > 1 && strcmp(argv[1], "scan") == 0) { /* the scan alone */
+    bench_scan(dir ? dir : build ? build : ".");
+    return 0;
+  }
   bench_host();
+  bench_scan(dir ? dir : build ? build : ".");
   if (system("fio --version >/dev/null 2>&1") != 0) {
     printf("disk tier: skipped (no fio; apt-get install fio)\n");
     return 0;

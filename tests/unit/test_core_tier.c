@@ -17,7 +17,13 @@
  *    lookup returns (resident or promoted) holds its hash.  Invariants
  *    (core_check, tiers included) run throughout; at the end nothing is held.
  *
- * KVS_MODEL_OPS scales both (default 300,000 operations each).
+ * 3. test_restore: a restarted daemon's disk tier (core_tier_restore_*)
+ *    against a reference: random chains restored at random slots and
+ *    gens, with duplicates; every lookup finds what the reference says,
+ *    each promotion reads the newer duplicate's slot; a full restored tier
+ *    drops its entries oldest gen first; misuse is refused.
+ *
+ * KVS_MODEL_OPS scales 1 and 2 (default 300,000 operations each).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -710,8 +716,215 @@ static void test_no_promote(void **state) {
   core_destroy(c);
 }
 
+/* ==== 3. restart ========================================================== */
+
+#define RNB 64  /* pool */
+#define RP 40   /* prompts */
+#define RL 3    /* full blocks each */
+#define RDISK 160
+
+typedef struct ritem {
+  uint32_t p, i, slot;
+  uint64_t gen;
+} ritem;
+
+static uint32_t r_tok[RP][RL * BS + 1];
+static kvs_hash128 r_hash[RP][RL];
+/* the reference: the copy a restore keeps of each block (slot NONE: none) */
+static uint32_t r_slot[RP][RL];
+static uint64_t r_gen[RP][RL];
+
+static void r_prompts(uint32_t salt) {
+  kvs_layout l = {BS, 1, 1, 1, KVS_DTYPE_FP32, RNB, 0};
+  kvs_hash128 zero = {0, 0};
+
+  for (uint32_t p = 0; p < RP; p++) {
+    kvs_hash128 parent = core_root_hash(&l, "tier-model");
+    for (uint32_t k = 0; k < RL * BS + 1; k++)
+      r_tok[p][k] = salt * 1000000 + p * 1000 + k;
+    for (uint32_t i = 0; i < RL; i++) {
+      r_hash[p][i] = core_block_hash(parent, zero, &r_tok[p][i * BS], BS);
+      parent = r_hash[p][i];
+      r_slot[p][i] = NONE;
+    }
+  }
+}
+
+/* Blocks of prompt p found below by a lookup without promotion. */
+static uint32_t r_found(core *c, uint32_t p) {
+  core_req *r;
+  core_lookup_out out;
+  core_promo promos[RL];
+
+  assert_int_equal(core_req_create(c, NULL, 0, &r), 0);
+  assert_int_equal(core_lookup_promote(c, r, r_tok[p], RL * BS + 1, 0,
+                                       promos, RL, &out), 0);
+  assert_int_equal(out.hit_tokens, 0);
+  core_req_free(c, r);
+  return out.tier_blocks[CORE_TIER_DISK];
+}
+
+/* Restores items[0..n) in their order; checks each return against the
+ * reference; returns the entries kept. */
+static uint32_t r_restore(core *c, const ritem *items, uint32_t n) {
+  uint32_t kept = 0;
+
+  assert_int_equal(core_tier_restore_begin(c, CORE_TIER_DISK), 0);
+  for (uint32_t k = 0; k < n; k++) {
+    const ritem *x = &items[k];
+    int dup = r_slot[x->p][x->i] != NONE;
+    int rc = core_tier_restore(c, x->slot, x->gen, r_hash[x->p][x->i],
+                               &r_tok[x->p][x->i * BS]);
+
+    assert_int_equal(rc, dup);
+    if (!dup || x->gen > r_gen[x->p][x->i]) {
+      r_slot[x->p][x->i] = x->slot;
+      r_gen[x->p][x->i] = x->gen;
+    }
+    kept += !dup;
+    /* misuse: a slot given twice, out of range; no token ids */
+    if (k == n / 2) {
+      assert_int_equal(core_tier_restore(c, x->slot, 1, r_hash[0][0],
+                                         r_tok[0]), KVS_EINVAL);
+      assert_int_equal(core_tier_restore(c, RDISK + 5, 1, r_hash[0][0],
+                                         r_tok[0]), KVS_EINVAL);
+      assert_int_equal(core_tier_restore(c, items[n - 1].slot, 1,
+                                         r_hash[0][0], NULL), KVS_EINVAL);
+      char msg[128];
+      assert_int_not_equal(core_check(c, msg, sizeof(msg)), 0);
+    }
+  }
+  assert_int_equal(core_tier_restore_end(c), kept);
+  check(c);
+  return kept;
+}
+
+static void test_restore(void **state) {
+  (void)state;
+  core *c = make_core(RNB, 0, 0, RDISK, 0);
+  ritem items[RDISK];
+  uint32_t slots[RDISK], n = 0;
+  uint64_t gens[RDISK];
+
+  rng = 0x5eed;
+  r_prompts(1);
+  /* Random slots and gens (distinct); most blocks restored, some twice. */
+  for (uint32_t s = 0; s < RDISK; s++) {
+    slots[s] = s;
+    gens[s] = 100 + s;
+  }
+  for (uint32_t s = RDISK; s-- > 1;) {
+    uint32_t j = rnd(s + 1), t = slots[s];
+    uint64_t g = gens[s];
+    slots[s] = slots[j];
+    slots[j] = t;
+    j = rnd(s + 1);
+    gens[s] = gens[j];
+    gens[j] = g;
+  }
+  for (uint32_t p = 0; p < RP; p++)
+    for (uint32_t i = 0; i < RL; i++)
+      for (uint32_t copies = rnd(6) == 0 ? 0 : 1 + (rnd(5) == 0); copies;
+           copies--) {
+        items[n].p = p;
+        items[n].i = i;
+        items[n].slot = slots[n];
+        items[n].gen = gens[n];
+        n++;
+      }
+  assert_true(n <= RDISK);
+  uint32_t kept = r_restore(c, items, n);
+  print_message("restore: %u items, %u kept, %u duplicates\n", n, kept,
+                n - kept);
+  assert_true(kept > RP && n - kept > 5);
+
+  core_tier_stats st[CORE_TIERS];
+  core_tier_get_stats(c, st);
+  assert_int_equal(st[CORE_TIER_DISK].used, kept);
+  /* A second restore: the tier holds entries now. */
+  assert_int_equal(core_tier_restore_begin(c, CORE_TIER_DISK), KVS_ESTATE);
+  assert_int_equal(core_tier_restore_begin(c, CORE_TIER_HOST), KVS_EINVAL);
+  assert_int_equal(core_tier_restore(c, 0, 1, r_hash[0][0], r_tok[0]),
+                   KVS_ESTATE);
+
+  /* Lookups find the restored prefix of each chain; promotions read the
+   * kept (newer) copy's slot and index the blocks. */
+  for (uint32_t p = 0; p < RP; p++) {
+    uint32_t want = 0;
+    while (want < RL && r_slot[p][want] != NONE)
+      want++;
+    assert_int_equal(r_found(c, p), want);
+    if (p % 2)
+      continue;
+    core_req *r;
+    core_lookup_out out;
+    core_promo promos[RL];
+    int ok[RL] = {1, 1, 1};
+    assert_int_equal(core_req_create(c, NULL, 0, &r), 0);
+    assert_int_equal(core_lookup_promote(c, r, r_tok[p], RL * BS + 1, 1,
+                                         promos, RL, &out), 0);
+    assert_int_equal(out.npromos, want);
+    for (uint32_t k = 0; k < out.npromos; k++) {
+      assert_int_equal(promos[k].tier, CORE_TIER_DISK);
+      assert_int_equal(promos[k].slot, r_slot[p][k]);
+      assert_true(heq(promos[k].hash, r_hash[p][k]));
+    }
+    assert_int_equal(core_promote_finish(c, r, promos, out.npromos, ok),
+                     want * BS);
+    core_req_free(c, r);
+    check(c);
+  }
+  core_tier_get_stats(c, st);
+  assert_int_equal(st[CORE_TIER_DISK].failures, 0);
+  core_destroy(c);
+
+  /* A full tier, one block per prompt: new demotions drop the restored
+   * entries oldest gen first. */
+  c = make_core(8, 0, 0, RP, 0);
+  r_prompts(2);
+  for (uint32_t k = 0; k < RP; k++) {
+    items[k].p = k;
+    items[k].i = 0;
+    items[k].slot = (k * 7 + 3) % RP;    /* a permutation of the slots */
+    items[k].gen = 1 + (k * 13 + 5) % RP; /* and of the gens */
+  }
+  assert_int_equal(r_restore(c, items, RP), RP);
+  core_tier_get_stats(c, st);
+  assert_int_equal(st[CORE_TIER_DISK].used, RP);
+
+  /* New blocks fill the pool, are freed (cached), and go down. */
+  uint32_t tok[4 * BS];
+  core_req *r;
+  core_cow cow;
+  uint32_t drops = 0;
+  for (uint32_t round = 0; round < 6; round++) {
+    for (uint32_t k = 0; k < 4 * BS; k++)
+      tok[k] = 900000 + round * 100 + k;
+    assert_int_equal(core_req_create(c, NULL, 0, &r), 0);
+    assert_int_equal(core_allocate(c, r, 4 * BS, &cow), 0);
+    assert_int_equal(core_commit(c, r, 0, tok, 4 * BS, NULL), 0);
+    core_req_free(c, r);
+    core_move mv[16];
+    uint32_t nm;
+    while ((nm = core_tier_plan(c, mv, 16)) > 0)
+      for (uint32_t k = 0; k < nm; k++)
+        core_tier_done(c, &mv[k], 1);
+    check(c);
+    core_tier_get_stats(c, st);
+    drops = (uint32_t)st[CORE_TIER_DISK].drops;
+    /* the `drops` oldest gens are gone, the others are all there */
+    for (uint32_t p = 0; p < RP; p++)
+      assert_int_equal(r_found(c, p), items[p].gen > drops ? 1 : 0);
+  }
+  print_message("full tier: %u restored entries dropped, oldest first\n",
+                drops);
+  assert_true(drops >= 4);
+  core_destroy(c);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_restore),
       cmocka_unit_test(test_no_promote),
       cmocka_unit_test(test_sync_vs_model),
       cmocka_unit_test(test_async_bytes),
