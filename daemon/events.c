@@ -10,6 +10,7 @@
  */
 #include <errno.h>
 #include <msgpack.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -26,10 +27,18 @@
 
 enum { RUN_NONE = 0, RUN_STORED, RUN_REMOVED };
 
+/* A published batch: shared by the replay ring and every message ZMQ
+ * still queues with it (zero-copy), freed by the last of them (ZMQ's I/O
+ * thread, possibly: the count is atomic). */
+typedef struct ev_blob {
+  atomic_int refs;
+  size_t len;
+  uint8_t data[];
+} ev_blob;
+
 typedef struct ev_kept {
   uint64_t seq;
-  uint8_t *data;
-  size_t len;
+  ev_blob *blob;
 } ev_kept;
 
 struct events {
@@ -44,7 +53,7 @@ struct events {
   uint32_t bs;
   /* the batch being built: its events, packed */
   msgpack_sbuffer body;
-  msgpack_packer pk;
+  msgpack_packer pk;       /* writes into body (body_write) */
   uint32_t nevents;
   int lost;                /* out of memory: this batch is incomplete */
   /* the run being gathered into one event */
@@ -65,6 +74,41 @@ struct events {
 };
 
 /* ---- building a batch -------------------------------------------------- */
+
+/* The packer's writer: a failure to grow marks the batch lost. */
+static int body_write(void *data, const char *buf, size_t len) {
+  events *e = data;
+
+  if (msgpack_sbuffer_write(&e->body, buf, len) < 0) {
+    e->lost = 1;
+    return -1;
+  }
+  return 0;
+}
+
+static void blob_unref(void *data, void *hint) {
+  ev_blob *b = hint;
+
+  (void)data;
+  if (atomic_fetch_sub(&b->refs, 1) == 1)
+    free(b);
+}
+
+/* Queues blob as one frame of a message on socket s (zero-copy). */
+static int send_blob(void *s, ev_blob *b, int flags) {
+  zmq_msg_t m;
+
+  atomic_fetch_add(&b->refs, 1);
+  if (zmq_msg_init_data(&m, b->data, b->len, blob_unref, b) < 0) {
+    blob_unref(NULL, b);
+    return -1;
+  }
+  if (zmq_msg_send(&m, s, flags) < 0) {
+    zmq_msg_close(&m); /* (drops the reference) */
+    return -1;
+  }
+  return 0;
+}
 
 static void pack_str(msgpack_packer *pk, const char *s) {
   size_t n = strlen(s);
@@ -108,29 +152,29 @@ static void run_end(events *e) {
       msgpack_pack_uint64(pk, e->hashes[i]);
     pack_str(pk, e->medium);
     e->st.removed += e->nh;
-  } else {
-    return;
   }
-  e->nevents++;
+  if (e->run != RUN_NONE)
+    e->nevents++;
   e->run = RUN_NONE;
   e->nh = 0;
 }
 
-static void keep(events *e, uint64_t seq, uint8_t *data, size_t len) {
+/* The ring takes the caller's reference to b. */
+static void keep(events *e, uint64_t seq, ev_blob *b) {
   ev_kept *k;
 
-  while (e->count && (e->count == e->cap || e->kept_bytes + len > EV_KEEP_BYTES)) {
+  while (e->count &&
+         (e->count == e->cap || e->kept_bytes + b->len > EV_KEEP_BYTES)) {
     k = &e->kept[e->head];
-    e->kept_bytes -= k->len;
-    free(k->data);
+    e->kept_bytes -= k->blob->len;
+    blob_unref(NULL, k->blob);
     e->head = (e->head + 1) % e->cap;
     e->count--;
   }
   k = &e->kept[(e->head + e->count) % e->cap];
   k->seq = seq;
-  k->data = data;
-  k->len = len;
-  e->kept_bytes += len;
+  k->blob = b;
+  e->kept_bytes += b->len;
   e->count++;
 }
 
@@ -144,9 +188,9 @@ static void flush(events *e) {
   msgpack_sbuffer hdr;
   msgpack_packer hp;
   struct timespec ts;
-  uint8_t seq8[8], *data;
+  uint8_t seq8[8];
+  ev_blob *b = NULL;
   uint64_t seq;
-  size_t len;
 
   run_end(e);
   if (e->nevents == 0 && !e->lost)
@@ -159,23 +203,27 @@ static void flush(events *e) {
   msgpack_pack_array(&hp, 2);
   msgpack_pack_double(&hp, (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9);
   msgpack_pack_array(&hp, e->nevents);
-  len = hdr.size + e->body.size;
-  data = e->lost || !hdr.data ? NULL : malloc(len);
-  if (data == NULL) {
+  if (!e->lost && hdr.data)
+    b = malloc(sizeof(*b) + hdr.size + e->body.size);
+  if (b == NULL) {
     e->st.dropped++;
     log_warn(KVS_ENOMEM, "kv events: batch %llu (%u events) lost",
              (unsigned long long)seq, e->nevents);
   } else {
-    memcpy(data, hdr.data, hdr.size);
-    memcpy(data + hdr.size, e->body.data, e->body.size);
+    atomic_init(&b->refs, 1);
+    b->len = hdr.size + e->body.size;
+    memcpy(b->data, hdr.data, hdr.size);
+    memcpy(b->data + hdr.size, e->body.data, e->body.size);
     seq_bytes(seq8, seq);
+    /* PUB never blocks: a subscriber over its queue's limit loses the
+     * message (its sequence numbers jump), which the daemon does not see. */
     if (zmq_send(e->pub, e->topic, e->topic_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
         zmq_send(e->pub, seq8, 8, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
-        zmq_send(e->pub, data, len, ZMQ_DONTWAIT) < 0)
+        send_blob(e->pub, b, ZMQ_DONTWAIT) < 0)
       e->st.dropped++;
     else
       e->st.batches++;
-    keep(e, seq, data, len);
+    keep(e, seq, b);
   }
   msgpack_sbuffer_destroy(&hdr);
   msgpack_sbuffer_clear(&e->body);
@@ -190,10 +238,9 @@ static void on_prepare(uv_prepare_t *h) {
   uv_prepare_stop(h);
 }
 
-/* Room for one more hash (and its tokens) in the run. */
+/* The run's arrays, allocated at the first event (run_end keeps nh below
+ * EV_RUN_MAX). */
 static int run_room(events *e) {
-  if (e->nh == EV_RUN_MAX)
-    run_end(e);
   if (e->hashes == NULL) {
     e->hashes = malloc(EV_RUN_MAX * sizeof(*e->hashes));
     e->tokens = malloc((size_t)EV_RUN_MAX * e->bs * sizeof(*e->tokens));
@@ -241,7 +288,7 @@ static void on_stored(void *arg, kvs_hash128 h, const kvs_hash128 *parent,
 static void on_removed(void *arg, kvs_hash128 h) {
   events *e = arg;
 
-  if (e->run != RUN_REMOVED) {
+  if (e->run != RUN_REMOVED || e->nh == EV_RUN_MAX) {
     run_end(e);
     e->run = RUN_REMOVED;
   }
@@ -264,9 +311,10 @@ static int send_frame(void *s, const void *p, size_t n, int more) {
   return zmq_send(s, p, n, ZMQ_DONTWAIT | (more ? ZMQ_SNDMORE : 0)) < 0 ? -1 : 0;
 }
 
-/* One answer to the peer id: [id, ("",) seq8, payload]. */
+/* One answer to the peer id: [id, ("",) seq8, payload] (b's bytes, or
+ * none). */
 static int send_reply(events *e, const uint8_t *id, size_t idlen, int delim,
-                      const uint8_t seq8[8], const void *data, size_t len) {
+                      const uint8_t seq8[8], ev_blob *b) {
   int rc = send_frame(e->router, id, idlen, 1);
 
   if (rc == 0 && delim)
@@ -274,7 +322,8 @@ static int send_reply(events *e, const uint8_t *id, size_t idlen, int delim,
   if (rc == 0)
     rc = send_frame(e->router, seq8, 8, 1);
   if (rc == 0)
-    rc = send_frame(e->router, data, len, 0);
+    rc = b ? send_blob(e->router, b, ZMQ_DONTWAIT)
+           : send_frame(e->router, "", 0, 0);
   return rc;
 }
 
@@ -310,10 +359,10 @@ static void serve_replay(events *e, uint8_t frames[3][EV_ID_MAX],
     if (k->seq < start)
       continue;
     seq_bytes(seq8, k->seq);
-    rc = send_reply(e, frames[0], lens[0], delim, seq8, k->data, k->len);
+    rc = send_reply(e, frames[0], lens[0], delim, seq8, k->blob);
   }
   if (rc == 0)
-    rc = send_reply(e, frames[0], lens[0], delim, end8, "", 0);
+    rc = send_reply(e, frames[0], lens[0], delim, end8, NULL);
   if (rc < 0)
     log_debug(zmq_errno(), "kv events: a replay was cut short");
 }
@@ -321,13 +370,12 @@ static void serve_replay(events *e, uint8_t frames[3][EV_ID_MAX],
 static void on_router(uv_poll_t *h, int status, int revents) {
   events *e = h->data;
   uint8_t frames[3][EV_ID_MAX];
-  size_t lens[3] = {0, 0, 0};
 
   (void)status;
   (void)revents;
   for (;;) {
     int zev = 0, n = 0, more = 1, bad = 0;
-    size_t sz = sizeof(zev);
+    size_t sz = sizeof(zev), lens[3] = {0, 0, 0};
 
     if (zmq_getsockopt(e->router, ZMQ_EVENTS, &zev, &sz) < 0 ||
         !(zev & ZMQ_POLLIN))
@@ -338,7 +386,7 @@ static void on_router(uv_poll_t *h, int status, int revents) {
       zmq_msg_init(&m);
       if (zmq_msg_recv(&m, e->router, ZMQ_DONTWAIT) < 0) {
         zmq_msg_close(&m);
-        return;
+        break;  /* (a message comes whole or not at all) */
       }
       more = zmq_msg_more(&m);
       if (n < 3 && zmq_msg_size(&m) <= EV_ID_MAX) {
@@ -350,7 +398,10 @@ static void on_router(uv_poll_t *h, int status, int revents) {
       n++;
       zmq_msg_close(&m);
     }
-    serve_replay(e, frames, lens, n, bad);
+    if (n > 0)
+      serve_replay(e, frames, lens, n, bad);
+    else if (zmq_errno() != EINTR)
+      break;
   }
 }
 
@@ -362,7 +413,7 @@ static void on_closed(uv_handle_t *h) {
   if (--e->open_handles > 0)
     return;
   for (uint32_t i = 0; i < e->count; i++)
-    free(e->kept[(e->head + i) % e->cap].data);
+    blob_unref(NULL, e->kept[(e->head + i) % e->cap].blob);
   free(e->kept);
   free(e->hashes);
   free(e->tokens);
@@ -417,13 +468,24 @@ int events_open(uv_loop_t *loop, const cfg *c, core *cr, const char *medium,
   snprintf(e->topic, sizeof(e->topic), "%s", c->kv_events_topic);
   e->topic_len = strlen(e->topic);
   msgpack_sbuffer_init(&e->body);
-  msgpack_packer_init(&e->pk, &e->body, msgpack_sbuffer_write);
+  msgpack_packer_init(&e->pk, e, body_write);
+  {
+    /* Sequence numbers go on growing across restarts (the first is the
+     * start time in microseconds): a subscriber of the daemon before sees
+     * a jump, asks for a replay and gets this one's AllBlocksCleared. */
+    struct timespec now;
+
+    clock_gettime(CLOCK_REALTIME, &now);
+    e->next_seq = (uint64_t)now.tv_sec * 1000000u + (uint64_t)now.tv_nsec / 1000;
+  }
   e->zctx = zmq_ctx_new();
   if (e->zctx == NULL) {
     snprintf(err, len, "zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
     goto fail;
   }
-  e->pub = bind_socket(e, ZMQ_PUB, c->kv_events_endpoint, 100000, err, len);
+  /* A subscriber's queue holds at most what the replay ring keeps. */
+  e->pub = bind_socket(e, ZMQ_PUB, c->kv_events_endpoint,
+                       (int)c->kv_events_buffer, err, len);
   if (e->pub == NULL)
     goto fail;
   if (c->kv_events_replay_endpoint[0]) {

@@ -38,6 +38,9 @@ static const char *const op_names[METRICS_OPS] = {
     "preempt", "stats",  "batch",    "ping",   "swap_out", "swap_in",
     "packed_batch"};
 
+_Static_assert(METRICS_OPS == KVSHARE__REQUEST__OP_PACKED_BATCH + 1,
+               "op_names must name every Request op");
+
 typedef struct hist {
   uint64_t lat[METRICS_OPS][LAT_N + 1];
   uint64_t lat_sum_ns[METRICS_OPS];
@@ -398,12 +401,16 @@ static void render(FILE *f, const msnap *sn) {
     fprintf(f, "kvshare_kv_event_blocks_total{event=\"removed\"} %llu\n",
             (unsigned long long)sn->ev.removed);
     one(f, "kvshare_kv_event_dropped_total", "counter",
-        "KV event batches lost (refused by the socket, or no memory).",
+        "KV event batches lost to memory (drops per subscriber are not seen).",
         sn->ev.dropped);
     one(f, "kvshare_kv_event_replays_total", "counter",
         "Replay requests answered.", sn->ev.replays);
+    one(f, "kvshare_kv_event_bad_requests_total", "counter",
+        "Malformed replay requests.", sn->ev.bad_requests);
     one(f, "kvshare_kv_event_kept_batches", "gauge",
         "KV event batches kept for replay.", sn->ev.kept);
+    one(f, "kvshare_kv_event_kept_bytes", "gauge",
+        "Bytes of the KV event batches kept for replay.", sn->ev.kept_bytes);
   }
   render_hist(f, sn);
 }
@@ -540,6 +547,15 @@ bad:
   return -1;
 }
 
+static struct MHD_Daemon *start_httpd(metrics *m, unsigned flags,
+                                      const struct sockaddr_storage *ss) {
+  return MHD_start_daemon(flags, 0, NULL, NULL, on_http, m,
+                          MHD_OPTION_SOCK_ADDR, (const struct sockaddr *)ss,
+                          MHD_OPTION_CONNECTION_LIMIT, (unsigned)16,
+                          MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
+                          MHD_OPTION_END);
+}
+
 static void on_async_closed(uv_handle_t *h) {
   metrics *m = h->data;
 
@@ -589,10 +605,19 @@ int metrics_start(srv *s, char *err, size_t len) {
     if (IN6_IS_ADDR_UNSPECIFIED(&((struct sockaddr_in6 *)&ss)->sin6_addr))
       flags |= MHD_USE_DUAL_STACK;
   }
-  m->httpd = MHD_start_daemon(
-      flags, 0, NULL, NULL, on_http, m, MHD_OPTION_SOCK_ADDR,
-      (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT, (unsigned)16,
-      MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10, MHD_OPTION_END);
+  m->httpd = start_httpd(m, flags, &ss);
+  if (m->httpd == NULL && (flags & MHD_USE_DUAL_STACK) == MHD_USE_DUAL_STACK) {
+    /* *:PORT on a host without IPv6: every IPv4 address instead. */
+    struct sockaddr_in *a4 = (struct sockaddr_in *)&ss;
+    uint16_t port = ((struct sockaddr_in6 *)&ss)->sin6_port;
+
+    memset(&ss, 0, sizeof(ss));
+    a4->sin_family = AF_INET;
+    a4->sin_addr.s_addr = htonl(INADDR_ANY);
+    a4->sin_port = port;
+    flags &= ~(unsigned)MHD_USE_DUAL_STACK;
+    m->httpd = start_httpd(m, flags, &ss);
+  }
   if (m->httpd == NULL) {
     snprintf(err, len, "cannot serve metrics on %s (address in use, or not "
              "this machine's?)", s->cfg->metrics_listen);

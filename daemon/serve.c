@@ -453,6 +453,8 @@ static int make_core(srv *s) {
   cc.reserve_blocks = s->cfg->reserve_blocks;
   cc.root = core_root_hash(&s->layout, s->cfg->model_id);
   cc.verify_tokens = s->cfg->verify_tokens;
+  /* The KV events carry token ids, also for blocks brought up from a tier. */
+  cc.keep_tokens = s->cfg->kv_events_endpoint[0] != '\0';
   cc.policy = s->cfg->policy;
   cc.tier_window = s->cfg->tier_window;
   rc = tiers_slots(s->cfg, &s->layout, s->pool, cc.tier_slots, err,

@@ -606,7 +606,7 @@ static void handle_request(sess *c, uint64_t seq, const Kvshare__Request *req) {
     return;
   }
   reply_after_copies(c, w);
-  if (!c->copying)
+  if (!c->copying && !c->closed) /* (closed: the copies could not start) */
     request_answered(c);
 }
 

@@ -112,10 +112,10 @@ int core_create(const core_config *cfg, core **out) {
   c->policy = pol;
   c->blocks = calloc(cfg->num_blocks, sizeof(*c->blocks));
   c->bhash = calloc(cfg->num_blocks, sizeof(*c->bhash));
-  if (cfg->verify_tokens)
+  if (cfg->verify_tokens || cfg->keep_tokens)
     c->btok = malloc((size_t)cfg->num_blocks * cfg->block_size * sizeof(uint32_t));
   if (c->blocks == NULL || c->bhash == NULL ||
-      (cfg->verify_tokens && c->btok == NULL) ||
+      ((cfg->verify_tokens || cfg->keep_tokens) && c->btok == NULL) ||
       hidx_init(&c->index, cfg->num_blocks) != 0 ||
       (pol->init != NULL && pol->init(c) != 0))
     goto fail;

@@ -62,6 +62,8 @@ typedef struct core_config {
                               requests); 0 = none */
   kvs_hash128 root;        /* parent of block 0: core_root_hash() */
   int verify_tokens;       /* on a hit, compare stored token ids (1) */
+  int keep_tokens;         /* keep sealed blocks' token ids even without
+                              verify_tokens (for the observer's events) */
   const char *policy;      /* eviction policy name; NULL = "lru" */
   int allow_offline;       /* 1: an offline policy ("opt", which needs
                               core_policy_hint) may be chosen: the replayer */
@@ -460,8 +462,8 @@ void core_get_stats(const core *c, core_stats *st);
  * the core.
  *   stored   h, the hash of the block before it in its chain (parent; NULL
  *            for a chain's first block) and its block_size token ids (NULL
- *            when unknown: a block brought up from a tier without
- *            verify_tokens).
+ *            when unknown: a block brought up from a tier with neither
+ *            verify_tokens nor keep_tokens).
  *   removed  h left the index.
  */
 typedef struct core_observer {

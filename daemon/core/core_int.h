@@ -207,7 +207,7 @@ struct core {
   blk *blocks;
   kvs_hash128 *bhash; /* num_blocks hashes of sealed blocks */
   uint32_t *btok; /* num_blocks * block_size token ids of sealed blocks
-                     (NULL without verify_tokens) */
+                     (NULL without verify_tokens and keep_tokens) */
   uint32_t fq_head, fq_tail, fq_len;
   uint32_t ncached;
   int bs_shift; /* log2(block_size), or -1 when not a power of two */
@@ -340,7 +340,8 @@ static inline int h_eq(kvs_hash128 a, kvs_hash128 b) {
   return a.lo == b.lo && a.hi == b.hi;
 }
 
-/* Block b's stored token ids: NULL without verify_tokens (none kept). */
+/* Block b's stored token ids: NULL without verify_tokens or keep_tokens
+ * (none kept). */
 static inline uint32_t *btok(const core *c, uint32_t b) {
   return c->btok != NULL ? c->btok + (size_t)b * c->cfg.block_size : NULL;
 }

@@ -15,7 +15,14 @@ A router's view of the daemon, checked against the daemon itself:
   * malformed replay requests get the end marker, and the daemon goes on;
   * at SIGTERM, subscribers get AllBlocksCleared.
 
-usage: observe_check.py BUILD SOCKET PUB_EP REPLAY_EP METRICS_URL DAEMON_PID
+Two more modes, each against a daemon of its own:
+  * long: block_size 1 and 5000-token prompts: one commit stores, and one
+    allocation evicts, more blocks than one event holds (runs are cut);
+  * tier: verify_tokens off and a host tier: blocks brought up from the
+    tier are reported with their token ids like sealed ones.
+
+usage: observe_check.py MODE BUILD SOCKET PUB_EP REPLAY_EP METRICS_URL
+                        DAEMON_PID BLOCK_SIZE   (MODE: standard, long, tier)
 """
 import json
 import os
@@ -30,9 +37,8 @@ import msgpack
 import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
-build, sock, pub_ep, replay_ep, metrics_url, daemon_pid = sys.argv[1:7]
-daemon_pid = int(daemon_pid)
-BS = 16
+mode, build, sock, pub_ep, replay_ep, metrics_url, daemon_pid, BS = sys.argv[1:9]
+daemon_pid, BS = int(daemon_pid), int(BS)
 END = (2**64 - 1).to_bytes(8, "big")
 ctx = zmq.Context()
 
@@ -87,12 +93,18 @@ class Index:
 
     def __init__(self):
         self.blocks = {}  # hash -> (parent, tokens)
-        self.seq = -1
+        self.seq = -1     # the last batch applied
+        self.first = None
         self.cleared = 0
         self.stored = self.removed = 0
+        self.longest = 0  # most blocks in one event
 
     def apply(self, seq, payload):
-        check(seq == self.seq + 1, f"batch {seq} after {self.seq}")
+        if self.first is None:  # the daemon's first batch: its start time
+            self.first = seq    # in microseconds, so never 0
+            check(abs(seq / 1e6 - time.time()) < 600, f"first seq {seq}")
+        else:
+            check(seq == self.seq + 1, f"batch {seq} after {self.seq}")
         self.seq = seq
         batch = msgpack.unpackb(payload, raw=False)
         check(isinstance(batch, list) and len(batch) == 2, f"batch {batch!r}")
@@ -106,6 +118,7 @@ class Index:
                 _, hashes, parent, tokens, bs, lora, medium = ev
                 check(bs == BS and lora is None and medium == "CPU", f"{ev!r}")
                 check(len(tokens) == len(hashes) * BS, "tokens per block")
+                self.longest = max(self.longest, len(hashes))
                 for i, h in enumerate(hashes):
                     check(isinstance(h, int) and 0 <= h < 2**64, f"hash {h!r}")
                     check(h not in self.blocks, f"stored twice: {h:x}")
@@ -114,6 +127,7 @@ class Index:
                     self.stored += 1
             elif kind == "BlockRemoved":
                 check(len(ev) == 3 and ev[2] == "CPU", f"{ev!r}")
+                self.longest = max(self.longest, len(ev[1]))
                 for h in ev[1]:
                     check(h in self.blocks, f"removed but never stored: {h:x}")
                     del self.blocks[h]
@@ -160,11 +174,12 @@ def replay(start, frames_out=None, delim=True):
     return got
 
 
-def catch_up(sub, idx, until):
-    """Reads the live stream until idx has batch `until`, replaying gaps."""
+def catch_up(sub, idx, count):
+    """Reads the live stream until idx holds the daemon's first `count`
+    batches, replaying gaps."""
     deadline = time.time() + 30
-    while idx.seq < until:
-        check(time.time() < deadline, f"events stop at {idx.seq}, want {until}")
+    while idx.first is None or idx.seq - idx.first + 1 < count:
+        check(time.time() < deadline, f"events stop at {idx.seq}, want {count} batches")
         if not sub.poll(200):
             continue
         topic, seq8, payload = sub.recv_multipart()
@@ -173,11 +188,90 @@ def catch_up(sub, idx, until):
         if seq <= idx.seq:
             continue  # had it from a replay
         if seq > idx.seq + 1:  # missed some (joined late): replay them
-            for rseq, rp in replay(idx.seq + 1):
+            for rseq, rp in replay(max(idx.seq + 1, 0)):
                 if idx.seq < rseq < seq:
                     idx.apply(rseq, rp)
         idx.apply(seq, payload)
 
+
+def subscribe():
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.connect(pub_ep)
+    time.sleep(0.3)
+    return sub
+
+
+def batches_published():
+    return int(value(scrape(), "kvshare_kv_event_batches", suffix="_total"))
+
+
+def check_index(live, fams):
+    """The event-built index against the daemon's counters."""
+    indexed = int(value(fams, "kvshare_indexed_blocks"))
+    evictions = int(value(fams, "kvshare_evictions", suffix="_total"))
+    check(len(live.blocks) == indexed,
+          f"events rebuild {len(live.blocks)} hashes, the daemon indexes {indexed}")
+    check(live.removed == evictions, f"{live.removed} removed, {evictions} evictions")
+    check(live.stored == value(fams, "kvshare_kv_event_blocks", {"event": "stored"}, "_total"),
+          "stored blocks: events vs metrics")
+    return evictions
+
+
+def stop_daemon(sub, live):
+    """SIGTERM: subscribers learn that the cache is gone."""
+    n = batches_published()
+    catch_up(sub, live, n)
+    os.kill(daemon_pid, signal.SIGTERM)
+    catch_up(sub, live, n + 1)
+    check(live.cleared == 2 and not live.blocks, "no AllBlocksCleared at shutdown")
+
+
+if mode == "long":
+    # One commit of a 5000-token prompt stores 4999 one-token blocks; the
+    # next prompt's allocation evicts most of them at once.
+    sub = subscribe()
+    live = Index()
+    a = list(range(1, 5001))
+    b = list(range(100001, 105001))
+    drive(["fill " + " ".join(map(str, a)), "fill " + " ".join(map(str, b))])
+    fams = scrape()
+    catch_up(sub, live, int(value(fams, "kvshare_kv_event_batches", suffix="_total")))
+    evictions = check_index(live, fams)
+    check(evictions > 4096 and live.longest == 4096,
+          f"{evictions} evictions, longest event {live.longest}: runs not cut")
+    probes = [a, b, a[:3000], b[:4500] + [7]]
+    want = [live.hit_tokens(p) for p in probes]
+    got = [int(l.split()[1]) for l in drive(["probe " + " ".join(map(str, p)) for p in probes])]
+    check(got == want and want[1] == 4999, f"lookups {got} vs events {want}")
+    print(f"long: {live.stored} stored, {live.removed} removed, longest event {live.longest}")
+    stop_daemon(sub, live)
+    print("observe_check long: all checks passed")
+    sys.exit(0)
+
+if mode == "tier":
+    # Without verify_tokens, blocks brought up from the host tier still
+    # carry their token ids (Index.apply checks every BlockStored).
+    rng = random.Random(5)
+    sub = subscribe()
+    live = Index()
+    prompts = [[rng.randrange(1, 50000) for _ in range(BS * 4 + 1)] for _ in range(40)]
+    for p in prompts:  # one at a time: background demotion keeps up
+        drive(["fill " + " ".join(map(str, p))])
+        time.sleep(0.02)
+    drive(["probe " + " ".join(map(str, p)) for p in prompts])
+    fams = scrape()
+    catch_up(sub, live, int(value(fams, "kvshare_kv_event_batches", suffix="_total")))
+    check_index(live, fams)
+    promoted = value(fams, "kvshare_tier_promotions", {"tier": "host"}, "_total")
+    check(promoted > 0, "nothing promoted: the test proves less")
+    print(f"tier: {int(promoted)} blocks promoted, {live.stored} stored with tokens")
+    stop_daemon(sub, live)
+    print("observe_check tier: all checks passed")
+    sys.exit(0)
+
+check(mode == "standard", f"unknown mode {mode}")
 
 # ---- a workload with shared prefixes and evictions ---------------------------
 rng = random.Random(11)
@@ -188,28 +282,15 @@ for i in range(60):
     s = systems[rng.randrange(len(systems))]
     prompts.append(s + [rng.randrange(1, 50000) for _ in range(rng.randrange(5, 70))])
 
-sub = ctx.socket(zmq.SUB)
-sub.setsockopt(zmq.SUBSCRIBE, b"")
-sub.setsockopt(zmq.LINGER, 0)
-sub.connect(pub_ep)
-time.sleep(0.3)
-
+sub = subscribe()
 live = Index()
 out = drive(["fill " + " ".join(map(str, p)) for p in prompts] + ["pings 300"])
 check(len(out) == len(prompts) + 1, f"kvs_drive said {out}")
 fams = scrape()
-batches = int(value(fams, "kvshare_kv_event_batches", suffix="_total"))
-catch_up(sub, live, batches - 1)
+catch_up(sub, live, int(value(fams, "kvshare_kv_event_batches", suffix="_total")))
 check(live.cleared == 1, f"AllBlocksCleared {live.cleared} times (want the start's)")
-
-indexed = int(value(fams, "kvshare_indexed_blocks"))
-evictions = int(value(fams, "kvshare_evictions", suffix="_total"))
+evictions = check_index(live, fams)
 check(evictions > 0, "the workload evicted nothing: the test proves less")
-check(len(live.blocks) == indexed,
-      f"events rebuild {len(live.blocks)} hashes, the daemon indexes {indexed}")
-check(live.removed == evictions, f"{live.removed} removed, {evictions} evictions")
-check(live.stored == value(fams, "kvshare_kv_event_blocks", {"event": "stored"}, "_total"),
-      "stored blocks: events vs metrics")
 
 # Every prompt's hit, from the rebuilt index, against the daemon's Lookup
 # (with prompts never seen, and prefixes of seen ones).
@@ -220,14 +301,15 @@ got = [int(l.split()[1]) for l in drive(["probe " + " ".join(map(str, p)) for p 
 check(got == want, f"lookups vs the event-built index:\n got {got}\nwant {want}")
 check(any(w > 0 for w in want) and any(w == 0 for w in want),
       f"hits all alike ({want}): the comparison proves less")
-print(f"events: {live.seq + 1} batches, {live.stored} stored, {live.removed} removed, "
+print(f"events: {live.seq - live.first + 1} batches, {live.stored} stored, {live.removed} removed, "
       f"{len(live.blocks)} indexed; {sum(1 for w in want if w)} of {len(want)} probes hit")
 
 # A late subscriber: replay from 0 gives the same index.
 late = Index()
 for seq, payload in replay(0):
     late.apply(seq, payload)
-check(late.seq == live.seq and late.blocks == live.blocks, "replay from 0 differs")
+check(late.first == live.first and late.seq == live.seq and late.blocks == live.blocks,
+      "replay from 0 differs")
 check(replay(live.seq + 1) == [], "replay past the end is not empty")
 tail = replay(live.seq)
 check([s for s, _ in tail] == [live.seq], f"replay of the last batch: {tail!r}")
@@ -235,7 +317,7 @@ check([s for s, _ in tail] == [live.seq], f"replay of the last batch: {tail!r}")
 # Malformed replay requests: the end marker alone; the daemon goes on.
 for bad in ([b"", b"short"], [b"", b"x" * 9], [b"", b"", b"12345678"]):
     check(replay(0, frames_out=bad) == [], f"malformed {bad!r} got batches")
-check(len(replay(0, delim=False)) == live.seq + 1, "replay without the delimiter")
+check(len(replay(0, delim=False)) == live.seq - live.first + 1, "replay without the delimiter")
 
 # ---- /metrics against stats and against what this script sent ------------
 fams = scrape()
@@ -287,11 +369,5 @@ for _ in range(20):
     check(total == st["num_blocks"], f"a scrape mid-workload: states sum to {total}")
 check(churn.wait(60) == 0, "the churn driver failed")
 
-# ---- SIGTERM: subscribers learn the cache is gone ---------------------------
-fams = scrape()
-batches = int(value(fams, "kvshare_kv_event_batches", suffix="_total"))
-catch_up(sub, live, batches - 1)
-os.kill(daemon_pid, signal.SIGTERM)
-catch_up(sub, live, batches)
-check(live.cleared == 2 and not live.blocks, "no AllBlocksCleared at shutdown")
+stop_daemon(sub, live)
 print("observe_check: all checks passed")

@@ -1,22 +1,28 @@
 #!/bin/bash
 # test_observe — /metrics and the KV event stream of a real kvshared, seen
 # by the tools that consume them: prometheus_client's text parser, a pyzmq +
-# msgpack subscriber that rebuilds the prefix index (observe_check.py); and
-# the refusals of bad metrics_listen / kv_events_endpoint values.
+# msgpack subscriber that rebuilds the prefix index (observe_check.py, three
+# daemons: the standard checks, events longer than one run, blocks brought
+# up from a tier without verify_tokens); and the refusals of bad
+# metrics_listen / kv_events_endpoint values.
 set -u
 build=${KVS_BUILD:-build}
 daemon=$build/kvshared
 py=/usr/bin/python3
 here=$(dirname "$0")
-fail() { echo "FAIL: $*" >&2; [ -f "$dir/log" ] && sed 's/^/  log| /' "$dir/log" >&2; exit 1; }
+dir= pid= holder=
+fail() { echo "FAIL: $*" >&2; [ -n "$dir" ] && [ -f "$dir/log" ] && sed 's/^/  log| /' "$dir/log" >&2; exit 1; }
 
 [ -x "$daemon" ] || { echo "SKIP: $daemon not built"; exit 77; }
 [ -x "$build/tests/integration/kvs_drive" ] || fail "kvs_drive not built"
 $py -c 'import zmq, msgpack, prometheus_client' 2>/dev/null ||
   fail "python3-zmq, python3-msgpack or python3-prometheus-client missing (deploy/install-deps.sh)"
 dir=$(mktemp -d "${TMPDIR:-/tmp}/kvs-obs-XXXXXX")
-pid=
-cleanup() { [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null; rm -rf "$dir"; }
+cleanup() {
+  [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null
+  [ -n "$holder" ] && kill "$holder" 2>/dev/null
+  rm -rf "$dir"
+}
 trap cleanup EXIT
 sock=$dir/kvshared.sock
 . "$here/../lib/daemon.sh"
@@ -47,6 +53,7 @@ refuse "metrics on a busy port" "cannot serve metrics" --metrics-listen "127.0.0
 refuse "events on a busy port" "cannot bind tcp://127.0.0.1:$busy" \
   --kv-events-endpoint "tcp://127.0.0.1:$busy"
 kill "$holder"; wait "$holder" 2>/dev/null
+holder=
 
 # Off by default: no metrics thread, no event sockets.
 kvs_start_daemon "$daemon" "$dir" "$sock" "$dir/log" --pool-blocks 8 || fail "plain start"
@@ -54,24 +61,36 @@ grep -Eq "metrics:|kv events:" "$dir/log" && fail "metrics or events on by defau
 kill -TERM "$pid"; wait "$pid" || fail "plain daemon exit $?"
 pid=
 
-kvs_start_daemon "$daemon" "$dir" "$sock" "$dir/log" --num-layers 1 --head-dim 8 \
-  --pool-blocks 64 --metrics-listen 127.0.0.1:0 \
-  --kv-events-endpoint "ipc://$dir/events" \
-  --kv-events-replay-endpoint "ipc://$dir/replay" || fail "kvshared did not become ready"
-url=$(grep -o 'metrics: http://[^ ]*' "$dir/log" | head -1 | cut -d' ' -f2)
-[[ $url == http://127.0.0.1:[1-9]*/metrics ]] || fail "no metrics URL in the log ($url)"
+# observe MODE BLOCK_SIZE OPTION...: observe_check.py MODE against a daemon
+# started with the options.
+observe() {
+  local mode=$1 bs=$2; shift 2
+  kvs_start_daemon "$daemon" "$dir" "$sock" "$dir/log" --num-layers 1 --head-dim 8 \
+    --block-size "$bs" --metrics-listen 127.0.0.1:0 \
+    --kv-events-endpoint "ipc://$dir/events" \
+    --kv-events-replay-endpoint "ipc://$dir/replay" "$@" ||
+    fail "kvshared did not become ready ($mode)"
+  url=$(grep -o 'metrics: http://[^ ]*' "$dir/log" | head -1 | cut -d' ' -f2)
+  [[ $url == http://127.0.0.1:[1-9]*/metrics ]] || fail "no metrics URL in the log ($url)"
+  [ "$mode" = standard ] && bad_http
+  $py "$here/observe_check.py" "$mode" "$build" "$sock" "ipc://$dir/events" \
+    "ipc://$dir/replay" "$url" "$pid" "$bs" || fail "observe_check.py $mode"
+  wait "$pid"; rc=$?
+  pid=
+  [ $rc = 0 ] || fail "kvshared exited $rc after SIGTERM ($mode)"
+  grep -q "stopped cleanly" "$dir/log" || fail "no clean stop ($mode)"
+}
 
-# Bad HTTP: the wrong path, the wrong method.
-code=$(curl -s -o /dev/null -w '%{http_code}' "${url%/metrics}/nope") || fail "curl"
-[ "$code" = 404 ] || fail "GET /nope: $code"
-code=$(curl -s -o /dev/null -w '%{http_code}' -X POST -d x "$url") || fail "curl"
-[ "$code" = 405 ] || fail "POST /metrics: $code"
-curl -sf "$url" | grep -q '^kvshare_pool_size_blocks 64$' || fail "curl /metrics"
+# The HTTP side refuses what it does not serve.
+bad_http() {
+  code=$(curl -s -o /dev/null -w '%{http_code}' "${url%/metrics}/nope") || fail "curl"
+  [ "$code" = 404 ] || fail "GET /nope: $code"
+  code=$(curl -s -o /dev/null -w '%{http_code}' -X POST -d x "$url") || fail "curl"
+  [ "$code" = 405 ] || fail "POST /metrics: $code"
+  curl -sf "$url" | grep -q '^kvshare_pool_size_blocks 64$' || fail "curl /metrics"
+}
 
-$py "$here/observe_check.py" "$build" "$sock" "ipc://$dir/events" \
-  "ipc://$dir/replay" "$url" "$pid" || fail "observe_check.py"
-wait "$pid"; rc=$?
-pid=
-[ $rc = 0 ] || fail "kvshared exited $rc after SIGTERM"
-grep -q "stopped cleanly" "$dir/log" || fail "no clean stop"
+observe standard 16 --pool-blocks 64
+observe long 1 --pool-blocks 5100 --num-kv-heads 1
+observe tier 16 --pool-blocks 64 --verify-tokens no --host-tier-bytes 1M
 echo "PASS"
