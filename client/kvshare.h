@@ -225,6 +225,10 @@ typedef struct kvs_stats {
   uint64_t daemon_copies;   /* copy jobs the daemon ran (kvs_set_daemon_copy) */
   uint64_t daemon_copy_blocks;
   uint64_t copy_errors;     /* of those, failed (their sessions closed) */
+  /* Since 0.5. */
+  uint64_t queued_bytes;    /* replies queued for all sessions, not written */
+  uint32_t indexed_blocks;  /* hashes in the prefix index (cached blocks, and
+                               sealed blocks in use) */
 } kvs_stats;
 
 /* One tier below the pool (kvs_tier_stats_get); since 0.3. */

@@ -71,7 +71,8 @@ static void json_str(const char *s) {
   X(num_requests) X(sessions) X(lookups) X(query_tokens) X(hit_tokens)        \
   X(hit_blocks) X(miss_blocks) X(allocated_blocks) X(evictions)               \
   X(cow_copies) X(sealed_blocks) X(no_space) X(frames_in) X(protocol_errors) \
-  X(pool_bytes) X(daemon_copies) X(daemon_copy_blocks) X(copy_errors)
+  X(pool_bytes) X(daemon_copies) X(daemon_copy_blocks) X(copy_errors)         \
+  X(queued_bytes) X(indexed_blocks)
 
 #define TIER_FIELDS(X)                                                        \
   X(capacity_bytes) X(slots) X(used) X(demotions) X(promotions) X(hit_blocks) \

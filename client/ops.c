@@ -208,24 +208,37 @@ static int stats_call(kvs_client *c, int check,
   return 0;
 }
 
-/* kvs_stats_get has two versions: KVSHARE_0.2 (the default, what a program
- * built with this header calls) fills the whole struct; KVSHARE_0.1, for
- * programs built against 0.1, fills only the fields that struct had. */
+/* kvs_stats_get has three versions: KVSHARE_0.5 (the default, what a
+ * program built with this header calls) fills the whole struct; KVSHARE_0.2
+ * and KVSHARE_0.1, for programs built against those, fill only the fields
+ * their struct had. */
+int kvs__stats_get_v05(kvs_client *c, int check, kvs_stats *st);
 int kvs__stats_get_v02(kvs_client *c, int check, kvs_stats *st);
 int kvs__stats_get_v01(kvs_client *c, int check, kvs_stats *st);
-__asm__(".symver kvs__stats_get_v02, kvs_stats_get@@KVSHARE_0.2");
+__asm__(".symver kvs__stats_get_v05, kvs_stats_get@@KVSHARE_0.5");
+__asm__(".symver kvs__stats_get_v02, kvs_stats_get@KVSHARE_0.2");
 __asm__(".symver kvs__stats_get_v01, kvs_stats_get@KVSHARE_0.1");
 
-int kvs__stats_get_v01(kvs_client *c, int check, kvs_stats *st) {
+/* The old versions: the whole struct, cut to what it had then. */
+static int stats_get_upto(kvs_client *c, int check, kvs_stats *st,
+                          size_t end) {
   kvs_stats all;
   if (!st)
     return KVS_EINVAL;
-  int rc = kvs__stats_get_v02(c, check, &all);
-  memcpy(st, &all, offsetof(kvs_stats, backend));
+  int rc = kvs__stats_get_v05(c, check, &all);
+  memcpy(st, &all, end);
   return rc;
 }
 
+int kvs__stats_get_v01(kvs_client *c, int check, kvs_stats *st) {
+  return stats_get_upto(c, check, st, offsetof(kvs_stats, backend));
+}
+
 int kvs__stats_get_v02(kvs_client *c, int check, kvs_stats *st) {
+  return stats_get_upto(c, check, st, offsetof(kvs_stats, queued_bytes));
+}
+
+int kvs__stats_get_v05(kvs_client *c, int check, kvs_stats *st) {
   if (!st)
     return KVS_EINVAL;
   memset(st, 0, sizeof *st);
@@ -259,6 +272,8 @@ int kvs__stats_get_v02(kvs_client *c, int check, kvs_stats *st) {
   st->daemon_copies = s->daemon_copies;
   st->daemon_copy_blocks = s->daemon_copy_blocks;
   st->copy_errors = s->copy_errors;
+  st->queued_bytes = s->queued_bytes;
+  st->indexed_blocks = s->indexed_blocks;
   return 0;
 }
 

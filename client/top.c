@@ -293,8 +293,9 @@ static void top_text(top_out *o, const top_opts *op, kvs_client *c,
            top_fmt_rate(b[3], sizeof(b[3]), R(evictions, 0), have),
            top_fmt_rate(b[4], sizeof(b[4]), R(sealed_blocks, 0), have));
 #undef R
-  top_line(o, "load      sessions %u  requests %u",
-           st->sessions, st->num_requests);
+  top_line(o, "load      sessions %u  requests %u  queued %llu B  "
+           "indexed %u", st->sessions, st->num_requests,
+           (unsigned long long)st->queued_bytes, st->indexed_blocks);
   top_line(o, "errors    protocol %llu  no_space %llu  copy %llu",
            (unsigned long long)st->protocol_errors,
            (unsigned long long)st->no_space,
@@ -361,9 +362,10 @@ static void top_json(const top_opts *op, kvs_client *c,
   top_json_str(st->backend);
   printf(", \"pool_bytes\": %llu, \"num_blocks\": %u, \"free_blocks\": %u, "
          "\"cached_blocks\": %u, \"used_blocks\": %u, \"sessions\": %u, "
-         "\"num_requests\": %u",
+         "\"num_requests\": %u, \"queued_bytes\": %llu, \"indexed_blocks\": %u",
          (unsigned long long)st->pool_bytes, st->num_blocks, st->free_blocks,
-         st->cached_blocks, st->used_blocks, st->sessions, st->num_requests);
+         st->cached_blocks, st->used_blocks, st->sessions, st->num_requests,
+         (unsigned long long)st->queued_bytes, st->indexed_blocks);
 
   printf(", \"totals\": {");
 #define JSON_TOTAL(f)                                                         \

@@ -745,6 +745,7 @@ static void do_stats(sess *c, const Kvshare__Stats *q, Kvshare__Response *resp,
   res->swap_kept_blocks = st.swap_kept_blocks;
   res->swap_in_blocks = st.swap_in_blocks;
   res->swap_resident_blocks = st.swap_resident_blocks;
+  res->indexed_blocks = st.indexed_blocks;
   {
     tiers_stats ts[CORE_TIERS];
     uint32_t nt = 0;

@@ -213,6 +213,9 @@ def check_index(live, fams):
     evictions = int(value(fams, "kvshare_evictions", suffix="_total"))
     check(len(live.blocks) == indexed,
           f"events rebuild {len(live.blocks)} hashes, the daemon indexes {indexed}")
+    st = cli_stats()  # (nothing runs between the scrape and this)
+    check(st["indexed_blocks"] == indexed and st["evictions"] == evictions,
+          f"stats says {st['indexed_blocks']} indexed, {st['evictions']} evictions")
     check(live.removed == evictions, f"{live.removed} removed, {evictions} evictions")
     check(live.stored == value(fams, "kvshare_kv_event_blocks", {"event": "stored"}, "_total"),
           "stored blocks: events vs metrics")

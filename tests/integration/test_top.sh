@@ -226,7 +226,7 @@ for name, count in (("top.txt", 3), ("top2.txt", 2)):
         assert rate, rows["rate/s"]
         want = "-" if i == 0 else "0.0"
         assert all(v == want for v in rate.groups()), rows["rate/s"]
-        assert re.match(r"load +sessions 1  requests 0$", rows["load"]), rows["load"]
+        assert re.match(r"load +sessions 1  requests 0  queued 0 B  indexed \d+$", rows["load"]), rows["load"]
         assert re.match(r"errors +protocol \d+  no_space \d+  copy \d+$", rows["errors"])
         assert re.match(r"tier host used \d+/\d+ \(\S+%\)  demotions/s \S+  promotions/s \S+  "
                         r"drops/s \S+  failures 0  io_errors 0$", rows["tier"]), rows["tier"]

@@ -87,7 +87,9 @@ class kvs_stats(Structure):
                 # since 0.2
                 ("backend", c_char * 16), ("gpu_uuid", c_char * 64),
                 ("pool_bytes", c_uint64), ("daemon_copies", c_uint64),
-                ("daemon_copy_blocks", c_uint64), ("copy_errors", c_uint64)]
+                ("daemon_copy_blocks", c_uint64), ("copy_errors", c_uint64),
+                # since 0.5
+                ("queued_bytes", c_uint64), ("indexed_blocks", c_uint32)]
 
 
 class kvs_tier_stats(Structure):

@@ -148,6 +148,8 @@ class Stats:
     daemon_copies: int
     daemon_copy_blocks: int
     copy_errors: int
+    queued_bytes: int = 0    # since libkvshare 0.5 (0 with an older one)
+    indexed_blocks: int = 0  # since libkvshare 0.5
     tiers: Tuple[TierStats, ...] = ()
     tier_lost: int = 0
     swap: Optional[SwapStats] = None  # None: this library has no swap
