@@ -110,10 +110,11 @@ int core_create(const core_config *cfg, core **out) {
   c->cfg = *cfg;
   c->cfg.policy = pol->name;
   c->policy = pol;
-  c->blocks = calloc(cfg->num_blocks, sizeof(*c->blocks));
-  c->bhash = calloc(cfg->num_blocks, sizeof(*c->bhash));
+  c->blocks = core_big_alloc((size_t)cfg->num_blocks * sizeof(*c->blocks), 1);
+  c->bhash = core_big_alloc((size_t)cfg->num_blocks * sizeof(*c->bhash), 1);
   if (cfg->verify_tokens || cfg->keep_tokens)
-    c->btok = malloc((size_t)cfg->num_blocks * cfg->block_size * sizeof(uint32_t));
+    c->btok = core_big_alloc((size_t)cfg->num_blocks * cfg->block_size *
+                             sizeof(uint32_t), 0);
   if (c->blocks == NULL || c->bhash == NULL ||
       ((cfg->verify_tokens || cfg->keep_tokens) && c->btok == NULL) ||
       hidx_init(&c->index, cfg->num_blocks) != 0 ||
@@ -690,7 +691,7 @@ void core_set_observer(core *c, const core_observer *obs) {
 int core_check(const core *c, char *msg, size_t msg_len) {
   const uint32_t nb = c->cfg.num_blocks, bs = c->cfg.block_size;
   int rc = 0;
-  uint32_t *holders = calloc(nb, sizeof(uint32_t));
+  uint32_t *holders = core_big_alloc((size_t)nb * sizeof(uint32_t), 1);
   if (holders == NULL)
     return KVS_ENOMEM;
   if (msg != NULL && msg_len > 0)
@@ -777,7 +778,7 @@ int core_check(const core *c, char *msg, size_t msg_len) {
     if (e->b == KVS_BLOCK_NONE)
       continue;
     if (e->b >= nb || !c->blocks[e->b].indexed ||
-        !h_eq(c->bhash[e->b], e->h))
+        !hidx_is(e, c->bhash[e->b]))
       CHECK_FAIL("index slot %llu: points at block %u which does not hold its hash",
            (unsigned long long)i, e->b);
   }

@@ -67,7 +67,7 @@ static int mq_init(core *c) {
   for (int i = 0; i < 16; i++)
     m->first[i] = NONE;
   ghosts_init(&m->gh, (uint64_t)MQ_GHOSTS * c->cfg.num_blocks);
-  m->stamp = calloc(c->cfg.num_blocks, sizeof(*m->stamp));
+  m->stamp = core_big_alloc((size_t)c->cfg.num_blocks * sizeof(*m->stamp), 1);
   if (m->stamp == NULL)
     return KVS_ENOMEM;
   return 0;

@@ -37,8 +37,8 @@ static int opt_init(core *c) {
   if (o == NULL)
     return KVS_ENOMEM;
   c->pol = o;
-  o->hint = malloc((size_t)c->cfg.num_blocks * sizeof(*o->hint));
-  o->qkey = malloc((size_t)c->cfg.num_blocks * sizeof(*o->qkey));
+  o->hint = core_big_alloc((size_t)c->cfg.num_blocks * sizeof(*o->hint), 0);
+  o->qkey = core_big_alloc((size_t)c->cfg.num_blocks * sizeof(*o->qkey), 0);
   if (o->hint == NULL || o->qkey == NULL)
     return KVS_ENOMEM;
   memset(o->hint, 0xff, (size_t)c->cfg.num_blocks * sizeof(*o->hint));
