@@ -88,8 +88,8 @@ typedef struct top_term {
 static volatile sig_atomic_t top_stop_sig, top_winch, top_tstp;
 
 static void top_on_signal(int sig) {
-  if (sig == SIGWINCH)
-    top_winch = 1;
+  if (sig == SIGWINCH || sig == SIGCONT)
+    top_winch = 1; /* redraw (after a resize, or a stop from outside) */
   else if (sig == SIGTSTP)
     top_tstp = 1;
   else if (!top_stop_sig)
@@ -587,7 +587,8 @@ int kvs__cli_top(int argc, char **argv, void (*usage)(FILE *)) {
   top_sample s[2];
   struct sigaction sa;
   sigset_t block, orig;
-  static const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGWINCH, SIGTSTP};
+  static const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGWINCH,
+                             SIGTSTP, SIGCONT};
   kvs_connect_opts copts = {"kvshare-top", TOP_CALL_TIMEOUT_MS, 1};
   kvs_client *c = NULL;
   double next;
@@ -610,8 +611,10 @@ int kvs__cli_top(int argc, char **argv, void (*usage)(FILE *)) {
     return 3;
   }
 
-  /* The signals are blocked except inside ppoll: none is lost between a
-   * check of the flags and the wait. */
+  /* The handlers only set flags, without SA_RESTART: a write stalled on
+   * the output returns EINTR and top stops.  Between a check of the flags
+   * and the wait the signals are blocked (ppoll unblocks them), so none is
+   * lost there.  A signal the caller ignores (nohup) stays ignored. */
   sigemptyset(&block);
   memset(&sa, 0, sizeof(sa));
   sa.sa_handler = top_on_signal;
@@ -620,12 +623,17 @@ int kvs__cli_top(int argc, char **argv, void (*usage)(FILE *)) {
     sigaddset(&block, sigs[i]);
   sigprocmask(SIG_BLOCK, &block, &orig);
   for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++) {
-    /* ^Z and resizes matter only on the terminal. */
-    if ((sigs[i] == SIGWINCH || sigs[i] == SIGTSTP) &&
+    struct sigaction old;
+
+    /* ^Z, resizes and continues matter only on the terminal. */
+    if ((sigs[i] == SIGWINCH || sigs[i] == SIGTSTP || sigs[i] == SIGCONT) &&
         (op.json || op.batch || !isatty(STDOUT_FILENO)))
+      continue;
+    if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler == SIG_IGN)
       continue;
     sigaction(sigs[i], &sa, NULL);
   }
+  sigprocmask(SIG_SETMASK, &orig, NULL);
 
   if (!op.json && !op.batch && isatty(STDOUT_FILENO)) {
     t = &term;
@@ -640,6 +648,8 @@ int kvs__cli_top(int argc, char **argv, void (*usage)(FILE *)) {
     top_sample *cur = &s[frame & 1], *prev = frame > 1 ? &s[~frame & 1] : NULL;
     int err = top_sample_get(c, cur);
 
+    if (err && top_stop_sig)
+      break; /* stopped while it waited: not the daemon's fault */
     if (err) {
       const char *msg = kvs_last_message(c);
 
@@ -670,9 +680,7 @@ int kvs__cli_top(int argc, char **argv, void (*usage)(FILE *)) {
         top_tstp = 0;
         top_term_leave(t);
         signal(SIGTSTP, SIG_DFL);
-        sigprocmask(SIG_UNBLOCK, &block, NULL);
         raise(SIGTSTP); /* stopped here until SIGCONT */
-        sigprocmask(SIG_BLOCK, &block, NULL);
         sigaction(SIGTSTP, &sa, NULL);
         top_term_enter(t);
         top_winch = 1;
@@ -692,8 +700,18 @@ int kvs__cli_top(int argc, char **argv, void (*usage)(FILE *)) {
         pfd[nfd++] = (struct pollfd){STDIN_FILENO, POLLIN, 0};
       ts.tv_sec = (time_t)left;
       ts.tv_nsec = (long)((left - (double)ts.tv_sec) * 1e9);
-      if (ppoll(pfd, (nfds_t)nfd, &ts, &orig) <= 0)
+      sigprocmask(SIG_BLOCK, &block, NULL);
+      if (top_stop_sig || top_tstp || top_winch) {
+        sigprocmask(SIG_SETMASK, &orig, NULL);
+        continue; /* arrived since the checks above */
+      }
+      rc = ppoll(pfd, (nfds_t)nfd, &ts, &orig);
+      sigprocmask(SIG_SETMASK, &orig, NULL);
+      if (rc <= 0) {
+        rc = 0;
         continue; /* a signal, or the time has come */
+      }
+      rc = 0;
       /* The daemon sends nothing unasked: readable means it hung up.  The
        * next sample finds out and says so. */
       if (pfd[0].revents)
@@ -714,8 +732,10 @@ int kvs__cli_top(int argc, char **argv, void (*usage)(FILE *)) {
 
 write_error:
   top_term_leave(&term);
-  fprintf(stderr, "kvshare: top: cannot write the output\n");
-  rc = 1;
+  if (!top_stop_sig) { /* (a signal interrupts a stalled write) */
+    fprintf(stderr, "kvshare: top: cannot write the output\n");
+    rc = 1;
+  }
 out:
   top_term_leave(&term);
   kvs_close(c);

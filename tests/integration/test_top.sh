@@ -270,6 +270,30 @@ assert f[1]["own_frames"] == 2 and f[1]["rates"]["frames_in"] == 0, f  # Stats, 
 assert f[1]["num_blocks"] == 64 and f[1]["sessions"] == 1, f
 EOF
 
+# A hang-up its caller ignores (nohup) does not stop it; SIGTERM does, and
+# so it does while its output is stalled (a reader that never reads).
+( trap '' HUP; exec "$cli" --socket "$sock" top -b --interval 0.1 >/dev/null ) &
+tpid=$!
+sleep 0.5
+kill -HUP "$tpid"
+sleep 0.3
+kill -0 "$tpid" 2>/dev/null || fail "top died of an ignored SIGHUP"
+kill -TERM "$tpid"; wait "$tpid"; rc=$?
+tpid=
+[ $rc = 143 ] || fail "top after SIGTERM: exit $rc, wanted 143"
+mkfifo "$dir/stall"
+exec 7<>"$dir/stall"   # a reader that never reads
+"$cli" --socket "$sock" top -b --interval 0.01 >"$dir/stall" &
+tpid=$!
+sleep 1.5              # the pipe (64 KiB) fills; top blocks in write
+kill -TERM "$tpid"
+for _ in $(seq 50); do kill -0 "$tpid" 2>/dev/null || break; sleep 0.1; done
+kill -0 "$tpid" 2>/dev/null && { kill -9 "$tpid"; fail "top stalled on its output ignores SIGTERM"; }
+wait "$tpid"; rc=$?
+tpid=
+exec 7<&-
+[ $rc = 143 ] || fail "top stalled, then SIGTERM: exit $rc, wanted 143"
+
 "$py" - "$cli" "$sock" "$pid" <<'EOF' || fail "interactive top"
 import fcntl, os, pty, re, select, signal, struct, sys, termios, time
 cli, sock, dpid = sys.argv[1], sys.argv[2], int(sys.argv[3])

@@ -184,21 +184,30 @@ class Batch:
         """Send every op added since the last submit in one frame and read
         each op's status and result.  Returns the ops.  Raises KvsError
         when the round trip itself failed (nothing is known about the ops
-        then; the connection may be broken)."""
-        b = self._bp()
+        then; the connection may be broken).  With nothing added since the
+        last submit it returns that submit's ops without a round trip."""
+        if self._b is None:
+            raise error_for(_lib.ESTATE, "the batch is closed")
+        if self._submitted:
+            return tuple(self._ops)
+        b = self._b
         c = self._client
         rc = self._L.kvs_batch_submit(c._p(), b)
         c._check(rc, "batch submit")
         L = self._L
-        for op in self._ops:
-            i = op.index
-            st = L.kvs_batch_status(b, i)
-            op.status = st
-            op.message = _lib.text(L.kvs_batch_message(b, i)) if st else ""
-            if st == 0:
-                op._result = self._read(b, op)
-            op._done = True
-        self._submitted = True
+        try:
+            for op in self._ops:
+                i = op.index
+                st = L.kvs_batch_status(b, i)
+                op.status = st
+                op.message = _lib.text(L.kvs_batch_message(b, i)) if st else ""
+                if st == 0:
+                    op._result = self._read(b, op)
+                op._done = True
+        finally:
+            # (the C batch is submitted whatever happens here: the next op
+            # added starts the next batch on both sides)
+            self._submitted = True
         return tuple(self._ops)
 
     def _read(self, b, op):

@@ -275,6 +275,11 @@ class _Conn:
         self.pid = os.getpid()
         self.exports = weakref.WeakSet()
         self._finalizer = weakref.finalize(self, _close_native, ptr)
+        # Not at interpreter exit: views may still be read by later exit
+        # handlers, and kvs_close would unmap the pool under them (the
+        # kernel closes the socket, and the daemon frees the session, when
+        # the process ends).
+        self._finalizer.atexit = False
 
     def close(self):
         self._finalizer()
@@ -304,6 +309,8 @@ class Client:
 
     def __init__(self, socket=None, *, name=None, timeout_ms=0,
                  no_map=False):
+        if not 0 <= int(timeout_ms) <= 2**31 - 1:
+            raise ValueError(f"timeout_ms {timeout_ms} out of 0 .. 2**31-1")
         L = _lib.lib()
         opts = _lib.kvs_connect_opts(
             os.fsencode(name) if name is not None else None,
@@ -344,11 +351,12 @@ class Client:
         if conn is None:
             return
         alive = len(conn.exports)
-        if alive and conn.pid == os.getpid():
-            warnings.warn(
-                f"kvshare.Client.close(): {alive} view(s) of the pool are "
-                "still alive; the connection closes when the last is "
-                "released", ResourceWarning, stacklevel=2)
+        if alive:  # (in a forked child too: its views share the mapping)
+            if conn.pid == os.getpid():
+                warnings.warn(
+                    f"kvshare.Client.close(): {alive} view(s) of the pool "
+                    "are still alive; the connection closes when the last "
+                    "is released", ResourceWarning, stacklevel=2)
             return  # the last view's release runs kvs_close
         conn.close()
 

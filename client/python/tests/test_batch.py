@@ -87,3 +87,24 @@ def test_batch_submit_on_a_closed_client(daemon):
     with pytest.raises(kvshare.ConnectionClosedError):
         b.submit()
     b.close()
+
+
+def test_an_explicit_submit_inside_with_sends_one_frame(client, daemon):
+    def frames():
+        return daemon.cli("stats", "--json")["frames_in"]
+
+    f0 = frames()
+    f1 = frames()  # f1 - f0: what one look costs (the CLI's own frames)
+    with client.batch() as b:
+        h = b.lookup(9, list(range(100, 140)))
+        ops = b.submit()
+    f2 = frames()
+    # The with's exit did not send a second (empty) batch, nor drop the ops.
+    assert len(b.ops) == 1 and ops[0] is h and h.ok
+    assert (f2 - f1) - (f1 - f0) == 1, (f0, f1, f2)
+    client.free(9)
+
+
+def test_timeout_out_of_range_is_refused(daemon):
+    with pytest.raises(ValueError):
+        kvshare.Client(daemon.socket, timeout_ms=2**31)

@@ -227,3 +227,45 @@ def test_child_process_cannot_use_the_parents_client(client):
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
     client.ping()  # the parent's session is untouched
+
+
+def test_a_forked_child_closing_keeps_its_views_mapped(client):
+    toks = list(range(60, 69))
+    client.lookup(1, toks)
+    a = client.allocate(1, 9)
+    view = client.block_array(a.blocks[0])
+    view[...] = 1.5
+    pid = os.fork()
+    if pid == 0:  # the child's close must not unmap under its view
+        try:
+            client.close()
+            ok = float(view.sum()) == 1.5 * view.size
+            os._exit(0 if ok else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    del view
+    client.free(1)
+
+
+def test_views_read_by_exit_handlers_stay_mapped(daemon):
+    # An exit handler registered before the client reads a view after the
+    # client was closed: the interpreter's exit must not unmap under it.
+    code = f"""
+import atexit, kvshare
+seen = []
+atexit.register(lambda: seen.append(float(v.sum())) or print("sum", seen[0]))
+c = kvshare.Client({daemon.socket!r})
+c.lookup(1, [1, 2, 3])
+a = c.allocate(1, 3)
+v = c.block_array(a.blocks[0])
+v[...] = 2.0
+import warnings
+warnings.simplefilter("ignore")
+c.close()
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, (r.returncode, r.stderr)
+    assert r.stdout.startswith("sum "), r.stdout
