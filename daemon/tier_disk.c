@@ -15,6 +15,7 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include <linux/fs.h>
 #include <xxhash.h>
@@ -345,7 +346,15 @@ int tier_disk_open(uv_loop_t *loop, const char *path, uint64_t bytes,
   d->fd = d->efd = -1;
   d->waiting_tail = &d->waiting;
   d->stamp = *stamp;
-  d->gen = 1;
+  {
+    /* Write counters go on growing across runs (the clock, in ns; a scan
+     * raises it past every header it saw): a run without persistence
+     * still writes restorable headers, newer than any before it. */
+    struct timespec now;
+
+    clock_gettime(CLOCK_REALTIME, &now);
+    d->gen = (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
+  }
   d->data_len = block_bytes;
   d->data_bytes = (block_bytes + ALIGN - 1) / ALIGN * ALIGN;
   d->slot_bytes = HDR_BYTES + d->data_bytes;

@@ -560,7 +560,7 @@ int tiers_slots(const cfg *c, const kvs_layout *l, const backend *pool,
 
 typedef struct restore_ctx {
   core *core;
-  uint32_t restored, duplicates, refused;
+  uint32_t restored, duplicates, no_tokens, refused;
 } restore_ctx;
 
 static void on_scanned(void *arg, uint32_t slot, uint64_t gen, kvs_hash128 h,
@@ -572,14 +572,16 @@ static void on_scanned(void *arg, uint32_t slot, uint64_t gen, kvs_hash128 h,
     x->restored++;
   else if (rc == 1)
     x->duplicates++;
+  else if (tokens == NULL)
+    x->no_tokens++; /* verify_tokens is on */
   else
-    x->refused++; /* no token ids while verify_tokens is on */
+    x->refused++; /* the core's refusal (a zero hash, a slot twice) */
 }
 
 /* A kept disk tier: its slot headers back into the core's books.  Only a
  * ring that fails is an error: the daemon does not start. */
 static int restore_disk(tiers *t, const cfg *c, char *err, size_t err_len) {
-  restore_ctx x = {t->core, 0, 0, 0};
+  restore_ctx x = {t->core, 0, 0, 0, 0};
   tier_disk_scan_stats st;
   struct timespec t0, t1;
   uint32_t kept;
@@ -601,13 +603,14 @@ static int restore_disk(tiers *t, const cfg *c, char *err, size_t err_len) {
   }
   log_info(0, "disk tier %s: %u slots restored, %u skipped (%u torn, %u "
            "other layout, %u other model, %u other version, %u swap copies, "
-           "%u without token ids, %u read errors), %u duplicates freed, %u "
-           "empty; %u headers read in %.1f ms",
+           "%u without token ids, %u refused, %u read errors), %u "
+           "duplicates freed, %u empty; %u headers read in %.1f ms",
            c->disk_tier, kept,
            st.torn + st.other_layout + st.other_model + st.other_version +
-               st.private_copies + x.refused + st.io_errors,
+               st.private_copies + x.no_tokens + x.refused + st.io_errors,
            st.torn, st.other_layout, st.other_model, st.other_version,
-           st.private_copies, x.refused, st.io_errors, x.duplicates,
+           st.private_copies, x.no_tokens, x.refused, st.io_errors,
+           x.duplicates,
            st.empty, st.slots,
            (double)(t1.tv_sec - t0.tv_sec) * 1e3 +
                (double)(t1.tv_nsec - t0.tv_nsec) / 1e6);

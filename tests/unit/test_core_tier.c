@@ -783,8 +783,8 @@ static uint32_t r_restore(core *c, const ritem *items, uint32_t n) {
     }
     kept += !dup;
     /* misuse: a slot given twice, out of range; no token ids */
-    if (k == n / 2) {
-      assert_int_equal(core_tier_restore(c, x->slot, 1, r_hash[0][0],
+    if (k == n / 2) { /* (x's hash holds r_slot's slot, whichever copy won) */
+      assert_int_equal(core_tier_restore(c, r_slot[x->p][x->i], 1, r_hash[0][0],
                                          r_tok[0]), KVS_EINVAL);
       assert_int_equal(core_tier_restore(c, RDISK + 5, 1, r_hash[0][0],
                                          r_tok[0]), KVS_EINVAL);
