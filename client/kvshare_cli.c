@@ -17,7 +17,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "client/cli_top.h"
+#include "client/cli.h"
 #include "client/kvshare.h"
 
 static void usage(FILE *f) {
@@ -51,8 +51,8 @@ static double now_us(void) {
   return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
 }
 
-/* Prints a string as a JSON string literal. */
-static void json_str(const char *s) {
+/* (cli.h) */
+void kvs__cli_json_str(const char *s) {
   putchar('"');
   for (; *s; s++) {
     unsigned char ch = (unsigned char)*s;
@@ -105,15 +105,15 @@ static int cmd_stats(kvs_client *c, int json, int check) {
     STATS_FIELDS(JSON_FIELD)
 #undef JSON_FIELD
     printf("\"backend\": ");
-    json_str(st.backend);
+    kvs__cli_json_str(st.backend);
     printf(", \"gpu_uuid\": ");
-    json_str(st.gpu_uuid);
+    kvs__cli_json_str(st.gpu_uuid);
     printf(", \"session_id\": %llu", (unsigned long long)kvs_session_id(c));
     if (nt) {
       printf(", \"tier_lost\": %llu, \"tiers\": [", (unsigned long long)lost);
       for (uint32_t i = 0; i < nt && i < 4; i++) {
         printf("%s{\"name\": ", i ? ", " : "");
-        json_str(ts[i].name);
+        kvs__cli_json_str(ts[i].name);
 #define JSON_TIER(f) printf(", \"" #f "\": %llu", (unsigned long long)ts[i].f);
         TIER_FIELDS(JSON_TIER)
 #undef JSON_TIER
@@ -129,9 +129,9 @@ static int cmd_stats(kvs_client *c, int json, int check) {
     }
     if (check) {
       printf(", \"check\": %d, \"check_status\": ", (int)st.check);
-      json_str(kvs_status_name(st.check));
+      kvs__cli_json_str(kvs_status_name(st.check));
       printf(", \"check_message\": ");
-      json_str(st.check_message);
+      kvs__cli_json_str(st.check_message);
     }
     printf("}\n");
   } else {
@@ -189,16 +189,16 @@ static int cmd_layout(kvs_client *c, int json) {
     printf("{\"block_size\": %u, \"num_layers\": %u, \"num_kv_heads\": %u, "
            "\"head_dim\": %u, \"dtype\": ",
            l->block_size, l->num_layers, l->num_kv_heads, l->head_dim);
-    json_str(kvs_dtype_name(l->dtype));
+    kvs__cli_json_str(kvs_dtype_name(l->dtype));
     printf(", \"num_blocks\": %u, \"block_stride\": %llu, \"pool_bytes\": "
            "%llu, \"backend\": ",
            l->num_blocks, (unsigned long long)l->block_stride,
            (unsigned long long)kvs_pool_size(c));
-    json_str(kvs_pool_backend(c));
+    kvs__cli_json_str(kvs_pool_backend(c));
     printf(", \"gpu_uuid\": ");
-    json_str(kvs_pool_gpu_uuid(c));
+    kvs__cli_json_str(kvs_pool_gpu_uuid(c));
     printf(", \"model_id\": ");
-    json_str(kvs_model_id(c));
+    kvs__cli_json_str(kvs_model_id(c));
     printf(", \"max_frame\": %u}\n", kvs_max_frame(c));
   } else {
     printf("block_size   %u\nnum_layers   %u\nnum_kv_heads %u\nhead_dim     "

@@ -41,7 +41,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "client/cli_top.h"
+#include "client/cli.h"
 #include "client/kvshare.h"
 
 #define TOP_MAX_TIERS 4
@@ -104,20 +104,6 @@ static double top_clock(clockid_t id) {
 
 static uint64_t top_delta(uint64_t cur, uint64_t prev) {
   return cur >= prev ? cur - prev : 0;
-}
-
-static void top_json_str(const char *s) {
-  putchar('"');
-  for (; *s; s++) {
-    unsigned char ch = (unsigned char)*s;
-    if (ch == '"' || ch == '\\')
-      printf("\\%c", ch);
-    else if (ch < 0x20)
-      printf("\\u%04x", ch);
-    else
-      putchar(ch);
-  }
-  putchar('"');
 }
 
 /* ---- sampling --------------------------------------------------------- */
@@ -353,13 +339,13 @@ static void top_json(const top_opts *op, kvs_client *c,
   printf("{\"frame\": %ld, \"time\": %.3f, \"interval\": %g, \"socket\": ",
          frame, cur->wall, op->interval);
   if (op->path)
-    top_json_str(op->path);
+    kvs__cli_json_str(op->path);
   else
     printf("null");
   printf(", \"model_id\": ");
-  top_json_str(kvs_model_id(c));
+  kvs__cli_json_str(kvs_model_id(c));
   printf(", \"backend\": ");
-  top_json_str(st->backend);
+  kvs__cli_json_str(st->backend);
   printf(", \"pool_bytes\": %llu, \"num_blocks\": %u, \"free_blocks\": %u, "
          "\"cached_blocks\": %u, \"used_blocks\": %u, \"sessions\": %u, "
          "\"num_requests\": %u, \"queued_bytes\": %llu, \"indexed_blocks\": %u",
@@ -416,7 +402,7 @@ static void top_json(const top_opts *op, kvs_client *c,
     int ht = have && p;
 
     printf("%s{\"name\": ", i ? ", " : "");
-    top_json_str(t->name);
+    kvs__cli_json_str(t->name);
     printf(", \"capacity_bytes\": %llu, \"slots\": %u, \"used\": %u, "
            "\"demotions\": %llu, \"promotions\": %llu, \"hit_blocks\": %llu, "
            "\"drops\": %llu, \"failures\": %llu, \"io_errors\": %llu, "

@@ -134,6 +134,18 @@ static void check_core(core *c) {
   }
 }
 
+/* Each policy's core (npol of them): checked, its nreq requests
+ * r[p * nreq + i] freed, checked again, destroyed. */
+static void finish_cores(core **c, core_req **r, uint32_t nreq) {
+  for (int p = 0; p < npol; p++) {
+    check_core(c[p]);
+    for (uint32_t i = 0; i < nreq; i++)
+      core_req_free(c[p], r[(size_t)p * nreq + i]);
+    check_core(c[p]);
+    core_destroy(c[p]);
+  }
+}
+
 /* ---- baseline: intrusive doubly-linked list over an array of nodes ---- */
 
 typedef struct bnode {
@@ -385,13 +397,7 @@ static void bench_alloc_free(uint32_t n, int rounds, uint32_t per_call) {
     medians(f_core, rounds, f_med);
     add_rows("free (release a request)", n, f_med, median(f_base, rounds), 1);
   }
-  for (int p = 0; p < npol; p++) {
-    check_core(c[p]);
-    for (uint32_t i = 0; i < NREQ_ALLOC; i++)
-      core_req_free(c[p], r[p][i]);
-    check_core(c[p]);
-    core_destroy(c[p]);
-  }
+  finish_cores(c, &r[0][0], NREQ_ALLOC);
   free(l.n);
   free(tables);
 }
@@ -546,13 +552,7 @@ static double bench_lookup(uint32_t n, int rounds, int verify, int with_base,
   } else {
     add_rows("lookup, verify off (info)", n, med, base_ns, 0);
   }
-  for (int p = 0; p < npol; p++) {
-    check_core(c[p]);
-    for (uint32_t i = 0; i < nreq; i++)
-      core_req_free(c[p], r[(size_t)p * nreq + i]);
-    check_core(c[p]);
-    core_destroy(c[p]);
-  }
+  finish_cores(c, r, nreq);
   free(t.s);
   free(l.n);
   free(r);
@@ -666,13 +666,7 @@ static void bench_evict(uint32_t n, int rounds) {
   add_rows("allocate evicting (info)", n, med, median(e_base, rounds), 0);
   medians(c_core, rounds, med);
   add_rows("release cached (info)", n, med, median(c_base, rounds), 0);
-  for (int p = 0; p < npol; p++) {
-    check_core(c[p]);
-    for (uint32_t i = 0; i < NREQ_ALLOC; i++)
-      core_req_free(c[p], r[p][i]);
-    check_core(c[p]);
-    core_destroy(c[p]);
-  }
+  finish_cores(c, &r[0][0], NREQ_ALLOC);
   free(l.n);
   free(t.s);
   free(hashes);
