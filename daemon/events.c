@@ -517,7 +517,7 @@ int events_open(uv_loop_t *loop, const cfg *c, core *cr, const char *medium,
   obs.stored = on_stored;
   obs.removed = on_removed;
   obs.arg = e;
-  core_set_observer(cr, &obs);
+  core_add_observer(cr, &obs); /* (room for CORE_OBSERVERS: never full) */
   log_info(0, "kv events: publishing on %s%s%s (topic '%s', medium %s)",
            c->kv_events_endpoint,
            e->router ? ", replay on " : "",
@@ -541,7 +541,7 @@ fail:
 void events_close(events *e, core *cr) {
   if (e == NULL)
     return;
-  core_set_observer(cr, NULL);
+  core_remove_observer(cr, e);
   flush(e);
   all_cleared(e);
   if (e->router) {

@@ -61,14 +61,6 @@ void core_policy_hint(core *c, uint32_t b, uint32_t value) {
     c->policy->hint(c, b, value);
 }
 
-static inline kvs_hash128 blk_hash(const core *c, kvs_hash128 parent,
-                                   kvs_hash128 salt, const uint32_t *tokens) {
-  if (c->cfg.hash_fn != NULL)
-    return c->cfg.hash_fn(parent, salt, tokens, c->cfg.block_size,
-                          c->cfg.hash_arg);
-  return core_block_hash(parent, salt, tokens, c->cfg.block_size);
-}
-
 /* Blocks hashed ahead of their index probes (core_lookup, seal_blocks): a
  * big index is probed at random, and a probe that waits for memory costs
  * more than hashing a block, so the slots are fetched while the next blocks
@@ -371,8 +363,10 @@ int core_lookup_promote(core *c, core_req *r, const uint32_t *tokens,
   int64_t avail = (int64_t)c->fq_len - c->nbusy - c->cfg.reserve_blocks;
   for (keep = 0; keep < m; keep++) {
     int below = ch[keep].e != KVS_BLOCK_NONE;
+    /* (an IN USE resident block takes no room: taken even when the
+     * queue is already below the reserve) */
     if ((below && lower == max_promos) ||
-        (below || c->blocks[ch[keep].b].ref == 0 ? --avail : avail) < 0)
+        ((below || c->blocks[ch[keep].b].ref == 0) && --avail < 0))
       break;
     lower += (uint32_t)below;
   }
@@ -528,8 +522,8 @@ static uint32_t seal_blocks(core *c, core_req *r, uint32_t full) {
     if (other == KVS_BLOCK_NONE) {
       hidx_insert(&c->index, h, b);
       x->indexed = 1;
-      if (__builtin_expect(c->obs.stored != NULL, 0))
-        c->obs.stored(c->obs.arg, h, i ? &parent : NULL, t);
+      if (__builtin_expect(c->nobs != 0, 0))
+        obs_sealed(c, h, i ? &parent : NULL, t, b);
     } else {
       c->st.duplicate_blocks++;
       if (c->btok != NULL &&
@@ -680,10 +674,27 @@ void core_get_stats(const core *c, core_stats *st) {
 }
 
 void core_set_observer(core *c, const core_observer *obs) {
+  memset(c->obs, 0, sizeof(c->obs));
+  c->nobs = 0;
   if (obs != NULL)
-    c->obs = *obs;
-  else
-    memset(&c->obs, 0, sizeof(c->obs));
+    core_add_observer(c, obs);
+}
+
+int core_add_observer(core *c, const core_observer *obs) {
+  if (c->nobs == CORE_OBSERVERS)
+    return KVS_ELIMIT;
+  c->obs[c->nobs++] = *obs;
+  return 0;
+}
+
+void core_remove_observer(core *c, void *arg) {
+  uint32_t j = 0;
+
+  for (uint32_t i = 0; i < c->nobs; i++)
+    if (c->obs[i].arg != arg)
+      c->obs[j++] = c->obs[i];
+  memset(&c->obs[j], 0, (c->nobs - j) * sizeof(c->obs[0]));
+  c->nobs = j;
 }
 
 /* ---- invariant check --------------------------------------------------- */

@@ -465,15 +465,77 @@ void core_get_stats(const core *c, core_stats *st);
  *            when unknown: a block brought up from a tier with neither
  *            verify_tokens nor keep_tokens).
  *   removed  h left the index.
+ *   sealed   (after stored) h entered the index from a commit: the bytes
+ *            a worker wrote are in block b (sealed: they never change until
+ *            b is evicted).  Not called for blocks brought up from below
+ *            (their bytes came from a copy that exists already): the
+ *            remote tier's write-through (daemon/remote.c).
+ * Any callback may be NULL.  Up to CORE_OBSERVERS observers, each told in
+ * the order they were added.
  */
 typedef struct core_observer {
   void (*stored)(void *arg, kvs_hash128 h, const kvs_hash128 *parent,
                  const uint32_t *tokens);
   void (*removed)(void *arg, kvs_hash128 h);
+  void (*sealed)(void *arg, kvs_hash128 h, uint32_t b);
   void *arg;
 } core_observer;
-/* obs NULL: none.  The core keeps a copy. */
+#define CORE_OBSERVERS 4
+/* One more observer (the core keeps a copy): 0, or KVS_ELIMIT. */
+int core_add_observer(core *c, const core_observer *obs);
+/* Removes every observer whose arg is arg. */
+void core_remove_observer(core *c, void *arg);
+/* Removes every observer, then adds obs (NULL: none). */
 void core_set_observer(core *c, const core_observer *obs);
+
+/*
+ * ---- The remote tier ---------------------------------------------------
+ *
+ * A tier the core keeps no books for: a store shared with other daemons
+ * (daemon/tier_remote.c), where what is there is only known by asking.
+ * After a lookup (and its promotions from the tiers below), the daemon
+ * asks the store for the rest of the request's chain
+ * (core_req_next_hashes), and brings up the longest run it finds:
+ *   core_remote_promote  the request's next blocks, by hash: one indexed on
+ *                     the device meanwhile is a hit; another gets a fresh
+ *                     device block, sealed, pinned, not yet indexed, listed
+ *                     in promos with tier CORE_TIER_REMOTE (entry and slot
+ *                     KVS_BLOCK_NONE) to be filled;
+ *   core_promote_finish  as for the other tiers (a failed remote block is
+ *                     only a miss: the core has no copy to drop).
+ */
+enum { CORE_TIER_REMOTE = CORE_TIERS };
+
+/* The chained hashes of r's known full blocks after its block table, as a
+ * lookup walks them (never the block of the last known token): up to max
+ * into out; returns how many. */
+uint32_t core_req_next_hashes(const core *c, const core_req *r,
+                              kvs_hash128 *out, uint32_t max);
+
+/*
+ * r (just looked up: every block sealed, not swapping) goes on with the n
+ * blocks of hashes[0..n), which must be r's next chained hashes (the list
+ * ends at the first that is not).  Each is taken as a device hit when
+ * indexed (and its tokens match with verify_tokens), else gets a fresh
+ * block (as Allocate: the reserve is kept; the list ends where space
+ * does), listed in promos (room for n).  *taken = blocks r gained, of
+ * which *npromos are to fill; core_promote_finish exactly once when
+ * *npromos > 0.  KVS_ESTATE (r not in that state), KVS_ENOMEM.
+ */
+int core_remote_promote(core *c, core_req *r, const kvs_hash128 *hashes,
+                        uint32_t n, core_promo *promos, uint32_t *npromos,
+                        uint32_t *taken);
+
+/* r's known token ids (core_req_num_known of them); valid until the next
+ * operation on r. */
+const uint32_t *core_req_tokens(const core_req *r);
+/* Sealed block b's block_size token ids, or NULL when the core keeps none
+ * (neither verify_tokens nor keep_tokens). */
+const uint32_t *core_block_tokens(const core *c, uint32_t b);
+
+/* Block b holds hash h, sealed and indexed: 2 when IN USE (core_pin may
+ * hold it), 1 when CACHED; 0 when not (evicted, reused, out of range). */
+int core_block_holds(const core *c, uint32_t b, kvs_hash128 h);
 
 /*
  * Checks every invariant over the whole pool: ref counts equal the (request,

@@ -236,7 +236,8 @@ struct core {
   hidx tindex;                /* hash -> entry */
   uint32_t nbusy;             /* blocks on the free queue being copied
                                  down (allocation skips them) */
-  core_observer obs;          /* index events (zeroes: none) */
+  core_observer obs[CORE_OBSERVERS]; /* index events: obs[0..nobs) */
+  uint32_t nobs;
   /* a restore (core_tier_restore_*) in progress: tier + 1 (0: none), the
    * gen of each entry, which slots are taken */
   int restoring;
@@ -365,6 +366,38 @@ static inline void btok_set(core *c, uint32_t b, const uint32_t *t) {
     memcpy(btok(c, b), t, (size_t)c->cfg.block_size * sizeof(uint32_t));
 }
 
+/* The observers (core_add_observer) hear of a hash entering the index
+ * (obs_stored; obs_sealed when a commit wrote it, in block b) or leaving
+ * it. */
+static inline void obs_stored(core *c, kvs_hash128 h, const kvs_hash128 *parent,
+                              const uint32_t *tokens) {
+  for (uint32_t i = 0; i < c->nobs; i++)
+    if (c->obs[i].stored != NULL)
+      c->obs[i].stored(c->obs[i].arg, h, parent, tokens);
+}
+
+static inline void obs_sealed(core *c, kvs_hash128 h, const kvs_hash128 *parent,
+                              const uint32_t *tokens, uint32_t b) {
+  obs_stored(c, h, parent, tokens);
+  for (uint32_t i = 0; i < c->nobs; i++)
+    if (c->obs[i].sealed != NULL)
+      c->obs[i].sealed(c->obs[i].arg, h, b);
+}
+
+static inline void obs_removed(core *c, kvs_hash128 h) {
+  for (uint32_t i = 0; i < c->nobs; i++)
+    if (c->obs[i].removed != NULL)
+      c->obs[i].removed(c->obs[i].arg, h);
+}
+
+static inline kvs_hash128 blk_hash(const core *c, kvs_hash128 parent,
+                                   kvs_hash128 salt, const uint32_t *tokens) {
+  if (c->cfg.hash_fn != NULL)
+    return c->cfg.hash_fn(parent, salt, tokens, c->cfg.block_size,
+                          c->cfg.hash_arg);
+  return core_block_hash(parent, salt, tokens, c->cfg.block_size);
+}
+
 /* Takes the head of the free queue (skipping blocks being copied down a
  * tier: at most nbusy of them); a CACHED block loses its hash (an
  * eviction).  Caller has checked the queue holds enough blocks (fq_len -
@@ -379,8 +412,8 @@ static inline uint32_t blk_take(core *c) {
   if (x->indexed) {
     tier_on_evict(c, b);
     hidx_remove(&c->index, c->bhash[b]);
-    if (__builtin_expect(c->obs.removed != NULL, 0))
-      c->obs.removed(c->obs.arg, c->bhash[b]);
+    if (__builtin_expect(c->nobs != 0, 0))
+      obs_removed(c, c->bhash[b]);
     x->indexed = 0;
     c->ncached--;
     c->st.evictions++;

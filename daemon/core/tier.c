@@ -330,6 +330,11 @@ uint32_t tier_fills_end(core *c, const core_promo *p, uint32_t n,
   uint32_t bad = n;
 
   for (uint32_t i = 0; i < n; i++) {
+    if (p[i].tier == CORE_TIER_REMOTE) { /* no books here: only a miss */
+      if ((ok == NULL || !ok[i]) && bad == n)
+        bad = i;
+      continue;
+    }
     if (ok != NULL && ok[i]) {
       c->tiers[p[i].tier].st.promotions++;
       tier_cold(c, p[i].entry, (int)p[i].tier);
@@ -350,9 +355,8 @@ uint32_t tier_fills_end(core *c, const core_promo *p, uint32_t n,
     if (x->sealed && hidx_find(&c->index, p[i].hash) == NONE) {
       hidx_insert(&c->index, p[i].hash, p[i].block);
       x->indexed = 1;
-      if (c->obs.stored != NULL)
-        c->obs.stored(c->obs.arg, p[i].hash, p[i].pos ? &p[i].parent : NULL,
-                      btok(c, p[i].block));
+      obs_stored(c, p[i].hash, p[i].pos ? &p[i].parent : NULL,
+                 btok(c, p[i].block));
     }
   }
   return bad;

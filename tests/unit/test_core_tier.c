@@ -580,7 +580,7 @@ static void test_async_bytes(void **state) {
   core *c = make_core(ANB, 2, AHOST, ADISK, 0);
   uint64_t ops = nops();
   kvs_layout l = {BS, 1, 1, 1, KVS_DTYPE_FP32, ANB, 0};
-  core_observer obs = {ev_on_stored, ev_on_removed, &ev_n};
+  core_observer obs = {ev_on_stored, ev_on_removed, NULL, &ev_n};
 
   ev_root = core_root_hash(&l, "tier-model");
   core_set_observer(c, &obs);
