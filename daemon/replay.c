@@ -15,8 +15,8 @@
 #include <time.h>
 #include <unistd.h>
 
-/* The daemon's default (daemon/config.c). */
-#define REPLAY_DEFAULT_POLICY "slru"
+/* --nodes: each node is a whole core. */
+#define REPLAY_MAX_NODES 1024
 
 void replay_config_init(replay_config *cfg) {
   memset(cfg, 0, sizeof(*cfg));
@@ -149,13 +149,50 @@ double replay_block_hit_rate(const replay_result *res) {
              : 0.0;
 }
 
-static double replay_now(void) {
+double replay_share(const replay_result *res, uint64_t tokens) {
+  return res->query_tokens ? (double)tokens / (double)res->query_tokens : 0.0;
+}
+
+void replay_result_add(replay_result *sum, const replay_result *a) {
+  sum->requests += a->requests;
+  sum->served += a->served;
+  sum->refused += a->refused;
+  sum->refused_tokens += a->refused_tokens;
+  sum->query_tokens += a->query_tokens;
+  sum->hit_tokens += a->hit_tokens;
+  sum->lookup_blocks += a->lookup_blocks;
+  sum->hit_blocks += a->hit_blocks;
+  for (int k = 0; k < CORE_TIERS; k++) {
+    sum->tier_hit_tokens[k] += a->tier_hit_tokens[k];
+    sum->tiers[k].slots += a->tiers[k].slots;
+    sum->tiers[k].used += a->tiers[k].used;
+    sum->tiers[k].demotions += a->tiers[k].demotions;
+    sum->tiers[k].promotions += a->tiers[k].promotions;
+    sum->tiers[k].hit_blocks += a->tiers[k].hit_blocks;
+    sum->tiers[k].drops += a->tiers[k].drops;
+    sum->tiers[k].failures += a->tiers[k].failures;
+  }
+  sum->remote_hit_tokens += a->remote_hit_tokens;
+  sum->decode_tokens += a->decode_tokens;
+  sum->decode_truncated += a->decode_truncated;
+  sum->peak_resident += a->peak_resident;
+  if (a->seconds > sum->seconds)
+    sum->seconds = a->seconds;
+  sum->stats.num_blocks += a->stats.num_blocks;
+  sum->stats.allocated_blocks += a->stats.allocated_blocks;
+  sum->stats.evictions += a->stats.evictions;
+  sum->stats.sealed_blocks += a->stats.sealed_blocks;
+  sum->stats.duplicate_blocks += a->stats.duplicate_blocks;
+  sum->stats.tier_lost += a->stats.tier_lost;
+}
+
+double replay_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static void replay_progress(size_t done, size_t total, double t0) {
+void replay_progress(size_t done, size_t total, double t0) {
   enum { WIDTH = 40 };
   char bar[WIDTH + 1];
   size_t fill = total ? done * WIDTH / total : WIDTH;
@@ -191,15 +228,18 @@ static void replay_sample(core *c, replay_result *res) {
  * used, as a record number (UINT32_MAX: never), record by record from
  * *out[0].  A 16-token block is named by the trace block its last token lies
  * in and its place among the blocks ending there (see replay_ends_in), which
- * is what its chained hash stands for.
+ * is what its chained hash stands for.  With route, only the records i with
+ * route[i] == node count (their uses, and their place in *out).
  */
-static int replay_next_uses(const trace *t, uint32_t bs, uint32_t **out) {
+static int replay_next_uses(const trace *t, uint32_t bs, const uint32_t *route,
+                            uint32_t node, uint32_t **out) {
   const uint64_t stride = TRACE_BLOCK_TOKENS / bs + 2;
   uint64_t total = 0, nkeys = ((uint64_t)t->max_hash_id + 1) * stride;
   uint32_t *next, *last;
 
   for (size_t i = 0; i < t->num_recs; i++)
-    total += t->recs[i].input_length / bs;
+    if (route == NULL || route[i] == node)
+      total += t->recs[i].input_length / bs;
   next = malloc((total ? total : 1) * sizeof(*next));
   last = malloc(nkeys * sizeof(*last));
   if (next == NULL || last == NULL || t->num_recs >= UINT32_MAX) {
@@ -212,6 +252,8 @@ static int replay_next_uses(const trace *t, uint32_t bs, uint32_t **out) {
     const trace_rec *r = &t->recs[i];
     const uint32_t *ids = trace_rec_hash_ids(t, r);
     uint32_t full = r->input_length / bs;
+    if (route != NULL && route[i] != node)
+      continue;
     total -= full;
     for (uint32_t j = 0; j < full; j++) {
       uint64_t k = ((uint64_t)(j + 1) * bs - 1) / TRACE_BLOCK_TOKENS;
@@ -225,13 +267,67 @@ static int replay_next_uses(const trace *t, uint32_t bs, uint32_t **out) {
   return 0;
 }
 
+struct replay_runner {
+  core *c;
+  const trace *t;
+  const replay_config *cfg;
+  replay_store *remote;  /* NULL: none */
+  uint32_t num_blocks;
+  uint32_t *tokens;      /* a prompt's token ids */
+  core_promo *promos;    /* room for a prompt's blocks */
+  int *ok;               /* all 1: the replay's copies never fail */
+  kvs_hash128 *hashes;   /* the chain a lookup asks the store for */
+  uint32_t *next;        /* offline policy: next uses (replay_next_uses) */
+  uint64_t next_off;     /* where the next record's uses begin in next */
+  double t0;
+};
+
+/* The `sealed` observer: write-through of every block a commit seals. */
+static void replay_sealed(void *arg, kvs_hash128 h, uint32_t b) {
+  (void)b;
+  replay_store_put(arg, h);
+}
+
+/* The store is asked about REPLAY_REMOTE_CHUNK blocks at a time, and what
+ * it holds is promoted before the next are hashed: the run found is the
+ * same as with one question for the whole chain (the daemon's), without
+ * hashing the rest of every prompt the store does not hold. */
+#define REPLAY_REMOTE_CHUNK 64u
+
+/* After the lookup (hit tokens so far in *hit): the rest of the chain from
+ * the remote store; *read = the tokens read from it.  Returns 0 or an
+ * unexpected core error. */
+static int replay_remote(replay_runner *x, core_req *q, uint32_t *hit,
+                         uint32_t *read) {
+  uint32_t bs = x->cfg->block_size, nh, run, np, taken;
+  int rc;
+
+  do {
+    nh = core_req_next_hashes(x->c, q, x->hashes, REPLAY_REMOTE_CHUNK);
+    run = replay_store_run(x->remote, x->hashes, nh);
+    if (run == 0)
+      return 0;
+    rc = core_remote_promote(x->c, q, x->hashes, run, x->promos, &np, &taken);
+    if (rc != 0)
+      return rc;
+    /* Taken as device hits (indexed meanwhile: no store read) or read. */
+    replay_store_touch(x->remote, x->hashes, taken);
+    if (np > 0)
+      *hit = core_promote_finish(x->c, q, x->promos, np, x->ok);
+    else
+      *hit += taken * bs;
+    *read += np * bs;
+  } while (taken == REPLAY_REMOTE_CHUNK);
+  return 0;
+}
+
 /* One record.  Returns 0 or an unexpected core error. */
-static int replay_one(core *c, const trace *t, const trace_rec *r,
-                      uint64_t index, const replay_config *cfg,
-                      uint32_t num_blocks, uint32_t *tokens,
-                      core_promo *promos, int *ok, const uint32_t *next,
-                      replay_result *res) {
-  uint32_t bs = cfg->block_size, n = r->input_length, hit = 0;
+static int replay_one(replay_runner *x, size_t index, replay_result *res) {
+  core *c = x->c;
+  const replay_config *cfg = x->cfg;
+  const trace_rec *r = &x->t->recs[index];
+  const uint32_t *next = x->next != NULL ? x->next + x->next_off : NULL;
+  uint32_t bs = cfg->block_size, n = r->input_length, hit = 0, remote = 0;
   core_lookup_out lo;
   core_req *q = NULL;
   core_cow cow;
@@ -240,20 +336,22 @@ static int replay_one(core *c, const trace *t, const trace_rec *r,
   res->requests++;
   res->query_tokens += n;
   res->lookup_blocks += (n - 1) / bs; /* a refused request misses them all */
-  if (replay_div_up(n, bs) > num_blocks) {
+  if (replay_div_up(n, bs) > x->num_blocks) {
     res->refused++;
     res->refused_tokens += n;
     return 0;
   }
-  trace_rec_tokens(t, r, tokens);
+  trace_rec_tokens(x->t, r, x->tokens);
   rc = core_req_create(c, NULL, 0, &q);
   if (rc != 0)
     return rc;
   /* Lower tiers move their bytes at once here: a promotion succeeds. */
-  rc = core_lookup_promote(c, q, tokens, n, 1, promos, n / bs + 1, &lo);
+  rc = core_lookup_promote(c, q, x->tokens, n, 1, x->promos, n / bs + 1, &lo);
   if (rc != 0)
     goto out;
-  hit = core_promote_finish(c, q, promos, lo.npromos, ok);
+  hit = core_promote_finish(c, q, x->promos, lo.npromos, x->ok);
+  if (x->remote != NULL && (rc = replay_remote(x, q, &hit, &remote)) != 0)
+    goto out;
   rc = core_allocate(c, q, n - hit, &cow);
   if (rc == KVS_ENOSPC) {
     /* Only reachable when blocks are pinned elsewhere; counted as refused. */
@@ -278,6 +376,7 @@ static int replay_one(core *c, const trace *t, const trace_rec *r,
   res->hit_blocks += hit / bs;
   for (int k = 0; k < CORE_TIERS; k++)
     res->tier_hit_tokens[k] += (uint64_t)lo.tier_blocks[k] * bs;
+  res->remote_hit_tokens += remote;
   replay_sample(c, res);
   if (cfg->decode) {
     for (uint32_t i = 0; i < r->output_length; i++) {
@@ -302,50 +401,91 @@ out:
   return rc;
 }
 
+static void replay_runner_free(replay_runner *x) {
+  if (x == NULL)
+    return;
+  if (x->remote != NULL)
+    core_remove_observer(x->c, x->remote);
+  free(x->tokens);
+  free(x->promos);
+  free(x->ok);
+  free(x->hashes);
+  free(x->next);
+  free(x);
+}
+
+int replay_runner_create(core *c, const trace *t, const replay_config *cfg,
+                         const uint32_t *route, uint32_t node,
+                         replay_store *remote, replay_runner **out) {
+  size_t maxb = (size_t)t->max_input_length / cfg->block_size + 1;
+  replay_runner *x = calloc(1, sizeof(*x));
+  core_stats st;
+  int rc = KVS_ENOMEM;
+
+  *out = NULL;
+  if (x == NULL)
+    return KVS_ENOMEM;
+  x->c = c;
+  x->t = t;
+  x->cfg = cfg;
+  core_get_stats(c, &st);
+  x->num_blocks = st.num_blocks;
+  x->t0 = replay_now();
+  x->tokens = malloc((size_t)t->max_input_length * sizeof(*x->tokens));
+  x->promos = malloc(maxb * sizeof(*x->promos));
+  x->ok = malloc(maxb * sizeof(*x->ok));
+  x->hashes = malloc(maxb * sizeof(*x->hashes));
+  if (x->tokens == NULL || x->promos == NULL || x->ok == NULL ||
+      x->hashes == NULL)
+    goto fail;
+  for (size_t i = 0; i < maxb; i++)
+    x->ok[i] = 1;
+  if (core_policy_offline(c) &&
+      (rc = replay_next_uses(t, cfg->block_size, route, node, &x->next)) != 0)
+    goto fail;
+  if (remote != NULL) {
+    core_observer obs = {.sealed = replay_sealed, .arg = remote};
+    if ((rc = core_add_observer(c, &obs)) != 0)
+      goto fail;
+    x->remote = remote;
+  }
+  *out = x;
+  return 0;
+fail:
+  replay_runner_free(x);
+  return rc;
+}
+
+int replay_runner_step(replay_runner *x, size_t i, replay_result *res) {
+  int rc = replay_one(x, i, res);
+  x->next_off += x->t->recs[i].input_length / x->cfg->block_size;
+  return rc;
+}
+
+void replay_runner_finish(replay_runner *x, replay_result *res) {
+  if (x == NULL)
+    return;
+  res->seconds = replay_now() - x->t0;
+  core_get_stats(x->c, &res->stats);
+  core_tier_get_stats(x->c, res->tiers);
+  replay_runner_free(x);
+}
+
 int replay_run(core *c, const trace *t, const replay_config *cfg,
                replay_result *res) {
-  core_stats st;
-  uint32_t *tokens;
-  core_promo *promos;
-  int *ok;
-  uint32_t *next = NULL;
-  uint64_t next_off = 0;
-  size_t step = t->num_recs / 200 + 1, maxb;
-  double t0 = replay_now();
-  int rc = 0;
+  size_t step = t->num_recs / 200 + 1;
+  replay_runner *x;
+  int rc;
 
   memset(res, 0, sizeof(*res));
-  core_get_stats(c, &st);
-  if (core_policy_offline(c) &&
-      (rc = replay_next_uses(t, cfg->block_size, &next)) != 0)
+  if ((rc = replay_runner_create(c, t, cfg, NULL, 0, NULL, &x)) != 0)
     return rc;
-  maxb = (size_t)t->max_input_length / cfg->block_size + 1;
-  tokens = malloc((size_t)t->max_input_length * sizeof(*tokens));
-  promos = malloc(maxb * sizeof(*promos));
-  ok = malloc(maxb * sizeof(*ok));
-  if (tokens == NULL || promos == NULL || ok == NULL) {
-    free(tokens);
-    free(promos);
-    free(ok);
-    free(next);
-    return KVS_ENOMEM;
-  }
-  for (size_t i = 0; i < maxb; i++)
-    ok[i] = 1;
   for (size_t i = 0; i < t->num_recs && rc == 0; i++) {
-    rc = replay_one(c, t, &t->recs[i], i, cfg, st.num_blocks, tokens, promos,
-                    ok, next != NULL ? next + next_off : NULL, res);
-    next_off += t->recs[i].input_length / cfg->block_size;
+    rc = replay_runner_step(x, i, res);
     if (cfg->progress && (i % step == 0 || i + 1 == t->num_recs))
-      replay_progress(i + 1, t->num_recs, t0);
+      replay_progress(i + 1, t->num_recs, x->t0);
   }
-  free(tokens);
-  free(promos);
-  free(ok);
-  free(next);
-  res->seconds = replay_now() - t0;
-  core_get_stats(c, &res->stats);
-  core_tier_get_stats(c, res->tiers);
+  replay_runner_finish(x, res);
   return rc;
 }
 
@@ -388,18 +528,21 @@ int replay_checked(const trace *t, const replay_config *cfg,
 
 static void replay_usage(FILE *f) {
   fprintf(f,
-          "usage: kvshared replay --trace FILE [--capacity-tokens N|unlimited]\n"
+          "usage: kvshared replay [--trace] FILE [--capacity-tokens N|unlimited]\n"
           "                       [--block-size 16] [--policy NAME[,NAME...]]\n"
           "                       [--sweep N,N,...] [--plot FILE.png] [--decode]\n"
           "                       [--host-tier-tokens N] [--disk-tier-tokens N]\n"
           "                       [--limit N] [--skip N] [--json] [--progress|--no-progress]\n"
+          "                       [--nodes N] [--remote-tier-tokens N|unlimited]\n"
+          "                       [--split rr|prefix|prefix:K]\n"
           "\n"
           "Replays a Mooncake-format request trace through the block-manager core,\n"
           "one request at a time in timestamp order, and prints token and block\n"
           "hit rates, allocations and evictions.\n"
           "\n"
           "  --trace FILE            JSON-lines trace (timestamp, input_length,\n"
-          "                          output_length, hash_ids of 512-token blocks)\n"
+          "                          output_length, hash_ids of 512-token blocks);\n"
+          "                          or FILE alone, as the one argument\n"
           "  --capacity-tokens N     pool size in tokens (1e6 notation accepted);\n"
           "                          'unlimited' (default) sizes the pool to hold\n"
           "                          the whole trace without eviction\n"
@@ -422,7 +565,21 @@ static void replay_usage(FILE *f) {
           "                          --limit, a held-out part of a trace\n"
           "  --json                  print the result as one JSON object\n"
           "  --progress, --no-progress  progress bar on stderr (default: when\n"
-          "                          stderr is a terminal)\n");
+          "                          stderr is a terminal)\n"
+          "\n"
+          "N nodes sharing a remote tier (any of these three options):\n"
+          "  --nodes N               N cores, each with the pool and tiers above,\n"
+          "                          each replaying the records routed to it, all\n"
+          "                          in timestamp order (default 1)\n"
+          "  --remote-tier-tokens N  one store of N tokens shared by the nodes\n"
+          "                          (LRU; 0: none, the default; 'unlimited'):\n"
+          "                          every sealed block is written through, a\n"
+          "                          lookup goes on there and promotes what it\n"
+          "                          finds.  Prints each node alone (no store)\n"
+          "                          and shared, and the gain\n"
+          "  --split rr|prefix|prefix:K  record i to node i %% N (rr, default), or\n"
+          "                          by a hash of its first hash id (of its id at\n"
+          "                          depth K: its first K blocks)\n");
 }
 
 /* Splits a comma-separated list in place: its non-empty items, at most max.
@@ -591,6 +748,9 @@ enum {
   OPT_DISK_TIER,
   OPT_PROGRESS,
   OPT_NO_PROGRESS,
+  OPT_NODES,
+  OPT_REMOTE_TIER,
+  OPT_SPLIT,
   OPT_HELP
 };
 
@@ -610,6 +770,9 @@ int replay_main(int argc, char **argv) {
       {"disk-tier-tokens", required_argument, NULL, OPT_DISK_TIER},
       {"progress", no_argument, NULL, OPT_PROGRESS},
       {"no-progress", no_argument, NULL, OPT_NO_PROGRESS},
+      {"nodes", required_argument, NULL, OPT_NODES},
+      {"remote-tier-tokens", required_argument, NULL, OPT_REMOTE_TIER},
+      {"split", required_argument, NULL, OPT_SPLIT},
       {"help", no_argument, NULL, OPT_HELP},
       {NULL, 0, NULL, 0}};
   replay_config cfg;
@@ -621,7 +784,9 @@ int replay_main(int argc, char **argv) {
   uint64_t v, limit = 0, skip = 0, caps[MAX_LIST];
   size_t npols = 0, ncaps = 0;
   uint32_t num_blocks;
-  int json = 0, progress = -1, opt, rc, status = 1;
+  int json = 0, progress = -1, opt, rc, status = 1, nodes_mode = 0;
+  replay_nodes_config nc = {.nodes = 1, .split = REPLAY_SPLIT_RR,
+                            .prefix_blocks = 1};
   trace *t = NULL;
   char err[256];
 
@@ -688,6 +853,46 @@ int replay_main(int argc, char **argv) {
       cfg.tier_tokens[opt == OPT_HOST_TIER ? CORE_TIER_HOST : CORE_TIER_DISK] =
           v;
       break;
+    case OPT_NODES:
+      if (replay_parse_count(optarg, REPLAY_MAX_NODES, &v) != 0) {
+        fprintf(stderr, "kvshared replay: bad --nodes '%s' (1..%d)\n", optarg,
+                REPLAY_MAX_NODES);
+        return 2;
+      }
+      nc.nodes = (uint32_t)v;
+      nodes_mode = 1;
+      break;
+    case OPT_REMOTE_TIER:
+      if (strcmp(optarg, "unlimited") == 0) {
+        nc.remote_tokens = UINT64_MAX;
+      } else if (strcmp(optarg, "0") == 0) {
+        nc.remote_tokens = 0;
+      } else if (replay_parse_count(optarg, UINT64_MAX >> 1, &v) == 0) {
+        nc.remote_tokens = v;
+      } else {
+        fprintf(stderr, "kvshared replay: bad --remote-tier-tokens '%s'\n",
+                optarg);
+        return 2;
+      }
+      nodes_mode = 1;
+      break;
+    case OPT_SPLIT:
+      if (strcmp(optarg, "rr") == 0) {
+        nc.split = REPLAY_SPLIT_RR;
+      } else if (strcmp(optarg, "prefix") == 0) {
+        nc.split = REPLAY_SPLIT_PREFIX;
+        nc.prefix_blocks = 1;
+      } else if (strncmp(optarg, "prefix:", 7) == 0 &&
+                 replay_parse_count(optarg + 7, 1u << 20, &v) == 0) {
+        nc.split = REPLAY_SPLIT_PREFIX;
+        nc.prefix_blocks = (uint32_t)v;
+      } else {
+        fprintf(stderr, "kvshared replay: bad --split '%s' (rr, prefix, "
+                "prefix:K)\n", optarg);
+        return 2;
+      }
+      nodes_mode = 1;
+      break;
     case OPT_PROGRESS:
       progress = 1;
       break;
@@ -702,6 +907,8 @@ int replay_main(int argc, char **argv) {
       return 2;
     }
   }
+  if (path == NULL && optind + 1 == argc)
+    path = argv[optind++]; /* `kvshared replay FILE` */
   if (optind < argc || path == NULL) {
     fprintf(stderr, "kvshared replay: %s\n",
             path == NULL ? "--trace FILE is required" : "unexpected argument");
@@ -734,6 +941,11 @@ int replay_main(int argc, char **argv) {
     fprintf(stderr, "kvshared replay: --plot goes with --sweep\n");
     return 2;
   }
+  if (nodes_mode && (sweep_list != NULL || npols > 1)) {
+    fprintf(stderr, "kvshared replay: --nodes, --remote-tier-tokens and "
+            "--split take one policy and no --sweep\n");
+    return 2;
+  }
   if (npols > 1 && sweep_list == NULL) {
     caps[0] = cfg.capacity_tokens;
     ncaps = 1;
@@ -764,6 +976,13 @@ int replay_main(int argc, char **argv) {
   rc = replay_plan_make(t, &cfg, &plan);
   if (rc != 0) {
     fprintf(stderr, "kvshared replay: %s\n", kvs_strerror(rc));
+    goto out;
+  }
+  if (nodes_mode) {
+    status = replay_nodes(t, path, &cfg, &plan, &nc, json) == 0 &&
+                     fflush(stdout) == 0
+                 ? 0
+                 : 1;
     goto out;
   }
   if (ncaps > 0) {
