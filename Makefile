@@ -23,7 +23,7 @@ CC      ?= cc
 PKG_CONFIG ?= pkg-config
 PYTHON  ?= /usr/bin/python3
 PKGS    := libuv libprotobuf-c liburing cmocka libxxhash jansson libmicrohttpd libzmq \
-           msgpack libsystemd
+           msgpack libsystemd hiredis
 
 ifeq ($(V),1)
 Q :=

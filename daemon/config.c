@@ -188,6 +188,41 @@ static const cfg_option options[] = {
      "KIND:N[,KIND:N...] with KIND read-eio, write-eio, write-enospc, short "
      "or flip (a bit of the data).  Empty: none."},
 
+    {"remote_tier", T_STR, F(remote_tier), 0, 0, "", NULL, "URL",
+     "Remote tier",
+     "A store shared by the daemons of several nodes, below the other "
+     "tiers: redis://[[USER]:PASSWORD@]HOST[:PORT][/DB], "
+     "unix:///PATH[?db=N], or redis-cluster://HOST:PORT[,HOST:PORT...] "
+     "(Redis or Valkey).  Every block a worker seals is written to it in "
+     "the background; a Lookup whose chain ends here asks it for the rest "
+     "in one pipelined round trip and brings up what it finds.  Whoever "
+     "can read the server can read these blocks.  Empty: none."},
+    {"remote_tier_prefix", T_STR, F(remote_tier_prefix), 0, 0, "kvshare",
+     NULL, "NAME", "Remote tier",
+     "First part of every key (PREFIX:ROOT:HASH): daemons that share "
+     "blocks use the same one."},
+    {"remote_tier_password_file", T_STR, F(remote_tier_password_file), 0, 0,
+     "", NULL, "PATH", "Remote tier",
+     "A file whose first line is PASSWORD or USER PASSWORD (an ACL user) "
+     "for AUTH; keeps the password off the command line.  Overrides one "
+     "in the URL."},
+    {"remote_tier_ttl_ms", T_U32, F(remote_tier_ttl_ms), 0, UINT32_MAX - 1,
+     "0", NULL, "MS", "Remote tier",
+     "Expiry of each written block (PX); 0: none, the server's "
+     "maxmemory-policy decides what goes."},
+    {"remote_tier_timeout_ms", T_U32, F(remote_tier_timeout_ms), 1, 60000,
+     "50", NULL, "MS", "Remote tier",
+     "Longest a Lookup waits for the remote tier's answer; what has not "
+     "come by then is a miss."},
+    {"remote_tier_inflight_bytes", T_SIZE, F(remote_tier_inflight_bytes),
+     1 << 20, 1ull << 40, "64M", NULL, "BYTES", "Remote tier",
+     "Bound on the bytes of reads and writes waiting for the remote tier: "
+     "past it reads miss and writes are skipped (counted)."},
+    {"remote_tier_write", T_BOOL, F(remote_tier_write), 0, 1, "yes", NULL,
+     "BOOL", "Remote tier",
+     "Write sealed blocks to the remote tier; no: only read what other "
+     "daemons wrote."},
+
     {"reserve_blocks", T_U32, F(reserve_blocks), 0, UINT32_MAX - 1, "0", NULL,
      "N", "Core",
      "Blocks Allocate leaves free for Append (decode of running requests)."},
@@ -756,6 +791,20 @@ int cfg_peer_allowed(const cfg *c, uid_t uid, gid_t gid, uid_t self) {
   return 0;
 }
 
+/* A URL with its password (USER:PASSWORD@ or PASSWORD@) shown as "***". */
+static void print_url(FILE *out, const char *name, const char *url) {
+  const char *scheme = strstr(url, "://"), *at, *slash, *colon;
+
+  if (!scheme || !(at = strchr(scheme + 3, '@')) ||
+      ((slash = strchr(scheme + 3, '/')) && slash < at)) {
+    fprintf(out, "%s = %s\n", name, url);
+    return;
+  }
+  colon = memchr(scheme + 3, ':', (size_t)(at - scheme - 3));
+  fprintf(out, "%s = %.*s***%s\n", name,
+          (int)((colon ? colon + 1 : scheme + 3) - url), url, at);
+}
+
 /* Wraps text at width, each line starting with prefix. */
 static void wrap(FILE *out, const char *prefix, const char *text,
                  size_t width) {
@@ -879,7 +928,10 @@ void cfg_print_values(FILE *out, const cfg *c) {
       fprintf(out, "%s = %s\n", o->name, *(const int *)field ? "yes" : "no");
       break;
     case T_STR:
-      fprintf(out, "%s = %s\n", o->name, field);
+      if (strcmp(o->name, "remote_tier") == 0)
+        print_url(out, o->name, field);
+      else
+        fprintf(out, "%s = %s\n", o->name, field);
       break;
     case T_ENUM: {
       int idx;

@@ -65,6 +65,14 @@ typedef struct cfg {
   uint32_t tier_window;     /* 0: the core's default */
   uint32_t tier_promote_max;
   char tier_fault[128];     /* tests: tier_disk.h's fault spec */
+  /* the remote tier (tier_remote.h) */
+  char remote_tier[512];    /* "": none */
+  char remote_tier_prefix[48];
+  char remote_tier_password_file[256];
+  uint32_t remote_tier_ttl_ms;
+  uint32_t remote_tier_timeout_ms;
+  uint64_t remote_tier_inflight_bytes;
+  int remote_tier_write;
   uint32_t reserve_blocks;
   int verify_tokens;
   char policy[32];

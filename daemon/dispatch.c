@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "daemon/log.h"
+#include "daemon/remote_moves.h"
 #include "daemon/server.h"
 
 #define SALT_MAX 256
@@ -232,6 +233,24 @@ void disp_lookup_promoted(sess *c, Kvshare__Response *resp, kvs__arena *a) {
                resp, a);
 }
 
+/* The store below every tier: the rest of the chain, once the Lookup's
+ * other promotions are done.  0: started (sess_promoted sends the reply
+ * later). */
+static int lookup_remote(sess *c, tier_promo *pr) {
+  srv *s = c->srv;
+
+  if (!s->remote || !pr->r || s->stopping)
+    return 1;
+  return rmoves_promote(s->remote, pr, sess_promoted);
+}
+
+/* The Lookup's promotions from the tiers are done: on to the remote tier,
+ * else the reply. */
+static void lookup_tiers_done(tier_promo *pr) {
+  if (lookup_remote(pr->data, pr) != 0)
+    sess_promoted(pr);
+}
+
 static void do_lookup(sess *c, const Kvshare__Lookup *l,
                       Kvshare__Response *resp, kvs__arena *a) {
   core *cr = c->srv->core;
@@ -265,21 +284,24 @@ static void do_lookup(sess *c, const Kvshare__Lookup *l,
   }
   {
     srv *s = c->srv;
-    int promote = s->tiers && !c->in_batch && !l->no_promote && !s->stopping;
-    uint32_t room = promote ? tiers_promote_room(s->tiers) : 0;
+    int promote = (s->tiers || s->remote) && !c->in_batch &&
+                  !l->no_promote && !s->stopping;
+    uint32_t room = promote && s->tiers ? tiers_promote_room(s->tiers) : 0;
+    tier_promo *pr = &c->promo;
     core_promo *promos = room ? kvs__arena_alloc(a, room * sizeof(*promos))
                               : NULL;
 
     rc = core_lookup_promote(cr, r, l->tokens, (uint32_t)l->n_tokens,
                              promos != NULL, promos, room, &out);
     hit = out.hit_tokens;
-    if (rc == 0 && out.npromos) {
-      tier_promo *pr = &c->promo;
+    if (rc == 0 && promote) {
       memset(pr, 0, sizeof(*pr));
-      pr->cb = sess_promoted;
+      pr->cb = lookup_tiers_done;
       pr->data = c;
       pr->r = r;
       pr->req_id = l->req_id;
+    }
+    if (rc == 0 && out.npromos) {
       int st = tiers_promote(s->tiers, pr, promos, out.npromos);
       if (st < 0) { /* nothing started: every promotion failed */
         hit = core_promote_finish(cr, r, promos, out.npromos, NULL);
@@ -294,6 +316,12 @@ static void do_lookup(sess *c, const Kvshare__Lookup *l,
             c->srv->layout.block_size;
     if (out.npromos)
       below = 0;
+    if (rc == 0 && promote && !c->promoting) {
+      pr->hit_tokens = hit;
+      pr->promoted_tokens = promoted;
+      if (lookup_remote(c, pr) == 0)
+        c->promoting = 1; /* the reply waits for the remote tier */
+    }
   }
   if (rc == KVS_ESTATE) {
     ERR(rc, core_req_swap_state(r) ? "lookup of request %llu: it is swapped "
@@ -747,10 +775,10 @@ static void do_stats(sess *c, const Kvshare__Stats *q, Kvshare__Response *resp,
   res->swap_resident_blocks = st.swap_resident_blocks;
   res->indexed_blocks = st.indexed_blocks;
   {
-    tiers_stats ts[CORE_TIERS];
+    tiers_stats ts[SRV_TIERS];
     uint32_t nt = 0;
 
-    tiers_get_stats(s->tiers, ts, &nt);
+    srv_tiers_stats(s, ts, &nt);
     Kvshare__TierStats *ms = nt ? kvs__arena_alloc(a, nt * sizeof(*ms)) : NULL;
     Kvshare__TierStats **mp = nt ? kvs__arena_alloc(a, nt * sizeof(*mp)) : NULL;
     if (nt && ms && mp) {

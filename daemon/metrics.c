@@ -21,6 +21,7 @@
 #include "daemon/events.h"
 #include "daemon/log.h"
 #include "daemon/metrics.h"
+#include "daemon/remote_moves.h"
 #include "daemon/server.h"
 
 #define SCRAPE_WAIT_MS 1000
@@ -51,9 +52,11 @@ typedef struct hist {
 /* One scrape's numbers. */
 typedef struct msnap {
   core_stats core;
-  tiers_stats tiers[CORE_TIERS];
+  tiers_stats tiers[SRV_TIERS];
   uint32_t ntiers;
   int events_on;
+  int remote_on;
+  remote_stats rs;
   events_stats ev;
   uint32_t sessions;
   uint64_t frames_in, protocol_errors, queued;
@@ -107,8 +110,11 @@ static void take_snapshot(metrics *m, msnap *o) {
 
   memset(o, 0, sizeof(*o));
   core_get_stats(s->core, &o->core);
-  tiers_get_stats(s->tiers, o->tiers, &o->ntiers);
+  srv_tiers_stats(s, o->tiers, &o->ntiers);
   o->events_on = s->events != NULL;
+  o->remote_on = s->remote != NULL;
+  if (s->remote)
+    rmoves_get_stats(s->remote, &o->rs);
   events_get_stats(s->events, &o->ev);
   o->sessions = s->nsessions;
   o->frames_in = s->frames_in;
@@ -411,6 +417,39 @@ static void render(FILE *f, const msnap *sn) {
         "KV event batches kept for replay.", sn->ev.kept);
     one(f, "kvshare_kv_event_kept_bytes", "gauge",
         "Bytes of the KV event batches kept for replay.", sn->ev.kept_bytes);
+  }
+  if (sn->remote_on) {
+    const remote_stats *r = &sn->rs;
+    one(f, "kvshare_remote_nodes", "gauge",
+        "Servers of the remote tier (cluster masters).", r->nodes);
+    one(f, "kvshare_remote_nodes_up", "gauge",
+        "Servers of the remote tier connected now.", r->nodes_up);
+    one(f, "kvshare_remote_inflight_bytes", "gauge",
+        "Bytes of reads and writes waiting for the remote tier.",
+        r->inflight_bytes);
+    one(f, "kvshare_remote_reads_total", "counter",
+        "Lookups that asked the remote tier.", r->gets);
+    family(f, "kvshare_remote_read_blocks_total", "counter",
+           "Blocks asked of the remote tier, by answer.");
+    fprintf(f, "kvshare_remote_read_blocks_total{answer=\"hit\"} %llu\n"
+            "kvshare_remote_read_blocks_total{answer=\"miss\"} %llu\n"
+            "kvshare_remote_read_blocks_total{answer=\"bad\"} %llu\n"
+            "kvshare_remote_read_blocks_total{answer=\"error\"} %llu\n",
+            (unsigned long long)r->hit_blocks,
+            (unsigned long long)r->miss_blocks,
+            (unsigned long long)r->bad_blocks,
+            (unsigned long long)r->error_blocks);
+    one(f, "kvshare_remote_timeouts_total", "counter",
+        "Remote reads cut short by remote_tier_timeout_ms.", r->timeouts);
+    one(f, "kvshare_remote_unavailable_total", "counter",
+        "Remote reads not sent: no server, or the in-flight bound.",
+        r->unavailable);
+    one(f, "kvshare_remote_writes_skipped_total", "counter",
+        "Remote writes not sent: no server, or the in-flight bound.",
+        r->puts_skipped);
+    one(f, "kvshare_remote_reconnects_total", "counter",
+        "Connections to the remote tier made again after a loss.",
+        r->reconnects);
   }
   render_hist(f, sn);
 }

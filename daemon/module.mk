@@ -13,7 +13,7 @@ CORE_LIBS = $(BUILD)/libkvscore.a $(call DEP_LIBS,libxxhash)
 # gpu/vmm.c, whose driver is dlopen'ed at run time) and backend.c picks one
 # at start-up.
 DAEMON_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(wildcard daemon/*.c))
-DAEMON_PKGS := libuv libprotobuf-c liburing jansson libmicrohttpd libzmq msgpack libsystemd
+DAEMON_PKGS := libuv libprotobuf-c liburing jansson libmicrohttpd libzmq msgpack libsystemd hiredis
 MOD_CFLAGS_daemon_ := $(call DEP_CFLAGS,$(DAEMON_PKGS) libxxhash)
 DAEMON_LIBS = $(call DEP_LIBS,$(DAEMON_PKGS)) $(GPU_LIBS)
 PROGRAMS += $(BUILD)/kvshared

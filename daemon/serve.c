@@ -21,6 +21,7 @@
 #include "daemon/events.h"
 #include "daemon/log.h"
 #include "daemon/metrics.h"
+#include "daemon/remote_moves.h"
 #include "daemon/serve.h"
 #include "daemon/server.h"
 #include "kvs_shm.h"
@@ -315,9 +316,16 @@ static void stop_listening(srv *s) {
     unlink(s->cfg->socket);
 }
 
+void srv_tiers_stats(const srv *s, tiers_stats st[SRV_TIERS], uint32_t *n) {
+  tiers_get_stats(s->tiers, st, n);
+  if (s->remote)
+    rmoves_tier_stats(s->remote, &st[(*n)++]);
+}
+
 /* No copy and no tier move in flight. */
 static int srv_io_idle(const srv *s) {
-  return copy_idle(&s->copy) && tiers_idle(s->tiers);
+  return copy_idle(&s->copy) && tiers_idle(s->tiers) &&
+         rmoves_idle(s->remote);
 }
 
 static void on_drain_timeout(uv_timer_t *t) {
@@ -369,15 +377,22 @@ static void stop_observers(srv *s) {
   s->events = NULL;
 }
 
+/* The tiers, the remote tier and the copy engine (all idle) close. */
+static void close_movers(srv *s) {
+  tiers_close(s->tiers);
+  s->tiers = NULL;
+  rmoves_close(s->remote);
+  s->remote = NULL;
+  copy_engine_close(&s->copy);
+}
+
 /* A stopping daemon is done when no session and no copy is left: the
  * last handles close and uv_run returns. */
 static void srv_maybe_done(srv *s) {
   if (!s->stopping || s->sessions || !srv_io_idle(s))
     return;
   close_handle((uv_handle_t *)&s->drain_timer);
-  tiers_close(s->tiers);
-  s->tiers = NULL;
-  copy_engine_close(&s->copy);
+  close_movers(s);
   stop_observers(s);
 }
 
@@ -399,6 +414,7 @@ static void srv_stop(srv *s, const char *why) {
   close_handle((uv_handle_t *)&s->sig_int);
   close_handle((uv_handle_t *)&s->sweep_timer);
   tiers_stop(s->tiers);
+  rmoves_stop(s->remote);
   for (c = s->sessions; c; c = next) {
     next = c->next;
     sess_shutdown(c, 0);
@@ -505,13 +521,24 @@ static int run(const cfg *c) {
                   sizeof(err));
   if (rc < 0) {
     log_error(0, "tiers: %s", err);
-    copy_engine_close(&s.copy);
+    close_movers(&s);
     uv_run(&loop, UV_RUN_DEFAULT);
     uv_loop_close(&loop);
     goto out_core;
   }
   if (s.tiers)
     tiers_set_idle_cb(s.tiers, on_tiers_idle, &s);
+  rc = rmoves_open(&loop, c, s.core, s.pool, &s.copy, &s.remote, err,
+                   sizeof(err));
+  if (rc < 0) {
+    log_error(0, "%s", err);
+    close_movers(&s);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    uv_loop_close(&loop);
+    goto out_core;
+  }
+  if (s.remote)
+    rmoves_set_idle_cb(s.remote, on_tiers_idle, &s);
   uv_signal_init(&loop, &s.sig_term);
   uv_signal_init(&loop, &s.sig_int);
   uv_timer_init(&loop, &s.drain_timer);
@@ -532,9 +559,7 @@ static int run(const cfg *c) {
     close_handle((uv_handle_t *)&s.sig_int);
     close_handle((uv_handle_t *)&s.drain_timer);
     close_handle((uv_handle_t *)&s.sweep_timer);
-    tiers_close(s.tiers);
-    s.tiers = NULL;
-    copy_engine_close(&s.copy);
+    close_movers(&s);
     uv_run(&loop, UV_RUN_DEFAULT);
     uv_loop_close(&loop);
     goto out_core;

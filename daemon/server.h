@@ -10,6 +10,7 @@
  *   backend*.c  backend_ the memory behind the pool (one backend per file)
  *   copy.c      copy_  the copy engine: block copies the daemon makes
  *   tiers.c     tiers_ the tiers below the pool (tier_host.c, tier_disk.c)
+ *   remote_moves.c rmoves_ the remote tier below them (tier_remote.c)
  *
  * Everything runs on the one loop thread; nothing here blocks on I/O.
  */
@@ -49,6 +50,7 @@ struct srv {
   backend *pool;
   copy_engine copy;
   tiers *tiers;          /* NULL: no tier below the pool */
+  struct rmoves *remote; /* the remote tier (remote_moves.c); NULL: none */
   struct metrics *metrics; /* /metrics (metrics.c); NULL: off */
   struct events *events;   /* the KV event stream (events.c); NULL: off */
   uid_t self_uid;
@@ -115,6 +117,10 @@ struct sess {
   uint64_t req_t0;
   int req_op;
 };
+
+/* serve.c: every tier below the pool, top first, the remote tier last. */
+#define SRV_TIERS (CORE_TIERS + 1)
+void srv_tiers_stats(const srv *s, tiers_stats st[SRV_TIERS], uint32_t *n);
 
 /* session.c */
 /* Accepts one connection from the listener (checks the peer, the limit). */

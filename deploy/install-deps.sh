@@ -10,7 +10,8 @@ PKGS="build-essential pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compile
 liburing-dev libcmocka-dev libxxhash-dev libjansson-dev python3 python3-numpy \
 gnuplot-nox libmicrohttpd-dev libzmq3-dev libmsgpack-dev libsystemd-dev systemd curl \
 python3-prometheus-client python3-zmq python3-msgpack python3-pytest python3-yaml \
-yamllint python3-venv python3-pip python3-setuptools python3-kubernetes"
+yamllint python3-venv python3-pip python3-setuptools python3-kubernetes \
+libhiredis-dev redis-server redis-tools"
 if [ "${1:-}" = "--fuzz" ]; then
   PKGS="$PKGS clang-14 libclang-rt-14-dev"
 fi

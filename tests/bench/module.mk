@@ -15,3 +15,4 @@ $(CORE_BENCHES): $(BUILD)/%: $(BUILD)/%.o $(BUILD)/libkvscore.a
 BENCHES += tests/bench/bench_replay.sh
 BENCHES += tests/bench/bench_python.py
 BENCHES += tests/bench/bench_metrics.py
+BENCHES += tests/bench/bench_remote.py

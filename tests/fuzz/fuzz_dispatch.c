@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "daemon/log.h"
+#include "daemon/remote_moves.h"
 #include "daemon/server.h"
 #include "kvs_packed.h"
 #include "tests/fuzz/fuzz_target.h"
@@ -65,6 +66,15 @@ void tiers_get_stats(const tiers *t, tiers_stats st[CORE_TIERS], uint32_t *n) {
   *n = 0;
 }
 void tiers_kick(tiers *t) { (void)t; }
+/* (serve.c's, over the same stand-ins: no remote tier here either) */
+void srv_tiers_stats(const srv *s, tiers_stats st[SRV_TIERS], uint32_t *n) {
+  tiers_get_stats(s->tiers, st, n);
+}
+int rmoves_promote(rmoves *m, tier_promo *pr, void (*done)(tier_promo *pr)) {
+  (void)m, (void)pr, (void)done;
+  die("rmoves_promote without a remote tier", NULL);
+  return 1;
+}
 void sess_promoted(tier_promo *pr) {
   (void)pr;
   die("sess_promoted without tiers", NULL);
