@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "daemon/log.h"
 #include "daemon/tier_host.h"
@@ -32,10 +33,20 @@ struct rmoves {
   uint64_t stride;
   tier_host stage;     /* staging buffers (pinned on a GPU pool) */
   uint32_t *free_stage, nfree;
-  wq_ent *q;           /* ring of sealed blocks to write */
+  wq_ent *q;           /* ring of sealed blocks to copy out */
   uint32_t qhead, qlen;
+  /* Copied out, waiting for room in the store's write window: staging
+   * buffers in order (ring of nstage), each with its hash and token ids
+   * (stok: block_size per buffer; rtok: 0 when the core keeps none). */
+  uint32_t *ready, rhead, rlen, nstage;
+  kvs_hash128 *rhash;
+  uint32_t *stok;
+  uint8_t *rtok;
   uv_check_t drain;
   int draining, stopped, write;
+  uint32_t pinned, max_pins; /* GPU pool: blocks pinned for their copy
+                                out, at most an eighth of the pool (or one
+                                job), so that allocations find room */
   uint32_t jobs, reads; /* in flight */
   /* counters besides the store's */
   uint64_t dropped;    /* queued writes let go (queue full, store down,
@@ -83,6 +94,11 @@ static void *stage_ptr(rmoves *m, uint32_t s) {
 
 static void drain_cb(uv_check_t *h);
 
+static void wake(rmoves *m);
+
+/* A write was answered: ready copies may go (at the end of this turn). */
+static void on_room(void *arg) { wake(arg); }
+
 static void on_sealed(void *arg, kvs_hash128 h, uint32_t b) {
   rmoves *m = arg;
 
@@ -93,10 +109,30 @@ static void on_sealed(void *arg, kvs_hash128 h, uint32_t b) {
     return;
   }
   m->q[(m->qhead + m->qlen++) % QUEUE_MAX] = (wq_ent){h, b};
-  if (!m->draining) {
+  wake(m);
+}
+
+static void wake(rmoves *m) {
+  if ((m->qlen || m->rlen) && !m->draining && !m->stopped) {
     m->draining = 1;
     uv_check_start(&m->drain, drain_cb);
   }
+}
+
+/* The copies are in staging: each block goes on the ready list with its
+ * token ids (taken while it is still pinned), and is let go. */
+/* Block b (hash h) is copied into staging buffer s: on the ready list,
+ * with its token ids (b must still hold them). */
+static void stage_ready(rmoves *m, uint32_t s, kvs_hash128 h, uint32_t b) {
+  const uint32_t bs = m->pool->layout.block_size;
+  const uint32_t *tok = core_block_tokens(m->core, b);
+  uint32_t at = (m->rhead + m->rlen++) % m->nstage;
+
+  m->ready[at] = s;
+  m->rhash[at] = h;
+  m->rtok[at] = tok != NULL;
+  if (tok)
+    memcpy(m->stok + (size_t)s * bs, tok, bs * sizeof(uint32_t));
 }
 
 static void on_written(copy_job *j) {
@@ -104,46 +140,93 @@ static void on_written(copy_job *j) {
   rmoves *m = w->m;
 
   for (uint32_t i = 0; i < w->n; i++) {
-    /* still pinned: its token ids are stable */
-    if (j->status == 0)
-      remote_put(m->store, stage_ptr(m, w->stage[i]), w->h[i],
-                 core_block_tokens(m->core, w->blocks[i]));
-    else
+    if (j->status != 0 || m->stopped) {
       m->dropped++;
+      m->free_stage[m->nfree++] = w->stage[i];
+    } else {
+      stage_ready(m, w->stage[i], w->h[i], w->blocks[i]);
+    }
     core_unpin(m->core, w->blocks[i]);
-    m->free_stage[m->nfree++] = w->stage[i];
+    m->pinned--;
   }
   m->jobs--;
   free(w);
-  if (m->qlen && !m->draining && !m->stopped) {
-    m->draining = 1;
-    uv_check_start(&m->drain, drain_cb);
-  }
+  wake(m);
   maybe_idle(m);
 }
 
+/* Every block queued or copied out and not sent is let go (counted). */
+static void drop_queued(rmoves *m) {
+  m->dropped += m->qlen + m->rlen;
+  m->qlen = 0;
+  while (m->rlen) {
+    m->free_stage[m->nfree++] = m->ready[m->rhead];
+    m->rhead = (m->rhead + 1) % m->nstage;
+    m->rlen--;
+  }
+}
+
+/* Ready copies go to the store while its write window has room.  One the
+ * store refuses with room left (its server down: a cluster node) is let
+ * go, so that it does not hold back the others. */
+static void send_ready(rmoves *m) {
+  const uint32_t bs = m->pool->layout.block_size;
+  uint32_t room = remote_put_room(m->store);
+
+  while (m->rlen && room) {
+    uint32_t s = m->ready[m->rhead];
+
+    if (remote_put(m->store, stage_ptr(m, s), m->rhash[m->rhead],
+                   m->rtok[m->rhead] ? m->stok + (size_t)s * bs : NULL) == 0)
+      room--; /* (a refusal is counted by the store: puts_skipped) */
+    m->rhead = (m->rhead + 1) % m->nstage;
+    m->rlen--;
+    m->free_stage[m->nfree++] = s;
+  }
+}
+
+/* End of a loop turn with blocks to write: ready copies are sent, then
+ * the newly sealed blocks still held by their requests are pinned and
+ * copied out, as many as there are staging buffers. */
 static void drain_cb(uv_check_t *h) {
   rmoves *m = h->data;
   remote_stats st;
-  uint32_t room;
 
   remote_get_stats(m->store, &st);
   if (m->stopped || st.nodes_up == 0) { /* nothing to write to: let go */
-    m->dropped += m->qlen;
-    m->qlen = 0;
+    drop_queued(m);
   }
-  room = remote_put_room(m->store);
-  while (m->qlen && room && m->nfree) {
+  send_ready(m);
+  if (!m->pool->ops->host_register) {
+    /* The host pool: copied here and now, no pin, no job. */
+    while (m->qlen && m->nfree) {
+      wq_ent e = m->q[m->qhead];
+      uint32_t s;
+
+      m->qhead = (m->qhead + 1) % QUEUE_MAX;
+      m->qlen--;
+      /* Its bytes stay put while memcpy runs, held or cached. */
+      if (core_block_holds(m->core, e.b, e.h) == 0) {
+        m->released++;
+        continue;
+      }
+      s = m->free_stage[--m->nfree];
+      memcpy((char *)stage_ptr(m, s) + remote_put_offset(m->store),
+             (const char *)m->pool->base + (uint64_t)e.b * m->stride,
+             m->stride);
+      stage_ready(m, s, e.h, e.b);
+    }
+    send_ready(m);
+  }
+  while (m->qlen && m->nfree && m->pinned < m->max_pins) {
     wjob *w = malloc(sizeof(*w));
-    uint32_t take = JOB_MAX;
 
     if (!w)
       break;
     w->m = m;
     w->n = 0;
-    if (take > room)
-      take = room;
-    while (m->qlen && w->n < take && m->nfree) {
+    while (m->qlen && w->n < JOB_MAX && m->nfree &&
+           m->pinned < m->max_pins) {
       wq_ent e = m->q[m->qhead];
 
       m->qhead = (m->qhead + 1) % QUEUE_MAX;
@@ -155,6 +238,7 @@ static void drain_cb(uv_check_t *h) {
         m->released++;
         continue;
       }
+      m->pinned++;
       w->blocks[w->n] = e.b;
       w->h[w->n] = e.h;
       w->stage[w->n] = m->free_stage[--m->nfree];
@@ -166,7 +250,6 @@ static void drain_cb(uv_check_t *h) {
       free(w);
       continue;
     }
-    room -= w->n;
     memset(&w->job, 0, sizeof(w->job));
     w->job.kind = COPY_TO_HOST;
     w->job.blocks = w->blocks;
@@ -180,8 +263,10 @@ static void drain_cb(uv_check_t *h) {
       on_written(&w->job);
     }
   }
-  if (m->qlen == 0 || room == 0 || m->nfree == 0) {
-    /* empty, or waiting for answers or copies: they restart it */
+  /* Sleep until an answer (room in the window) or a copy (a buffer back)
+   * or a new sealed block wakes it. */
+  if ((m->qlen == 0 || m->nfree == 0 || m->pinned >= m->max_pins) &&
+      (m->rlen == 0 || remote_put_room(m->store) == 0)) {
     m->draining = 0;
     uv_check_stop(&m->drain);
   }
@@ -217,18 +302,14 @@ static void on_filled(copy_job *j) {
   if (j->status < 0)
     for (uint32_t i = 0; i < x->np; i++)
       x->ok[i] = 0;
-  for (uint32_t i = 0; i < x->np; i++) {
-    if (x->ok[i])
-      m->promoted++;
-    else
-      m->promote_failed++;
-  }
+  /* The run stops at the first failure: the blocks after it go too. */
+  while (good < x->np && x->ok[good])
+    good++;
+  m->promoted += good;
+  m->promote_failed += x->np - good;
   pr->hit_tokens = core_promote_finish(m->core, pr->r, x->p, x->np, x->ok);
-  if (pr->r) {
-    while (good < x->np && x->ok[good])
-      good++;
+  if (pr->r)
     pr->promoted_tokens += good * bs;
-  }
   promo_end(x);
 }
 
@@ -273,9 +354,12 @@ static void on_got(remote_get *g) {
     x->ok[i] = 1;
     x->stage[i] = KVS_BLOCK_NONE;
     if (m->stage.pinned_by) { /* a GPU copies from pinned memory only */
-      if (m->nfree == 0) {
-        x->ok[i] = 0;
-        continue;
+      if (m->nfree == 0) { /* the run ends here: no copy of the rest */
+        for (uint32_t k = i; k < x->np; k++) {
+          x->ok[k] = 0;
+          x->stage[k] = KVS_BLOCK_NONE;
+        }
+        break;
       }
       x->stage[i] = m->free_stage[--m->nfree];
       memcpy(stage_ptr(m, x->stage[i]), src, m->stride);
@@ -360,6 +444,9 @@ int rmoves_open(uv_loop_t *loop, const cfg *c, core *cr, backend *pool,
   m->cfg = c;
   m->stride = pool->layout.block_stride;
   m->write = c->remote_tier_write;
+  m->max_pins = pool->layout.num_blocks / 8 > JOB_MAX
+                    ? pool->layout.num_blocks / 8
+                    : JOB_MAX;
   memset(&rc, 0, sizeof(rc));
   rc.url = c->remote_tier;
   rc.password_file = c->remote_tier_password_file;
@@ -380,22 +467,40 @@ int rmoves_open(uv_loop_t *loop, const cfg *c, core *cr, backend *pool,
   n = n < STAGE_MIN ? STAGE_MIN : n > STAGE_MAX ? STAGE_MAX : n;
   rcode = tier_host_open(&m->stage, pool, n * remote_put_size(m->store),
                          remote_put_size(m->store), err, err_len);
+  m->nstage = (uint32_t)n;
   m->free_stage = malloc(n * sizeof(uint32_t));
+  m->ready = malloc(n * sizeof(uint32_t));
+  m->rhash = malloc(n * sizeof(kvs_hash128));
+  m->rtok = malloc(n);
+  m->stok = malloc(n * pool->layout.block_size * sizeof(uint32_t));
   m->q = malloc(QUEUE_MAX * sizeof(wq_ent));
-  if (rcode < 0 || !m->free_stage || !m->q) {
+  if (rcode < 0 || !m->free_stage || !m->q || !m->ready || !m->rhash ||
+      !m->rtok || !m->stok) {
     if (rcode == 0)
       snprintf(err, err_len, "out of memory");
     tier_host_close(&m->stage);
     free(m->free_stage);
+    free(m->ready);
+    free(m->rhash);
+    free(m->rtok);
+    free(m->stok);
     free(m->q);
     remote_close(m->store, NULL);
     free(m);
     return rcode < 0 ? rcode : KVS_ENOMEM;
   }
+  /* Faulted in now, not by the first copies: a block stays pinned while
+   * it is copied out, and a first touch of this VM's memory is slower than
+   * the copy (a burst of commits right after start would pin blocks for
+   * milliseconds, and allocations could find no room). */
+  if (!m->stage.pinned_by &&
+      madvise(m->stage.base, m->stage.bytes, MADV_POPULATE_WRITE) != 0)
+    memset(m->stage.base, 0, m->stage.bytes);
   for (uint32_t i = 0; i < (uint32_t)n; i++)
     m->free_stage[m->nfree++] = (uint32_t)n - 1 - i;
   uv_check_init(loop, &m->drain);
   m->drain.data = m;
+  remote_set_room_cb(m->store, on_room, m);
   memset(&obs, 0, sizeof(obs));
   obs.sealed = on_sealed;
   obs.arg = m;
@@ -422,8 +527,9 @@ void rmoves_stop(rmoves *m) {
   if (!m || m->stopped)
     return;
   m->stopped = 1;
-  m->dropped += m->qlen;
-  m->qlen = 0;
+  /* Blocks not sent yet are let go (a server that hangs must not hold the
+   * shutdown); writes already sent are flushed by remote_close. */
+  drop_queued(m);
   m->draining = 0;
   uv_check_stop(&m->drain);
   core_remove_observer(m->core, m);
@@ -438,6 +544,10 @@ static void on_drain_closed(uv_handle_t *h) {
 
   tier_host_close(&m->stage);
   free(m->free_stage);
+  free(m->ready);
+  free(m->rhash);
+  free(m->rtok);
+  free(m->stok);
   free(m->q);
   free(m);
 }

@@ -4,12 +4,16 @@
  *
  * Write-through: every block a commit seals and indexes (the core's
  * `sealed` observer) is queued; at the end of the loop turn the queued
- * blocks still IN USE with that hash are pinned and copied into staging
- * buffers as one copy-engine job (the daemon's CUDA stream on a GPU pool),
- * then each is sent as one SET and unpinned.  A block already released
- * (CACHED) or evicted by then is skipped, as are writes past the store's
- * in-flight bound or while it is down (all counted): the store is a cache,
- * a skipped block is only a later miss.
+ * blocks still holding that hash are copied out into staging buffers
+ * (as many as are free): on the host pool by memcpy there and then, held
+ * or cached; on a GPU pool only those still IN USE, pinned for one
+ * copy-engine job on the daemon's CUDA stream (at most an eighth of the
+ * pool pinned at once).  Copies wait in staging for the store's write
+ * window (tier_remote.h: a separate connection, 1 MiB of writes waiting
+ * for answers) and go as one SET each.  A block evicted (or, on a GPU,
+ * released) before its copy, a full queue or staging, a store that is
+ * down: the block is skipped, counted (the store is a cache: a skipped
+ * block is only a later miss).
  *
  * Promotion: after a Lookup (and its promotions from the tiers below), the
  * request's chain from its first missing block is asked of the store in

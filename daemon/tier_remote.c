@@ -21,6 +21,10 @@
 #include "daemon/log.h"
 #include "kvs_status.h"
 
+/* hiredis exports it (redisAsyncHandleRead's second half) but its async.h
+ * does not declare it. */
+void redisProcessCallbacks(redisAsyncContext *ac);
+
 #define MAX_NODES 64
 #define NSLOTS 16384
 #define NO_NODE 0xffff
@@ -28,6 +32,7 @@
 #define BACKOFF_MAX_MS 5000
 #define REFRESH_MIN_MS 1000
 #define CLOSE_GRACE_MS 2000
+#define WRITE_WINDOW (1u << 20) /* write bytes waiting for answers */
 #define KEY_MAX 160
 #define HDR_FIXED 80
 static const char MAGIC[8] = {'K', 'V', 'S', 'R', 'E', 'M', 'T', '1'};
@@ -50,6 +55,7 @@ typedef struct rnode {
   char host[256];   /* "" for a Unix socket */
   char path[108];
   int port;
+  int writer;       /* the server's connection for writes */
   int state;
   redisAsyncContext *ac;
   uv_timer_t retry;
@@ -59,6 +65,9 @@ typedef struct rnode {
   int down_logged;
   uint32_t backoff_ms;
   uint32_t pending; /* answers the connection owes */
+  uint32_t setup;   /* AUTH, SELECT or PING answers still owed: the
+                       connection counts as up (back-off reset, "connected"
+                       logged) once they all came back good */
   char addr[300];   /* for the log */
 } rnode;
 
@@ -93,10 +102,17 @@ struct remote {
   uint32_t nnodes;
   uint16_t *slots;       /* cluster: slot -> node, NO_NODE */
   int have_map, refreshing;
+  uint32_t refresh_next; /* the node asked first next time */
   uint64_t last_refresh;
   uv_timer_t tick;       /* read timeouts, refresh retries */
   rget *thead, *ttail;   /* reads by deadline (all wait as long) */
   uint64_t value_len, hdr_len, put_pfx, put_size;
+  /* Writes waiting for their answer, and how many bytes of them may: a
+   * Lookup's reads queue behind them on the connection, so they are kept
+   * to a small window (WRITE_WINDOW, at least two writes). */
+  uint64_t write_inflight, write_window;
+  void (*room_cb)(void *);
+  void *room_data;
   remote_stats st;
   int closing, started, grace_closed;
   uint32_t handles;      /* open uv handles, name lookups, hiredis contexts */
@@ -131,15 +147,22 @@ static void on_poll(uv_poll_t *h, int status, int events) {
      * end or error it must see) and its callbacks. */
     static char buf[256 << 10];
     ssize_t n;
-    int k = 0;
+    int k = 0, fed = 0;
 
     while (k++ < 16 && (n = read(p->ac->c.fd, buf, sizeof(buf))) > 0) {
+      fed = 1;
       if (redisReaderFeed(p->ac->c.reader, buf, (size_t)n) != REDIS_OK)
         break; /* its next read reports the parser's error */
       if ((size_t)n < sizeof(buf))
         break;
     }
-    redisAsyncHandleRead(p->ac);
+    /* The answers fed first: when hiredis's read meets the end of the
+     * stream (a server that answered, then closed) it disconnects at once
+     * and calls every callback still waiting with NULL, answered or not. */
+    if (fed)
+      redisProcessCallbacks(p->ac); /* may free it: p->ac NULL */
+    if (p->ac)
+      redisAsyncHandleRead(p->ac);
   }
   if (p->ac && (events & UV_WRITABLE))
     redisAsyncHandleWrite(p->ac);
@@ -232,15 +255,16 @@ static size_t make_key(const remote *rm, kvs_hash128 h, char *out) {
                           h.lo);
 }
 
-static rnode *node_for(remote *rm, const char *key, size_t len) {
+/* The connection to key's server for reads (writer 0) or writes (1). */
+static rnode *node_for(remote *rm, const char *key, size_t len, int writer) {
   uint16_t i;
 
   if (!rm->cluster)
-    return rm->nodes[0];
+    return rm->nodes[writer];
   if (!rm->have_map)
     return NULL;
   i = rm->slots[remote_key_slot(key, len)];
-  return i == NO_NODE ? NULL : rm->nodes[i];
+  return i == NO_NODE ? NULL : rm->nodes[i + writer];
 }
 
 /* ---- connections ---------------------------------------------------------- */
@@ -301,8 +325,11 @@ static void node_down(rnode *n, const char *why) {
   if (n->backoff_ms > BACKOFF_MAX_MS)
     n->backoff_ms = BACKOFF_MAX_MS;
   uv_timer_start(&n->retry, on_retry, n->backoff_ms, 0);
-  if (rm->cluster && rm->have_map)
-    rm->have_map = 0, rm->last_refresh = 0; /* the map may be stale */
+  if (rm->cluster) { /* the map may be stale (a failover): reloaded; the
+                        old one serves the other nodes' slots meanwhile */
+    rm->last_refresh = 0;
+    refresh_map(rm);
+  }
 }
 
 
@@ -317,7 +344,19 @@ static void on_connect(const redisAsyncContext *ac, int status) {
     context_gone(rm); /* hiredis frees the context after this */
     return;
   }
+  /* Up: commands go (pipelined after the set-up ones).  The back-off is
+   * reset by node_good, when the server has answered them: a server that
+   * accepts, then refuses (a wrong password, maxclients) is tried again
+   * at the back-off's pace, not every 100 ms. */
   n->state = RN_UP;
+  if (rm->cluster && !rm->have_map)
+    refresh_map(rm);
+}
+
+/* The set-up commands of n's connection came back good. */
+static void node_good(rnode *n) {
+  remote *rm = n->rm;
+
   n->backoff_ms = 0;
   if (n->was_up)
     rm->st.reconnects++;
@@ -328,8 +367,6 @@ static void on_connect(const redisAsyncContext *ac, int status) {
   } else {
     log_info(0, "remote tier %s: connected", n->addr);
   }
-  if (rm->cluster && !rm->have_map)
-    refresh_map(rm);
 }
 
 static void on_disconnect(const redisAsyncContext *ac, int status) {
@@ -348,13 +385,17 @@ static void on_setup_reply(redisAsyncContext *ac, void *r, void *priv) {
   rnode *n = ac->data;
   redisReply *reply = r;
 
-  if (reply && reply->type == REDIS_REPLY_ERROR) {
-    log_error(0, "remote tier %s: %s refused: %s", n->addr,
-              (const char *)priv, reply->str);
-    redisAsyncDisconnect(ac); /* and back off: a wrong password stays */
-  }
   if (n->pending)
     n->pending--;
+  if (reply && reply->type == REDIS_REPLY_ERROR) {
+    /* (Once an outage: the retries are logged as one.) */
+    log_at(n->down_logged ? LOG_DEBUG : LOG_ERROR, 0,
+           "remote tier %s: %s refused: %s", n->addr, (const char *)priv,
+           reply->str);
+    redisAsyncDisconnect(ac); /* and back off: a wrong password stays */
+  } else if (reply && n->setup && --n->setup == 0) {
+    node_good(n);
+  }
 }
 
 static void start_context(rnode *n, const char *ip) {
@@ -382,6 +423,7 @@ static void start_context(rnode *n, const char *ip) {
   n->ac = ac;
   n->state = RN_CONNECTING;
   n->pending = 0;
+  n->setup = 0;
   rm->handles++;
   rm->contexts++;
   if (rm->pass[0]) { /* AUTH [USER] PASSWORD, first in the pipeline */
@@ -394,11 +436,18 @@ static void start_context(rnode *n, const char *ip) {
     redisAsyncCommandArgv(ac, on_setup_reply, (void *)"AUTH", argc, argv,
                           NULL);
     n->pending++;
+    n->setup++;
   }
   if (rm->db > 0) {
     redisAsyncCommand(ac, on_setup_reply, (void *)"SELECT", "SELECT %d",
                       rm->db);
     n->pending++;
+    n->setup++;
+  }
+  if (!n->setup) { /* an answer says the server takes commands */
+    redisAsyncCommand(ac, on_setup_reply, (void *)"PING", "PING");
+    n->pending++;
+    n->setup++;
   }
 }
 
@@ -451,35 +500,60 @@ static void node_connect(rnode *n) {
   rm->handles++;
 }
 
-static rnode *node_add(remote *rm, const char *host, int port,
+/* A connection to host:port or path (its retry timer once rm started). */
+static rnode *node_new(remote *rm, const char *host, int port,
                        const char *path) {
-  rnode *n;
+  rnode *n = calloc(1, sizeof(*n));
 
-  for (uint32_t i = 0; i < rm->nnodes; i++) {
-    n = rm->nodes[i];
-    if (n->port == port && strcmp(n->host, host) == 0 &&
-        strcmp(n->path, path) == 0)
-      return n;
-  }
-  if (rm->nnodes == MAX_NODES || !(n = calloc(1, sizeof(*n))))
+  if (!n)
     return NULL;
   n->rm = rm;
   snprintf(n->host, sizeof(n->host), "%s", host);
   snprintf(n->path, sizeof(n->path), "%s", path);
   n->port = port;
-  if (rm->started) {
-    uv_timer_init(rm->loop, &n->retry);
-    n->retry.data = n;
-    rm->handles++;
-  }
   if (path[0])
     snprintf(n->addr, sizeof(n->addr), "unix:%s", path);
   else
     snprintf(n->addr, sizeof(n->addr), strchr(host, ':') ? "[%s]:%d"
                                                          : "%s:%d",
              host, port);
-  rm->nodes[rm->nnodes++] = n;
   return n;
+}
+
+/* A server: two connections, nodes[k] for reads and nodes[k + 1] for
+ * writes, so that a Lookup's reads never wait behind a window of large
+ * writes (the server serves its connections in turn).  Returns the
+ * reader. */
+static rnode *node_add(remote *rm, const char *host, int port,
+                       const char *path) {
+  rnode *r, *w;
+
+  for (uint32_t i = 0; i < rm->nnodes; i += 2) {
+    r = rm->nodes[i];
+    if (r->port == port && strcmp(r->host, host) == 0 &&
+        strcmp(r->path, path) == 0)
+      return r;
+  }
+  if (rm->nnodes + 2 > MAX_NODES)
+    return NULL;
+  r = node_new(rm, host, port, path);
+  w = r ? node_new(rm, host, port, path) : NULL;
+  if (!w) {
+    free(r);
+    return NULL;
+  }
+  w->writer = 1;
+  strncat(w->addr, " (writes)", sizeof(w->addr) - strlen(w->addr) - 1);
+  rm->nodes[rm->nnodes++] = r;
+  rm->nodes[rm->nnodes++] = w;
+  if (rm->started)
+    for (int k = 0; k < 2; k++) {
+      rnode *n = k ? w : r;
+      uv_timer_init(rm->loop, &n->retry);
+      n->retry.data = n;
+      rm->handles++;
+    }
+  return r;
 }
 
 static int node_up(const rnode *n) {
@@ -531,32 +605,39 @@ static void on_slots(redisAsyncContext *ac, void *r, void *priv) {
       continue;
     for (idx = 0; rm->nodes[idx] != n; idx++)
       ;
-    if (n->state == RN_DOWN && !n->ac && !n->gai_busy &&
-        !uv_is_active((uv_handle_t *)&n->retry))
-      node_connect(n);
-    for (long long s = e->element[0]->integer;
-         s <= e->element[1]->integer && s < NSLOTS; s++)
-      if (s >= 0) {
-        rm->slots[s] = (uint16_t)idx;
-        mapped++;
-      }
+    for (int w = 0; w < 2; w++) {
+      rnode *c = rm->nodes[idx + (uint32_t)w];
+      if (c->state == RN_DOWN && !c->ac && !c->gai_busy &&
+          !uv_is_active((uv_handle_t *)&c->retry))
+        node_connect(c);
+    }
+    /* (a range clamped first: a bogus start of -2^63 must not loop) */
+    for (long long s = e->element[0]->integer < 0 ? 0 : e->element[0]->integer;
+         s <= e->element[1]->integer && s < NSLOTS; s++) {
+      rm->slots[s] = (uint16_t)idx;
+      mapped++;
+    }
   }
   rm->have_map = mapped > 0;
   rm->st.slot_refreshes++;
   log_info(0, "remote tier: cluster slot map: %u of %u slots over %u nodes",
-           mapped, NSLOTS, rm->nnodes);
+           mapped, NSLOTS, rm->nnodes / 2);
 }
 
 static void refresh_map(remote *rm) {
   uint64_t now = now_ms(rm);
 
-  if (!rm->cluster || rm->refreshing || rm->closing ||
+  /* (A reload still unanswered after REFRESH_MIN_MS does not hold the
+   * next one: its node may hang.  The nodes up are asked in turn.) */
+  if (!rm->cluster || rm->closing ||
       (rm->last_refresh && now - rm->last_refresh < REFRESH_MIN_MS))
     return;
-  for (uint32_t i = 0; i < rm->nnodes; i++) {
+  for (uint32_t k = 0; k < rm->nnodes; k++) {
+    uint32_t i = (rm->refresh_next + k) % rm->nnodes;
     rnode *n = rm->nodes[i];
     if (!node_up(n))
       continue;
+    rm->refresh_next = i + 1;
     if (redisAsyncCommand(n->ac, on_slots, rm, "CLUSTER SLOTS") == REDIS_OK) {
       n->pending++;
       rm->refreshing = 1;
@@ -708,20 +789,29 @@ static void on_tick(uv_timer_t *t) {
 int remote_get_start(remote *rm, const kvs_hash128 *hashes, uint32_t n,
                      const uint32_t *tokens, remote_get_cb cb, void *data,
                      remote_get **out) {
-  uint64_t want = (uint64_t)n * (rm->value_len + 64);
-  size_t ntok = tokens ? (size_t)n * rm->cfg.block_size : 0;
+  const uint64_t per = rm->value_len + 64;
+  uint64_t room = rm->st.inflight_bytes < rm->cfg.inflight_bytes
+                      ? (rm->cfg.inflight_bytes - rm->st.inflight_bytes) / per
+                      : 0;
+  uint64_t want;
+  size_t ntok;
   rget *g;
   char key[KEY_MAX];
 
   *out = NULL;
-  if (n == 0 || rm->closing ||
-      rm->st.inflight_bytes + want > rm->cfg.inflight_bytes ||
+  if (n == 0 || rm->closing || room == 0 ||
       (rm->cluster && !rm->have_map) || (!rm->cluster && !node_up(rm->nodes[0]))) {
     rm->st.unavailable++;
     if (rm->cluster && !rm->have_map)
       refresh_map(rm);
     return KVS_ELIMIT;
   }
+  /* A chain longer than the bound leaves room for: its first blocks (the
+   * rest could not be served past a miss anyway). */
+  if (n > room)
+    n = (uint32_t)room;
+  want = (uint64_t)n * per;
+  ntok = tokens ? (size_t)n * rm->cfg.block_size : 0;
   g = calloc(1, sizeof(*g) + n * sizeof(gitem) + n * sizeof(kvs_hash128) +
                     ntok * sizeof(uint32_t));
   if (!g)
@@ -738,7 +828,7 @@ int remote_get_start(remote *rm, const kvs_hash128 *hashes, uint32_t n,
   }
   for (uint32_t i = 0; i < n; i++) {
     size_t klen = make_key(rm, hashes[i], key);
-    rnode *nd = node_for(rm, key, klen);
+    rnode *nd = node_for(rm, key, klen, 0);
     const char *argv[2] = {"GET", key};
     size_t argl[2] = {3, klen};
 
@@ -806,14 +896,23 @@ size_t remote_put_offset(const remote *rm) {
 }
 
 uint32_t remote_put_room(const remote *rm) {
-  uint64_t left;
+  uint64_t left, window;
 
-  if (rm->closing || (rm->cluster ? !rm->have_map : !node_up(rm->nodes[0])))
+  if (rm->closing || (rm->cluster ? !rm->have_map : !node_up(rm->nodes[1])))
     return 0;
-  if (rm->st.inflight_bytes >= rm->cfg.inflight_bytes)
+  if (rm->st.inflight_bytes >= rm->cfg.inflight_bytes ||
+      rm->write_inflight >= rm->write_window)
     return 0;
   left = (rm->cfg.inflight_bytes - rm->st.inflight_bytes) / rm->put_size;
+  window = (rm->write_window - rm->write_inflight) / rm->put_size;
+  if (left > window)
+    left = window;
   return left > UINT32_MAX ? UINT32_MAX : (uint32_t)left;
+}
+
+void remote_set_room_cb(remote *rm, void (*cb)(void *), void *data) {
+  rm->room_cb = cb;
+  rm->room_data = data;
 }
 
 static void on_put_reply(redisAsyncContext *ac, void *r, void *priv) {
@@ -824,6 +923,9 @@ static void on_put_reply(redisAsyncContext *ac, void *r, void *priv) {
   if (n->pending)
     n->pending--;
   rm->st.inflight_bytes -= rm->put_size;
+  rm->write_inflight -= rm->put_size;
+  if (rm->room_cb && !rm->closing)
+    rm->room_cb(rm->room_data); /* (it writes later, not from here) */
   if (reply && reply->type == REDIS_REPLY_STATUS) {
     rm->st.puts++;
     rm->st.put_bytes += rm->cfg.block_bytes;
@@ -844,7 +946,7 @@ static void on_put_reply(redisAsyncContext *ac, void *r, void *priv) {
 int remote_put(remote *rm, void *buf, kvs_hash128 h, const uint32_t *tokens) {
   char *p = buf, key[KEY_MAX], *v;
   size_t klen = make_key(rm, h, key);
-  rnode *nd = node_for(rm, key, klen);
+  rnode *nd = node_for(rm, key, klen, 1);
   rhdr hd;
   size_t off;
 
@@ -895,6 +997,7 @@ int remote_put(remote *rm, void *buf, kvs_hash128 h, const uint32_t *tokens) {
   }
   nd->pending++;
   rm->st.inflight_bytes += rm->put_size;
+  rm->write_inflight += rm->put_size;
   return 0;
 }
 
@@ -1109,6 +1212,8 @@ int remote_open(uv_loop_t *loop, const remote_config *rc, remote **out,
                 (uint64_t)snprintf(pfx, sizeof(pfx), "\r\n$%" PRIu64 "\r\n",
                                    rm->value_len);
   rm->put_size = rm->put_pfx + rm->value_len + 2 + (rc->ttl_ms ? 40 : 0);
+  rm->write_window = WRITE_WINDOW > 2 * rm->put_size ? WRITE_WINDOW
+                                                     : 2 * rm->put_size;
   snprintf(rm->desc, sizeof(rm->desc), "%s%s%s, key prefix '%s', %s%s",
            rm->cluster ? "cluster, seeds " : "", rm->nodes[0]->addr,
            rm->nnodes > 1 ? ",..." : "", rm->prefix,
@@ -1204,10 +1309,11 @@ int remote_idle(const remote *rm) {
 
 void remote_get_stats(const remote *rm, remote_stats *st) {
   *st = rm->st;
-  st->nodes = rm->nnodes;
+  st->nodes = rm->nnodes / 2;
   st->nodes_up = 0;
-  for (uint32_t i = 0; i < rm->nnodes; i++)
-    st->nodes_up += (uint32_t)node_up(rm->nodes[i]);
+  for (uint32_t i = 0; i < rm->nnodes; i += 2) /* both connections */
+    st->nodes_up += (uint32_t)(node_up(rm->nodes[i]) &&
+                               node_up(rm->nodes[i + 1]));
 }
 
 const char *remote_describe(const remote *rm) { return rm->desc; }

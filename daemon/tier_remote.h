@@ -30,10 +30,14 @@
  * reserve their values' size before they are sent; writes count until
  * answered).
  *
+ * Each server gets two connections: one for reads, one for writes, so a
+ * Lookup's GETs never queue behind a window of large SETs (the server
+ * serves its connections in turn).
+ *
  * Cluster (redis-cluster://): the slot map comes from CLUSTER SLOTS on a
- * seed, keys go to their slot's master (CRC16 of the key), one connection
- * per master; a MOVED or ASK answer is a miss that refreshes the map (at
- * most once a second).
+ * seed, keys go to their slot's master (CRC16 of the key), two
+ * connections per master; a MOVED or ASK answer is a miss that refreshes
+ * the map (at most once a second).
  */
 #ifndef KVS_DAEMON_TIER_REMOTE_H
 #define KVS_DAEMON_TIER_REMOTE_H
@@ -105,8 +109,14 @@ void remote_get_release(remote_get *g);
  * go at remote_put_offset (so the copy engine can fill it in place). */
 size_t remote_put_size(const remote *rm);
 size_t remote_put_offset(const remote *rm);
-/* How many writes fit the in-flight bound now (0 when not connected). */
+/* How many writes may go now (0 when not connected): within the in-flight
+ * bound, and within the write window (1 MiB, at least two writes, waiting
+ * for answers), so that a Lookup's reads never queue behind more than
+ * that on a connection. */
 uint32_t remote_put_room(const remote *rm);
+/* cb(data) when a write is answered (room for another).  cb must not call
+ * remote_put from inside: it schedules the writes. */
+void remote_set_room_cb(remote *rm, void (*cb)(void *), void *data);
 /* Sends the write of block hash h (tokens: its block_size token ids, or
  * NULL) whose bytes are at buf + remote_put_offset; buf may be reused on
  * return.  0, or KVS_ELIMIT (not connected, or no room: skipped). */

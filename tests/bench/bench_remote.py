@@ -144,6 +144,46 @@ try:
         for p in procs[-2:]:
             stop(p)
         del procs[-2:]
+    # What write-through costs a worker's prefill: cycles of lookup (a new
+    # prompt), allocate, commit and free of DEPTH blocks on a daemon with
+    # the remote tier against one without, alternating.
+    print(f"\n{'block':>8} {'round':>5} {'cycle, remote on (ms)':>22} {'off (ms)':>9} {'ratio':>6}")
+    won = daemon("won", 2, 4 * (DEPTH + 1), [])
+    woff = start([f"{build}/kvshared", "serve", "--socket", os.path.join(tmp, "woff.sock"),
+                  "--backend", "host", "--num-layers", "2", "--num-kv-heads", "4",
+                  "--head-dim", "128", "--dtype", "fp16", "--block-size", str(BS),
+                  "--pool-blocks", str(4 * (DEPTH + 1)), "--log-level", "warn"], "ready")
+    socks = {"on": won, "off": os.path.join(tmp, "woff.sock")}
+    base = [1 << 20]
+    cyc = []
+
+    def cycles(sock, promote=True, n=200):
+        with kvshare.Client(sock) as c:
+            c.set_promote(promote)
+            t = time.perf_counter()
+            for _ in range(n):
+                base[0] += 1
+                toks = [base[0] * 1000 + i for i in range(DEPTH * BS + 1)]
+                c.lookup(1, toks, salt=b"w")
+                c.allocate(1, len(toks))
+                c.commit(1, 0, n=len(toks))
+                c.free(1)
+            return (time.perf_counter() - t) / n * 1e3
+
+    cyc_w = []
+    for rnd in range(ROUNDS):
+        on, off = cycles(socks["on"]), cycles(socks["off"])
+        onw = cycles(socks["on"], promote=False)
+        cyc.append(on / off)
+        cyc_w.append(onw / off)
+        print(f"{'64KiB':>8} {rnd:>5} {on:>22.3f} {off:>9.3f} {on / off:>6.2f}   "
+              f"no_promote: {onw:.3f} ms, {onw / off:.2f}")
+    with kvshare.Client(socks["on"]) as c:
+        tiers, _ = c.tier_stats()
+    print(f"   64KiB median ratio {statistics.median(cyc):.2f} (a prefill cycle of {DEPTH} "
+          f"blocks: the Lookup asks Redis, a miss; the blocks are written through), "
+          f"{statistics.median(cyc_w):.2f} with no_promote (writes only); "
+          f"{tiers[-1].demotions} blocks written, {tiers[-1].drops} skipped")
 finally:
     for p in procs:
         p.kill()

@@ -20,7 +20,10 @@
  *    changed in Redis: B's lookups stop exactly before each corrupted
  *    block, the bytes before it right, each counted a checksum failure.
  * 3. A TTL: every key written with --remote-tier-ttl-ms has a PTTL in
- *    (0, ttl]; keys written without have none.
+ *    (0, ttl]; keys written without have none.  A chain whose values are
+ *    more than --remote-tier-inflight-bytes: a lookup brings up the blocks
+ *    that fit (not none), the next one the rest.  A server that answers
+ *    and closes at once: the answers count (misses, not errors).
  * 4. A worker killed (SIGKILL) while its lookups promote from the remote
  *    tier: B's pool comes back whole.
  * 5. Redis stopped (SIGSTOP: A's writes pile up unread) then killed
@@ -33,7 +36,8 @@
  * 7. AUTH: a daemon with the password in a file and one with it in a TCP
  *    URL share a block; one with a wrong password starts, logs the refusal
  *    and misses.  Bad URLs and a missing password file stop kvshared with a
- *    message naming the option.
+ *    message naming the option.  The wrong password is retried with the
+ *    back-off (logged once), not every 100 ms.
  * 8. Redis Cluster (when this redis-server and redis-cli can make one):
  *    three masters; a prompt of many blocks spreads over them and is shared
  *    between two daemons, every byte checked.
@@ -997,6 +1001,140 @@ static void test_ttl(void) {
   itest_daemon_finish(&T, -1);
 }
 
+/* 3b. Blocks of 128 KiB, a reader whose reads may hold 1 MiB: a chain
+ * of 12 is more than that.  The reader asks for the blocks that fit (it
+ * used to ask for none: every lookup of a long chain missed). */
+static void test_bound(void) {
+  static itest_daemon W, R;
+  const char *o[40];
+  char url[320];
+  kvs_tier_stats t;
+
+  snprintf(url, sizeof url, "%s", unix_url);
+  /* (W's pool large enough to copy all 12 out in the commit's turn) */
+  daemon_opts(o, url, "--head-dim", "2048", "--remote-tier-prefix",
+              "kvsbound", "--pool-blocks", "256", NULL);
+  start(&W, o);
+  wait_connected(&W, unix_addr);
+  daemon_opts(o, url, "--head-dim", "2048", "--remote-tier-prefix",
+              "kvsbound", "--remote-tier-inflight-bytes", "1M",
+              "--remote-tier-write", "no", NULL);
+  start(&R, o);
+  wait_connected(&R, unix_addr);
+  kvs_client *w = itest_connect(&W, "bound-writer");
+  kvs_client *r = itest_connect(&R, "bound-reader");
+  uint64_t stride = kvs_layout_of(r)->block_stride;
+  /* (a read reserves its value, and 64 bytes, per block) */
+  uint32_t fit = (uint32_t)((1u << 20) / (HDR + BS * 4 + stride + 64));
+  prompt q = mkprompt(700, 12, 1);
+
+  CHECK(stride == 32 * STRIDE && fit > 0 && fit < 12);
+  CHECK(compute(w, 1, &q, 0) == 0);
+  wait_demotions(w, 12, "W");
+  CHECK_HIT(r, 1, &q, NULL, fit * BS);
+  CHECK_HIT(r, 2, &q, NULL, 12 * BS); /* the rest, next time */
+  remote_stats(r, &t);
+  CHECK(t.promotions == 12 && t.hit_blocks == 12);
+  CHECK(t.failures == 0 && t.io_errors == 0 && t.checksum_failures == 0);
+  kvs_close(w);
+  kvs_close(r);
+  itest_daemon_finish(&W, -1);
+  itest_daemon_finish(&R, -1);
+}
+
+/* 3c. A "server" (a child) that answers a lookup's GETs with nils and
+ * closes at once, the daemon stopped meanwhile so that it finds the
+ * answers and the end of the stream in one wake-up: the answers count
+ * (misses), they are not dropped as errors of a lost connection. */
+static void fake_server(int lfd, pid_t daemon) {
+  /* GET kvshare:ROOT:HASH (a key of 7 + 1 + 16 + 1 + 32 bytes) */
+  static const char get[] = "*2\r\n$3\r\nGET\r\n$57\r\n";
+  const size_t getlen = sizeof get - 1 + 57 + 2;
+  char buf[4096];
+  size_t len = 0;
+  int fd = accept(lfd, NULL, NULL);
+
+  if (fd < 0)
+    _exit(2);
+  /* PING (the daemon's first command, if any), then a lookup's 3 GETs (a
+   * 13-token prompt, blocks of 4) */
+  size_t off = 0;
+  while (len < off + 3 * getlen) {
+    ssize_t n = read(fd, buf + len, sizeof buf - len);
+    if (n <= 0)
+      _exit(3);
+    len += (size_t)n;
+    if (off == 0 && len >= 14 && memcmp(buf, "*1\r\n$4\r\nPING\r\n", 14) == 0) {
+      if (write(fd, "+PONG\r\n", 7) != 7)
+        _exit(4);
+      off = 14;
+    }
+  }
+  if (len != off + 3 * getlen || memcmp(buf + off, get, sizeof get - 1) != 0)
+    _exit(5);
+  kill(daemon, SIGSTOP);
+  usleep(50000);
+  if (write(fd, "$-1\r\n$-1\r\n$-1\r\n", 15) != 15)
+    _exit(6);
+  close(fd);
+  usleep(50000);
+  kill(daemon, SIGCONT);
+  _exit(0);
+}
+
+static void test_close_after_answers(void) {
+  static itest_daemon F;
+  struct sockaddr_un sa;
+  const char *o[40];
+  char url[320], addr[200];
+  kvs_tier_stats t;
+  int lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+  CHECK(lfd >= 0);
+  memset(&sa, 0, sizeof sa);
+  sa.sun_family = AF_UNIX;
+  snprintf(sa.sun_path, sizeof sa.sun_path, "%s/fake.sock", rdir);
+  CHECK(bind(lfd, (struct sockaddr *)&sa, sizeof sa) == 0);
+  CHECK(listen(lfd, 4) == 0);
+  snprintf(url, sizeof url, "unix://%s", sa.sun_path);
+  snprintf(addr, sizeof addr, "unix:%s", sa.sun_path);
+  daemon_opts(o, url, "--remote-tier-write", "no", NULL);
+  start(&F, o);
+  fflush(NULL);
+  pid_t child = fork();
+  CHECK(child >= 0);
+  if (child == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    fake_server(lfd, F.pid);
+  }
+  close(lfd);
+  wait_connected(&F, addr);
+  kvs_client *c = itest_connect(&F, "close-after-answers");
+  prompt q = mkprompt(800, 3, 1);
+  CHECK_HIT(c, 1, &q, NULL, 0);
+  CHECK(itest_wait(child) == 0);
+  remote_stats(c, &t);
+  print_stats("F", &t);
+  CHECK(t.io_errors == 0 && t.hit_blocks == 0);
+  kvs_close(c);
+  itest_daemon_finish(&F, -1);
+  unlink(sa.sun_path);
+}
+
+/* How many lines of d's log hold what. */
+static int log_count(const itest_daemon *d, const char *what) {
+  FILE *f = fopen(d->log, "r");
+  char line[1024];
+  int n = 0;
+
+  if (!f)
+    return 0;
+  while (fgets(line, sizeof line, f))
+    n += strstr(line, what) != NULL;
+  fclose(f);
+  return n;
+}
+
 /* The fill: NFILL prompts of 4 blocks computed on A, all in the store. */
 static void fill(void) {
   kvs_tier_stats ta;
@@ -1185,6 +1323,16 @@ static void test_auth(void) {
   daemon_opts(o, url, "--remote-tier-password-file", bad, NULL);
   start(&W, o);
   wait_log(&W, "AUTH refused");
+  usleep(1500000);
+  /* Retried with the back-off (100, 200, 400, 800 ms: 4 more tries in
+   * 1.5 s, not 15), the refusal logged once a connection (at most two a
+   * server: reads, writes). */
+  if (log_count(&W, "AUTH refused") > 2) {
+    itest_print_log(&W);
+    fprintf(stderr, "the refusal logged %d times\n",
+            log_count(&W, "AUTH refused"));
+    exit(1);
+  }
   kvs_client *w = itest_connect(&W, "auth-wrong");
   CHECK_HIT(w, 1, &z, NULL, 0);
   kvs_tier_stats t;
@@ -1364,6 +1512,10 @@ int main(void) {
   test_share();
   fprintf(stderr, "share and corruption: ok (%.1f s)\n", itest_now() - t0);
   test_ttl();
+  test_bound();
+  test_close_after_answers();
+  fprintf(stderr, "ttl, the in-flight bound, answers then close: ok "
+          "(%.1f s)\n", itest_now() - t0);
   fill();
   test_kill_worker();
   fprintf(stderr, "ttl, killed workers: ok (%.1f s)\n", itest_now() - t0);
