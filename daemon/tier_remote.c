@@ -56,6 +56,7 @@ typedef struct rnode {
   char path[108];
   int port;
   int writer;       /* the server's connection for writes */
+  int connected;    /* the socket is (hiredis calls on_disconnect) */
   int state;
   redisAsyncContext *ac;
   uv_timer_t retry;
@@ -311,6 +312,7 @@ static void node_down(rnode *n, const char *why) {
   remote *rm = n->rm;
 
   n->state = RN_DOWN;
+  n->connected = 0;
   n->ac = NULL;
   if (rm->closing) {
     n->state = RN_CLOSED;
@@ -344,20 +346,22 @@ static void on_connect(const redisAsyncContext *ac, int status) {
     context_gone(rm); /* hiredis frees the context after this */
     return;
   }
-  /* Up: commands go (pipelined after the set-up ones).  The back-off is
-   * reset by node_good, when the server has answered them: a server that
+  /* Connected; up (our commands go) once the set-up ones are answered
+   * (node_good): a command pipelined behind a SELECT the server refused
+   * would run on db 0.  The back-off is reset there too: a server that
    * accepts, then refuses (a wrong password, maxclients) is tried again
    * at the back-off's pace, not every 100 ms. */
-  n->state = RN_UP;
-  if (rm->cluster && !rm->have_map)
-    refresh_map(rm);
+  n->connected = 1;
 }
 
 /* The set-up commands of n's connection came back good. */
 static void node_good(rnode *n) {
   remote *rm = n->rm;
 
+  n->state = RN_UP;
   n->backoff_ms = 0;
+  if (rm->cluster && !rm->have_map)
+    refresh_map(rm);
   if (n->was_up)
     rm->st.reconnects++;
   n->was_up = 1;
@@ -1277,7 +1281,7 @@ void remote_close(remote *rm, int *done) {
     uv_close((uv_handle_t *)&n->retry, handle_closed);
     if (n->gai_busy)
       uv_cancel((uv_req_t *)&n->gai);
-    if (n->ac && n->state == RN_UP) {
+    if (n->ac && n->connected) {
       redisAsyncDisconnect(n->ac); /* after its answers: on_disconnect */
     } else if (n->ac) { /* never connected: no callback will come */
       redisAsyncContext *ac = n->ac;

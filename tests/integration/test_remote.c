@@ -1001,6 +1001,32 @@ static void test_ttl(void) {
   itest_daemon_finish(&T, -1);
 }
 
+/* 3a. A db number the server refuses (SELECT 9999 of its 16): the daemon
+ * says so, and no write reaches db 0 meanwhile (commands go only once the
+ * set-up ones are answered). */
+static void test_bad_db(void) {
+  static itest_daemon D;
+  const char *o[40];
+  char url[320];
+
+  snprintf(url, sizeof url, "%s?db=9999", unix_url);
+  daemon_opts(o, url, "--remote-tier-prefix", "kvsbaddb", NULL);
+  start(&D, o);
+  wait_log(&D, "SELECT refused");
+  kvs_client *c = itest_connect(&D, "bad-db");
+  prompt q = mkprompt(450, 3, 1);
+  CHECK(compute(c, 1, &q, 0) == 0);
+  CHECK_HIT(c, 2, &q, NULL, hittable(&q) * BS); /* resident: its own pool */
+  kvs_tier_stats t;
+  remote_stats(c, &t);
+  CHECK(t.demotions == 0);
+  kvs_close(c);
+  itest_daemon_finish(&D, -1);
+  rrep *keys = redis_keys(&r1, "kvsbaddb");
+  CHECK(keys->n == 0);
+  rfree(keys);
+}
+
 /* 3b. Blocks of 128 KiB, a reader whose reads may hold 1 MiB: a chain
  * of 12 is more than that.  The reader asks for the blocks that fit (it
  * used to ask for none: every lookup of a long chain missed). */
@@ -1512,6 +1538,7 @@ int main(void) {
   test_share();
   fprintf(stderr, "share and corruption: ok (%.1f s)\n", itest_now() - t0);
   test_ttl();
+  test_bad_db();
   test_bound();
   test_close_after_answers();
   fprintf(stderr, "ttl, the in-flight bound, answers then close: ok "
