@@ -840,22 +840,24 @@ int remote_get_start(remote *rm, const kvs_hash128 *hashes, uint32_t n,
     if (!node_up(nd) || redisAsyncCommandArgv(nd->ac, on_get_reply,
                                               &g->items[i], 2, argv,
                                               argl) != REDIS_OK) {
+      /* Its server is down (a cluster node): the chain stops here, the
+       * rest could not be served anyway. */
       g->items[i].state = GI_ERR;
-      rm->st.error_blocks++;
-      /* the chain stops here: the rest could not be served anyway */
       g->pub.n = i + 1;
       break;
     }
     nd->pending++;
     g->pending++;
   }
-  rm->st.gets++;
-  rm->st.get_blocks += g->pub.n;
   if (g->pending == 0) { /* nothing went out */
     free(g);
     rm->st.unavailable++;
     return KVS_ELIMIT;
   }
+  rm->st.gets++;
+  rm->st.get_blocks += g->pending;
+  if (g->pending < g->pub.n)
+    rm->st.error_blocks++; /* the block whose server is down */
   g->reserved = want;
   rm->st.inflight_bytes += want;
   g->deadline = now_ms(rm) + rm->cfg.timeout_ms;
