@@ -33,6 +33,8 @@ struct rmoves {
   uint64_t stride;
   tier_host stage;     /* staging buffers (pinned on a GPU pool) */
   uint32_t *free_stage, nfree;
+  uint32_t keep;       /* GPU pool: free buffers writes leave to
+                          promotions (which copy through staging there) */
   wq_ent *q;           /* ring of sealed blocks to copy out */
   uint32_t qhead, qlen;
   /* Copied out, waiting for room in the store's write window: staging
@@ -199,7 +201,7 @@ static void drain_cb(uv_check_t *h) {
   send_ready(m);
   if (!m->pool->ops->host_register) {
     /* The host pool: copied here and now, no pin, no job. */
-    while (m->qlen && m->nfree) {
+    while (m->qlen && m->nfree > m->keep) {
       wq_ent e = m->q[m->qhead];
       uint32_t s;
 
@@ -218,14 +220,14 @@ static void drain_cb(uv_check_t *h) {
     }
     send_ready(m);
   }
-  while (m->qlen && m->nfree && m->pinned < m->max_pins) {
+  while (m->qlen && m->nfree > m->keep && m->pinned < m->max_pins) {
     wjob *w = malloc(sizeof(*w));
 
     if (!w)
       break;
     w->m = m;
     w->n = 0;
-    while (m->qlen && w->n < JOB_MAX && m->nfree &&
+    while (m->qlen && w->n < JOB_MAX && m->nfree > m->keep &&
            m->pinned < m->max_pins) {
       wq_ent e = m->q[m->qhead];
 
@@ -265,7 +267,7 @@ static void drain_cb(uv_check_t *h) {
   }
   /* Sleep until an answer (room in the window) or a copy (a buffer back)
    * or a new sealed block wakes it. */
-  if ((m->qlen == 0 || m->nfree == 0 || m->pinned >= m->max_pins) &&
+  if ((m->qlen == 0 || m->nfree <= m->keep || m->pinned >= m->max_pins) &&
       (m->rlen == 0 || remote_put_room(m->store) == 0)) {
     m->draining = 0;
     uv_check_stop(&m->drain);
@@ -498,6 +500,11 @@ int rmoves_open(uv_loop_t *loop, const cfg *c, core *cr, backend *pool,
     memset(m->stage.base, 0, m->stage.bytes);
   for (uint32_t i = 0; i < (uint32_t)n; i++)
     m->free_stage[m->nfree++] = (uint32_t)n - 1 - i;
+  /* A burst of writes must not take every buffer a Lookup's promotion
+   * needs on a GPU pool: half stay for reads (at most tier_promote_max). */
+  if (m->stage.pinned_by)
+    m->keep = (uint32_t)(n / 2 < c->tier_promote_max ? n / 2
+                                                      : c->tier_promote_max);
   uv_check_init(loop, &m->drain);
   m->drain.data = m;
   remote_set_room_cb(m->store, on_room, m);
