@@ -121,8 +121,6 @@ static void wake(rmoves *m) {
   }
 }
 
-/* The copies are in staging: each block goes on the ready list with its
- * token ids (taken while it is still pinned), and is let go. */
 /* Block b (hash h) is copied into staging buffer s: on the ready list,
  * with its token ids (b must still hold them). */
 static void stage_ready(rmoves *m, uint32_t s, kvs_hash128 h, uint32_t b) {
@@ -187,17 +185,19 @@ static void send_ready(rmoves *m) {
   }
 }
 
+static void start_copies(rmoves *m);
+
 /* End of a loop turn with blocks to write: ready copies are sent, then
- * the newly sealed blocks still held by their requests are pinned and
- * copied out, as many as there are staging buffers. */
+ * the newly sealed blocks are copied out, as many as there are staging
+ * buffers (on the host pool here and now, and sent; on a GPU pool by
+ * start_copies). */
 static void drain_cb(uv_check_t *h) {
   rmoves *m = h->data;
   remote_stats st;
 
   remote_get_stats(m->store, &st);
-  if (m->stopped || st.nodes_up == 0) { /* nothing to write to: let go */
+  if (m->stopped || st.nodes_up == 0) /* nothing to write to: let go */
     drop_queued(m);
-  }
   send_ready(m);
   if (!m->pool->ops->host_register) {
     /* The host pool: copied here and now, no pin, no job. */
@@ -219,7 +219,22 @@ static void drain_cb(uv_check_t *h) {
       stage_ready(m, s, e.h, e.b);
     }
     send_ready(m);
+  } else {
+    start_copies(m); /* a GPU pool: pinned, one copy-engine job */
   }
+  /* Sleep until an answer (room in the window) or a copy (a buffer back)
+   * or a new sealed block wakes it. */
+  if ((m->qlen == 0 || m->nfree <= m->keep || m->pinned >= m->max_pins) &&
+      (m->rlen == 0 || remote_put_room(m->store) == 0)) {
+    m->draining = 0;
+    uv_check_stop(&m->drain);
+  }
+}
+
+/* The queued blocks still held by their requests, pinned and copied out
+ * by the copy engine into staging (on_written puts them on the ready
+ * list). */
+static void start_copies(rmoves *m) {
   while (m->qlen && m->nfree > m->keep && m->pinned < m->max_pins) {
     wjob *w = malloc(sizeof(*w));
 
@@ -264,13 +279,6 @@ static void drain_cb(uv_check_t *h) {
       w->job.status = KVS_EIO;
       on_written(&w->job);
     }
-  }
-  /* Sleep until an answer (room in the window) or a copy (a buffer back)
-   * or a new sealed block wakes it. */
-  if ((m->qlen == 0 || m->nfree <= m->keep || m->pinned >= m->max_pins) &&
-      (m->rlen == 0 || remote_put_room(m->store) == 0)) {
-    m->draining = 0;
-    uv_check_stop(&m->drain);
   }
 }
 
@@ -487,7 +495,7 @@ int rmoves_open(uv_loop_t *loop, const cfg *c, core *cr, backend *pool,
     free(m->rtok);
     free(m->stok);
     free(m->q);
-    remote_close(m->store, NULL);
+    remote_close(m->store);
     free(m);
     return rcode < 0 ? rcode : KVS_ENOMEM;
   }
@@ -573,7 +581,7 @@ void rmoves_close(rmoves *m) {
            (unsigned long long)st.put_errors,
            (unsigned long long)m->promoted,
            (unsigned long long)st.bad_blocks);
-  remote_close(m->store, NULL);
+  remote_close(m->store);
   m->store = NULL;
   uv_close((uv_handle_t *)&m->drain, on_drain_closed);
 }

@@ -3,7 +3,6 @@
  */
 #include "daemon/tier_remote.h"
 
-#include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <malloc.h>
@@ -102,7 +101,7 @@ struct remote {
   rnode *nodes[MAX_NODES];
   uint32_t nnodes;
   uint16_t *slots;       /* cluster: slot -> node, NO_NODE */
-  int have_map, refreshing;
+  int have_map;
   uint32_t refresh_next; /* the node asked first next time */
   uint64_t last_refresh;
   uv_timer_t tick;       /* read timeouts, refresh retries */
@@ -118,7 +117,6 @@ struct remote {
   int closing, started, grace_closed;
   uint32_t handles;      /* open uv handles, name lookups, hiredis contexts */
   uint32_t contexts;     /* hiredis contexts */
-  int *done;
   uv_timer_t grace;
   char desc[600];
 };
@@ -238,7 +236,9 @@ static uint16_t crc16(const char *p, size_t n) {
   return crc;
 }
 
-uint16_t remote_key_slot(const char *key, size_t len) {
+/* The key's Redis Cluster slot: CRC16 (XMODEM) of the key, or of its hash
+ * tag when it has one. */
+static uint16_t key_slot(const char *key, size_t len) {
   const char *open = memchr(key, '{', len), *close;
 
   if (open) {
@@ -264,7 +264,7 @@ static rnode *node_for(remote *rm, const char *key, size_t len, int writer) {
     return rm->nodes[writer];
   if (!rm->have_map)
     return NULL;
-  i = rm->slots[remote_key_slot(key, len)];
+  i = rm->slots[key_slot(key, len)];
   return i == NO_NODE ? NULL : rm->nodes[i + writer];
 }
 
@@ -283,11 +283,8 @@ static void remote_free(remote *rm) {
 /* One of rm's handles (a uv handle, a name lookup, a hiredis context) is
  * gone; the last one, while closing, frees rm. */
 static void unref(remote *rm) {
-  if (--rm->handles == 0 && rm->closing) {
-    if (rm->done)
-      *rm->done = 1;
+  if (--rm->handles == 0 && rm->closing)
     remote_free(rm);
-  }
 }
 
 static void handle_closed(uv_handle_t *h) { unref(h->data); }
@@ -573,7 +570,6 @@ static void on_slots(redisAsyncContext *ac, void *r, void *priv) {
   uint32_t mapped = 0;
 
   (void)from;
-  rm->refreshing = 0;
   if (from->pending)
     from->pending--;
   if (rm->closing || !reply || reply->type != REDIS_REPLY_ARRAY) {
@@ -644,7 +640,6 @@ static void refresh_map(remote *rm) {
     rm->refresh_next = i + 1;
     if (redisAsyncCommand(n->ac, on_slots, rm, "CLUSTER SLOTS") == REDIS_OK) {
       n->pending++;
-      rm->refreshing = 1;
       rm->last_refresh = now;
     }
     return;
@@ -1263,14 +1258,10 @@ static void on_grace(uv_timer_t *t) {
       redisAsyncFree(rm->nodes[i]->ac);
 }
 
-void remote_close(remote *rm, int *done) {
-  if (!rm) {
-    if (done)
-      *done = 1;
+void remote_close(remote *rm) {
+  if (!rm)
     return;
-  }
   rm->closing = 1;
-  rm->done = done;
   while (rm->thead)
     get_finish(rm->thead, 0);
   uv_timer_stop(&rm->tick);
@@ -1302,15 +1293,6 @@ void remote_close(remote *rm, int *done) {
     uv_timer_start(&rm->grace, on_grace, CLOSE_GRACE_MS, 0);
   }
   unref(rm);
-}
-
-int remote_idle(const remote *rm) {
-  if (!rm)
-    return 1;
-  for (uint32_t i = 0; i < rm->nnodes; i++)
-    if (rm->nodes[i]->pending)
-      return 0;
-  return rm->thead == NULL;
 }
 
 void remote_get_stats(const remote *rm, remote_stats *st) {

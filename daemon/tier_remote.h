@@ -69,11 +69,8 @@ typedef struct remote_config {
 int remote_open(uv_loop_t *loop, const remote_config *rc, remote **out,
                 char *err, size_t err_len);
 /* Disconnects: writes already sent are flushed (up to 2 s), reads in
- * flight end as misses; the handles close on the loop, then rm is freed.
- * *done (may be NULL) is set to 1 then. */
-void remote_close(remote *rm, int *done);
-/* 1 when no read or write is waiting for the server. */
-int remote_idle(const remote *rm);
+ * flight end as misses; the handles close on the loop, then rm is freed. */
+void remote_close(remote *rm);
 
 /* ---- reads ---------------------------------------------------------------- */
 
@@ -147,9 +144,5 @@ typedef struct remote_stats {
 void remote_get_stats(const remote *rm, remote_stats *st);
 /* A one-line description for the log (no password). */
 const char *remote_describe(const remote *rm);
-
-/* The CRC16 (XMODEM) of a Redis Cluster key slot, over the key's hash tag
- * when it has one: for tests. */
-uint16_t remote_key_slot(const char *key, size_t len);
 
 #endif
