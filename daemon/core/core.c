@@ -754,11 +754,7 @@ int core_check(const core *c, char *msg, size_t msg_len) {
       CHECK_FAIL("block %u: indexed but not sealed", b);
     if (x->ref == 0 && !x->indexed && x->sealed)
       CHECK_FAIL("block %u: FREE but still sealed", b);
-    if (x->indexed) {
-      indexed++;
-      if (hidx_find(&c->index, c->bhash[b]) != b)
-        CHECK_FAIL("block %u: indexed but the index does not point at it", b);
-    }
+    indexed += x->indexed;
     ref0 += x->ref == 0;
     cached += x->ref == 0 && x->indexed;
   }
@@ -784,14 +780,34 @@ int core_check(const core *c, char *msg, size_t msg_len) {
   if (prev != c->fq_tail || n != c->fq_len)
     CHECK_FAIL("free queue: %u linked, length %u, tail mismatch", n, c->fq_len);
 
-  for (uint64_t i = 0; i <= c->index.mask; i++) {
+  /* Each indexed block is found by its hash: the index reaches each of its
+   * entries (hidx_check), each entry points at an indexed block holding
+   * its hash, no two at the same block, and there are as many entries as
+   * indexed blocks (checked above).  One pass over the slots, in order,
+   * instead of a probe per block. */
+  uint64_t bad;
+  if (hidx_check(&c->index, &bad) != 0)
+    CHECK_FAIL("index slot %llu: entry not reachable from its home slot, or "
+               "count %u wrong", (unsigned long long)bad, c->index.count);
+  /* holders' memory, now a bitmap of the blocks a slot names (nb bits; it
+   * stays in cache where nb words would not) */
+  uint64_t *seen = (uint64_t *)holders;
+  memset(seen, 0, ((size_t)nb + 63) / 64 * sizeof(uint64_t));
+  for (uint64_t i = 0; i < c->index.nslots; i++) {
     const hidx_entry *e = &c->index.slots[i];
+    if (i + 16 < c->index.nslots && c->index.slots[i + 16].b < nb) {
+      __builtin_prefetch(&c->blocks[c->index.slots[i + 16].b]);
+      __builtin_prefetch(&c->bhash[c->index.slots[i + 16].b]);
+    }
     if (e->b == KVS_BLOCK_NONE)
       continue;
+    uint64_t bit = e->b < nb ? 1ull << (e->b % 64) : 0;
     if (e->b >= nb || !c->blocks[e->b].indexed ||
-        !hidx_is(e, c->bhash[e->b]))
-      CHECK_FAIL("index slot %llu: points at block %u which does not hold its hash",
-           (unsigned long long)i, e->b);
+        !hidx_is(e, c->bhash[e->b]) || (seen[e->b / 64] & bit) != 0)
+      CHECK_FAIL("index slot %llu: points at block %u which does not hold its "
+                 "hash, or at a block another slot names",
+                 (unsigned long long)i, e->b);
+    seen[e->b / 64] |= bit;
   }
   rc = tier_check(c, msg, msg_len);
   if (rc == 0 && c->policy->check != NULL)

@@ -26,7 +26,10 @@ typedef struct blk {
 _Static_assert(sizeof(blk) == 16, "hot block record is 16 bytes");
 
 /* Prefix index: open addressing, linear probing, backward-shift deletion.
- * At most num_blocks entries in 2x as many slots (load <= 0.5).  A slot
+ * At most max_entries entries in 1.5x as many slots (load <= 2/3: an
+ * unsuccessful probe reads about five slots, two cache lines, when full);
+ * a hash's home slot is its lo scaled to the table (multiply-shift), so
+ * the table needs no power-of-two size.  A slot
  * keeps 96 of the hash's 128 bits (lo, and the low half of hi), so that it
  * is 16 bytes, four to a cache line: two hashes equal in those 96 bits
  * would share an entry, which among n blocks has a chance of about
@@ -45,9 +48,13 @@ static inline int hidx_is(const hidx_entry *e, kvs_hash128 h) {
 
 typedef struct hidx {
   hidx_entry *slots;
-  uint64_t mask;
+  uint64_t nslots;
   uint32_t count;
 } hidx;
+
+static inline uint64_t hidx_home(const hidx *x, uint64_t lo) {
+  return (uint64_t)(((unsigned __int128)lo * x->nslots) >> 64);
+}
 
 int hidx_init(hidx *x, uint32_t max_entries);
 /* malloc (zero: calloc) for the big arrays: from 2 MiB up, on
@@ -59,10 +66,14 @@ uint32_t hidx_find(const hidx *x, kvs_hash128 h);
 void hidx_insert(hidx *x, kvs_hash128 h, uint32_t b);
 /* Starts fetching h's home slot (a probe soon after finds it in cache). */
 static inline void hidx_prefetch(const hidx *x, kvs_hash128 h) {
-  __builtin_prefetch(&x->slots[h.lo & x->mask]);
+  __builtin_prefetch(&x->slots[hidx_home(x, h.lo)]);
 }
 /* Removes h (which must be present). */
 void hidx_remove(hidx *x, kvs_hash128 h);
+/* The table's own invariant: every entry reachable from its home slot (no
+ * empty slot between them) and count entries in all.  0, or -1 with *bad =
+ * the first slot out of place (nslots: the count is wrong). */
+int hidx_check(const hidx *x, uint64_t *bad);
 
 /* Ghosts (ghost.c): the hashes of the last `max` evicted blocks, each with
  * a 16-bit value, for policies that remember what they evicted.  FIFO: the

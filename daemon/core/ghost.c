@@ -40,7 +40,9 @@ static void ghosts_grow(ghosts *g) {
   if (val == NULL)
     return;
   g->val = val;
-  if (hidx_init(&idx, cap) != 0)
+  /* Three slots a ghost (load <= 1/3, below the index's default 2/3): most
+   * ghost probes are misses, and a miss reads the whole run. */
+  if (hidx_init(&idx, cap * 2) != 0)
     return;
   for (uint32_t i = 0; i < g->filled; i++)
     if (hidx_find(&g->idx, g->ring[i]) == i)
