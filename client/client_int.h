@@ -10,6 +10,7 @@
 #include "client/kvshare.h"
 #include "kvs_arena.h"
 #include "kvs_frame.h"
+#include "kvs_ring.h"
 #include "kvs_shm.h"
 #include "kvs_vmm.h"
 #include "kvshare.pb-c.h"
@@ -39,6 +40,15 @@ struct kvs_client {
   int packed_batch;       /* the daemon takes PackedBatch (Welcome.features)
                              and $KVS_PACKED_BATCH is not 0 */
   char msg[256];         /* the daemon's message for the last status */
+  int timeout_ms;        /* kvs_connect_opts.timeout_ms */
+
+  /* The request ring (ring.c; Welcome.ring_bytes): rh NULL when none. */
+  kvs_region ring;
+  kvs_ring_hdr *rh;
+  uint32_t ring_area;
+  int ring_efd_daemon, ring_efd_client;
+  uint64_t ring_seq;
+  uint64_t ring_spin_ns; /* $KVS_RING_SPIN_US */
 
   Kvshare__Envelope *last; /* the last reply; results point into it */
   kvs__arena arena;        /* where the last reply was decoded */
@@ -57,6 +67,18 @@ struct kvs_client {
  * negative status, message copied into c->msg).  Transport errors mark the
  * client broken and return KVS_ECLOSED / KVS_EPROTO / -errno. */
 int kvs__call(kvs_client *c, Kvshare__Request *req, Kvshare__Response **resp);
+
+/* ring.c.  Takes the ring's three descriptors (memfd, the daemon's
+ * eventfd, ours): owned by the client on success, left to the caller on
+ * failure. */
+int kvs__ring_setup(kvs_client *c, const int fds[3], uint32_t area);
+void kvs__ring_close(kvs_client *c);
+/* Sends the frame in c->wbuf (len bytes, at most c->ring_area) through the
+ * ring and receives its reply into c->rbuf (from the ring, or the socket
+ * when the daemon put it there).  Then c->rbuf holds one whole frame.
+ * 0, or a transport error as kvs__call returns them. */
+int kvs__ring_roundtrip(kvs_client *c, size_t len);
+int kvs__ensure_cap(uint8_t **buf, size_t *cap, size_t need);
 
 /* The socket path used when none is given (see kvs_connect). */
 const char *kvs__default_socket(char *buf, size_t len);

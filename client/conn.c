@@ -55,7 +55,7 @@ static int send_all(int fd, const uint8_t *p, size_t n) {
   return 0;
 }
 
-static int ensure_cap(uint8_t **buf, size_t *cap, size_t need) {
+int kvs__ensure_cap(uint8_t **buf, size_t *cap, size_t need) {
   if (need <= *cap)
     return 0;
   size_t ncap = *cap ? *cap : 4096;
@@ -101,7 +101,7 @@ static int recv_frame(kvs_client *c, uint32_t max_frame, int *fds, int *nfds,
       c->rlen = avail;
     }
     size_t want = c->rpos + (flen > 65536 ? flen : 65536);
-    int rc = ensure_cap(&c->rbuf, &c->rcap, want);
+    int rc = kvs__ensure_cap(&c->rbuf, &c->rcap, want);
     if (rc)
       return rc;
     /* Always through recvmsg, so an fd the daemon passes is never left
@@ -123,18 +123,27 @@ static int recv_frame(kvs_client *c, uint32_t max_frame, int *fds, int *nfds,
   }
 }
 
-/* Packs env as one frame into c->wbuf and sends it. */
-static int send_env(kvs_client *c, const Kvshare__Envelope *env) {
+/* Packs env as one frame into c->wbuf; *flen = its bytes. */
+static int encode_env(kvs_client *c, const Kvshare__Envelope *env,
+                      size_t *flen) {
   /* (Sized once: kvs_frame_pack_into would size the message again.) */
   size_t len = kvshare__envelope__get_packed_size(env);
   if (len > c->max_frame)
     return KVS_ETOOBIG;
-  int rc = ensure_cap(&c->wbuf, &c->wcap, KVS_FRAME_HEADER_SIZE + len);
+  int rc = kvs__ensure_cap(&c->wbuf, &c->wcap, KVS_FRAME_HEADER_SIZE + len);
   if (rc)
     return rc;
   kvs_frame_header_encode(c->wbuf, (uint32_t)len);
   kvshare__envelope__pack(env, c->wbuf + KVS_FRAME_HEADER_SIZE);
-  return send_all(c->fd, c->wbuf, KVS_FRAME_HEADER_SIZE + len);
+  *flen = KVS_FRAME_HEADER_SIZE + len;
+  return 0;
+}
+
+/* Packs env as one frame into c->wbuf and sends it on the socket. */
+static int send_env(kvs_client *c, const Kvshare__Envelope *env) {
+  size_t flen;
+  int rc = encode_env(c, env, &flen);
+  return rc ? rc : send_all(c->fd, c->wbuf, flen);
 }
 
 int kvs__call(kvs_client *c, Kvshare__Request *req, Kvshare__Response **resp) {
@@ -148,12 +157,19 @@ int kvs__call(kvs_client *c, Kvshare__Request *req, Kvshare__Response **resp) {
   env.seq = c->next_seq++;
   env.body_case = KVSHARE__ENVELOPE__BODY_REQUEST;
   env.request = req;
-  int rc = send_env(c, &env);
+  size_t flen = 0;
+  int rc = encode_env(c, &env, &flen);
   /* Only now may the previous reply go: the request may point into it
    * (a result's blocks passed straight to the next call). */
   kvs__drop_last(c);
   if (rc == KVS_ETOOBIG)
     return rc; /* nothing was sent: the connection is still usable */
+  if (rc)
+    return fail(c, rc);
+  if (c->rh != NULL && flen <= c->ring_area)
+    rc = kvs__ring_roundtrip(c, flen); /* the reply: in rbuf, or coming */
+  else
+    rc = send_all(c->fd, c->wbuf, flen);
   if (rc)
     return fail(c, rc);
   Kvshare__Envelope *r = NULL;
@@ -214,6 +230,11 @@ static int handshake(kvs_client *c, const kvs_connect_opts *opts) {
   hello.client_name =
       (char *)(opts && opts->client_name ? opts->client_name : "libkvshare");
   hello.pid = (uint32_t)getpid();
+  {
+    const char *e = getenv("KVS_RING");
+
+    hello.ring = e != NULL && strcmp(e, "1") == 0 && !(opts && opts->no_map);
+  }
   Kvshare__Envelope env = KVSHARE__ENVELOPE__INIT;
   env.seq = c->next_seq++;
   env.body_case = KVSHARE__ENVELOPE__BODY_HELLO;
@@ -285,11 +306,23 @@ static int handshake(kvs_client *c, const kvs_connect_opts *opts) {
   kvs__copy_str(c->backend, sizeof c->backend, w->pool->backend);
   kvs__copy_str(c->gpu_uuid, sizeof c->gpu_uuid, w->pool->gpu_uuid);
   kvs__copy_str(c->model_id, sizeof c->model_id, w->model_id);
-  if ((uint32_t)nfds != w->pool->num_fds) {
+  uint32_t ring_fds = w->ring_bytes && hello.ring ? 3 : 0;
+  if ((uint32_t)nfds != w->pool->num_fds + ring_fds) {
     snprintf(c->msg, sizeof c->msg, "the Welcome announced %u descriptors, "
-             "%d arrived", w->pool->num_fds, nfds);
+             "%d arrived", w->pool->num_fds + ring_fds, nfds);
     rc = KVS_EPROTO;
     goto out;
+  }
+  if (ring_fds) {
+    int *rfds = fds + w->pool->num_fds;
+    rc = kvs__ring_setup(c, rfds, w->ring_bytes);
+    if (rc) {
+      snprintf(c->msg, sizeof c->msg, "the daemon's request ring (%u bytes) "
+               "could not be mapped", w->ring_bytes);
+      goto out;
+    }
+    rfds[0] = rfds[1] = rfds[2] = -1; /* the client's now */
+    nfds = (int)w->pool->num_fds;
   }
   if (opts && opts->no_map) {
     rc = 0;
@@ -350,6 +383,7 @@ int kvs_connect(const char *path, const kvs_connect_opts *opts,
   c->next_seq = 1;
   c->max_frame = KVS_FRAME_MAX_DEFAULT;
   c->max_batch_ops = KVS_UNPACK_OPS_DEFAULT;
+  c->timeout_ms = opts ? opts->timeout_ms : 0;
   int rc = 0;
   c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (c->fd < 0) {
@@ -395,6 +429,7 @@ void kvs_close(kvs_client *c) {
     kvs__cu.cuCtxSynchronize();
   }
   kvs__vmm_close(&c->gpu);
+  kvs__ring_close(c);
   if (c->fd >= 0)
     close(c->fd);
   free(c->wbuf);

@@ -310,6 +310,17 @@ int kvs_tier_stats_get(kvs_client *c, kvs_tier_stats *out, uint32_t max,
 int kvs_set_promote(kvs_client *c, int on);
 
 /*
+ * Since 0.6.  1 when this session's calls go through a request ring: a
+ * shared mapping beside the socket that the daemon polls, so that a call
+ * costs no system call while the daemon is busy.  Asked for with KVS_RING=1
+ * in the environment at kvs_connect (granted when the daemon's ring_bytes
+ * is not 0); $KVS_RING_SPIN_US (default 50) is how long a call spins on the
+ * reply before it sleeps.  Worth it when the worker and the daemon run on
+ * different cores; see docs/client.md.
+ */
+int kvs_ring_active(const kvs_client *c);
+
+/*
  * Since 0.4.  Swap: an engine that preempts a whole request may send its
  * blocks below the pool instead of dropping them, and bring them back when
  * it resumes the request.  Both wait for the copies (one round trip, no

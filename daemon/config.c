@@ -94,6 +94,19 @@ static const cfg_option options[] = {
      "stops reading from every session with more than 1 MiB queued (each "
      "session is paused at 32 MiB anyway).  Bounds the memory clients that "
      "do not read their replies can make the daemon hold."},
+    {"ring_bytes", T_SIZE, F(ring_bytes), 0, 64u << 20, "1M", NULL, "BYTES",
+     "Listening",
+     "A client that asks for it (KVS_RING=1) gets a request ring: a shared "
+     "mapping of this many bytes each way beside its socket, through which "
+     "its calls go without a system call while the daemon is polling (see "
+     "ring_poll_us).  Frames that do not fit go on the socket.  0: no "
+     "rings."},
+    {"ring_poll_us", T_U32, F(ring_poll_us), 0, 1000000, "50", NULL, "US",
+     "Listening",
+     "After the last request taken from a ring, the daemon polls the rings "
+     "this long (one CPU busy) before it sleeps; a client that posts to a "
+     "sleeping daemon wakes it through an eventfd.  0: never poll (every "
+     "ring request costs a wake-up)."},
     {"max_frame", T_SIZE, F(max_frame), 1024, 1u << 30, "16M", NULL, "BYTES",
      "Listening",
      "Largest frame payload accepted.  A longer frame gets ETOOBIG and the "

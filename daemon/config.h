@@ -89,6 +89,8 @@ typedef struct cfg {
   uint32_t shutdown_timeout_ms;
   uint32_t handshake_timeout_ms;
   uint32_t frame_timeout_ms;
+  uint64_t ring_bytes;   /* each way; 0: no rings */
+  uint32_t ring_poll_us;
 
   /* Derived by cfg_finish. */
   kvs_layout layout;

@@ -415,6 +415,7 @@ static void srv_stop(srv *s, const char *why) {
   close_handle((uv_handle_t *)&s->sweep_timer);
   tiers_stop(s->tiers);
   rmoves_stop(s->remote);
+  ring_stop(s);
   for (c = s->sessions; c; c = next) {
     next = c->next;
     sess_shutdown(c, 0);
@@ -548,11 +549,16 @@ static int run(const cfg *c) {
   uv_signal_start(&s.sig_term, on_signal, SIGTERM);
   uv_signal_start(&s.sig_int, on_signal, SIGINT);
 
-  rc = start_observers(&s);
+  rc = ring_start(&s);
+  if (rc < 0)
+    log_error(rc, "request rings (ring_bytes)");
+  if (rc == 0)
+    rc = start_observers(&s);
   if (rc == 0)
     rc = start_listening(&s);
   if (rc < 0) {
     s.stopping = 1;
+    ring_stop(&s);
     stop_observers(&s);
     close_handle((uv_handle_t *)&s.listener);
     close_handle((uv_handle_t *)&s.sig_term);

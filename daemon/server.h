@@ -11,6 +11,7 @@
  *   copy.c      copy_  the copy engine: block copies the daemon makes
  *   tiers.c     tiers_ the tiers below the pool (tier_host.c, tier_disk.c)
  *   remote_moves.c rmoves_ the remote tier below them (tier_remote.c)
+ *   ring.c      ring_  request rings beside the sockets (shm/kvs_ring.h)
  *
  * Everything runs on the one loop thread; nothing here blocks on I/O.
  */
@@ -36,6 +37,8 @@ typedef struct sess sess;
 struct wreq;
 struct metrics;
 struct events;
+struct rings;
+struct sring;
 
 struct srv {
   uv_loop_t *loop;
@@ -53,6 +56,7 @@ struct srv {
   struct rmoves *remote; /* the remote tier (remote_moves.c); NULL: none */
   struct metrics *metrics; /* /metrics (metrics.c); NULL: off */
   struct events *events;   /* the KV event stream (events.c); NULL: off */
+  struct rings *rings;     /* request rings (ring.c); NULL: off */
   uid_t self_uid;
   int null_fd;           /* /dev/null, for releasing ready_fd; or -1 */
   sess *sessions;        /* every open connection (doubly linked) */
@@ -116,7 +120,33 @@ struct sess {
    * (uv_hrtime; 0: none pending) and its op, for the latency histogram. */
   uint64_t req_t0;
   int req_op;
+  /* The session's request ring (ring.c); NULL: none.  ring_cur: the frame
+   * being answered came through it, so its reply goes back through it. */
+  struct sring *ring;
+  int ring_cur;
 };
+
+/* session.c: one frame taken from the session's ring (a copy, len bytes,
+ * header included), handled as a socket frame; its reply goes back through
+ * the ring. */
+void sess_ring_frame(sess *c, const uint8_t *frame, size_t len);
+/* May the session's ring be read now?  (Not while a reply is held back or
+ * the session is closing.) */
+int sess_ring_ready(const sess *c);
+
+/* ring.c */
+int ring_start(srv *s);       /* 0 also when rings are off */
+void ring_stop(srv *s);       /* closes its handles (the loop finishes) */
+/* A ring for c: fds[0..2] = the ring's memfd, the daemon's wake eventfd,
+ * c's own eventfd (owned by the ring; send them, do not close them). */
+int ring_open(sess *c, int fds[3], uint32_t *area);
+void ring_free(sess *c);      /* idempotent */
+/* Answers c's ring request with the framed reply: 0 when it went through
+ * the ring; 1 when it does not fit (the ring says so: send it on the
+ * socket). */
+int ring_reply(sess *c, const uint8_t *frame, size_t len);
+/* For the log line of c's close: what went through its ring. */
+void ring_describe(const sess *c, char *buf, size_t len);
 
 /* serve.c: every tier below the pool, top first, the remote tier last. */
 #define SRV_TIERS (CORE_TIERS + 1)

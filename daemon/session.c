@@ -97,6 +97,7 @@ static void reap(sess *c) {
   srv *s = c->srv;
 
   reqmap_destroy(&c->reqs);
+  ring_free(c);
   free(c->copy_pairs);
   free(c->rbuf);
   free(c);
@@ -123,9 +124,16 @@ static void close_now(sess *c) {
   free_requests(c);
   unlink_session(s, c);
   if (c->counted) {
+    char ring[96] = "";
+
+    if (c->ring != NULL) {
+      ring[0] = ';';
+      ring[1] = ' ';
+      ring_describe(c, ring + 2, sizeof(ring) - 2);
+    }
     s->nsessions--;
-    log_info(0, "session %llu closed (pid %d%s%s)", (unsigned long long)c->id,
-             (int)c->pid, c->name[0] ? ", " : "", c->name);
+    log_info(0, "session %llu closed (pid %d%s%s%s)", (unsigned long long)c->id,
+             (int)c->pid, c->name[0] ? ", " : "", c->name, ring);
   }
   uv_close((uv_handle_t *)&c->pipe, on_closed);
 }
@@ -189,6 +197,14 @@ static int queue_bytes(sess *c, struct wreq *w, size_t off) {
   uv_buf_t b;
   int rc;
 
+  if (c->ring_cur) { /* the reply to a frame that came through the ring */
+    c->ring_cur = 0;
+    if (ring_reply(c, w->data + off, w->len - off) == 0) {
+      free(w);
+      return 0;
+    }
+    /* too big for the ring, which now says so: on the socket */
+  }
   if (c->writes == 0) {
     b = uv_buf_init((char *)w->data + off, (unsigned)(w->len - off));
     rc = uv_try_write((uv_stream_t *)&c->pipe, &b, 1);
@@ -332,6 +348,8 @@ static void handle_hello(sess *c, uint64_t seq, const Kvshare__Hello *h) {
   struct wreq *wr;
   uv_os_fd_t fd;
   ssize_t n;
+  int fds[KVS_SHM_MAX_FDS];
+  int nfds = ex->nfds;
 
   if (h->version != KVS_PROTO_VERSION) {
     char what[96];
@@ -373,6 +391,16 @@ static void handle_hello(sess *c, uint64_t seq, const Kvshare__Hello *h) {
   w.max_frame = (uint32_t)s->cfg->max_frame;
   w.max_batch_ops = s->cfg->max_batch_ops;
   w.features = KVS_FEATURE_PACKED_BATCH;
+  memcpy(fds, ex->fds, (size_t)ex->nfds * sizeof(int));
+  if (h->ring && s->rings != NULL && nfds + 3 <= KVS_SHM_MAX_FDS) {
+    int rc = ring_open(c, fds + nfds, &w.ring_bytes);
+
+    if (rc == 0)
+      nfds += 3;
+    else
+      log_warn(rc, "session %llu: no request ring (the session goes on "
+               "without one)", (unsigned long long)c->id);
+  }
   env.seq = seq;
   env.body_case = KVSHARE__ENVELOPE__BODY_WELCOME;
   env.welcome = &w;
@@ -393,7 +421,7 @@ static void handle_hello(sess *c, uint64_t seq, const Kvshare__Hello *h) {
     close_now(c);
     return;
   }
-  n = kvs_send_fds(fd, wr->data, wr->len, ex->fds, ex->nfds);
+  n = kvs_send_fds(fd, wr->data, wr->len, fds, nfds);
   if (n < 0) {
     free(wr);
     log_warn((int)n, "session %llu: sending the welcome",
@@ -402,8 +430,9 @@ static void handle_hello(sess *c, uint64_t seq, const Kvshare__Hello *h) {
     return;
   }
   c->handshaken = 1;
-  log_info(0, "session %llu: pid %d uid %d '%s' connected",
-           (unsigned long long)c->id, (int)c->pid, (int)c->uid, c->name);
+  log_info(0, "session %llu: pid %d uid %d '%s' connected%s",
+           (unsigned long long)c->id, (int)c->pid, (int)c->uid, c->name,
+           c->ring ? " (request ring)" : "");
   if ((size_t)n < wr->len) /* the fds went with the first byte */
     queue_bytes(c, wr, (size_t)n);
   else
@@ -662,6 +691,36 @@ static void handle_frame(sess *c, const uint8_t *payload, size_t len) {
     break;
   }
   kvs__arena_reset(&s->arena);
+}
+
+int sess_ring_ready(const sess *c) {
+  return c->handshaken && !c->closing && !c->copying && !c->promoting &&
+         !c->swapping && !c->ring_cur;
+}
+
+void sess_ring_frame(sess *c, const uint8_t *frame, size_t len) {
+  size_t flen = 0;
+  int rc;
+  char what[128];
+
+  c->ring_cur = 1; /* whatever the answer, it goes through the ring */
+  if (frame == NULL) {
+    snprintf(what, sizeof(what), "a ring request of %zu bytes, over the "
+             "ring's area", len);
+    protocol_error(c, 0, 1, KVS_EPROTO, what);
+    return;
+  }
+  rc = kvs_frame_parse(frame, len, (uint32_t)c->srv->cfg->max_frame, &flen);
+  if (rc != 1 || flen != len) {
+    snprintf(what, sizeof(what), "a ring request of %zu bytes that is not "
+             "one whole frame (%s)", len,
+             rc < 0 ? kvs_status_name(rc) : "length differs");
+    protocol_error(c, 0, 1, rc < 0 ? rc : KVS_EPROTO, what);
+    return;
+  }
+  c->progress_ms = uv_now(c->srv->loop);
+  handle_frame(c, frame + KVS_FRAME_HEADER_SIZE, len - KVS_FRAME_HEADER_SIZE);
+  tiers_kick(c->srv->tiers);
 }
 
 static int reserve(sess *c, size_t need) {

@@ -37,7 +37,7 @@ extern "C" {
  * and announced in Welcome.max_frame). */
 #define KVS_FRAME_MAX_DEFAULT (16u << 20)
 /* Most file descriptors one frame may carry (SCM_RIGHTS; the Welcome). */
-#define KVS_FRAME_MAX_FDS 16u
+#define KVS_FRAME_MAX_FDS 20u
 
 typedef struct kvs_frame_header {
   uint32_t magic;

@@ -1,7 +1,7 @@
 # shm/: the layout header (kvs_layout.h) and what processes share: memfd
 # regions and fd passing (kvs_shm.h).  Link users with $(BUILD)/libkvsshm.a
 # (internal, -fPIC, not installed).
-SHM_OBJS := $(BUILD)/shm/kvs_shm.o
+SHM_OBJS := $(BUILD)/shm/kvs_shm.o $(BUILD)/shm/kvs_ring.o
 
 $(BUILD)/libkvsshm.a: $(SHM_OBJS)
 	@$(if $(Q),echo "  AR      $@")

@@ -797,8 +797,8 @@ static void bench_lookup(kvs_client *c) {
   core_destroy(co);
   double md = median(sd.v, sd.n), mc = median(sc.v, sc.n),
          mr = median(sr.v, sr.n);
-  printf("lookup of a %d-token prompt (%u tokens hit), median over %d "
-         "samples each (interleaved):\n", N, want, sd.n);
+  printf("lookup of a %d-token prompt (%u tokens hit)%s, median over %d "
+         "samples each (interleaved):\n", N, want, batch_label, sd.n);
   printf("  the core in-process (create + lookup)     %8.2f us\n", mc);
   printf("  raw ping-pong of the same bytes %zu B / %zu B  %8.2f us\n",
          qlen, plen, mr);
@@ -869,6 +869,33 @@ int main(void) {
     bench_batch(c2, raw_small, 1);
     kvs_close(c2);
     itest_daemon_finish(&d2, itest_fd_count(0));
+  }
+  {
+    /* The same measures through a request ring (KVS_RING=1, the daemon's
+     * default ring_poll_us), against the same raw socket baselines: a
+     * call posted in shared memory that a polling daemon takes. */
+    kvs_client *cr;
+
+    setenv("KVS_RING", "1", 1);
+    cr = itest_connect(&d, "bench_rtt_ring");
+    unsetenv("KVS_RING");
+    CHECK(kvs_ring_active(cr));
+    batch_label = ", through the request ring";
+    if (ncpu >= 2) {
+      bench_small(cr, "through the request ring, client and server on "
+                  "different cores", &unused);
+      server_cpu = 0;
+      pin(d.pid, server_cpu);
+      bench_small(cr, "through the request ring, client and server on the "
+                  "same core", &unused);
+      server_cpu = 1;
+      pin(d.pid, server_cpu);
+    } else {
+      bench_small(cr, "through the request ring, one core", &unused);
+    }
+    bench_lookup(cr);
+    bench_batch(cr, raw_small, 1);
+    kvs_close(cr);
   }
   unpin(0);
   unpin(d.pid);

@@ -11,6 +11,13 @@
  * daemon copies on.  The core is deterministic, so every op's status,
  * message and result (hit tokens, block tables, first index, copy-on-write
  * pair, sealed count) must be the same both times.  Then the pool checks.
+ *
+ * Two more runs take the request ring ($KVS_RING=1) against the same
+ * reference: one with the daemon polling and the client spinning (calls
+ * meet in shared memory), one with both asleep between calls (every call
+ * wakes the daemon's eventfd and then the client's) and 4 KiB areas, so
+ * that the bigger frames go on the socket and the bigger replies come back
+ * on it.
  */
 #include <string.h>
 
@@ -48,19 +55,30 @@ static void put_msg(trace *t, const char *m) {
   t->nmsg++;
 }
 
-static void run(int packed, trace *t, unsigned *packed_ops) {
+enum mode { BATCH, PACKED, RING_POLLING, RING_SLEEPING };
+
+static void run(enum mode mode, trace *t, unsigned *packed_ops) {
   static const char *const opts[] = {"--num-layers", "2", "--head-dim", "16",
                                      "--pool-blocks", "96", NULL};
+  static const char *const sleepy[] = {
+      "--num-layers", "2", "--head-dim", "16", "--pool-blocks", "96",
+      "--ring-poll-us", "0", "--ring-bytes", "4096", NULL};
+  static const char *const names[] = {"batch", "packed", "ring-polling",
+                                      "ring-sleeping"};
   itest_daemon d;
   int my_fds = itest_fd_count(0);
   kvs_client *c;
   kvs_batch *b;
   uint64_t rng = 20261123;
   uint32_t bs, prompt[4][96];
+  int packed = mode != BATCH;
 
   setenv("KVS_PACKED_BATCH", packed ? "1" : "0", 1);
-  itest_daemon_start(&d, opts);
-  c = itest_connect(&d, packed ? "packed" : "batch");
+  setenv("KVS_RING", mode >= RING_POLLING ? "1" : "0", 1);
+  setenv("KVS_RING_SPIN_US", mode == RING_SLEEPING ? "0" : "50", 1);
+  itest_daemon_start(&d, mode == RING_SLEEPING ? sleepy : opts);
+  c = itest_connect(&d, names[mode]);
+  CHECK(kvs_ring_active(c) == (mode >= RING_POLLING));
   CHECK_OK(c, kvs_set_daemon_copy(c, 1));
   bs = kvs_layout_of(c)->block_size;
   for (int p = 0; p < 4; p++)
@@ -159,34 +177,45 @@ static void run(int packed, trace *t, unsigned *packed_ops) {
   itest_daemon_finish(&d, my_fds);
 }
 
-int main(void) {
-  trace ref = {0}, pk = {0};
-  unsigned packed_ops = 0;
-
-  run(0, &ref, &packed_ops);
-  run(1, &pk, &packed_ops);
-  CHECK(ref.n == pk.n && ref.nmsg == pk.nmsg);
-  for (size_t i = 0; i < ref.n; i++)
-    if (ref.w[i] != pk.w[i]) {
-      fprintf(stderr, "word %zu differs: batch %u, packed %u\n", i,
-              ref.w[i], pk.w[i]);
+/* t's results must equal the reference's, word for word and message for
+ * message; t is freed. */
+static void same_as(const trace *ref, trace *t, const char *what) {
+  CHECK(ref->n == t->n && ref->nmsg == t->nmsg);
+  for (size_t i = 0; i < ref->n; i++)
+    if (ref->w[i] != t->w[i]) {
+      fprintf(stderr, "word %zu differs: batch %u, %s %u\n", i, ref->w[i],
+              what, t->w[i]);
       exit(1);
     }
-  for (size_t i = 0; i < ref.nmsg; i++) {
-    if (strcmp(ref.msgs[i], pk.msgs[i]) != 0) {
-      fprintf(stderr, "message %zu differs: batch \"%s\", packed \"%s\"\n",
-              i, ref.msgs[i], pk.msgs[i]);
+  for (size_t i = 0; i < ref->nmsg; i++) {
+    if (strcmp(ref->msgs[i], t->msgs[i]) != 0) {
+      fprintf(stderr, "message %zu differs: batch \"%s\", %s \"%s\"\n", i,
+              ref->msgs[i], what, t->msgs[i]);
       exit(1);
     }
-    free(ref.msgs[i]);
-    free(pk.msgs[i]);
+    free(t->msgs[i]);
   }
+  free(t->w);
+  free(t->msgs);
+}
+
+int main(void) {
+  trace ref = {0}, pk = {0}, rp = {0}, rs = {0};
+  unsigned packed_ops = 0, unused = 0;
+
+  run(BATCH, &ref, &packed_ops);
+  run(PACKED, &pk, &packed_ops);
+  run(RING_POLLING, &rp, &unused);
+  run(RING_SLEEPING, &rs, &unused);
+  same_as(&ref, &pk, "packed");
+  same_as(&ref, &rp, "ring (polling)");
+  same_as(&ref, &rs, "ring (sleeping)");
   printf("test_packed: ok (%u packed ops, %zu ops' results the same as "
-         "the Batch's, %zu words)\n",
+         "the Batch's, packed and through the ring, %zu words)\n",
          packed_ops, ref.nmsg, ref.n);
+  for (size_t i = 0; i < ref.nmsg; i++)
+    free(ref.msgs[i]);
   free(ref.w);
-  free(pk.w);
   free(ref.msgs);
-  free(pk.msgs);
   return 0;
 }

@@ -1,0 +1,288 @@
+/*
+ * ring.c — request rings beside the sockets (shm/kvs_ring.h).
+ *
+ * A client that asks for a ring in its Hello gets one (ring_open): its calls
+ * then go through shared memory.  The daemon finds them by polling every
+ * ring from a uv_idle handle, which keeps the loop from blocking, for
+ * ring_poll_us after the last request it took; then it sleeps (each ring's
+ * daemon_sleeping flag set, re-checked after a fence) and one eventfd,
+ * shared by every ring and watched by a uv_poll, wakes it.  A frame taken
+ * from a ring is copied out of the mapping first (the client can write it
+ * at any time) and handled exactly as a socket frame (sess_ring_frame); its
+ * reply goes back through the ring, or on the socket when it does not fit.
+ */
+#include <errno.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "daemon/log.h"
+#include "daemon/server.h"
+#include "kvs_ring.h"
+#include "kvs_status.h"
+
+struct sring {
+  kvs_region reg;
+  kvs_ring_hdr *h;
+  uint32_t area;
+  int efd;        /* wakes the client */
+  uint64_t taken; /* the last req_seq taken */
+  uint64_t requests, socket_replies; /* for the log at close */
+};
+
+struct rings {
+  srv *s;
+  uv_poll_t wake; /* readable: a client posted to a sleeping daemon */
+  uv_idle_t idle; /* active while polling */
+  int efd;
+  int polling;
+  int handles;    /* open handles (freed when both are closed) */
+  uint64_t poll_ns, last_ns;
+  uint8_t *buf;   /* the frame taken, copied out of the mapping */
+  size_t cap;
+  uint64_t requests, socket_replies, wakeups;
+};
+
+/* Takes c's posted request, if any: 1 when one was handled. */
+static int take(struct rings *g, sess *c) {
+  struct sring *r = c->ring;
+  uint64_t seq;
+  uint32_t len;
+
+  if (!kvs_ring_peek(r->h, r->taken, &seq, &len))
+    return 0;
+  r->taken = seq;
+  r->requests++;
+  g->requests++;
+  if (len > r->area) {
+    sess_ring_frame(c, NULL, len);
+    return 1;
+  }
+  if (len > g->cap) {
+    uint8_t *p = realloc(g->buf, r->area);
+
+    if (p == NULL) {
+      log_error(KVS_ENOMEM, "session %llu: ring request of %u bytes",
+                (unsigned long long)c->id, len);
+      sess_shutdown(c, 1);
+      return 1;
+    }
+    g->buf = p;
+    g->cap = r->area;
+  }
+  memcpy(g->buf, kvs_ring_req_area(r->h), len);
+  sess_ring_frame(c, g->buf, len);
+  return 1;
+}
+
+/* One look at every ring that may be read: the number of requests taken. */
+static int poll_once(struct rings *g) {
+  int n = 0;
+
+  for (sess *c = g->s->sessions, *next; c != NULL; c = next) {
+    next = c->next; /* (handling c may close c; it never frees another) */
+    if (c->ring != NULL && sess_ring_ready(c))
+      n += take(g, c);
+  }
+  return n;
+}
+
+static void on_idle(uv_idle_t *h);
+
+static void start_polling(struct rings *g) {
+  g->last_ns = uv_hrtime();
+  if (!g->polling && uv_idle_start(&g->idle, on_idle) == 0)
+    g->polling = 1;
+}
+
+/* No request for poll_ns: every ring says the daemon sleeps, then a last
+ * look (a request posted before a client saw the flag is taken now). */
+static void go_to_sleep(struct rings *g) {
+  for (;;) {
+    int pending = 0;
+
+    for (sess *c = g->s->sessions; c != NULL; c = c->next)
+      if (c->ring != NULL &&
+          kvs_ring_daemon_sleep(c->ring->h, c->ring->taken) &&
+          sess_ring_ready(c))
+        pending = 1;
+    if (!pending)
+      break;
+    poll_once(g);
+    if (g->poll_ns) {
+      start_polling(g);
+      return;
+    }
+  }
+  if (g->polling) {
+    uv_idle_stop(&g->idle);
+    g->polling = 0;
+  }
+}
+
+static void on_idle(uv_idle_t *h) {
+  struct rings *g = h->data;
+
+  if (poll_once(g) > 0) {
+    g->last_ns = uv_hrtime();
+    return;
+  }
+  if (uv_hrtime() - g->last_ns >= g->poll_ns)
+    go_to_sleep(g);
+  else
+    sched_yield(); /* a client on this core gets to run */
+}
+
+static void on_wake(uv_poll_t *p, int status, int events) {
+  struct rings *g = p->data;
+
+  (void)events;
+  if (status < 0)
+    return;
+  g->wakeups++;
+  (void)kvs_ring_drain(g->efd);
+  for (sess *c = g->s->sessions; c != NULL; c = c->next)
+    if (c->ring != NULL)
+      kvs_ring_daemon_awake(c->ring->h);
+  poll_once(g);
+  if (g->poll_ns)
+    start_polling(g);
+  else
+    go_to_sleep(g);
+}
+
+int ring_start(srv *s) {
+  struct rings *g;
+  int rc;
+
+  s->rings = NULL;
+  if (s->cfg->ring_bytes == 0)
+    return 0;
+  g = calloc(1, sizeof(*g));
+  if (g == NULL)
+    return KVS_ENOMEM;
+  g->s = s;
+  g->poll_ns = (uint64_t)s->cfg->ring_poll_us * 1000;
+  g->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (g->efd < 0) {
+    rc = -errno;
+    free(g);
+    return rc;
+  }
+  if ((rc = uv_poll_init(s->loop, &g->wake, g->efd)) < 0) {
+    close(g->efd);
+    free(g);
+    return rc;
+  }
+  g->wake.data = g;
+  uv_idle_init(s->loop, &g->idle);
+  g->idle.data = g;
+  g->handles = 2;
+  s->rings = g;
+  rc = uv_poll_start(&g->wake, UV_READABLE, on_wake);
+  if (rc < 0) {
+    ring_stop(s);
+    return rc;
+  }
+  return 0;
+}
+
+static void on_handle_closed(uv_handle_t *h) {
+  struct rings *g = h->data;
+
+  if (--g->handles > 0)
+    return;
+  close(g->efd);
+  free(g->buf);
+  free(g);
+}
+
+void ring_stop(srv *s) {
+  struct rings *g = s->rings;
+
+  if (g == NULL)
+    return;
+  log_info(0, "request rings: %llu requests, %llu replies on the socket, "
+           "%llu wake-ups", (unsigned long long)g->requests,
+           (unsigned long long)g->socket_replies,
+           (unsigned long long)g->wakeups);
+  s->rings = NULL;
+  uv_close((uv_handle_t *)&g->wake, on_handle_closed);
+  uv_close((uv_handle_t *)&g->idle, on_handle_closed);
+}
+
+int ring_open(sess *c, int fds[3], uint32_t *area) {
+  struct rings *g = c->srv->rings;
+  struct sring *r;
+  int rc;
+
+  *area = 0;
+  if (g == NULL)
+    return KVS_ENOTSUP;
+  r = calloc(1, sizeof(*r));
+  if (r == NULL)
+    return KVS_ENOMEM;
+  r->area = (uint32_t)c->srv->cfg->ring_bytes;
+  r->efd = -1;
+  rc = kvs_ring_create(r->area, &r->reg);
+  if (rc == 0 && !r->reg.sealed)
+    rc = KVS_ENOTSUP; /* a client could shrink it under the daemon */
+  if (rc == 0 && (r->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0)
+    rc = -errno;
+  if (rc != 0) {
+    kvs_region_close(&r->reg);
+    free(r);
+    return rc;
+  }
+  r->h = r->reg.base;
+  if (!g->polling) /* the first post must wake the daemon */
+    atomic_store(&r->h->daemon_sleeping, 1);
+  fds[0] = r->reg.fd;
+  fds[1] = g->efd;
+  fds[2] = r->efd;
+  *area = r->area;
+  c->ring = r;
+  return 0;
+}
+
+void ring_free(sess *c) {
+  struct sring *r = c->ring;
+
+  if (r == NULL)
+    return;
+  kvs_region_close(&r->reg);
+  if (r->efd >= 0)
+    close(r->efd);
+  free(r);
+  c->ring = NULL;
+}
+
+int ring_reply(sess *c, const uint8_t *frame, size_t len) {
+  struct sring *r = c->ring;
+  struct rings *g = c->srv->rings;
+
+  if (len > r->area) {
+    kvs_ring_answer(r->h, r->taken, 0, r->efd);
+    r->socket_replies++;
+    if (g != NULL)
+      g->socket_replies++;
+    return 1;
+  }
+  memcpy(kvs_ring_rep_area(r->h, r->area), frame, len);
+  kvs_ring_answer(r->h, r->taken, (uint32_t)len, r->efd);
+  return 0;
+}
+
+void ring_describe(const sess *c, char *buf, size_t len) {
+  const struct sring *r = c->ring;
+
+  if (r == NULL)
+    snprintf(buf, len, "no ring");
+  else
+    snprintf(buf, len, "ring: %llu requests, %llu replies on the socket",
+             (unsigned long long)r->requests,
+             (unsigned long long)r->socket_replies);
+}
