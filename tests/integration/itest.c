@@ -239,6 +239,13 @@ kvs_client *itest_connect(const itest_daemon *d, const char *name) {
             kvs_status_name(rc), kvs_strerror(rc));
     exit(1);
   }
+  /* Asked for a ring (test_ring_suite.sh): the daemon's default grants it,
+   * so every session of the test goes through one. */
+  const char *ring = getenv("KVS_RING");
+  if (ring && strcmp(ring, "1") == 0 && !kvs_ring_active(c)) {
+    fprintf(stderr, "KVS_RING=1 but the session has no request ring\n");
+    exit(1);
+  }
   return c;
 }
 
