@@ -60,6 +60,8 @@ typedef struct msnap {
   events_stats ev;
   uint32_t sessions;
   uint64_t frames_in, protocol_errors, queued;
+  int rings_on;
+  uint64_t ring_requests, ring_socket_replies, ring_wakeups;
   uint64_t copies, copy_blocks, copy_errors;
   uint64_t pool_bytes;
   uint32_t block_size;
@@ -120,6 +122,9 @@ static void take_snapshot(metrics *m, msnap *o) {
   o->frames_in = s->frames_in;
   o->protocol_errors = s->protocol_errors;
   o->queued = s->queued;
+  o->rings_on = s->rings != NULL;
+  ring_counts(s, &o->ring_requests, &o->ring_socket_replies,
+              &o->ring_wakeups);
   o->copies = s->copy.jobs;
   o->copy_blocks = s->copy.blocks;
   o->copy_errors = s->copy.errors;
@@ -374,6 +379,17 @@ static void render(FILE *f, const msnap *sn) {
       "Frames refused as malformed or out of place.", sn->protocol_errors);
   one(f, "kvshare_queued_bytes", "gauge",
       "Reply bytes queued for all sessions, not yet written.", sn->queued);
+  if (sn->rings_on) {
+    one(f, "kvshare_ring_requests_total", "counter",
+        "Requests taken from request rings (KVS_RING=1 sessions).",
+        sn->ring_requests);
+    one(f, "kvshare_ring_socket_replies_total", "counter",
+        "Replies to ring requests too big for the ring, sent on the socket.",
+        sn->ring_socket_replies);
+    one(f, "kvshare_ring_wakeups_total", "counter",
+        "Times a client woke the daemon from its sleep (past ring_poll_us).",
+        sn->ring_wakeups);
+  }
   one(f, "kvshare_daemon_copies_total", "counter",
       "Copy jobs the daemon's copy engine ran.", sn->copies);
   one(f, "kvshare_daemon_copy_blocks_total", "counter",

@@ -286,3 +286,12 @@ void ring_describe(const sess *c, char *buf, size_t len) {
              (unsigned long long)r->requests,
              (unsigned long long)r->socket_replies);
 }
+
+void ring_counts(const srv *s, uint64_t *requests, uint64_t *socket_replies,
+                 uint64_t *wakeups) {
+  const struct rings *g = s->rings;
+
+  *requests = g ? g->requests : 0;
+  *socket_replies = g ? g->socket_replies : 0;
+  *wakeups = g ? g->wakeups : 0;
+}

@@ -145,6 +145,10 @@ void ring_free(sess *c);      /* idempotent */
  * the ring; 1 when it does not fit (the ring says so: send it on the
  * socket). */
 int ring_reply(sess *c, const uint8_t *frame, size_t len);
+/* Since start: requests taken from rings, replies that did not fit one,
+ * wake-ups of the daemon (all 0 when rings are off). */
+void ring_counts(const srv *s, uint64_t *requests, uint64_t *socket_replies,
+                 uint64_t *wakeups);
 /* For the log line of c's close: what went through its ring. */
 void ring_describe(const sess *c, char *buf, size_t len);
 

@@ -79,11 +79,11 @@ def cli_stats():
     return json.loads(out)
 
 
-def drive(lines):
+def drive(lines, env=None):
     """Runs kvs_drive over the script; returns its output lines."""
     p = subprocess.run([f"{build}/tests/integration/kvs_drive", sock],
                        input="\n".join(lines) + "\nquit\n", capture_output=True,
-                       text=True, timeout=120)
+                       text=True, timeout=120, env=env)
     check(p.returncode == 0, f"kvs_drive exit {p.returncode}: {p.stderr}")
     return p.stdout.split("\n")[:-1]
 
@@ -360,6 +360,19 @@ check(value(fams, "kvshare_batch_ops", suffix="_sum") == 300, "batch sum")
 check(value(fams, "kvshare_batch_ops", {"le": "256"}, "_bucket") == 0 and
       value(fams, "kvshare_batch_ops", {"le": "512"}, "_bucket") == 1, "batch buckets")
 check(value(fams, "kvshare_kv_event_replays", suffix="_total") >= 5, "replays counted")
+
+# A session through a request ring: its four requests (lookup, allocate,
+# commit, free) counted as ring requests, and at least one wake-up (the
+# daemon sleeps between sessions; its first post wakes it).
+r0 = value(fams, "kvshare_ring_requests", suffix="_total")
+w0 = value(fams, "kvshare_ring_wakeups", suffix="_total")
+drive(["fill " + " ".join(str(9000000 + i) for i in range(40))],
+      env=dict(os.environ, KVS_RING="1"))
+f = scrape()
+check(value(f, "kvshare_ring_requests", suffix="_total") - r0 == 4,
+      "ring requests counted")
+check(value(f, "kvshare_ring_wakeups", suffix="_total") - w0 >= 1, "ring wake-ups counted")
+check(value(f, "kvshare_ring_socket_replies", suffix="_total") == 0, "no ring reply too big")
 
 # Concurrent scrapes while a workload runs: every scrape is one moment.
 churn = subprocess.Popen([f"{build}/tests/integration/kvs_drive", sock],
