@@ -46,7 +46,7 @@ struct kvs_client {
   kvs_region ring;
   kvs_ring_hdr *rh;
   uint32_t ring_area;
-  int ring_efd_daemon, ring_efd_client;
+  int ring_wfd;          /* our end of the wake channel (both ways) */
   uint64_t ring_seq;
   uint64_t ring_spin_ns; /* $KVS_RING_SPIN_US */
 
@@ -68,10 +68,10 @@ struct kvs_client {
  * client broken and return KVS_ECLOSED / KVS_EPROTO / -errno. */
 int kvs__call(kvs_client *c, Kvshare__Request *req, Kvshare__Response **resp);
 
-/* ring.c.  Takes the ring's three descriptors (memfd, the daemon's
- * eventfd, ours): owned by the client on success, left to the caller on
+/* ring.c.  Takes the ring's two descriptors (memfd, our end of the wake
+ * channel): owned by the client on success, left to the caller on
  * failure. */
-int kvs__ring_setup(kvs_client *c, const int fds[3], uint32_t area);
+int kvs__ring_setup(kvs_client *c, const int fds[2], uint32_t area);
 void kvs__ring_close(kvs_client *c);
 /* Sends the frame in c->wbuf (len bytes, at most c->ring_area) through the
  * ring and receives its reply into c->rbuf (from the ring, or the socket

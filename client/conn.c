@@ -306,7 +306,7 @@ static int handshake(kvs_client *c, const kvs_connect_opts *opts) {
   kvs__copy_str(c->backend, sizeof c->backend, w->pool->backend);
   kvs__copy_str(c->gpu_uuid, sizeof c->gpu_uuid, w->pool->gpu_uuid);
   kvs__copy_str(c->model_id, sizeof c->model_id, w->model_id);
-  uint32_t ring_fds = w->ring_bytes && hello.ring ? 3 : 0;
+  uint32_t ring_fds = w->ring_bytes && hello.ring ? 2 : 0;
   if ((uint32_t)nfds != w->pool->num_fds + ring_fds) {
     snprintf(c->msg, sizeof c->msg, "the Welcome announced %u descriptors, "
              "%d arrived", w->pool->num_fds + ring_fds, nfds);
@@ -321,7 +321,7 @@ static int handshake(kvs_client *c, const kvs_connect_opts *opts) {
                "could not be mapped", w->ring_bytes);
       goto out;
     }
-    rfds[0] = rfds[1] = rfds[2] = -1; /* the client's now */
+    rfds[0] = rfds[1] = -1; /* the client's now */
     nfds = (int)w->pool->num_fds;
   }
   if (opts && opts->no_map) {

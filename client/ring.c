@@ -2,12 +2,13 @@
  * ring.c — the client's side of a request ring (shm/kvs_ring.h).
  *
  * With KVS_RING=1 the Hello asks for a ring; a daemon that grants it sends
- * the ring's memfd and two eventfds after the pool's descriptors.  Each call
- * whose frame fits then goes through the ring: the frame is copied into the
- * request area and posted; the client spins on the reply counter for
- * $KVS_RING_SPIN_US (50 by default), then sleeps in poll() on its eventfd
- * and the socket (which says when the daemon is gone, or brings a reply too
- * big for the ring).
+ * the ring's memfd and one end of the session's wake channel after the
+ * pool's descriptors.  Each call whose frame fits then goes through the
+ * ring: the frame is copied into the request area and posted; the client
+ * spins on the reply counter for $KVS_RING_SPIN_US (50 by default; never
+ * past timeout_ms), then sleeps in poll() on the wake channel and the
+ * socket (which says when the daemon is gone, or brings a reply too big
+ * for the ring).
  */
 #include <errno.h>
 #include <poll.h>
@@ -37,7 +38,7 @@ static inline void cpu_relax(void) {
 #endif
 }
 
-int kvs__ring_setup(kvs_client *c, const int fds[3], uint32_t area) {
+int kvs__ring_setup(kvs_client *c, const int fds[2], uint32_t area) {
   const char *e = getenv("KVS_RING_SPIN_US");
   int rc = kvs_ring_map(fds[0], area, &c->ring);
 
@@ -45,8 +46,7 @@ int kvs__ring_setup(kvs_client *c, const int fds[3], uint32_t area) {
     return rc;
   c->rh = c->ring.base;
   c->ring_area = area;
-  c->ring_efd_daemon = fds[1];
-  c->ring_efd_client = fds[2];
+  c->ring_wfd = fds[1];
   c->ring_seq = 0;
   c->ring_spin_ns = (uint64_t)(e && *e ? strtoul(e, NULL, 10)
                                        : SPIN_US_DEFAULT) * 1000u;
@@ -57,8 +57,7 @@ void kvs__ring_close(kvs_client *c) {
   if (c->rh == NULL)
     return;
   kvs_region_close(&c->ring);
-  close(c->ring_efd_daemon);
-  close(c->ring_efd_client);
+  close(c->ring_wfd);
   c->rh = NULL;
 }
 
@@ -89,7 +88,11 @@ int kvs__ring_roundtrip(kvs_client *c, size_t len) {
   uint32_t rlen;
 
   memcpy(kvs_ring_req_area(h), c->wbuf, len);
-  kvs_ring_post(h, seq, (uint32_t)len, c->ring_efd_daemon);
+  uint64_t spin = c->ring_spin_ns;
+
+  if (c->timeout_ms > 0 && spin > (uint64_t)c->timeout_ms * 1000000u)
+    spin = (uint64_t)c->timeout_ms * 1000000u;
+  kvs_ring_post(h, seq, (uint32_t)len, c->ring_wfd);
   /* Spin a while: a polling daemon answers within microseconds.  After
    * the first few rounds each one yields the CPU, so that a daemon on the
    * same core gets to run. */
@@ -97,7 +100,7 @@ int kvs__ring_roundtrip(kvs_client *c, size_t len) {
     if (kvs_ring_answered(h, seq, &rlen))
       return take_reply(c, rlen);
     if (i >= SPIN_PAUSES) {
-      if (now_ns() - t0 >= c->ring_spin_ns)
+      if (now_ns() - t0 >= spin)
         break;
       sched_yield();
     } else {
@@ -108,8 +111,7 @@ int kvs__ring_roundtrip(kvs_client *c, size_t len) {
     deadline = t0 + (uint64_t)c->timeout_ms * 1000000u;
   /* Then sleep until the eventfd or the socket says something. */
   for (;;) {
-    struct pollfd p[2] = {{c->ring_efd_client, POLLIN, 0},
-                          {c->fd, POLLIN, 0}};
+    struct pollfd p[2] = {{c->ring_wfd, POLLIN, 0}, {c->fd, POLLIN, 0}};
     int wait = -1, n;
 
     if (kvs_ring_client_sleep(h, seq, &rlen))
@@ -127,8 +129,8 @@ int kvs__ring_roundtrip(kvs_client *c, size_t len) {
     kvs_ring_client_awake(h);
     if (n < 0 && errno != EINTR)
       return -errno;
-    if (n > 0 && (p[0].revents & POLLIN))
-      (void)kvs_ring_drain(c->ring_efd_client);
+    if (n > 0 && p[0].revents && kvs_ring_drain(c->ring_wfd) < 0)
+      p[1].revents = POLLHUP; /* the daemon's end is gone: so is it */
     if (kvs_ring_answered(h, seq, &rlen))
       return take_reply(c, rlen);
     if (n > 0 && p[1].revents)

@@ -5,18 +5,20 @@
  * then go through shared memory.  The daemon finds them by polling every
  * ring from a uv_idle handle, which keeps the loop from blocking, for
  * ring_poll_us after the last request it took; then it sleeps (each ring's
- * daemon_sleeping flag set, re-checked after a fence) and one eventfd,
- * shared by every ring and watched by a uv_poll, wakes it.  A frame taken
- * from a ring is copied out of the mapping first (the client can write it
- * at any time) and handled exactly as a socket frame (sess_ring_frame); its
- * reply goes back through the ring, or on the socket when it does not fit.
+ * daemon_sleeping flag set, re-checked after a fence) until a byte on some
+ * session's wake channel (a socket pair, watched by a uv_poll) wakes it.
+ * A frame taken from a ring is copied out of the mapping first (the client
+ * can write it at any time) and handled exactly as a socket frame
+ * (sess_ring_frame); its reply goes back through the ring, or on the socket
+ * when it does not fit.  A session that may not be read (a reply held back,
+ * replies piling up unread) is skipped until it may (ring_resume).
  */
 #include <errno.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "daemon/log.h"
@@ -24,22 +26,23 @@
 #include "kvs_ring.h"
 #include "kvs_status.h"
 
+/* Freed when its wake handle is closed (after its session). */
 struct sring {
+  uv_poll_t wake; /* readable: the client sent a wake-up (or went away) */
+  sess *c;        /* NULL once the session is gone */
   kvs_region reg;
   kvs_ring_hdr *h;
   uint32_t area;
-  int efd;        /* wakes the client */
+  int wfd;        /* the daemon's end of the wake channel */
+  int cfd;        /* the client's end, until the Welcome has carried it */
   uint64_t taken; /* the last req_seq taken */
   uint64_t requests, socket_replies; /* for the log at close */
 };
 
 struct rings {
   srv *s;
-  uv_poll_t wake; /* readable: a client posted to a sleeping daemon */
   uv_idle_t idle; /* active while polling */
-  int efd;
   int polling;
-  int handles;    /* open handles (freed when both are closed) */
   uint64_t poll_ns, last_ns;
   uint8_t *buf;   /* the frame taken, copied out of the mapping */
   size_t cap;
@@ -92,30 +95,35 @@ static int poll_once(struct rings *g) {
 
 static void on_idle(uv_idle_t *h);
 
+/* Polling (again): every ring says the daemon is awake. */
 static void start_polling(struct rings *g) {
+  for (sess *c = g->s->sessions; c != NULL; c = c->next)
+    if (c->ring != NULL)
+      kvs_ring_daemon_awake(c->ring->h);
   g->last_ns = uv_hrtime();
   if (!g->polling && uv_idle_start(&g->idle, on_idle) == 0)
     g->polling = 1;
 }
 
-/* No request for poll_ns: every ring says the daemon sleeps, then a last
- * look (a request posted before a client saw the flag is taken now). */
+/* No request for poll_ns: every ring says the daemon sleeps, and each that
+ * may be read is looked at once more after the fence.  A request that came
+ * meanwhile sends the daemon back to polling (taken on the next round, so
+ * that one busy client cannot keep the loop here). */
 static void go_to_sleep(struct rings *g) {
-  for (;;) {
-    int pending = 0;
+  int pending = 0;
 
-    for (sess *c = g->s->sessions; c != NULL; c = c->next)
-      if (c->ring != NULL &&
-          kvs_ring_daemon_sleep(c->ring->h, c->ring->taken) &&
-          sess_ring_ready(c))
-        pending = 1;
-    if (!pending)
-      break;
-    poll_once(g);
-    if (g->poll_ns) {
-      start_polling(g);
-      return;
-    }
+  for (sess *c = g->s->sessions; c != NULL; c = c->next) {
+    if (c->ring == NULL)
+      continue;
+    if (!sess_ring_ready(c))
+      kvs_ring_daemon_asleep(c->ring->h); /* ring_resume looks later */
+    else if (kvs_ring_daemon_sleep(c->ring->h, c->ring->taken))
+      pending = 1;
+  }
+  if (pending) {
+    start_polling(g);
+    g->last_ns = 0; /* (with poll_ns 0: asleep again after one round) */
+    return;
   }
   if (g->polling) {
     uv_idle_stop(&g->idle);
@@ -137,65 +145,56 @@ static void on_idle(uv_idle_t *h) {
 }
 
 static void on_wake(uv_poll_t *p, int status, int events) {
-  struct rings *g = p->data;
+  struct sring *r = p->data;
+  sess *c = r->c;
+  struct rings *g;
+  int rc;
 
   (void)events;
-  if (status < 0)
+  rc = status < 0 ? -1 : kvs_ring_drain(r->wfd);
+  if (c == NULL || c->closing)
+    return;
+  if (rc < 0) { /* the client closed its end: no way to wake it any more */
+    log_warn(0, "session %llu (pid %d): its ring's wake channel is closed; "
+             "closing the session", (unsigned long long)c->id, (int)c->pid);
+    uv_poll_stop(p);
+    sess_shutdown(c, 1);
+    return;
+  }
+  if ((g = c->srv->rings) == NULL)
     return;
   g->wakeups++;
-  (void)kvs_ring_drain(g->efd);
-  for (sess *c = g->s->sessions; c != NULL; c = c->next)
-    if (c->ring != NULL)
-      kvs_ring_daemon_awake(c->ring->h);
+  start_polling(g);
   poll_once(g);
-  if (g->poll_ns)
-    start_polling(g);
-  else
+  if (g->poll_ns == 0)
     go_to_sleep(g);
 }
 
 int ring_start(srv *s) {
   struct rings *g;
-  int rc;
 
   s->rings = NULL;
   if (s->cfg->ring_bytes == 0)
     return 0;
+  if (s->cfg->ring_bytes < KVS_RING_MIN_AREA) {
+    log_error(KVS_EINVAL, "ring_bytes %llu: 0 (no rings) or at least %u",
+              (unsigned long long)s->cfg->ring_bytes, KVS_RING_MIN_AREA);
+    return KVS_EINVAL;
+  }
   g = calloc(1, sizeof(*g));
   if (g == NULL)
     return KVS_ENOMEM;
   g->s = s;
   g->poll_ns = (uint64_t)s->cfg->ring_poll_us * 1000;
-  g->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (g->efd < 0) {
-    rc = -errno;
-    free(g);
-    return rc;
-  }
-  if ((rc = uv_poll_init(s->loop, &g->wake, g->efd)) < 0) {
-    close(g->efd);
-    free(g);
-    return rc;
-  }
-  g->wake.data = g;
   uv_idle_init(s->loop, &g->idle);
   g->idle.data = g;
-  g->handles = 2;
   s->rings = g;
-  rc = uv_poll_start(&g->wake, UV_READABLE, on_wake);
-  if (rc < 0) {
-    ring_stop(s);
-    return rc;
-  }
   return 0;
 }
 
-static void on_handle_closed(uv_handle_t *h) {
+static void on_idle_closed(uv_handle_t *h) {
   struct rings *g = h->data;
 
-  if (--g->handles > 0)
-    return;
-  close(g->efd);
   free(g->buf);
   free(g);
 }
@@ -210,14 +209,22 @@ void ring_stop(srv *s) {
            (unsigned long long)g->socket_replies,
            (unsigned long long)g->wakeups);
   s->rings = NULL;
-  uv_close((uv_handle_t *)&g->wake, on_handle_closed);
-  uv_close((uv_handle_t *)&g->idle, on_handle_closed);
+  uv_close((uv_handle_t *)&g->idle, on_idle_closed);
 }
 
-int ring_open(sess *c, int fds[3], uint32_t *area) {
+static void sring_close_fds(struct sring *r) {
+  kvs_region_close(&r->reg);
+  if (r->wfd >= 0)
+    close(r->wfd);
+  if (r->cfd >= 0)
+    close(r->cfd);
+  free(r);
+}
+
+int ring_open(sess *c, int fds[2], uint32_t *area) {
   struct rings *g = c->srv->rings;
   struct sring *r;
-  int rc;
+  int sv[2], rc;
 
   *area = 0;
   if (g == NULL)
@@ -226,38 +233,65 @@ int ring_open(sess *c, int fds[3], uint32_t *area) {
   if (r == NULL)
     return KVS_ENOMEM;
   r->area = (uint32_t)c->srv->cfg->ring_bytes;
-  r->efd = -1;
+  r->wfd = r->cfd = -1;
   rc = kvs_ring_create(r->area, &r->reg);
   if (rc == 0 && !r->reg.sealed)
     rc = KVS_ENOTSUP; /* a client could shrink it under the daemon */
-  if (rc == 0 && (r->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0)
+  if (rc == 0 && socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
     rc = -errno;
+  if (rc == 0) {
+    r->wfd = sv[0];
+    r->cfd = sv[1];
+    rc = uv_poll_init(c->srv->loop, &r->wake, r->wfd);
+  }
   if (rc != 0) {
-    kvs_region_close(&r->reg);
-    free(r);
+    sring_close_fds(r);
     return rc;
   }
+  r->wake.data = r;
+  rc = uv_poll_start(&r->wake, UV_READABLE, on_wake);
   r->h = r->reg.base;
+  r->c = c;
+  c->ring = r; /* (from here ring_free undoes it) */
+  if (rc < 0) {
+    ring_free(c);
+    return rc;
+  }
   if (!g->polling) /* the first post must wake the daemon */
-    atomic_store(&r->h->daemon_sleeping, 1);
+    kvs_ring_daemon_asleep(r->h);
   fds[0] = r->reg.fd;
-  fds[1] = g->efd;
-  fds[2] = r->efd;
+  fds[1] = r->cfd;
   *area = r->area;
-  c->ring = r;
   return 0;
 }
+
+void ring_handed(sess *c) {
+  struct sring *r = c->ring;
+
+  if (r != NULL && r->cfd >= 0) {
+    close(r->cfd);
+    r->cfd = -1;
+  }
+}
+
+static void on_wake_closed(uv_handle_t *h) { sring_close_fds(h->data); }
 
 void ring_free(sess *c) {
   struct sring *r = c->ring;
 
   if (r == NULL)
     return;
-  kvs_region_close(&r->reg);
-  if (r->efd >= 0)
-    close(r->efd);
-  free(r);
   c->ring = NULL;
+  r->c = NULL;
+  uv_close((uv_handle_t *)&r->wake, on_wake_closed);
+}
+
+void ring_resume(sess *c) {
+  struct rings *g = c->srv->rings;
+
+  if (c->ring != NULL && g != NULL && sess_ring_ready(c) && take(g, c) &&
+      g->poll_ns)
+    start_polling(g);
 }
 
 int ring_reply(sess *c, const uint8_t *frame, size_t len) {
@@ -265,14 +299,14 @@ int ring_reply(sess *c, const uint8_t *frame, size_t len) {
   struct rings *g = c->srv->rings;
 
   if (len > r->area) {
-    kvs_ring_answer(r->h, r->taken, 0, r->efd);
+    kvs_ring_answer(r->h, r->taken, 0, r->wfd);
     r->socket_replies++;
     if (g != NULL)
       g->socket_replies++;
     return 1;
   }
   memcpy(kvs_ring_rep_area(r->h, r->area), frame, len);
-  kvs_ring_answer(r->h, r->taken, (uint32_t)len, r->efd);
+  kvs_ring_answer(r->h, r->taken, (uint32_t)len, r->wfd);
   return 0;
 }
 

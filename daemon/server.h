@@ -137,10 +137,16 @@ int sess_ring_ready(const sess *c);
 /* ring.c */
 int ring_start(srv *s);       /* 0 also when rings are off */
 void ring_stop(srv *s);       /* closes its handles (the loop finishes) */
-/* A ring for c: fds[0..2] = the ring's memfd, the daemon's wake eventfd,
- * c's own eventfd (owned by the ring; send them, do not close them). */
-int ring_open(sess *c, int fds[3], uint32_t *area);
+/* A ring for c: fds[0..1] = the ring's memfd and the client's end of its
+ * wake channel (owned by the ring: send them with the Welcome, then
+ * ring_handed closes the daemon's copy of the client's end). */
+int ring_open(sess *c, int fds[2], uint32_t *area);
+void ring_handed(sess *c);
+/* c is gone: its ring goes (its wake handle closes, then it is freed). */
 void ring_free(sess *c);      /* idempotent */
+/* c may be read again (its held reply sent, its replies read): a request
+ * posted meanwhile is taken now. */
+void ring_resume(sess *c);
 /* Answers c's ring request with the framed reply: 0 when it went through
  * the ring; 1 when it does not fit (the ring says so: send it on the
  * socket). */

@@ -187,6 +187,8 @@ static void on_write(uv_write_t *req, int status) {
     if (uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read) == 0)
       c->reading = 1;
     process_input(c);
+    if (!c->closed)
+      ring_resume(c);
   }
 }
 
@@ -392,11 +394,11 @@ static void handle_hello(sess *c, uint64_t seq, const Kvshare__Hello *h) {
   w.max_batch_ops = s->cfg->max_batch_ops;
   w.features = KVS_FEATURE_PACKED_BATCH;
   memcpy(fds, ex->fds, (size_t)ex->nfds * sizeof(int));
-  if (h->ring && s->rings != NULL && nfds + 3 <= KVS_SHM_MAX_FDS) {
+  if (h->ring && s->rings != NULL && nfds + 2 <= KVS_SHM_MAX_FDS) {
     int rc = ring_open(c, fds + nfds, &w.ring_bytes);
 
     if (rc == 0)
-      nfds += 3;
+      nfds += 2;
     else
       log_warn(rc, "session %llu: no request ring (the session goes on "
                "without one)", (unsigned long long)c->id);
@@ -422,6 +424,7 @@ static void handle_hello(sess *c, uint64_t seq, const Kvshare__Hello *h) {
     return;
   }
   n = kvs_send_fds(fd, wr->data, wr->len, fds, nfds);
+  ring_handed(c); /* the client's end of the wake channel went (or not) */
   if (n < 0) {
     free(wr);
     log_warn((int)n, "session %llu: sending the welcome",
@@ -464,6 +467,8 @@ static void send_held(sess *c, struct wreq *w) {
       uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read) == 0)
     c->reading = 1;
   process_input(c);
+  if (!c->closed)
+    ring_resume(c);
 }
 
 /* On the loop, when the session's copy job is back. */
@@ -694,8 +699,10 @@ static void handle_frame(sess *c, const uint8_t *payload, size_t len) {
 }
 
 int sess_ring_ready(const sess *c) {
-  return c->handshaken && !c->closing && !c->copying && !c->promoting &&
-         !c->swapping && !c->ring_cur;
+  /* reading: not paused by a held reply, nor by replies piling up unread
+   * (a reply too big for the ring queues on the socket) */
+  return c->handshaken && c->reading && !c->closing && !c->copying &&
+         !c->promoting && !c->swapping && !c->ring_cur;
 }
 
 void sess_ring_frame(sess *c, const uint8_t *frame, size_t len) {
@@ -718,9 +725,17 @@ void sess_ring_frame(sess *c, const uint8_t *frame, size_t len) {
     protocol_error(c, 0, 1, rc < 0 ? rc : KVS_EPROTO, what);
     return;
   }
-  c->progress_ms = uv_now(c->srv->loop);
   handle_frame(c, frame + KVS_FRAME_HEADER_SIZE, len - KVS_FRAME_HEADER_SIZE);
   tiers_kick(c->srv->tiers);
+  /* Back-pressure, as for socket frames: replies too big for the ring
+   * queue on the socket; a peer that does not read them is paused (ring
+   * and socket) until it does (on_write, then ring_resume). */
+  if (!c->closed && c->reading &&
+      too_much_queued(c, uv_stream_get_write_queue_size(
+                             (uv_stream_t *)&c->pipe))) {
+    uv_read_stop((uv_stream_t *)&c->pipe);
+    c->reading = 0;
+  }
 }
 
 static int reserve(sess *c, size_t need) {

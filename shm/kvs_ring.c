@@ -6,7 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
-#include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "kvs_status.h"
@@ -49,41 +49,53 @@ int kvs_ring_map(int fd, uint32_t area, kvs_region *r) {
   return 0;
 }
 
-void kvs_ring_wake(int efd) {
-  uint64_t one = 1;
+void kvs_ring_wake(int fd) {
   ssize_t n;
 
   do
-    n = write(efd, &one, sizeof(one));
+    n = send(fd, "w", 1, MSG_DONTWAIT | MSG_NOSIGNAL);
   while (n < 0 && errno == EINTR);
 }
 
-int kvs_ring_drain(int efd) {
-  uint64_t v;
-  ssize_t n;
+int kvs_ring_drain(int fd) {
+  char buf[64];
+  int got = 0;
 
-  do
-    n = read(efd, &v, sizeof(v));
-  while (n < 0 && errno == EINTR);
-  return n == (ssize_t)sizeof(v);
+  /* Bounded: a peer that keeps writing cannot hold the caller here. */
+  for (int i = 0; i < 16; i++) {
+    ssize_t n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+
+    if (n > 0) {
+      got = 1;
+      if ((size_t)n < sizeof(buf))
+        break;
+      continue;
+    }
+    if (n == 0)
+      return -1;
+    if (errno == EINTR)
+      continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK)
+      break;
+    return -1;
+  }
+  return got;
 }
 
-void kvs_ring_post(kvs_ring_hdr *h, uint64_t seq, uint32_t len,
-                   int daemon_efd) {
+void kvs_ring_post(kvs_ring_hdr *h, uint64_t seq, uint32_t len, int wfd) {
   atomic_store_explicit(&h->req_len, len, memory_order_relaxed);
   atomic_store_explicit(&h->req_seq, seq, memory_order_release);
   atomic_thread_fence(memory_order_seq_cst);
   if (atomic_load_explicit(&h->daemon_sleeping, memory_order_relaxed))
-    kvs_ring_wake(daemon_efd);
+    kvs_ring_wake(wfd);
 }
 
-void kvs_ring_answer(kvs_ring_hdr *h, uint64_t seq, uint32_t len,
-                     int client_efd) {
+void kvs_ring_answer(kvs_ring_hdr *h, uint64_t seq, uint32_t len, int wfd) {
   atomic_store_explicit(&h->rep_len, len, memory_order_relaxed);
   atomic_store_explicit(&h->rep_seq, seq, memory_order_release);
   atomic_thread_fence(memory_order_seq_cst);
   if (atomic_load_explicit(&h->client_sleeping, memory_order_relaxed))
-    kvs_ring_wake(client_efd);
+    kvs_ring_wake(wfd);
 }
 
 int kvs_ring_daemon_sleep(kvs_ring_hdr *h, uint64_t taken) {

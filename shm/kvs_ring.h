@@ -4,8 +4,12 @@
  * call while the daemon polls.
  *
  * The mapping is a memfd the daemon creates (size sealed), handed to the
- * client in the Welcome with two eventfds: one that wakes the daemon (shared
- * by every ring of the daemon) and one that wakes this client.  Layout:
+ * client in the Welcome with one end of a Unix socket pair: the session's
+ * wake channel, both ways (one byte wakes the other side).  Each side reads
+ * and writes its end with MSG_DONTWAIT, a flag of the call that the peer
+ * cannot change (an eventfd's O_NONBLOCK belongs to the open file, which a
+ * client could clear to block the daemon), and no wake object is shared
+ * between sessions.  Layout:
  *
  *   [0, 4096)                    kvs_ring_hdr
  *   [4096, 4096 + area)          the request: one frame, header included
@@ -22,8 +26,8 @@
  * Sleeping.  Each side spins a short while on the other's counter, then
  * sleeps: it sets its *_sleeping flag, and re-checks the counter after a
  * full fence before it blocks; the other side, after publishing its counter
- * and a full fence, writes the sleeper's eventfd when the flag is set.  One
- * of the two always sees the other (the flag, or the counter): no lost
+ * and a full fence, sends a byte on the wake channel when the flag is set.
+ * One of the two always sees the other (the flag, or the counter): no lost
  * wake-up.
  */
 #ifndef KVS_RING_H
@@ -76,20 +80,21 @@ static inline uint8_t *kvs_ring_rep_area(kvs_ring_hdr *h, uint32_t area) {
 int kvs_ring_create(uint32_t area, kvs_region *r);
 
 /* The client: maps a received ring fd and checks its header (the region
- * owns fd on success).  *area is the size of each area.  0, KVS_EPROTO (not
- * a ring of this version, or not sealed), -errno. */
+ * owns fd on success).  area: the size of each area.  0, KVS_EPROTO (not a
+ * ring of this version, or of another size), -errno. */
 int kvs_ring_map(int fd, uint32_t area, kvs_region *r);
 
-/* Writes one wake-up to an eventfd (nothing on error: a counter that is
- * already set wakes the sleeper anyway). */
-void kvs_ring_wake(int efd);
-/* Takes what an eventfd holds; returns 1 when it held something. */
-int kvs_ring_drain(int efd);
+/* Sends one wake-up byte on a wake channel, never blocking (nothing on
+ * error: a channel that is full already wakes its reader). */
+void kvs_ring_wake(int fd);
+/* Takes what a wake channel holds, never blocking: 1 when it held
+ * something, 0 when nothing, -1 when the other end is closed (or the
+ * channel failed). */
+int kvs_ring_drain(int fd);
 
 /* The client posts request seq (its frame already in the request area),
- * waking the daemon if it sleeps. */
-void kvs_ring_post(kvs_ring_hdr *h, uint64_t seq, uint32_t len,
-                   int daemon_efd);
+ * waking the daemon (wake channel wfd) if it sleeps. */
+void kvs_ring_post(kvs_ring_hdr *h, uint64_t seq, uint32_t len, int wfd);
 
 /* The daemon: is there a request after `taken`?  1 with *seq and *len (not
  * checked: the caller bounds len by the area), or 0. */
@@ -104,9 +109,8 @@ static inline int kvs_ring_peek(kvs_ring_hdr *h, uint64_t taken,
 }
 
 /* The daemon answers request seq (len bytes in the reply area; 0: the reply
- * goes on the socket), waking the client if it sleeps. */
-void kvs_ring_answer(kvs_ring_hdr *h, uint64_t seq, uint32_t len,
-                     int client_efd);
+ * goes on the socket), waking the client (wake channel wfd) if it sleeps. */
+void kvs_ring_answer(kvs_ring_hdr *h, uint64_t seq, uint32_t len, int wfd);
 
 /* The daemon is about to sleep: sets daemon_sleeping, then says whether a
  * request after `taken` came meanwhile (1: it must not sleep; the flag is
@@ -114,6 +118,11 @@ void kvs_ring_answer(kvs_ring_hdr *h, uint64_t seq, uint32_t len,
 int kvs_ring_daemon_sleep(kvs_ring_hdr *h, uint64_t taken);
 static inline void kvs_ring_daemon_awake(kvs_ring_hdr *h) {
   atomic_store_explicit(&h->daemon_sleeping, 0, memory_order_relaxed);
+}
+/* The daemon sleeps without looking at this ring now (it is not to be read
+ * until its session is ready again, when the daemon looks at it). */
+static inline void kvs_ring_daemon_asleep(kvs_ring_hdr *h) {
+  atomic_store_explicit(&h->daemon_sleeping, 1, memory_order_relaxed);
 }
 
 /* The client waits for the answer to seq: 1 when it is there (*len set),

@@ -56,7 +56,7 @@ void kvs_region_close(kvs_region *r);
  * len on a non-blocking socket: send the rest without fds), -EAGAIN when
  * nothing could be sent, another -errno, or KVS_EINVAL.
  */
-#define KVS_SHM_MAX_FDS 20 /* a pool's 16, a request ring's 3 */
+#define KVS_SHM_MAX_FDS 20 /* a pool's 16, a request ring's 2 */
 ssize_t kvs_send_fds(int sock, const void *buf, size_t len, const int *fds,
                      int nfds);
 

@@ -16,6 +16,12 @@
  *  4. kill -9 of a client in the middle of ring calls frees its session;
  *  5. a call to a stopped daemon times out (timeout_ms) with -EAGAIN;
  *  6. a client asleep in a ring call when the daemon dies gets ECLOSED;
+ *  7. a client that abuses its wake channel (never reads it, floods it,
+ *     closes it) never blocks the daemon nor delays the others, and
+ *     closing it closes its session;
+ *  8. a client that posts requests whose replies go on the socket and
+ *     never reads them is paused at the back-pressure limit (the daemon's
+ *     memory stays bounded) and resumed when it reads;
  * then the pool, the daemon's fds and ours are checked.
  */
 #include <dirent.h>
@@ -25,6 +31,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -168,36 +175,46 @@ static kvs_ring_hdr *map_own_ring(size_t *len) {
   return h;
 }
 
-/* Posts len bytes (already in the request area) as request seq, and waits
- * for the daemon's answer to it: its length. */
-static uint32_t post_raw(kvs_ring_hdr *h, uint64_t seq, uint32_t len,
-                         int wake) {
+/* The newest client's end of its wake channel: the highest-numbered socket
+ * of this process that is not a client's main socket (`not`). */
+static int own_wake_fd(int not) {
+  DIR *dir = opendir("/proc/self/fd");
+  struct dirent *e;
+  int best = -1;
+
+  CHECK(dir != NULL);
+  while ((e = readdir(dir)) != NULL) {
+    char path[300], target[300];
+    ssize_t n;
+    int fd = atoi(e->d_name);
+
+    snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
+    n = readlink(path, target, sizeof(target) - 1);
+    if (n <= 0)
+      continue;
+    target[n] = '\0';
+    if (strncmp(target, "socket:", 7) == 0 && fd != not && fd > best)
+      best = fd;
+  }
+  closedir(dir);
+  CHECK(best >= 0);
+  return best;
+}
+
+/* Posts len bytes (already in the request area) as request seq, wakes the
+ * daemon through the wake channel wfd, and waits for its answer: its
+ * length, or -1 when none came within ms milliseconds. */
+static long post_raw(kvs_ring_hdr *h, uint64_t seq, uint32_t len, int wfd,
+                     int ms) {
   atomic_store(&h->req_len, len);
   atomic_store(&h->req_seq, seq);
-  if (wake) { /* the daemon's eventfd is ours too: write every one we have */
-    DIR *dir = opendir("/proc/self/fd");
-    struct dirent *e;
-
-    while ((e = readdir(dir)) != NULL) {
-      char path[300], target[300];
-      ssize_t n;
-      uint64_t one = 1;
-
-      snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
-      n = readlink(path, target, sizeof(target) - 1);
-      if (n > 0 && (target[n] = '\0', strstr(target, "eventfd")))
-        CHECK(write(atoi(e->d_name), &one, sizeof(one)) == sizeof(one));
-    }
-    closedir(dir);
-  }
-  for (int i = 0; i < 5000; i++) {
+  CHECK(send(wfd, "w", 1, MSG_DONTWAIT) == 1 || errno == EAGAIN);
+  for (int i = 0; i < ms; i++) {
     if (atomic_load(&h->rep_seq) == seq)
       return atomic_load(&h->rep_len);
     usleep(1000);
   }
-  fprintf(stderr, "no answer to ring request %llu\n",
-          (unsigned long long)seq);
-  exit(1);
+  return -1;
 }
 
 static void test_bad_input(void) {
@@ -219,7 +236,8 @@ static void test_bad_input(void) {
     size_t len;
     kvs_ring_hdr *h;
     uint8_t *req;
-    uint32_t n = 0, got;
+    uint32_t n = 0;
+    long got;
 
     c = connect_ring(&d, "scribbler", 1, 0);
     CHECK_OK(c, kvs_ping(c, "p", 1));
@@ -248,7 +266,7 @@ static void test_bad_input(void) {
       n = KVS_FRAME_HEADER_SIZE + 8;
       break;
     }
-    got = post_raw(h, 1000000 + (uint64_t)k, n, 1);
+    got = post_raw(h, 1000000 + (uint64_t)k, n, own_wake_fd(kvs_fd(c)), 5000);
     CHECK(got > KVS_FRAME_HEADER_SIZE); /* an error reply, in the ring */
     munmap(h, len);
     if (k < 4) { /* the session is closed */
@@ -342,11 +360,156 @@ static void test_kill9_and_stops(void) {
   CHECK(itest_fd_count(0) == my_fds);
 }
 
+/* The daemon's resident memory, KiB. */
+static long daemon_rss_kb(pid_t pid) {
+  char path[64], line[256];
+  long kb = -1;
+  FILE *f;
+
+  snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+  f = fopen(path, "r");
+  CHECK(f != NULL);
+  while (fgets(line, sizeof(line), f))
+    if (sscanf(line, "VmRSS: %ld", &kb) == 1)
+      break;
+  fclose(f);
+  return kb;
+}
+
+/* 7. A client that abuses its wake channel: it never reads it (the
+ * daemon's wake-ups pile up until its end is full), says it sleeps on
+ * every call, floods the daemon's end, blocks its own end; the daemon
+ * never blocks and the others are served.  Then it closes its end: its
+ * session is closed, nobody else's. */
+static void test_wake_abuse(void) {
+  static const char *const opts[] = {"--num-layers", "2", "--head-dim", "16",
+                                     "--pool-blocks", "64", NULL};
+  itest_daemon d;
+  int my_fds = itest_fd_count(0), wfd, answered = 0;
+  kvs_client *a, *other, *plain;
+  kvs_connect_opts o = {"plain", 2000, 0};
+  kvs_ring_hdr *h;
+  size_t len;
+
+  itest_daemon_start(&d, opts);
+  other = connect_ring(&d, "bystander", 1, 2000);
+  CHECK_OK(NULL, kvs_connect(d.socket, &o, &plain));
+  a = connect_ring(&d, "abuser", 1, 0);
+  CHECK_OK(a, kvs_ping(a, "p", 1)); /* a Ping frame in the request area */
+  h = map_own_ring(&len);
+  wfd = own_wake_fd(kvs_fd(a));
+  CHECK(fcntl(wfd, F_SETFL, 0) == 0); /* its own end blocking: no matter */
+  for (int i = 0; i < 2000; i++) {
+    atomic_store(&h->client_sleeping, 1); /* every answer sends a byte */
+    for (int k = 0; k < 4; k++)
+      (void)send(wfd, "wwww", 4, MSG_DONTWAIT);
+    if (post_raw(h, 5000000 + (uint64_t)i, atomic_load(&h->req_len), wfd,
+                 2000) > 0)
+      answered++;
+    if (i % 250 == 0) {
+      CHECK_OK(other, kvs_ping(other, "o", 1));
+      CHECK_OK(plain, kvs_ping(plain, "o", 1));
+    }
+  }
+  printf("wake abuse: %d of 2000 raw posts answered\n", answered);
+  CHECK(answered == 2000);
+  CHECK(shutdown(wfd, SHUT_WR) == 0); /* the daemon reads its end */
+  wait_log(&d, "wake channel is closed");
+  munmap(h, len);
+  CHECK_OK(other, kvs_ping(other, "o", 1));
+  CHECK_OK(plain, kvs_ping(plain, "o", 1));
+  kvs_close(a);
+  kvs_close(other);
+  kvs_close(plain);
+  itest_daemon_finish(&d, my_fds);
+}
+
+/* 8. Back-pressure: ring requests whose replies are too big for the ring
+ * queue them on the socket; a client that never reads them is paused once
+ * they reach the session's limit (32 MiB), so the daemon's memory stays
+ * bounded; when it reads them, its waiting post is taken. */
+static void test_backpressure(void) {
+  static const char *const opts[] = {"--num-layers", "2", "--head-dim", "16",
+                                     "--pool-blocks", "256", "--ring-bytes",
+                                     "16384", NULL};
+  itest_daemon d;
+  int my_fds = itest_fd_count(0), answered = 0, wfd, fd;
+  kvs_client *c, *other;
+  kvs_batch *b;
+  kvs_ring_hdr *h;
+  size_t len;
+  uint32_t tok[4] = {1, 2, 3, 4};
+  long rss0, rss1, got = 0;
+  uint64_t seq = 9000000;
+  kvs_stats st;
+  static uint8_t sink[1 << 16];
+
+  itest_daemon_start(&d, opts);
+  other = connect_ring(&d, "bystander", 0, 2000);
+  c = connect_ring(&d, "no-reader", 1, 0);
+  CHECK_OK(c, kvs_batch_new(&b));
+  for (uint64_t id = 1; id <= 100; id++) {
+    CHECK(kvs_batch_lookup(b, id, tok, 4, NULL, 0) >= 0);
+    CHECK(kvs_batch_allocate(b, id, 50 * 16) >= 0); /* 50 block ids back */
+    CHECK(kvs_batch_free_req(b, id) >= 0);
+  }
+  CHECK_OK(c, kvs_batch_submit(c, b)); /* reply on the socket */
+  for (uint32_t i = 0; i < 300; i++)
+    CHECK(kvs_batch_status(b, i) == 0);
+  h = map_own_ring(&len);
+  wfd = own_wake_fd(kvs_fd(c));
+  fd = kvs_fd(c);
+  rss0 = daemon_rss_kb(d.pid);
+  for (int i = 0; i < 4000 && got >= 0; i++) {
+    got = post_raw(h, ++seq, atomic_load(&h->req_len), wfd, 300);
+    if (got >= 0) {
+      CHECK(got == 0); /* too big for the ring: on the socket */
+      answered++;
+    }
+  }
+  rss1 = daemon_rss_kb(d.pid);
+  CHECK_OK(other, kvs_stats_get(other, 0, &st));
+  printf("back-pressure: %d posts answered before the pause, %llu bytes "
+         "queued, daemon RSS %ld -> %ld KiB\n", answered,
+         (unsigned long long)st.queued_bytes, rss0, rss1);
+  CHECK(got < 0);                       /* paused */
+  CHECK(answered > 100);                /* not before the limit */
+  /* the session's 32 MiB, and at most one reply more */
+  CHECK(st.queued_bytes > (16u << 20) && st.queued_bytes < (33u << 20));
+  /* Reading the replies resumes it: the waiting post is answered. */
+  for (int i = 0; i < 20000 && atomic_load(&h->rep_seq) != seq; i++) {
+    ssize_t n = recv(fd, sink, sizeof(sink), MSG_DONTWAIT);
+    if (n <= 0)
+      usleep(500);
+  }
+  CHECK(atomic_load(&h->rep_seq) == seq);
+  munmap(h, len);
+  kvs_batch_free(b);
+  kvs_close(c); /* (its socket holds unread replies: it just closes) */
+  itest_check_pool(other, 1, 0, 0);
+  kvs_close(other);
+  itest_daemon_finish(&d, my_fds);
+}
+
+/* ring_bytes between 1 and 4095 is refused at start, naming the option. */
+static void test_bad_config(void) {
+  static const char *const opts[] = {"--pool-blocks", "8", "--ring-bytes",
+                                     "100", NULL};
+  itest_daemon d;
+
+  CHECK(itest_daemon_try(&d, opts) > 0);
+  CHECK(itest_log_says(&d, "ring_bytes 100: 0 (no rings) or at least 4096"));
+  itest_daemon_kill(&d);
+}
+
 int main(void) {
+  test_bad_config();
   test_no_syscalls();
   test_too_big();
   test_bad_input();
   test_kill9_and_stops();
+  test_wake_abuse();
+  test_backpressure();
   printf("test_ring: ok\n");
   return 0;
 }
