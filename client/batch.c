@@ -346,23 +346,9 @@ static void take_reply(kvs_client *c, kvs_batch *b) {
 static int packable(const kvs_client *c, const kvs_batch *b) {
   if ((size_t)b->n * KVS_PACKED_OP_SIZE + b->nu32 * 4 + 64 > c->max_frame)
     return 0;
-  for (uint32_t i = 0; i < b->n; i++) {
-    switch (b->ops[i].kind) {
-    case KVSHARE__REQUEST__OP_LOOKUP:
-      if (b->ops[i].bytes_len) /* a salt */
-        return 0;
-      break;
-    case KVSHARE__REQUEST__OP_ALLOCATE:
-    case KVSHARE__REQUEST__OP_APPEND:
-    case KVSHARE__REQUEST__OP_COMMIT:
-    case KVSHARE__REQUEST__OP_FORK:
-    case KVSHARE__REQUEST__OP_FREE:
-    case KVSHARE__REQUEST__OP_PREEMPT:
-      break;
-    default:
-      return 0;
-    }
-  }
+  for (uint32_t i = 0; i < b->n; i++)
+    if (!kvs__op_has_record(b->ops[i].kind, b->ops[i].bytes_len))
+      return 0; /* (a Lookup's bytes are its salt) */
   /* Offsets are u32 words. */
   return b->nu32 <= UINT32_MAX;
 }
@@ -402,52 +388,12 @@ static int unpack_results(kvs_batch *b, const Kvshare__PackedBatchResult *pr) {
       r->status = st;
       continue;
     }
-    uint32_t *blocks = (uint32_t *)(uintptr_t)(data ? data + p.blk_off : NULL);
-    switch (b->ops[i].kind) {
-    case KVSHARE__REQUEST__OP_LOOKUP: {
-      Kvshare__LookupResult *l = kvs__arena_alloc(&b->arena, sizeof(*l));
-      if (!l)
-        return KVS_ENOMEM;
-      kvshare__lookup_result__init(l);
-      l->hit_tokens = p.x;
-      l->below_tokens = p.y;
-      l->n_blocks = p.blk_n;
-      l->blocks = blocks;
-      r->result_case = KVSHARE__RESPONSE__RESULT_LOOKUP;
-      r->lookup = l;
-      break;
-    }
-    case KVSHARE__REQUEST__OP_ALLOCATE:
-    case KVSHARE__REQUEST__OP_APPEND: {
-      Kvshare__AllocResult *a = kvs__arena_alloc(&b->arena, sizeof(*a));
-      if (!a)
-        return KVS_ENOMEM;
-      kvshare__alloc_result__init(a);
-      a->first_index = p.x;
-      a->cow_index = p.y;
-      a->cow_src = p.cow_src;
-      a->cow_dst = p.cow_dst;
-      a->has_cow = (p.flags & KVS_PRES_HAS_COW) != 0;
-      a->cow_copied = (p.flags & KVS_PRES_COW_COPIED) != 0;
-      a->n_blocks = p.blk_n;
-      a->blocks = blocks;
-      r->result_case = KVSHARE__RESPONSE__RESULT_ALLOC;
-      r->alloc = a;
-      break;
-    }
-    case KVSHARE__REQUEST__OP_COMMIT: {
-      Kvshare__CommitResult *cr = kvs__arena_alloc(&b->arena, sizeof(*cr));
-      if (!cr)
-        return KVS_ENOMEM;
-      kvshare__commit_result__init(cr);
-      cr->sealed = p.x;
-      r->result_case = KVSHARE__RESPONSE__RESULT_COMMIT;
-      r->commit = cr;
-      break;
-    }
-    default:
-      break;
-    }
+    kvs__op_result *m = kvs__arena_alloc(&b->arena, sizeof(*m));
+    if (!m)
+      return KVS_ENOMEM;
+    if (kvs__record_result(b->ops[i].kind, &p, data ? data + p.blk_off : NULL,
+                           r, m) < 0)
+      return KVS_EPROTO;
   }
   b->nreplies = n;
   return 0;

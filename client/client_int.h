@@ -10,6 +10,7 @@
 #include "client/kvshare.h"
 #include "kvs_arena.h"
 #include "kvs_frame.h"
+#include "kvs_packed.h"
 #include "kvs_ring.h"
 #include "kvs_shm.h"
 #include "kvs_vmm.h"
@@ -39,6 +40,8 @@ struct kvs_client {
   uint32_t max_batch_ops; /* Welcome's; bounds the decode of a reply */
   int packed_batch;       /* the daemon takes PackedBatch (Welcome.features)
                              and $KVS_PACKED_BATCH is not 0 */
+  int compact;            /* the daemon takes compact frames
+                             (Welcome.features) and $KVS_COMPACT is not 0 */
   char msg[256];         /* the daemon's message for the last status */
   int timeout_ms;        /* kvs_connect_opts.timeout_ms */
 
@@ -67,6 +70,41 @@ struct kvs_client {
  * negative status, message copied into c->msg).  Transport errors mark the
  * client broken and return KVS_ECLOSED / KVS_EPROTO / -errno. */
 int kvs__call(kvs_client *c, Kvshare__Request *req, Kvshare__Response **resp);
+
+/* conn.c: one whole frame into c->rbuf (*frame, *flen: valid until the
+ * next receive), and the decode of an Envelope frame into c->arena. */
+int kvs__recv_raw(kvs_client *c, uint32_t max_frame, int *fds, int *nfds,
+                  int max, const uint8_t **frame, size_t *flen);
+int kvs__decode_frame(kvs_client *c, const uint8_t *frame, size_t flen,
+                      Kvshare__Envelope **out);
+
+/* conn.c: sends the frame in c->wbuf (flen bytes; through the ring when
+ * there is one and it fits) and receives the reply frame (see
+ * kvs__recv_raw).  0, or a transport error (the caller marks the client
+ * broken). */
+int kvs__roundtrip(kvs_client *c, size_t flen, const uint8_t **frame,
+                   size_t *rlen);
+
+/* compact.c: does an op of this kind have a fixed-width record
+ * (kvs_packed.h; a Lookup only without a salt)? */
+int kvs__op_has_record(Kvshare__Request__OpCase kind, size_t salt_len);
+/* The result an op's record stands for, as the Response the protobuf path
+ * would have decoded (status 0; blocks: its block ids, NULL for none), in
+ * r and m.  KVS_EPROTO when the record does not fit the op. */
+typedef union kvs__op_result {
+  Kvshare__LookupResult l;
+  Kvshare__AllocResult a;
+  Kvshare__CommitResult cr;
+} kvs__op_result;
+int kvs__record_result(Kvshare__Request__OpCase kind, const kvs_pres *p,
+                       const uint32_t *blocks, Kvshare__Response *r,
+                       kvs__op_result *m);
+
+/* compact.c: can req go as a compact frame (kvs_compact.h)?  And kvs__call
+ * for one that can: the same results, as a Response in c->last's arena. */
+int kvs__compact_ok(const Kvshare__Request *req);
+int kvs__compact_call(kvs_client *c, Kvshare__Request *req,
+                      Kvshare__Response **resp);
 
 /* ring.c.  Takes the ring's two descriptors (memfd, our end of the wake
  * channel): owned by the client on success, left to the caller on

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "client/client_int.h"
+#include "kvs_compact.h"
 #include "kvs_packed.h"
 #include "kvs_shm.h"
 
@@ -70,26 +71,25 @@ int kvs__ensure_cap(uint8_t **buf, size_t *cap, size_t need) {
 }
 
 /*
- * Receives one whole frame into c->rbuf and decodes it.  When fds is not
+ * Receives one whole frame into c->rbuf: *frame points at it (header
+ * included, *flen bytes), valid until the next receive.  When fds is not
  * NULL, file descriptors passed with the bytes are collected there (up to
  * max; extra ones are closed); otherwise any passed fd is closed.
  */
-static int recv_frame(kvs_client *c, uint32_t max_frame, int *fds, int *nfds,
-                      int max, Kvshare__Envelope **out) {
+int kvs__recv_raw(kvs_client *c, uint32_t max_frame, int *fds, int *nfds,
+                  int max, const uint8_t **frame, size_t *flen_out) {
   for (;;) {
     size_t avail = c->rlen - c->rpos, flen = 0;
     int pr = kvs_frame_parse(c->rbuf + c->rpos, avail, max_frame, &flen);
     if (pr < 0)
       return pr;
     if (pr == 1) {
-      size_t plen = flen - KVS_FRAME_HEADER_SIZE;
-      int rc = kvs__arena_unpack(
-          &c->arena, c->rbuf + c->rpos + KVS_FRAME_HEADER_SIZE, plen,
-          KVS_UNPACK_LIMIT(plen, c->max_batch_ops), NULL, out);
+      *frame = c->rbuf + c->rpos;
+      *flen_out = flen;
       c->rpos += flen;
       if (c->rpos == c->rlen)
-        c->rpos = c->rlen = 0;
-      return rc;
+        c->rpos = c->rlen = 0; /* (the bytes stay until the next receive) */
+      return 0;
     }
     /* Need more bytes: make room for the whole frame (or at least 64 KiB,
      * so a small reply arrives in one recv). */
@@ -123,6 +123,28 @@ static int recv_frame(kvs_client *c, uint32_t max_frame, int *fds, int *nfds,
   }
 }
 
+int kvs__decode_frame(kvs_client *c, const uint8_t *frame, size_t flen,
+                      Kvshare__Envelope **out) {
+  size_t plen = flen - KVS_FRAME_HEADER_SIZE;
+
+  if (frame[6] | frame[7]) /* a compact frame where an Envelope was due */
+    return KVS_EPROTO;
+  return kvs__arena_unpack(&c->arena, frame + KVS_FRAME_HEADER_SIZE, plen,
+                           KVS_UNPACK_LIMIT(plen, c->max_batch_ops), NULL,
+                           out);
+}
+
+/* Receives one whole frame into c->rbuf and decodes it (see
+ * kvs__recv_raw). */
+static int recv_frame(kvs_client *c, uint32_t max_frame, int *fds, int *nfds,
+                      int max, Kvshare__Envelope **out) {
+  const uint8_t *frame;
+  size_t flen;
+  int rc = kvs__recv_raw(c, max_frame, fds, nfds, max, &frame, &flen);
+
+  return rc ? rc : kvs__decode_frame(c, frame, flen, out);
+}
+
 /* Packs env as one frame into c->wbuf; *flen = its bytes. */
 static int encode_env(kvs_client *c, const Kvshare__Envelope *env,
                       size_t *flen) {
@@ -146,6 +168,19 @@ static int send_env(kvs_client *c, const Kvshare__Envelope *env) {
   return rc ? rc : send_all(c->fd, c->wbuf, flen);
 }
 
+int kvs__roundtrip(kvs_client *c, size_t flen, const uint8_t **frame,
+                   size_t *rlen) {
+  int rc;
+
+  if (c->rh != NULL && flen <= c->ring_area)
+    rc = kvs__ring_roundtrip(c, flen); /* the reply: in rbuf, or coming */
+  else
+    rc = send_all(c->fd, c->wbuf, flen);
+  return rc ? rc
+            : kvs__recv_raw(c, KVS__CLIENT_MAX_FRAME, NULL, NULL, 0, frame,
+                            rlen);
+}
+
 int kvs__call(kvs_client *c, Kvshare__Request *req, Kvshare__Response **resp) {
   *resp = NULL;
   c->msg[0] = '\0';
@@ -153,6 +188,8 @@ int kvs__call(kvs_client *c, Kvshare__Request *req, Kvshare__Response **resp) {
     kvs__drop_last(c);
     return KVS_ECLOSED;
   }
+  if (c->compact && kvs__compact_ok(req))
+    return kvs__compact_call(c, req, resp);
   Kvshare__Envelope env = KVSHARE__ENVELOPE__INIT;
   env.seq = c->next_seq++;
   env.body_case = KVSHARE__ENVELOPE__BODY_REQUEST;
@@ -166,14 +203,13 @@ int kvs__call(kvs_client *c, Kvshare__Request *req, Kvshare__Response **resp) {
     return rc; /* nothing was sent: the connection is still usable */
   if (rc)
     return fail(c, rc);
-  if (c->rh != NULL && flen <= c->ring_area)
-    rc = kvs__ring_roundtrip(c, flen); /* the reply: in rbuf, or coming */
-  else
-    rc = send_all(c->fd, c->wbuf, flen);
+  const uint8_t *frame;
+  size_t rlen;
+  rc = kvs__roundtrip(c, flen, &frame, &rlen);
   if (rc)
     return fail(c, rc);
   Kvshare__Envelope *r = NULL;
-  rc = recv_frame(c, KVS__CLIENT_MAX_FRAME, NULL, NULL, 0, &r);
+  rc = kvs__decode_frame(c, frame, rlen, &r);
   if (rc)
     return fail(c, rc);
   c->last = r;
@@ -302,6 +338,9 @@ static int handshake(kvs_client *c, const kvs_connect_opts *opts) {
 
     c->packed_batch = (w->features & KVS_FEATURE_PACKED_BATCH) &&
                       !(e && strcmp(e, "0") == 0);
+    e = getenv("KVS_COMPACT");
+    c->compact = (w->features & KVS_FEATURE_COMPACT) &&
+                 !(e && strcmp(e, "0") == 0);
   }
   kvs__copy_str(c->backend, sizeof c->backend, w->pool->backend);
   kvs__copy_str(c->gpu_uuid, sizeof c->gpu_uuid, w->pool->gpu_uuid);

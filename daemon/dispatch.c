@@ -756,6 +756,7 @@ static void do_stats(sess *c, const Kvshare__Stats *q, Kvshare__Response *resp,
   res->no_space = st.no_space;
   res->sessions = s->nsessions;
   res->frames_in = s->frames_in;
+  res->compact_frames = s->compact_frames;
   res->protocol_errors = s->protocol_errors;
   res->queued_bytes = s->queued;
   res->backend = (char *)s->pool->ex.backend;

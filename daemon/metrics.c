@@ -59,7 +59,7 @@ typedef struct msnap {
   remote_stats rs;
   events_stats ev;
   uint32_t sessions;
-  uint64_t frames_in, protocol_errors, queued;
+  uint64_t frames_in, compact_frames, protocol_errors, queued;
   int rings_on;
   uint64_t ring_requests, ring_socket_replies, ring_wakeups;
   uint64_t copies, copy_blocks, copy_errors;
@@ -120,6 +120,7 @@ static void take_snapshot(metrics *m, msnap *o) {
   events_get_stats(s->events, &o->ev);
   o->sessions = s->nsessions;
   o->frames_in = s->frames_in;
+  o->compact_frames = s->compact_frames;
   o->protocol_errors = s->protocol_errors;
   o->queued = s->queued;
   o->rings_on = s->rings != NULL;
@@ -375,6 +376,9 @@ static void render(FILE *f, const msnap *sn) {
   one(f, "kvshare_sessions", "gauge", "Open sessions.", sn->sessions);
   one(f, "kvshare_frames_total", "counter", "Frames received.",
       sn->frames_in);
+  one(f, "kvshare_compact_frames_total", "counter",
+      "Of the frames received, those in the compact encoding.",
+      sn->compact_frames);
   one(f, "kvshare_protocol_errors_total", "counter",
       "Frames refused as malformed or out of place.", sn->protocol_errors);
   one(f, "kvshare_queued_bytes", "gauge",

@@ -13,32 +13,20 @@
 #include "daemon/server.h"
 #include "kvs_packed.h"
 
-union packed_msg {
-  Kvshare__Lookup lookup;
-  Kvshare__Allocate allocate;
-  Kvshare__Append append;
-  Kvshare__Commit commit;
-  Kvshare__Fork fork;
-  Kvshare__Free free;
-  Kvshare__Preempt preempt;
-};
-
-/* The Request a record stands for; NULL (and resp filled) when it is bad. */
-static const Kvshare__Request *unpack_op(const kvs_pop *o, size_t i,
-                                         const Kvshare__PackedBatch *pb,
-                                         Kvshare__Request *req,
-                                         union packed_msg *m,
-                                         Kvshare__Response *resp,
-                                         kvs__arena *a) {
-  size_t words = pb->data.len / 4;
-  uint32_t *data = (uint32_t *)(void *)pb->data.data;
-
+/* The Request a record stands for; NULL (and resp filled) when it is bad.
+ * Its arrays point into data (words u32 words). */
+const Kvshare__Request *disp_packed_op(const kvs_pop *o, size_t i,
+                                       const uint32_t *data, size_t words,
+                                       Kvshare__Request *req,
+                                       disp_packed_msg *m,
+                                       Kvshare__Response *resp,
+                                       kvs__arena *a) {
   kvshare__request__init(req);
   if (((o->op == 1 || (o->op == 4 && (o->flags & KVS_POP_HAS_TOKENS))) &&
        !kvs_packed_in(o->tok_off, o->tok_n, words)) ||
       (o->op == 4 && !kvs_packed_in(o->blk_off, o->blk_n, words))) {
     disp_status(resp, a, KVS_EINVAL, "op %zu: its arrays are outside the "
-                "packed batch's %zu data words", i, words);
+                "%zu data words sent with it", i, words);
     return NULL;
   }
   switch (o->op) {
@@ -46,7 +34,7 @@ static const Kvshare__Request *unpack_op(const kvs_pop *o, size_t i,
     kvshare__lookup__init(&m->lookup);
     m->lookup.req_id = o->req_id;
     m->lookup.n_tokens = o->tok_n;
-    m->lookup.tokens = o->tok_n ? data + o->tok_off : NULL;
+    m->lookup.tokens = o->tok_n ? (uint32_t *)data + o->tok_off : NULL;
     m->lookup.no_promote = (o->flags & KVS_POP_NO_PROMOTE) != 0;
     req->op_case = KVSHARE__REQUEST__OP_LOOKUP;
     req->lookup = &m->lookup;
@@ -79,10 +67,10 @@ static const Kvshare__Request *unpack_op(const kvs_pop *o, size_t i,
     m->commit.num_tokens = o->n;
     if (o->flags & KVS_POP_HAS_TOKENS) {
       m->commit.n_tokens = o->tok_n;
-      m->commit.tokens = o->tok_n ? data + o->tok_off : NULL;
+      m->commit.tokens = o->tok_n ? (uint32_t *)data + o->tok_off : NULL;
     }
     m->commit.n_blocks = o->blk_n;
-    m->commit.blocks = o->blk_n ? data + o->blk_off : NULL;
+    m->commit.blocks = o->blk_n ? (uint32_t *)data + o->blk_off : NULL;
     req->op_case = KVSHARE__REQUEST__OP_COMMIT;
     req->commit = &m->commit;
     break;
@@ -106,16 +94,16 @@ static const Kvshare__Request *unpack_op(const kvs_pop *o, size_t i,
     req->preempt = &m->preempt;
     break;
   default:
-    disp_status(resp, a, KVS_EINVAL, "op %zu: op %u cannot be in a packed "
-                "batch (Lookup, Allocate, Append, Commit, Fork, Free, "
-                "Preempt only)", i, (unsigned)o->op);
+    disp_status(resp, a, KVS_EINVAL, "op %zu: op %u has no record form "
+                "(packed and compact records carry Lookup, Allocate, Append, "
+                "Commit, Fork, Free and Preempt only)", i, (unsigned)o->op);
     return NULL;
   }
   return req;
 }
 
 /* The result record of op i's Response; its blocks go to data at *nd. */
-static void pack_result(const Kvshare__Response *r, uint8_t *rec,
+void disp_pack_result(const Kvshare__Response *r, uint8_t *rec,
                         uint32_t *data, uint32_t *nd) {
   kvs_pres p;
   const uint32_t *blocks = NULL;
@@ -197,12 +185,13 @@ void disp_packed_batch(sess *c, const Kvshare__PackedBatch *pb,
   c->in_batch = 1;
   for (i = 0; i < n; i++) {
     Kvshare__Request req;
-    union packed_msg m;
+    disp_packed_msg m;
     kvs_pop o;
 
     kvshare__response__init(&rs[i]);
     kvs_pop_get(pb->ops.data + i * KVS_PACKED_OP_SIZE, &o);
-    if (unpack_op(&o, i, pb, &req, &m, &rs[i], a))
+    if (disp_packed_op(&o, i, (const uint32_t *)(const void *)pb->data.data,
+                       pb->data.len / 4, &req, &m, &rs[i], a))
       disp_request(c, &req, &rs[i], a);
     disp_batch_trim(&rs[i], &failed);
     nmsg += has_message(&rs[i]);
@@ -226,7 +215,7 @@ void disp_packed_batch(sess *c, const Kvshare__PackedBatch *pb,
     return;
   }
   for (i = 0; i < n; i++) {
-    pack_result(&rs[i], res->results.data + i * KVS_PACKED_RESULT_SIZE,
+    disp_pack_result(&rs[i], res->results.data + i * KVS_PACKED_RESULT_SIZE,
                 (uint32_t *)(void *)res->data.data, &nd);
     if (has_message(&rs[i])) {
       res->message_ops[res->n_message_ops++] = (uint32_t)i;

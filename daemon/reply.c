@@ -108,6 +108,10 @@ void disp_reply_encode(const disp_reply *r, uint8_t *out) {
  *   partly written before, a copy-on-write block), never more than the
  *   pool has;
  * - SwapIn: the request's table, never more than the pool has.
+ * A compact reply (compact.c) fits the same bound: its header (24 bytes)
+ * is under BOUND_ENVELOPE, a result record (32) under BOUND_OP, a message
+ * entry (8 + 255 + padding) under BOUND_MSG + BOUND_OP, and its blocks are
+ * counted at 4 bytes each.
  * tests/fuzz checks it against every reply the fuzzer provokes.
  */
 #define BOUND_OP 64u       /* Response framing, Status and its code, a
@@ -121,7 +125,8 @@ static size_t blocks_bound(const sess *c, uint64_t n) {
 
   if (n > nb)
     n = nb;
-  return (size_t)n * varint_size(nb ? nb - 1 : 0);
+  /* a varint each, or a u32 each in a compact reply */
+  return (size_t)n * (c->compact ? 4 : varint_size(nb ? nb - 1 : 0));
 }
 
 static size_t op_bound(const sess *c, const Kvshare__Request *op) {

@@ -618,6 +618,7 @@ static int run(const cfg *c) {
   }
 out_core:
   kvs__arena_destroy(&s.arena);
+  sess_spares_free(&s);
   core_destroy(s.core);
 out_pool:
   backend_close(s.pool);

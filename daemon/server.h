@@ -12,6 +12,8 @@
  *   tiers.c     tiers_ the tiers below the pool (tier_host.c, tier_disk.c)
  *   remote_moves.c rmoves_ the remote tier below them (tier_remote.c)
  *   ring.c      ring_  request rings beside the sockets (shm/kvs_ring.h)
+ *   packed.c    disp_  PackedBatch: ops in fixed-width records
+ *   compact.c   compact_ compact frames: one call in fixed-width fields
  *
  * Everything runs on the one loop thread; nothing here blocks on I/O.
  */
@@ -29,6 +31,7 @@
 #include "daemon/reqmap.h"
 #include "daemon/tiers.h"
 #include "kvs_arena.h"
+#include "kvs_compact.h"
 #include "kvs_frame.h"
 
 
@@ -65,10 +68,13 @@ struct srv {
   int stopping;
   int socket_passed;     /* the listener came from systemd: never unlinked */
   kvs__arena arena;      /* the frame being handled: request and reply */
+  struct wreq *wspare;   /* small reply buffers kept for reuse (session.c) */
+  uint32_t nwspare;
   uint64_t check_frame;  /* frames_in when Stats{check} last ran */
   uint64_t queued;       /* reply bytes in uv_write requests, all sessions */
   /* counters for Stats */
   uint64_t frames_in;
+  uint64_t compact_frames; /* of frames_in */
   uint64_t protocol_errors;
 };
 
@@ -124,6 +130,11 @@ struct sess {
    * being answered came through it, so its reply goes back through it. */
   struct sring *ring;
   int ring_cur;
+  /* The frame being answered is a compact one (compact.c) of this kind
+   * (KVS_COMPACT_*), so its reply is compact too; 0: an Envelope.  Set
+   * for each frame; a held reply (copies, promotion, swap) keeps it, since
+   * no frame is read meanwhile. */
+  uint8_t compact;
 };
 
 /* session.c: one frame taken from the session's ring (a copy, len bytes,
@@ -179,6 +190,9 @@ void sess_promoted(tier_promo *pr);
 /* The swap of c->swap is over: sends its reply. */
 void sess_swapped(tier_swap *sw);
 
+/* Frees the reply buffers kept for reuse (at shutdown). */
+void sess_spares_free(srv *s);
+
 /* Queue one envelope for writing.  0, or a negative status (the session is
  * then being closed). */
 int sess_send(sess *c, const Kvshare__Envelope *env);
@@ -226,6 +240,54 @@ void disp_ok(Kvshare__Response *resp);
 /* packed.c: a PackedBatch, each op run through disp_request. */
 void disp_packed_batch(sess *c, const Kvshare__PackedBatch *pb,
                        Kvshare__Response *resp, kvs__arena *a);
+/* The message behind a packed op's Request. */
+typedef union disp_packed_msg {
+  Kvshare__Lookup lookup;
+  Kvshare__Allocate allocate;
+  Kvshare__Append append;
+  Kvshare__Commit commit;
+  Kvshare__Fork fork;
+  Kvshare__Free free;
+  Kvshare__Preempt preempt;
+} disp_packed_msg;
+/* The Request op record o (the i'th) stands for, in *req and *m, its arrays
+ * pointing into data (words u32 words); NULL, with resp's status set, when
+ * the record is bad (an op that cannot be packed, arrays outside data). */
+const Kvshare__Request *disp_packed_op(const kvs_pop *o, size_t i,
+                                       const uint32_t *data, size_t words,
+                                       Kvshare__Request *req,
+                                       disp_packed_msg *m,
+                                       Kvshare__Response *resp,
+                                       kvs__arena *a);
+/* The result record (KVS_PACKED_RESULT_SIZE bytes at rec) of an op's
+ * Response; its blocks are copied to data + *nd, and *nd advances. */
+void disp_pack_result(const Kvshare__Response *r, uint8_t *rec,
+                      uint32_t *data, uint32_t *nd);
+
+/* compact.c: compact frames (proto/kvs_compact.h).  Pure: no I/O. */
+typedef struct compact_in {
+  uint64_t seq;   /* 0 until read */
+  uint8_t kind;   /* KVS_COMPACT_*; 0 until read */
+  Kvshare__Request req;
+  union {
+    disp_packed_msg op;
+    Kvshare__PackedBatch pb;
+    Kvshare__Ping ping;
+  } m;
+} compact_in;
+/* Reads the compact request at payload (len bytes) into *in, its arrays
+ * copied into a (aligned; the frame may sit anywhere in the read buffer).
+ * 0: in->req is to be run.  Else a negative status, and resp's status says
+ * why (in->seq and in->kind are set as far as they could be read). */
+int compact_parse(const sess *c, const uint8_t *payload, size_t len,
+                  compact_in *in, Kvshare__Response *resp, kvs__arena *a);
+/* The framed size of the compact reply of a kind-`kind` request, and its
+ * bytes (len: what compact_reply_size said; at out, which must be 4-byte
+ * aligned). */
+size_t compact_reply_size(uint8_t kind, const Kvshare__Response *resp);
+void compact_reply_encode(uint8_t kind, uint64_t seq,
+                          const Kvshare__Response *resp, uint8_t *out,
+                          size_t len);
 
 /* Fills resp (already initialised) for one request of session c. */
 void disp_request(sess *c, const Kvshare__Request *req,

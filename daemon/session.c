@@ -159,15 +159,57 @@ struct wreq {
   sess *c;
   size_t len;
   size_t queued; /* bytes of it counted in srv->queued */
+  size_t cap;    /* bytes of data */
+  struct wreq *next_spare;
   uint8_t data[];
 };
+
+/* Small reply buffers are kept for reuse (a malloc and a free per reply
+ * were a tenth of a small call's work in the daemon). */
+#define WREQ_SMALL 1024u
+#define WREQ_SPARES 16u
+
+static struct wreq *wreq_new(srv *s, size_t len) {
+  struct wreq *w;
+
+  if (len <= WREQ_SMALL && s->wspare) {
+    w = s->wspare;
+    s->wspare = w->next_spare;
+    s->nwspare--;
+    return w;
+  }
+  w = malloc(sizeof(*w) + (len < WREQ_SMALL ? WREQ_SMALL : len));
+  if (w)
+    w->cap = len < WREQ_SMALL ? WREQ_SMALL : len;
+  return w;
+}
+
+static void wreq_free(srv *s, struct wreq *w) {
+  if (w->cap == WREQ_SMALL && s->nwspare < WREQ_SPARES) {
+    w->next_spare = s->wspare;
+    s->wspare = w;
+    s->nwspare++;
+    return;
+  }
+  free(w);
+}
+
+void sess_spares_free(srv *s) {
+  while (s->wspare) {
+    struct wreq *w = s->wspare;
+
+    s->wspare = w->next_spare;
+    free(w);
+  }
+  s->nwspare = 0;
+}
 
 static void on_write(uv_write_t *req, int status) {
   struct wreq *w = (struct wreq *)req;
   sess *c = w->c;
 
   c->srv->queued -= w->queued;
-  free(w);
+  wreq_free(c->srv, w);
   c->writes--;
   if (c->closed)
     return;
@@ -202,7 +244,7 @@ static int queue_bytes(sess *c, struct wreq *w, size_t off) {
   if (c->ring_cur) { /* the reply to a frame that came through the ring */
     c->ring_cur = 0;
     if (ring_reply(c, w->data + off, w->len - off) == 0) {
-      free(w);
+      wreq_free(c->srv, w);
       return 0;
     }
     /* too big for the ring, which now says so: on the socket */
@@ -211,13 +253,13 @@ static int queue_bytes(sess *c, struct wreq *w, size_t off) {
     b = uv_buf_init((char *)w->data + off, (unsigned)(w->len - off));
     rc = uv_try_write((uv_stream_t *)&c->pipe, &b, 1);
     if (rc >= 0 && (size_t)rc == w->len - off) {
-      free(w);
+      wreq_free(c->srv, w);
       return 0;
     }
     if (rc >= 0) {
       off += (size_t)rc;
     } else if (rc != UV_EAGAIN) {
-      free(w);
+      wreq_free(c->srv, w);
       log_debug(rc, "session %llu: write", (unsigned long long)c->id);
       close_now(c);
       return rc;
@@ -228,7 +270,7 @@ static int queue_bytes(sess *c, struct wreq *w, size_t off) {
   w->queued = w->len - off;
   rc = uv_write(&w->req, (uv_stream_t *)&c->pipe, &b, 1, on_write);
   if (rc < 0) {
-    free(w);
+    wreq_free(c->srv, w);
     log_debug(rc, "session %llu: write", (unsigned long long)c->id);
     close_now(c);
     return rc;
@@ -240,7 +282,7 @@ static int queue_bytes(sess *c, struct wreq *w, size_t off) {
 
 static struct wreq *frame(sess *c, const Kvshare__Envelope *env) {
   size_t len = kvs_frame_size(env);
-  struct wreq *w = malloc(sizeof(*w) + len);
+  struct wreq *w = wreq_new(c->srv, len);
   long n;
 
   if (!w)
@@ -249,7 +291,7 @@ static struct wreq *frame(sess *c, const Kvshare__Envelope *env) {
    * huge batch; the client limit is the same default. */
   n = kvs_frame_pack_into(env, UINT32_MAX, w->data, len);
   if (n < 0) {
-    free(w);
+    wreq_free(c->srv, w);
     return NULL;
   }
   w->len = (size_t)n;
@@ -392,7 +434,7 @@ static void handle_hello(sess *c, uint64_t seq, const Kvshare__Hello *h) {
   w.model_id = (char *)s->cfg->model_id;
   w.max_frame = (uint32_t)s->cfg->max_frame;
   w.max_batch_ops = s->cfg->max_batch_ops;
-  w.features = KVS_FEATURE_PACKED_BATCH;
+  w.features = KVS_FEATURE_PACKED_BATCH | KVS_FEATURE_COMPACT;
   memcpy(fds, ex->fds, (size_t)ex->nfds * sizeof(int));
   if (h->ring && s->rings != NULL && nfds + 2 <= KVS_SHM_MAX_FDS) {
     int rc = ring_open(c, fds + nfds, &w.ring_bytes);
@@ -480,7 +522,7 @@ static void on_copied(copy_job *j) {
   c->copying = 0;
   disp_copies_done(c);
   if (c->closed) { /* the peer went away meanwhile */
-    free(w);
+    wreq_free(c->srv, w);
     if (c->reaped)
       reap(c);
     return;
@@ -490,7 +532,7 @@ static void on_copied(copy_job *j) {
      * requests cannot be trusted any more.  (Only a failing GPU gets here.) */
     log_error(j->status, "session %llu (pid %d): the daemon's copy failed; "
               "closing the session", (unsigned long long)c->id, (int)c->pid);
-    free(w);
+    wreq_free(c->srv, w);
     close_now(c);
     return;
   }
@@ -498,19 +540,33 @@ static void on_copied(copy_job *j) {
 }
 
 /* The framed reply resp (in the server's arena) to frame seq: ETOOBIG in
- * its place when it is over max_frame.  NULL (logged) when out of memory. */
+ * its place when it is over max_frame.  Compact when the frame was
+ * (c->compact).  NULL (logged) when out of memory. */
 static struct wreq *encode_reply(sess *c, uint64_t seq,
                                  const Kvshare__Response *resp) {
   disp_reply r;
   struct wreq *w;
-  size_t len = disp_reply_size(&r, &c->srv->arena, seq, resp);
+  size_t len = c->compact
+                   ? compact_reply_size(c->compact, resp)
+                   : disp_reply_size(&r, &c->srv->arena, seq, resp);
 
   if (len - KVS_FRAME_HEADER_SIZE > c->srv->cfg->max_frame) {
     /* The ops ran; only their results are too big to send back. */
+    if (c->compact) {
+      Kvshare__Response e;
+
+      kvshare__response__init(&e);
+      disp_status(&e, &c->srv->arena, KVS_ETOOBIG, "the reply (%zu bytes) "
+                  "is over max_frame; split the batch", len);
+      return encode_reply(c, seq, &e);
+    }
     w = error_frame(c, seq, KVS_ETOOBIG, "the reply (%zu bytes) is over "
                     "max_frame; split the batch", len);
-  } else if ((w = malloc(sizeof(*w) + len))) {
-    disp_reply_encode(&r, w->data);
+  } else if ((w = wreq_new(c->srv, len))) {
+    if (c->compact)
+      compact_reply_encode(c->compact, seq, resp, w->data, len);
+    else
+      disp_reply_encode(&r, w->data);
     w->len = len;
   }
   if (!w)
@@ -591,7 +647,7 @@ static void reply_after_copies(sess *c, struct wreq *w) {
               "start; closing the session", (unsigned long long)c->id,
               c->ncopy);
     disp_copies_done(c);
-    free(w);
+    wreq_free(c->srv, w);
     close_now(c);
     return;
   }
@@ -644,7 +700,40 @@ static void handle_request(sess *c, uint64_t seq, const Kvshare__Request *req) {
     request_answered(c);
 }
 
-static void handle_frame(sess *c, const uint8_t *payload, size_t len) {
+/* A compact frame (compact.c): the Request it stands for runs as any
+ * other; a frame that does not add up is answered (compactly) and the
+ * session goes on. */
+static void handle_compact(sess *c, const uint8_t *payload, size_t len) {
+  srv *s = c->srv;
+  Kvshare__Response resp;
+  struct wreq *w;
+  compact_in in;
+  int rc;
+
+  kvshare__response__init(&resp);
+  rc = compact_parse(c, payload, len, &in, &resp, &s->arena);
+  c->compact = in.kind ? in.kind : KVS_COMPACT_OP;
+  if (rc == 0) {
+    handle_request(c, in.seq, &in.req);
+    return;
+  }
+  if (rc == KVS_EPROTO) {
+    s->protocol_errors++;
+    log_warn(0, "session %llu (pid %d): %s: %s", (unsigned long long)c->id,
+             (int)c->pid, kvs_status_name(rc),
+             resp.status && resp.status->message ? resp.status->message : "");
+  }
+  w = encode_reply(c, in.seq, &resp);
+  if (!w) {
+    close_now(c);
+    return;
+  }
+  queue_bytes(c, w, 0);
+}
+
+/* One frame's payload (len bytes; flags from its header). */
+static void handle_frame(sess *c, unsigned flags, const uint8_t *payload,
+                         size_t len) {
   srv *s = c->srv;
   size_t limit = KVS_UNPACK_LIMIT(len, s->cfg->max_batch_ops);
   kvs_payload_scan scan;
@@ -652,6 +741,18 @@ static void handle_frame(sess *c, const uint8_t *payload, size_t len) {
   int rc;
 
   s->frames_in++;
+  c->compact = 0;
+  if (flags & KVS_FRAME_COMPACT) {
+    s->compact_frames++;
+    if (!c->handshaken) {
+      protocol_error(c, 0, 1, KVS_EPROTO, "a compact frame before the "
+                     "handshake; expected Hello");
+      return;
+    }
+    handle_compact(c, payload, len);
+    kvs__arena_reset(&s->arena);
+    return;
+  }
   /* The envelope and the reply live in s->arena until the reset below. */
   rc = kvs__arena_unpack(&s->arena, payload, len, limit, &scan, &env);
   if (rc < 0) {
@@ -698,6 +799,11 @@ static void handle_frame(sess *c, const uint8_t *payload, size_t len) {
   kvs__arena_reset(&s->arena);
 }
 
+/* The flags of a header kvs_frame_parse accepted. */
+static unsigned frame_flags(const uint8_t *hdr) {
+  return (unsigned)hdr[6] | (unsigned)hdr[7] << 8;
+}
+
 int sess_ring_ready(const sess *c) {
   /* reading: not paused by a held reply, nor by replies piling up unread
    * (a reply too big for the ring queues on the socket) */
@@ -725,7 +831,8 @@ void sess_ring_frame(sess *c, const uint8_t *frame, size_t len) {
     protocol_error(c, 0, 1, rc < 0 ? rc : KVS_EPROTO, what);
     return;
   }
-  handle_frame(c, frame + KVS_FRAME_HEADER_SIZE, len - KVS_FRAME_HEADER_SIZE);
+  handle_frame(c, frame_flags(frame), frame + KVS_FRAME_HEADER_SIZE,
+               len - KVS_FRAME_HEADER_SIZE);
   tiers_kick(c->srv->tiers);
   /* Back-pressure, as for socket frames: replies too big for the ring
    * queue on the socket; a peer that does not read them is paused (ring
@@ -790,7 +897,8 @@ static void process_input(sess *c) {
       }
       break;
     }
-    handle_frame(c, c->rbuf + pos + KVS_FRAME_HEADER_SIZE,
+    handle_frame(c, frame_flags(c->rbuf + pos),
+                 c->rbuf + pos + KVS_FRAME_HEADER_SIZE,
                  flen - KVS_FRAME_HEADER_SIZE);
     tiers_kick(c->srv->tiers);
     pos += flen;

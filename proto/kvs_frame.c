@@ -24,12 +24,17 @@ static uint32_t get_u32(const uint8_t *p) {
          ((uint32_t)p[3] << 24);
 }
 
-void kvs_frame_header_encode(uint8_t out[KVS_FRAME_HEADER_SIZE],
-                             uint32_t length) {
+void kvs_frame_header_encode_flags(uint8_t out[KVS_FRAME_HEADER_SIZE],
+                                   uint32_t length, uint16_t flags) {
   put_u32(out, KVS_FRAME_MAGIC);
   put_u16(out + 4, (uint16_t)KVS_PROTO_VERSION);
-  put_u16(out + 6, 0);
+  put_u16(out + 6, flags);
   put_u32(out + 8, length);
+}
+
+void kvs_frame_header_encode(uint8_t out[KVS_FRAME_HEADER_SIZE],
+                             uint32_t length) {
+  kvs_frame_header_encode_flags(out, length, 0);
 }
 
 int kvs_frame_header_decode(const uint8_t in[KVS_FRAME_HEADER_SIZE],
@@ -42,7 +47,7 @@ int kvs_frame_header_decode(const uint8_t in[KVS_FRAME_HEADER_SIZE],
     return KVS_EPROTO;
   if (h->version != KVS_PROTO_VERSION)
     return KVS_EVERSION;
-  if (h->flags != 0)
+  if (h->flags & ~KVS_FRAME_COMPACT)
     return KVS_EPROTO;
   if (h->length > max_frame)
     return KVS_ETOOBIG;

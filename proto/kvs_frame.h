@@ -6,7 +6,9 @@
  *
  *   offset 0  u32 magic    KVS_FRAME_MAGIC ("KVS1" in memory order)
  *   offset 4  u16 version  KVS_PROTO_VERSION
- *   offset 6  u16 flags    0 (reserved; a nonzero value is a protocol error)
+ *   offset 6  u16 flags    0, or KVS_FRAME_COMPACT: the payload is a compact
+ *                          request or reply (kvs_compact.h), not an Envelope;
+ *                          any other bit is a protocol error
  *   offset 8  u32 length   payload bytes, <= the receiver's max frame
  *
  * All header fields are little-endian.  A receiver checks the header before
@@ -33,6 +35,8 @@ extern "C" {
 #define KVS_FRAME_MAGIC 0x3153564Bu /* bytes 'K' 'V' 'S' '1' */
 #define KVS_PROTO_VERSION 1u
 #define KVS_FRAME_HEADER_SIZE 12u
+/* Header flags: the payload is a compact frame (kvs_compact.h). */
+#define KVS_FRAME_COMPACT 1u
 /* The default largest payload a peer accepts (the daemon's is configurable
  * and announced in Welcome.max_frame). */
 #define KVS_FRAME_MAX_DEFAULT (16u << 20)
@@ -49,11 +53,14 @@ typedef struct kvs_frame_header {
 /* Writes the header of a frame carrying `length` payload bytes. */
 void kvs_frame_header_encode(uint8_t out[KVS_FRAME_HEADER_SIZE],
                              uint32_t length);
+/* The same with header flags (0 or KVS_FRAME_COMPACT). */
+void kvs_frame_header_encode_flags(uint8_t out[KVS_FRAME_HEADER_SIZE],
+                                   uint32_t length, uint16_t flags);
 
 /*
  * Reads and checks a header.  Fills *h (always, so a caller can report what
  * it saw) and returns 0, or:
- *   KVS_EPROTO    wrong magic or nonzero flags
+ *   KVS_EPROTO    wrong magic, or a flag other than KVS_FRAME_COMPACT
  *   KVS_EVERSION  version != KVS_PROTO_VERSION
  *   KVS_ETOOBIG   length > max_frame
  */

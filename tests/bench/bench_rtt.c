@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "daemon/core/core.h"
+#include "kvs_compact.h"
 #include "kvs_frame.h"
 #include "tests/integration/itest.h"
 
@@ -313,7 +314,10 @@ static void add(series *s, double x) {
 
 static const char payload16[16] = "0123456789abcdef";
 
-static void bench_small(kvs_client *c, const char *mode, double *raw_small) {
+/* compact: c sends compact frames (kvs_compact.h), and the raw baseline
+ * moves their sizes; else Envelopes'. */
+static void bench_small(kvs_client *c, const char *mode, double *raw_small,
+                        int compact) {
   /* Exact frame sizes of Ping(16 B) and Append(1). */
   Kvshare__Ping p = KVSHARE__PING__INIT;
   p.payload.data = (uint8_t *)payload16;
@@ -338,6 +342,11 @@ static void bench_small(kvs_client *c, const char *mode, double *raw_small) {
   rs.result_case = KVSHARE__RESPONSE__RESULT_ALLOC;
   rs.alloc = &ar;
   size_t app_req = req_size(&rq), app_resp = resp_size(&rs);
+  if (compact) { /* header, compact header, then the bytes or the record */
+    ping_req = ping_resp = KVS_FRAME_HEADER_SIZE + KVS_COMPACT_HDR + 16;
+    app_req = KVS_FRAME_HEADER_SIZE + KVS_COMPACT_HDR + KVS_PACKED_OP_SIZE;
+    app_resp = KVS_FRAME_HEADER_SIZE + KVS_COMPACT_HDR + KVS_PACKED_RESULT_SIZE;
+  }
 
   raw rp, ra;
   raw_start(&rp, ping_req, ping_resp);
@@ -396,7 +405,7 @@ static void bench_small(kvs_client *c, const char *mode, double *raw_small) {
   printf("  raw unix-socket ping-pong %3zu B / %3zu B   %7.2f us\n", ping_req,
          ping_resp, mrp);
   printf("  Ping(16 B) to a minimal blocking server %7.2f us   ratio %.2fx "
-         "(the protocol's floor)\n",
+         "(Envelopes, decoded and encoded by protobuf-c)\n",
          mmp, mmp / mrp);
   printf("  Ping(16 B) through kvshared             %7.2f us   ratio %.2fx "
          "(target <= 1.25x)\n",
@@ -822,19 +831,31 @@ int main(void) {
   /* Where the two processes run changes a Unix-socket round trip a lot
    * (a cross-core wake-up can cost more than the work): measure both
    * placements, the same for the raw baseline and for the daemon. */
+  /* The same small ops from a second client that sends Envelopes only
+   * ($KVS_COMPACT=0), each against its own raw baseline, in this run. */
+  setenv("KVS_COMPACT", "0", 1);
+  kvs_client *ce = itest_connect(&d, "bench_rtt_envelopes");
+  unsetenv("KVS_COMPACT");
   if (ncpu >= 2) {
     client_cpu = 0;
     server_cpu = 1;
     pin(0, client_cpu);
     pin(d.pid, server_cpu);
-    bench_small(c, "client and server on different cores", &raw_small);
+    bench_small(c, "compact frames, client and server on different cores",
+                &raw_small, 1);
+    bench_small(ce, "Envelopes, client and server on different cores",
+                &unused, 0);
     server_cpu = 0;
     pin(d.pid, server_cpu);
-    bench_small(c, "client and server on the same core", &unused);
+    bench_small(c, "compact frames, client and server on the same core",
+                &unused, 1);
+    bench_small(ce, "Envelopes, client and server on the same core", &unused,
+                0);
     server_cpu = 1;
     pin(d.pid, server_cpu);
   } else {
-    bench_small(c, "one core", &raw_small);
+    bench_small(c, "compact frames, one core", &raw_small, 1);
+    bench_small(ce, "Envelopes, one core", &unused, 0);
   }
   bench_lookup(c);
   {
@@ -848,6 +869,10 @@ int main(void) {
     bench_batch(cb, raw_small, 0);
     kvs_close(cb);
     bench_batch(c, raw_small, 1);
+    batch_label = ", in Envelopes (KVS_COMPACT=0)";
+    bench_batch(ce, raw_small, 1);
+    batch_label = "";
+    kvs_close(ce);
   }
   {
     /* The same steps on a second daemon with /metrics and the KV event
@@ -883,15 +908,15 @@ int main(void) {
     batch_label = ", through the request ring";
     if (ncpu >= 2) {
       bench_small(cr, "through the request ring, client and server on "
-                  "different cores", &unused);
+                  "different cores", &unused, 1);
       server_cpu = 0;
       pin(d.pid, server_cpu);
       bench_small(cr, "through the request ring, client and server on the "
-                  "same core", &unused);
+                  "same core", &unused, 1);
       server_cpu = 1;
       pin(d.pid, server_cpu);
     } else {
-      bench_small(cr, "through the request ring, one core", &unused);
+      bench_small(cr, "through the request ring, one core", &unused, 1);
     }
     bench_lookup(cr);
     bench_batch(cr, raw_small, 1);

@@ -7,10 +7,15 @@
  * arena as the daemon does (kvs__arena_unpack).  A libFuzzer target (LLVMFuzzerTestOneInput; `make fuzz`), also
  * driven by test_fuzz_dispatch.c with deterministic inputs in `make test`.
  *
+ * Compact frames (proto/kvs_compact.h) go through compact_parse, the same
+ * dispatch, and compact_reply_encode; each reply is read back field by
+ * field against the Response it came from, and must fit disp_reply_bound.
+ *
  * An input is one of:
  *   byte 0 even: chunks [u8 session][u16 length LE][payload], each payload
  *                framed with a valid header (two sessions, to check that
- *                neither can reach the other's requests);
+ *                neither can reach the other's requests; the session
+ *                byte's top bit marks the payload compact);
  *   byte 0 odd:  a raw byte stream for session 0, framed or not.
  * After every frame the pool invariant is checked; at the end of the input
  * both sessions are closed (their requests freed, as on a disconnect) and
@@ -30,7 +35,7 @@
 
 static cfg fz_cfg;
 static unsigned long n_frames, n_undecodable, n_too_big, n_requests, n_ok,
-    n_err;
+    n_err, n_compact, n_compact_refused;
 static unsigned long n_by_op[16], n_copies;
 static srv fz_srv;
 static sess *fz_sess[NSESS];
@@ -299,6 +304,171 @@ static void one_frame(sess *c, const uint8_t *payload, size_t len) {
   kvs__arena_reset(a);
 }
 
+/* The bytes of a message entry: len, text; "" when absent. */
+static void check_msg(const uint8_t *m, uint32_t len, const char *want) {
+  size_t n = want ? strnlen(want, KVS_COMPACT_MSG_MAX) : 0;
+
+  if (len != n || (n && memcmp(m, want, n) != 0))
+    die("a compact reply's message differs from the Response's", NULL);
+}
+
+/* The compact reply to a kind-`kind` request with this seq, read back
+ * against the Response it was written from. */
+static void check_compact_reply(const sess *c, uint8_t kind, uint64_t seq,
+                                const Kvshare__Request *req,
+                                const Kvshare__Response *resp) {
+  size_t len = compact_reply_size(kind, resp), off, i;
+  int code = resp->status ? resp->status->code : 0, mutates = 0;
+  const char *msg = resp->status ? resp->status->message : NULL;
+  kvs_frame_header fh;
+  kvs_compact_rep h;
+  uint8_t *buf;
+  uint32_t msg_op, msg_n;
+
+  if (req && len > disp_reply_bound(c, req, &mutates))
+    die("a compact reply over disp_reply_bound", NULL);
+  buf = malloc(len + 8); /* (malloc: aligned, as the daemon's buffers) */
+  if (!buf)
+    die("out of memory", NULL);
+  compact_reply_encode(kind, seq, resp, buf, len);
+  if (kvs_frame_header_decode(buf, UINT32_MAX, &fh) != 0 ||
+      fh.flags != KVS_FRAME_COMPACT || fh.length + KVS_FRAME_HEADER_SIZE != len ||
+      fh.length < KVS_COMPACT_HDR)
+    die("a compact reply's frame header", NULL);
+  kvs_compact_rep_get(buf + KVS_FRAME_HEADER_SIZE, &h);
+  off = KVS_FRAME_HEADER_SIZE + KVS_COMPACT_HDR;
+  if (h.seq != seq || h.status > 0)
+    die("a compact reply's seq or status", NULL);
+  if (kind == KVS_COMPACT_PING && code == 0 &&
+      resp->result_case == KVSHARE__RESPONSE__RESULT_PONG) {
+    if (h.status || h.count != resp->pong.len || h.words || h.nmsg ||
+        (resp->pong.len &&
+         memcmp(buf + off, resp->pong.data, resp->pong.len) != 0))
+      die("a compact Pong differs from the Ping's bytes", NULL);
+    off += h.count;
+  } else if (kind == KVS_COMPACT_BATCH && code == 0 &&
+             resp->result_case == KVSHARE__RESPONSE__RESULT_PACKED_BATCH) {
+    const Kvshare__PackedBatchResult *pr = resp->packed_batch;
+
+    if (h.status || (size_t)h.count * KVS_PACKED_RESULT_SIZE != pr->results.len ||
+        (size_t)h.words * 4 != pr->data.len || h.nmsg != pr->n_messages ||
+        (pr->results.len &&
+         memcmp(buf + off, pr->results.data, pr->results.len) != 0) ||
+        (pr->data.len &&
+         memcmp(buf + off + pr->results.len, pr->data.data, pr->data.len) != 0))
+      die("a compact batch reply differs from its PackedBatchResult", NULL);
+    off += pr->results.len + pr->data.len;
+    for (i = 0; i < h.nmsg; i++) {
+      memcpy(&msg_op, buf + off, 4);
+      memcpy(&msg_n, buf + off + 4, 4);
+      if (msg_op != pr->message_ops[i])
+        die("a compact batch reply's message is filed under another op", NULL);
+      check_msg(buf + off + 8, msg_n, pr->messages[i]);
+      off += kvs_compact_msg_size(msg_n);
+    }
+  } else if (kind == KVS_COMPACT_OP) {
+    /* one record, its status the Response's; the blocks after it */
+    kvs_pres p;
+    const uint32_t *blocks = NULL;
+    size_t nb = 0;
+
+    if (resp->result_case == KVSHARE__RESPONSE__RESULT_LOOKUP) {
+      blocks = resp->lookup->blocks;
+      nb = resp->lookup->n_blocks;
+    } else if (resp->result_case == KVSHARE__RESPONSE__RESULT_ALLOC) {
+      blocks = resp->alloc->blocks;
+      nb = resp->alloc->n_blocks;
+    }
+    kvs_pres_get(buf + off, &p);
+    if (h.count != 1 || h.status != code || p.status != code ||
+        h.words != nb || p.blk_off != 0 || p.blk_n != nb ||
+        (nb && memcmp(buf + off + KVS_PACKED_RESULT_SIZE, blocks,
+                      nb * 4) != 0))
+      die("a compact op reply differs from its Response", NULL);
+    if (resp->result_case == KVSHARE__RESPONSE__RESULT_LOOKUP &&
+        p.x != resp->lookup->hit_tokens)
+      die("a compact lookup reply's hit_tokens", NULL);
+    if (resp->result_case == KVSHARE__RESPONSE__RESULT_ALLOC &&
+        (p.x != resp->alloc->first_index ||
+         !(p.flags & KVS_PRES_HAS_COW) != !resp->alloc->has_cow))
+      die("a compact allocation reply's fields", NULL);
+    if (resp->result_case == KVSHARE__RESPONSE__RESULT_COMMIT &&
+        p.x != resp->commit->sealed)
+      die("a compact commit reply's sealed count", NULL);
+    off += KVS_PACKED_RESULT_SIZE + nb * 4;
+    if (h.nmsg != (msg && msg[0] ? 1u : 0u))
+      die("a compact op reply's message count", NULL);
+    if (h.nmsg) {
+      memcpy(&msg_op, buf + off, 4);
+      memcpy(&msg_n, buf + off + 4, 4);
+      if (msg_op != 0)
+        die("a compact op reply's message is filed under another op", NULL);
+      check_msg(buf + off + 8, msg_n, msg);
+      off += kvs_compact_msg_size(msg_n);
+    }
+  } else { /* refused as a whole: its status and message alone */
+    if (code >= 0 || h.status != code || h.count || h.words ||
+        h.nmsg != (msg && msg[0] ? 1u : 0u))
+      die("a compact refusal's status", NULL);
+    if (h.nmsg) {
+      memcpy(&msg_op, buf + off, 4);
+      memcpy(&msg_n, buf + off + 4, 4);
+      if (msg_op != KVS_COMPACT_FRAME_MSG)
+        die("a compact refusal's message is not the frame's", NULL);
+      check_msg(buf + off + 8, msg_n, msg);
+      off += kvs_compact_msg_size(msg_n);
+    }
+  }
+  if (off != len)
+    die("a compact reply's length does not add up", NULL);
+  free(buf);
+}
+
+/* A compact frame, as session.c's handle_compact takes it. */
+static void one_compact(sess *c, const uint8_t *payload, size_t len) {
+  Kvshare__Response resp;
+  kvs__arena *a = &arena;
+  compact_in in;
+  int rc, mutates;
+
+  fz_srv.frames_in++;
+  n_frames++;
+  n_compact++;
+  kvshare__response__init(&resp);
+  rc = compact_parse(c, payload, len, &in, &resp, a);
+  c->compact = in.kind ? in.kind : KVS_COMPACT_OP;
+  if (rc < 0) {
+    n_compact_refused++;
+    if (!resp.status || resp.status->code != rc || !resp.status->message ||
+        !resp.status->message[0])
+      die("a compact refusal without its status and message", NULL);
+    check_compact_reply(c, c->compact, in.seq, NULL, &resp);
+  } else if (disp_reply_bound(c, &in.req, &mutates) - KVS_FRAME_HEADER_SIZE >
+                 fz_cfg.max_frame &&
+             mutates) {
+    n_too_big++; /* session.c answers ETOOBIG, none of it run */
+  } else {
+    disp_request(c, &in.req, &resp, a);
+    n_requests++;
+    n_by_op[(unsigned)in.req.op_case & 15]++;
+    if (resp.status && resp.status->code == 0)
+      n_ok++;
+    else
+      n_err++;
+    if (compact_reply_size(c->compact, &resp) - KVS_FRAME_HEADER_SIZE <=
+        fz_cfg.max_frame)
+      check_compact_reply(c, c->compact, in.seq, &in.req, &resp);
+    else if (mutates)
+      die("a compact reply over max_frame after a request that changed "
+          "things", NULL);
+    check_pool("while the frame's copies are pinned");
+    finish_copies(c);
+    check_pool("after a request");
+  }
+  c->compact = 0;
+  kvs__arena_reset(a);
+}
+
 /* The session's read buffer: whole frames are handled, a bad header or a
  * cut frame ends the connection. */
 static void stream(sess *c, const uint8_t *p, size_t n) {
@@ -310,7 +480,10 @@ static void stream(sess *c, const uint8_t *p, size_t n) {
 
     if (rc <= 0)
       return;
-    one_frame(c, p + KVS_FRAME_HEADER_SIZE, flen - KVS_FRAME_HEADER_SIZE);
+    if (p[6] & KVS_FRAME_COMPACT)
+      one_compact(c, p + KVS_FRAME_HEADER_SIZE, flen - KVS_FRAME_HEADER_SIZE);
+    else
+      one_frame(c, p + KVS_FRAME_HEADER_SIZE, flen - KVS_FRAME_HEADER_SIZE);
     p += flen;
     n -= flen;
   }
@@ -321,8 +494,9 @@ void fuzz_dispatch_report(FILE *out) {
   unsigned i;
 
   core_get_stats(fz_srv.core, &st);
-  fprintf(out, "%lu frames, %lu undecodable, %lu with a reply too big to "
-          "run, %lu requests (%lu ok, %lu errors); by op:", n_frames,
+  fprintf(out, "%lu frames (%lu compact, %lu of them refused), %lu "
+          "undecodable, %lu with a reply too big to run, %lu requests (%lu "
+          "ok, %lu errors); by op:", n_frames, n_compact, n_compact_refused,
           n_undecodable, n_too_big, n_requests, n_ok, n_err);
   for (i = 0; i < 16; i++)
     if (n_by_op[i])
@@ -357,7 +531,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     size_t pos = 1;
 
     while (size - pos >= 3) {
-      sess *c = fz_sess[data[pos] % NSESS];
+      sess *c = fz_sess[(data[pos] & 0x7f) % NSESS];
+      uint16_t flags = data[pos] & 0x80 ? KVS_FRAME_COMPACT : 0;
       size_t len = (size_t)data[pos + 1] | (size_t)data[pos + 2] << 8;
       uint8_t *f;
 
@@ -367,7 +542,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       f = malloc(KVS_FRAME_HEADER_SIZE + len + 1);
       if (!f)
         die("out of memory", NULL);
-      kvs_frame_header_encode(f, (uint32_t)len);
+      kvs_frame_header_encode_flags(f, (uint32_t)len, flags);
       if (len)
         memcpy(f + KVS_FRAME_HEADER_SIZE, data + pos, len);
       stream(c, f, KVS_FRAME_HEADER_SIZE + len);

@@ -1,6 +1,7 @@
 /* fuzz_gen.c — see fuzz_gen.h. */
 #include "tests/fuzz/fuzz_gen.h"
 
+#include "kvs_compact.h"
 #include "kvs_packed.h"
 
 #include <string.h>
@@ -396,6 +397,71 @@ size_t fz_request(fz_rng *r, uint64_t seq, uint8_t *out, size_t cap) {
   return kvshare__envelope__pack(&env, out);
 }
 
+size_t fz_compact(fz_rng *r, uint64_t seq, uint8_t *out, size_t cap) {
+  static struct op_store ops[MAX_OPS];
+  static Kvshare__Request *ptrs[MAX_OPS];
+  Kvshare__PackedBatch pb;
+  kvs_compact_req h;
+  size_t i, n, len;
+  uint32_t k = fz_below(r, 20);
+
+  memset(&h, 0, sizeof(h));
+  h.seq = seq;
+  if (k < 2) { /* a Ping */
+    h.kind = KVS_COMPACT_PING;
+    h.count = fz_below(r, 64);
+    len = KVS_COMPACT_HDR + h.count;
+    if (len > cap)
+      return 0;
+    kvs_compact_req_put(out, &h);
+    for (i = 0; i < h.count; i++)
+      out[KVS_COMPACT_HDR + i] = (uint8_t)fz_next(r);
+    return len;
+  }
+  if (k < 11) { /* one op, any (those with no record form are refused) */
+    kvshare__request__init(&ops[0].req);
+    random_op(r, &ops[0], 0);
+    n = 1;
+    h.kind = KVS_COMPACT_OP;
+  } else { /* a batch that makes sense */
+    for (i = 0; i < MAX_OPS; i++)
+      kvshare__request__init(&ops[i].req);
+    n = coherent(r, ops);
+    h.kind = KVS_COMPACT_BATCH;
+  }
+  for (i = 0; i < n; i++)
+    ptrs[i] = &ops[i].req;
+  to_packed(r, ptrs, n, &pb); /* (now and then a bad offset or op) */
+  h.count = (uint32_t)n;
+  h.words = (uint32_t)(pb.data.len / 4);
+  len = KVS_COMPACT_HDR + pb.ops.len + pb.data.len;
+  if (len > cap)
+    return 0;
+  switch (fz_below(r, 40)) { /* a header that lies */
+  case 0:
+    h.kind = (uint8_t)fz_next(r);
+    break;
+  case 1:
+    h.count += 1 + fz_below(r, 3);
+    break;
+  case 2:
+    h.words = (uint32_t)fz_next(r);
+    break;
+  case 3:
+    h.kind = KVS_COMPACT_OP; /* one op with several records */
+    break;
+  default:
+    break;
+  }
+  kvs_compact_req_put(out, &h);
+  if (fz_below(r, 40) == 0)
+    out[9 + fz_below(r, 3)] = (uint8_t)(1 + fz_below(r, 255)); /* reserved */
+  memcpy(out + KVS_COMPACT_HDR, pb.ops.data, pb.ops.len);
+  if (pb.data.len)
+    memcpy(out + KVS_COMPACT_HDR + pb.ops.len, pb.data.data, pb.data.len);
+  return len;
+}
+
 size_t fz_hello(uint64_t seq, uint8_t *out, size_t cap) {
   Kvshare__Envelope env;
   Kvshare__Hello h;
@@ -472,6 +538,7 @@ size_t fz_frame(fz_rng *r, uint64_t seq, uint8_t *out, size_t cap,
                 int keep_framing) {
   uint32_t kind = keep_framing ? 3 + fz_below(r, 87) : fz_below(r, 100);
   size_t len;
+  int compact;
 
   if (cap < KVS_FRAME_HEADER_SIZE + 64)
     return 0;
@@ -481,16 +548,21 @@ size_t fz_frame(fz_rng *r, uint64_t seq, uint8_t *out, size_t cap,
       out[i] = (uint8_t)fz_next(r);
     return len;
   }
+  compact = kind >= 6 && fz_below(r, 4) == 0;
   if (kind < 6) /* a Hello after the handshake */
     len = fz_hello(seq, out + KVS_FRAME_HEADER_SIZE,
                    cap - KVS_FRAME_HEADER_SIZE);
+  else if (compact)
+    len = fz_compact(r, seq, out + KVS_FRAME_HEADER_SIZE,
+                     cap - KVS_FRAME_HEADER_SIZE);
   else
     len = fz_request(r, seq, out + KVS_FRAME_HEADER_SIZE,
                      cap - KVS_FRAME_HEADER_SIZE);
   if (kind >= 60 && kind < 90) /* a mutated payload, framed honestly */
     len = fz_mutate(r, out + KVS_FRAME_HEADER_SIZE, len,
                     cap - KVS_FRAME_HEADER_SIZE);
-  kvs_frame_header_encode(out, (uint32_t)len);
+  kvs_frame_header_encode_flags(out, (uint32_t)len,
+                                compact ? KVS_FRAME_COMPACT : 0);
   len += KVS_FRAME_HEADER_SIZE;
   if (kind >= 90 && kind < 95) /* a mutated header */
     out[fz_below(r, KVS_FRAME_HEADER_SIZE)] ^= (uint8_t)(1u << fz_below(r, 8));

@@ -10,7 +10,7 @@
 MOD_CFLAGS_tests_fuzz_ = $(call DEP_CFLAGS,libuv libprotobuf-c)
 
 FUZZ_TARGET_SRCS := tests/fuzz/fuzz_dispatch.c daemon/dispatch.c daemon/reply.c \
-                    daemon/packed.c \
+                    daemon/packed.c daemon/compact.c \
                     daemon/reqmap.c daemon/log.c daemon/config.c
 FUZZ_TARGET_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(FUZZ_TARGET_SRCS))
 FUZZ_GEN_OBJS := $(BUILD)/tests/fuzz/fuzz_gen.o

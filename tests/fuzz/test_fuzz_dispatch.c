@@ -32,11 +32,13 @@ static size_t make_input(fz_rng *r, uint8_t *buf) {
   }
   buf[0] = 0;
   for (k = 0; k < nframes && INPUT_MAX - len > (64u << 10); k++) {
-    size_t n = fz_request(r, seq++, buf + len + 3, (32u << 10));
+    int compact = fz_below(r, 3) == 0; /* (the session byte's top bit) */
+    size_t n = compact ? fz_compact(r, seq++, buf + len + 3, (32u << 10))
+                       : fz_request(r, seq++, buf + len + 3, (32u << 10));
 
     if (fz_below(r, 4) == 0)
       n = fz_mutate(r, buf + len + 3, n, (32u << 10));
-    buf[len] = (uint8_t)fz_below(r, 2);
+    buf[len] = (uint8_t)(fz_below(r, 2) | (compact ? 0x80 : 0));
     buf[len + 1] = (uint8_t)n;
     buf[len + 2] = (uint8_t)(n >> 8);
     len += 3 + n;

@@ -331,7 +331,8 @@ types = {
     "kvshare_sessions": "gauge", "kvshare_requests": "gauge",
     "kvshare_protocol_errors": "counter", "kvshare_queued_bytes": "gauge",
     "kvshare_request_duration_seconds": "histogram", "kvshare_batch_ops": "histogram",
-    "kvshare_frames": "counter", "kvshare_info": "gauge",
+    "kvshare_frames": "counter", "kvshare_compact_frames": "counter",
+    "kvshare_info": "gauge",
 }
 for name, t in types.items():
     check(name in fams and fams[name].type == t, f"family {name} ({t}) missing or mistyped")
@@ -345,6 +346,10 @@ for m, k in (("kvshare_lookups", "lookups"), ("kvshare_hit_tokens", "hit_tokens"
              ("kvshare_sealed_blocks", "sealed_blocks")):
     check(value(fams, m, suffix="_total") == st[k], f"{m} vs stats {k}")
 n = len(prompts)
+# The calls of this script's client go compact (the CLI's Stats do not).
+cf = value(fams, "kvshare_compact_frames", suffix="_total")
+check(4 * n <= cf <= value(fams, "kvshare_frames", suffix="_total"),
+      f"compact frames {cf}: the client's {4 * n} calls at least, all frames at most")
 # fill: lookup, allocate, commit, free; probe: lookup, free.  (The `stats`
 # just run is one more stats request.)
 np_ = len(probes)

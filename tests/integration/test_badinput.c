@@ -25,6 +25,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "kvs_compact.h"
 #include "kvs_frame.h"
 #include "kvs_shm.h"
 #include "tests/integration/itest.h"
@@ -64,6 +65,200 @@ static void expect_error(int fd, uint64_t seq, int code, int closes,
     uint8_t b;
     CHECK(itest_raw_read(fd, &b, 1) == -1);
   }
+}
+
+static void observe(const char *after);
+
+/* ---- compact frames (proto/kvs_compact.h) --------------------------------- */
+
+/* Sends a compact frame of payload p (n bytes). */
+static void send_compact(int fd, const uint8_t *p, size_t n) {
+  uint8_t *f = malloc(KVS_FRAME_HEADER_SIZE + n);
+
+  CHECK(f);
+  kvs_frame_header_encode_flags(f, (uint32_t)n, KVS_FRAME_COMPACT);
+  memcpy(f + KVS_FRAME_HEADER_SIZE, p, n);
+  itest_raw_send(fd, f, KVS_FRAME_HEADER_SIZE + n);
+  free(f);
+}
+
+/* The next frame must be a compact reply with this seq and status, whose
+ * lengths add up, with a message when the status is an error. */
+static void expect_compact(int fd, uint64_t seq, int code, const char *what) {
+  uint8_t hdr[KVS_FRAME_HEADER_SIZE], *p;
+  kvs_frame_header fh;
+  kvs_compact_rep h;
+  size_t off;
+  char msg[KVS_COMPACT_MSG_MAX + 1] = "";
+
+  CHECK(itest_raw_read(fd, hdr, sizeof hdr) == 0);
+  CHECK(kvs_frame_header_decode(hdr, KVS_FRAME_MAX_DEFAULT, &fh) == 0);
+  CHECK(fh.flags == KVS_FRAME_COMPACT);
+  CHECK(fh.length >= KVS_COMPACT_HDR);
+  p = malloc(fh.length);
+  CHECK(p);
+  CHECK(itest_raw_read(fd, p, fh.length) == 0);
+  kvs_compact_rep_get(p, &h);
+  off = KVS_COMPACT_HDR + (size_t)h.count * KVS_PACKED_RESULT_SIZE +
+        (size_t)h.words * 4;
+  for (uint32_t i = 0; i < h.nmsg; i++) {
+    uint32_t op, n;
+
+    CHECK(off + 8 <= fh.length);
+    memcpy(&op, p + off, 4);
+    memcpy(&n, p + off + 4, 4);
+    CHECK(n <= KVS_COMPACT_MSG_MAX && off + kvs_compact_msg_size(n) <= fh.length);
+    if (i == 0) {
+      memcpy(msg, p + off + 8, n);
+      msg[n] = '\0';
+    }
+    off += kvs_compact_msg_size(n);
+  }
+  if (off != fh.length || h.seq != seq || h.status != code ||
+      (code < 0 && !msg[0])) {
+    fprintf(stderr, "%s: got seq %llu %s (%d) \"%s\" in %u bytes (%zu "
+            "counted), wanted seq %llu %s\n", what,
+            (unsigned long long)h.seq, kvs_status_name(h.status), h.status,
+            msg, fh.length, off, (unsigned long long)seq,
+            kvs_status_name(code));
+    exit(1);
+  }
+  printf("  %-40s -> %s: %s\n", what, kvs_status_name(code), msg);
+  free(p);
+}
+
+/* The session still answers a compact Ping, byte for byte. */
+static void compact_alive(int fd, uint64_t seq) {
+  uint8_t q[KVS_COMPACT_HDR + 5], hdr[KVS_FRAME_HEADER_SIZE],
+      r[KVS_COMPACT_HDR + 5];
+  kvs_compact_req h = {seq, KVS_COMPACT_PING, 5, 0};
+  kvs_frame_header fh;
+  kvs_compact_rep rh;
+
+  kvs_compact_req_put(q, &h);
+  memcpy(q + KVS_COMPACT_HDR, "alive", 5);
+  send_compact(fd, q, sizeof q);
+  CHECK(itest_raw_read(fd, hdr, sizeof hdr) == 0);
+  CHECK(kvs_frame_header_decode(hdr, KVS_FRAME_MAX_DEFAULT, &fh) == 0);
+  CHECK(fh.flags == KVS_FRAME_COMPACT && fh.length == sizeof r);
+  CHECK(itest_raw_read(fd, r, sizeof r) == 0);
+  kvs_compact_rep_get(r, &rh);
+  CHECK(rh.seq == seq && rh.status == 0 && rh.count == 5 && rh.words == 0 &&
+        rh.nmsg == 0 && memcmp(r + KVS_COMPACT_HDR, "alive", 5) == 0);
+}
+
+/* One op record as a compact request (words of data after it). */
+static size_t compact_op(uint8_t *q, uint64_t seq, const kvs_pop *o,
+                         const uint32_t *data, uint32_t words) {
+  kvs_compact_req h = {seq, KVS_COMPACT_OP, 1, words};
+
+  kvs_compact_req_put(q, &h);
+  kvs_pop_put(q + KVS_COMPACT_HDR, o);
+  if (words)
+    memcpy(q + KVS_COMPACT_HDR + KVS_PACKED_OP_SIZE, data, words * 4);
+  return KVS_COMPACT_HDR + KVS_PACKED_OP_SIZE + (size_t)words * 4;
+}
+
+/* A compact frame that does not add up gets a compact error with its seq
+ * (when it had one) and the session goes on; an op that cannot be run
+ * gets its own status; compact before Hello closes like any frame then. */
+static void compact_cases(void) {
+  uint8_t q[512];
+  uint32_t toks[4] = {1, 2, 3, 4};
+  kvs_compact_req h;
+  kvs_pop o;
+  size_t n;
+  int fd = itest_raw_session(&d);
+
+  memset(q, 0, sizeof q);
+  send_compact(fd, q, 4);
+  expect_compact(fd, 0, KVS_EPROTO, "compact: 4 bytes (no header)");
+  compact_alive(fd, 100);
+
+  h = (kvs_compact_req){101, 9, 0, 0};
+  kvs_compact_req_put(q, &h);
+  send_compact(fd, q, KVS_COMPACT_HDR);
+  expect_compact(fd, 101, KVS_EPROTO, "compact: unknown kind");
+  compact_alive(fd, 102);
+
+  memset(&o, 0, sizeof o);
+  o.op = 6; /* Free */
+  o.req_id = 77;
+  n = compact_op(q, 103, &o, NULL, 0);
+  q[8 + 2] = 1; /* a reserved byte */
+  send_compact(fd, q, n);
+  expect_compact(fd, 103, KVS_EPROTO, "compact: reserved bytes set");
+
+  h = (kvs_compact_req){104, KVS_COMPACT_OP, 2, 0};
+  kvs_compact_req_put(q, &h);
+  kvs_pop_put(q + KVS_COMPACT_HDR, &o);
+  kvs_pop_put(q + KVS_COMPACT_HDR + KVS_PACKED_OP_SIZE, &o);
+  send_compact(fd, q, KVS_COMPACT_HDR + 2 * KVS_PACKED_OP_SIZE);
+  expect_compact(fd, 104, KVS_EPROTO, "compact: one op, two records");
+
+  n = compact_op(q, 105, &o, NULL, 0);
+  h = (kvs_compact_req){105, KVS_COMPACT_OP, 1, 5}; /* no data follows */
+  kvs_compact_req_put(q, &h);
+  send_compact(fd, q, n);
+  expect_compact(fd, 105, KVS_EPROTO, "compact: lengths do not add up");
+
+  h = (kvs_compact_req){106, KVS_COMPACT_PING, 4, 1};
+  kvs_compact_req_put(q, &h);
+  send_compact(fd, q, KVS_COMPACT_HDR + 8);
+  expect_compact(fd, 106, KVS_EPROTO, "compact: a ping with data words");
+  compact_alive(fd, 107);
+
+  /* Frames that add up, with ops the daemon refuses alone. */
+  n = compact_op(q, 108, &o, NULL, 0);
+  send_compact(fd, q, n);
+  expect_compact(fd, 108, KVS_ENOENT, "compact: free of an unknown id");
+
+  memset(&o, 0, sizeof o);
+  o.op = 8; /* Stats: not an op a record can carry */
+  n = compact_op(q, 109, &o, NULL, 0);
+  send_compact(fd, q, n);
+  expect_compact(fd, 109, KVS_EINVAL, "compact: an op with no record form");
+
+  memset(&o, 0, sizeof o);
+  o.op = 1; /* Lookup, its tokens past the data */
+  o.req_id = 5;
+  o.tok_off = 2;
+  o.tok_n = 4;
+  n = compact_op(q, 110, &o, toks, 4);
+  send_compact(fd, q, n);
+  expect_compact(fd, 110, KVS_EINVAL, "compact: arrays outside the data");
+  compact_alive(fd, 111);
+
+  /* A batch over max_batch_ops (the daemon's default): none of it runs. */
+  {
+    uint32_t nops = 16385;
+    size_t len = KVS_COMPACT_HDR + (size_t)nops * KVS_PACKED_OP_SIZE;
+    uint8_t *b = calloc(1, len);
+
+    CHECK(b);
+    h = (kvs_compact_req){112, KVS_COMPACT_BATCH, nops, 0};
+    kvs_compact_req_put(b, &h);
+    memset(&o, 0, sizeof o);
+    o.op = 6;
+    o.req_id = 9;
+    for (uint32_t i = 0; i < nops; i++)
+      kvs_pop_put(b + KVS_COMPACT_HDR + (size_t)i * KVS_PACKED_OP_SIZE, &o);
+    send_compact(fd, b, len);
+    free(b);
+    expect_compact(fd, 112, KVS_ELIMIT, "compact: a batch over the limit");
+  }
+  compact_alive(fd, 113);
+  close(fd);
+  observe("compact frames");
+
+  /* Compact before the handshake: an error Welcome, then the close. */
+  fd = itest_raw_connect(&d);
+  h = (kvs_compact_req){1, KVS_COMPACT_PING, 0, 0};
+  kvs_compact_req_put(q, &h);
+  send_compact(fd, q, KVS_COMPACT_HDR);
+  expect_error(fd, 0, KVS_EPROTO, 1, "compact before Hello");
+  close(fd);
+  observe("compact before Hello");
 }
 
 /* ---- the observer -------------------------------------------------------- */
@@ -134,12 +329,11 @@ static void frame_cases(void) {
   close(fd);
   observe("Hello version");
 
-  /* Nonzero flags. */
+  /* A frame flag that does not exist (the compact one is compact_cases'). */
   fd = itest_raw_session(&d);
-  kvs_frame_header_encode(hdr, 4);
-  hdr[6] = 1;
+  kvs_frame_header_encode_flags(hdr, 4, 2);
   itest_raw_send(fd, hdr, KVS_FRAME_HEADER_SIZE + 4);
-  expect_error(fd, 0, KVS_EPROTO, 1, "nonzero frame flags");
+  expect_error(fd, 0, KVS_EPROTO, 1, "unknown frame flags");
   close(fd);
   observe("flags");
 
@@ -407,6 +601,8 @@ int main(void) {
 
   printf("frame-level:\n");
   frame_cases();
+  printf("compact frames:\n");
+  compact_cases();
   printf("request-level:\n");
   request_cases();
 

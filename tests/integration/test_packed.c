@@ -18,9 +18,16 @@
  * wakes the daemon's eventfd and then the client's) and 4 KiB areas, so
  * that the bigger frames go on the socket and the bigger replies come back
  * on it.
+ *
+ * Last, the encodings: a client sends every call that has a compact form
+ * as a compact frame, and one with $KVS_COMPACT=0 sends none, counted by
+ * the daemon (StatsResult.compact_frames, read on a raw session).
  */
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "kvs_frame.h"
 #include "tests/integration/itest.h"
 
 #define STEPS 600
@@ -199,6 +206,98 @@ static void same_as(const trace *ref, trace *t, const char *what) {
   free(t->msgs);
 }
 
+/* The daemon's count of compact frames, read with a protobuf Stats on a
+ * raw session (which counts one frame, not compact). */
+static uint64_t compact_frames(const itest_daemon *d) {
+  Kvshare__Stats q = KVSHARE__STATS__INIT;
+  Kvshare__Request req = KVSHARE__REQUEST__INIT;
+  Kvshare__Envelope env = KVSHARE__ENVELOPE__INIT, *r;
+  int fd = itest_raw_session(d);
+  uint64_t n;
+
+  req.op_case = KVSHARE__REQUEST__OP_STATS;
+  req.stats = &q;
+  env.seq = 2;
+  env.body_case = KVSHARE__ENVELOPE__BODY_REQUEST;
+  env.request = &req;
+  itest_raw_send_env(fd, &env);
+  r = itest_raw_recv(fd);
+  CHECK(r && r->body_case == KVSHARE__ENVELOPE__BODY_RESPONSE &&
+        r->response->result_case == KVSHARE__RESPONSE__RESULT_STATS);
+  n = r->response->stats->compact_frames;
+  kvs_envelope_free(r);
+  close(fd);
+  return n;
+}
+
+/* The calls that have a compact form, once each (plus a Stats, which has
+ * none): how many compact frames they are. */
+static unsigned some_calls(kvs_client *c) {
+  uint32_t tok[40];
+  kvs_alloc_result ar;
+  kvs_lookup_result lr;
+  kvs_stats st;
+  kvs_batch *b;
+
+  for (uint32_t i = 0; i < 40; i++)
+    tok[i] = 500 + i;
+  CHECK_OK(c, kvs_ping(c, "x", 1));
+  CHECK_OK(c, kvs_lookup(c, 1, tok, 40, NULL, 0, &lr));
+  CHECK_OK(c, kvs_allocate(c, 1, 40 - lr.hit_tokens, &ar));
+  CHECK_OK(c, kvs_commit(c, 1, lr.hit_tokens, tok + lr.hit_tokens,
+                         40 - lr.hit_tokens, NULL, 0, NULL));
+  CHECK_OK(c, kvs_fork(c, 1, 2));
+  CHECK_OK(c, kvs_append(c, 2, 1, NULL));
+  CHECK_OK(c, kvs_preempt(c, 2));
+  CHECK_OK(c, kvs_free(c, 2));
+  CHECK_OK(c, kvs_batch_new(&b));
+  CHECK(kvs_batch_free_req(b, 1) >= 0);
+  CHECK_OK(c, kvs_batch_submit(c, b));
+  CHECK(kvs_batch_status(b, 0) == 0);
+  kvs_batch_free(b);
+  CHECK_OK(c, kvs_stats_get(c, 1, &st));
+  CHECK(st.check == 0);
+  return 9;
+}
+
+static void check_encodings(void) {
+  static const char *const opts[] = {"--num-layers", "2", "--head-dim", "16",
+                                     "--pool-blocks", "64", NULL};
+  itest_daemon d;
+  int fds = itest_fd_count(0);
+  uint64_t n0, n1, n2;
+  unsigned sent;
+  kvs_client *c;
+
+  const char *e = getenv("KVS_COMPACT");
+  char *was = e ? strdup(e) : NULL; /* (test_envelope_suite sets it) */
+
+  itest_daemon_start(&d, opts);
+  n0 = compact_frames(&d);
+  setenv("KVS_COMPACT", "1", 1);
+  c = itest_connect(&d, "compact");
+  sent = some_calls(c);
+  kvs_close(c);
+  n1 = compact_frames(&d);
+  setenv("KVS_COMPACT", "0", 1);
+  c = itest_connect(&d, "envelopes");
+  if (was)
+    setenv("KVS_COMPACT", was, 1);
+  else
+    unsetenv("KVS_COMPACT");
+  free(was);
+  some_calls(c);
+  kvs_close(c);
+  n2 = compact_frames(&d);
+  if (n1 - n0 != sent || n2 != n1) {
+    fprintf(stderr, "compact frames: %llu for %u compact calls, then %llu "
+            "more with KVS_COMPACT=0\n", (unsigned long long)(n1 - n0), sent,
+            (unsigned long long)(n2 - n1));
+    exit(1);
+  }
+  itest_daemon_finish(&d, fds);
+}
+
 int main(void) {
   trace ref = {0}, pk = {0}, rp = {0}, rs = {0};
   unsigned packed_ops = 0, unused = 0;
@@ -210,6 +309,7 @@ int main(void) {
   same_as(&ref, &pk, "packed");
   same_as(&ref, &rp, "ring (polling)");
   same_as(&ref, &rs, "ring (sleeping)");
+  check_encodings();
   printf("test_packed: ok (%u packed ops, %zu ops' results the same as "
          "the Batch's, packed and through the ring, %zu words)\n",
          packed_ops, ref.nmsg, ref.n);

@@ -1,5 +1,6 @@
 /* Framing: header encode/decode, incremental parsing, envelope round trips,
- * bad magic/version/flags, oversize, truncated and undecodable payloads. */
+ * bad magic/version/flags (the compact flag accepted, any other refused),
+ * oversize, truncated and undecodable payloads. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -46,9 +47,19 @@ static void test_header_errors(void **state) {
   assert_int_equal(kvs_frame_header_decode(h, 1000, &d), KVS_EVERSION);
   assert_int_equal(d.version, 2);
 
-  kvs_frame_header_encode(h, 100);
-  h[6] = 1;
-  assert_int_equal(kvs_frame_header_decode(h, 1000, &d), KVS_EPROTO);
+  /* The one flag there is (a compact payload) is accepted and read back;
+   * every other bit, alone or beside it, is refused. */
+  kvs_frame_header_encode_flags(h, 100, KVS_FRAME_COMPACT);
+  assert_int_equal(kvs_frame_header_decode(h, 1000, &d), 0);
+  assert_int_equal(d.flags, KVS_FRAME_COMPACT);
+  assert_int_equal(d.length, 100);
+  for (unsigned bit = 1; bit < 16; bit++) {
+    kvs_frame_header_encode_flags(h, 100, (uint16_t)(1u << bit));
+    assert_int_equal(kvs_frame_header_decode(h, 1000, &d), KVS_EPROTO);
+    kvs_frame_header_encode_flags(h, 100,
+                                  (uint16_t)(1u << bit | KVS_FRAME_COMPACT));
+    assert_int_equal(kvs_frame_header_decode(h, 1000, &d), KVS_EPROTO);
+  }
 
   kvs_frame_header_encode(h, 1001);
   assert_int_equal(kvs_frame_header_decode(h, 1000, &d), KVS_ETOOBIG);
