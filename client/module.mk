@@ -82,8 +82,8 @@ $(CLIENT_BENCHES): $(BUILD)/%: $(BUILD)/%.o $(ITEST_OBJ) $(CLIENT_DEPS) $(BUILD)
 $(CLIENT_BENCHES:%=%.o): CPPFLAGS += $(CLIENT_CFLAGS)
 # bench_rtt runs the core in-process too (the lookup's baseline).
 $(BUILD)/tests/bench/bench_rtt: $(BUILD)/libkvscore.a
-$(BUILD)/tests/bench/bench_rtt: BENCH_CORE = $(CORE_LIBS)
-$(BUILD)/tests/bench/bench_rtt.o: CPPFLAGS += $(call DEP_CFLAGS,libxxhash)
+$(BUILD)/tests/bench/bench_rtt: BENCH_CORE = $(CORE_LIBS) $(call DEP_LIBS,libuv)
+$(BUILD)/tests/bench/bench_rtt.o: CPPFLAGS += $(call DEP_CFLAGS,libxxhash libuv)
 BENCHES += $(CLIENT_BENCHES)
 all: $(CLIENT_BENCHES)
 

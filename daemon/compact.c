@@ -3,7 +3,7 @@
  * fields.
  *
  * A compact request becomes the Request it stands for (built in place, its
- * u32 arrays copied into the frame's arena so that they are aligned), and runs
+ * u32 arrays read where they are, or from an aligned copy), and runs
  * through session.c and disp_request exactly as the same Request sent in an
  * Envelope: one op alone, a PackedBatch, or a Ping.  Only the encoding
  * differs, both ways: no protobuf message is decoded or encoded, which on a
@@ -83,10 +83,17 @@ int compact_parse(const sess *c, const uint8_t *payload, size_t len,
                 c->srv->cfg->max_batch_ops);
     return KVS_ELIMIT;
   }
-  if (h.words &&
-      !(data = copy_in(a, body + (size_t)h.count * KVS_PACKED_OP_SIZE,
-                       (size_t)h.words * 4)))
-    return fail(resp, a, KVS_ENOMEM, "out of memory", len);
+  /* The data is read in place when it is aligned (the frame is the
+   * daemon's own copy, in its read buffer or taken out of a ring, and
+   * stays put until the frame is handled), else from an aligned copy. */
+  if (h.words) {
+    const uint8_t *d = body + (size_t)h.count * KVS_PACKED_OP_SIZE;
+
+    data = ((uintptr_t)d & 3) == 0 ? (const uint32_t *)(const void *)d
+                                   : copy_in(a, d, (size_t)h.words * 4);
+    if (!data)
+      return fail(resp, a, KVS_ENOMEM, "out of memory", len);
+  }
   if (h.kind == KVS_COMPACT_OP) {
     kvs_pop_get(body, &o);
     if (!disp_packed_op(&o, 0, data, h.words, &in->req, &in->m.op, resp, a))

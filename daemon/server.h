@@ -276,7 +276,8 @@ typedef struct compact_in {
   } m;
 } compact_in;
 /* Reads the compact request at payload (len bytes) into *in, its arrays
- * copied into a (aligned; the frame may sit anywhere in the read buffer).
+ * pointing into the payload (which must stay put until the request is
+ * handled), or copied into a where they are not 4-byte aligned.
  * 0: in->req is to be run.  Else a negative status, and resp's status says
  * why (in->seq and in->kind are set as far as they could be read). */
 int compact_parse(const sess *c, const uint8_t *payload, size_t len,

@@ -23,6 +23,7 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
+#include <uv.h>
 
 #include "daemon/core/core.h"
 #include "kvs_compact.h"
@@ -116,6 +117,71 @@ static void raw_start(raw *r, size_t req, size_t resp) {
     while (read_full(sv[1], r->buf, req) == 0)
       if (write_full(sv[1], r->buf, resp))
         break;
+    _exit(0);
+  }
+  close(sv[1]);
+  r->fd = sv[0];
+}
+
+/* The same echo on a libuv loop (uv_read_start, uv_try_write), as kvshared
+ * reads and answers: what the loop alone costs over a blocking server. */
+struct uvecho {
+  uv_pipe_t pipe;
+  size_t req, resp, have;
+  uint8_t *in, *out;
+};
+
+static void uvecho_alloc(uv_handle_t *h, size_t sz, uv_buf_t *b) {
+  struct uvecho *e = h->data;
+
+  (void)sz;
+  *b = uv_buf_init((char *)e->in + e->have, (unsigned)(e->req - e->have));
+}
+
+static void uvecho_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
+  struct uvecho *e = s->data;
+
+  (void)b;
+  if (n < 0) {
+    uv_close((uv_handle_t *)s, NULL);
+    return;
+  }
+  e->have += (size_t)n;
+  if (e->have == e->req) {
+    uv_buf_t o = uv_buf_init((char *)e->out, (unsigned)e->resp);
+
+    e->have = 0;
+    if (uv_try_write(s, &o, 1) != (int)e->resp)
+      uv_close((uv_handle_t *)s, NULL);
+  }
+}
+
+static void raw_start_uv(raw *r, size_t req, size_t resp) {
+  int sv[2];
+  CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+  r->req = req;
+  r->resp = resp;
+  r->buf = calloc(1, req > resp ? req : resp);
+  CHECK(r->buf);
+  fflush(NULL);
+  r->pid = fork();
+  CHECK(r->pid >= 0);
+  if (r->pid == 0) {
+    uv_loop_t loop;
+    struct uvecho e = {.req = req, .resp = resp};
+
+    for (int fd = 3; fd < 1024; fd++)
+      if (fd != sv[1])
+        close(fd);
+    pin(0, server_cpu);
+    e.in = calloc(1, req);
+    e.out = calloc(1, resp);
+    if (!e.in || !e.out || uv_loop_init(&loop) || uv_pipe_init(&loop, &e.pipe, 0) ||
+        uv_pipe_open(&e.pipe, sv[1]))
+      _exit(1);
+    e.pipe.data = &e;
+    uv_read_start((uv_stream_t *)&e.pipe, uvecho_alloc, uvecho_read);
+    uv_run(&loop, UV_RUN_DEFAULT);
     _exit(0);
   }
   close(sv[1]);
@@ -348,10 +414,12 @@ static void bench_small(kvs_client *c, const char *mode, double *raw_small,
     app_resp = KVS_FRAME_HEADER_SIZE + KVS_COMPACT_HDR + KVS_PACKED_RESULT_SIZE;
   }
 
-  raw rp, ra;
+  raw rp, ra, ru;
   raw_start(&rp, ping_req, ping_resp);
   raw_start(&ra, app_req, app_resp);
-  series sraw_p = {0}, sd_p = {0}, sraw_a = {0}, sd_a = {0}, sm_p = {0};
+  raw_start_uv(&ru, ping_req, ping_resp);
+  series sraw_p = {0}, sd_p = {0}, sraw_a = {0}, sd_a = {0}, sm_p = {0},
+         su_p = {0};
   mini m;
   mini_start(&m);
   uint32_t bs = kvs_layout_of(c)->block_size;
@@ -368,6 +436,8 @@ static void bench_small(kvs_client *c, const char *mode, double *raw_small,
   for (int r = 0; r < rounds; r++) {
     for (int i = 0; i < per; i++)
       add(&sraw_p, raw_rtt(&rp));
+    for (int i = 0; i < per; i++)
+      add(&su_p, raw_rtt(&ru));
     for (int i = 0; i < per; i++) {
       double t0 = itest_now();
       CHECK_OK(c, kvs_ping(c, payload16, 16));
@@ -395,8 +465,9 @@ static void bench_small(kvs_client *c, const char *mode, double *raw_small,
   CHECK_OK(c, kvs_free(c, req));
   raw_stop(&rp);
   raw_stop(&ra);
+  raw_stop(&ru);
   mini_stop(&m);
-  double mmp = median(sm_p.v, sm_p.n);
+  double mmp = median(sm_p.v, sm_p.n), mup = median(su_p.v, su_p.n);
   double mrp = median(sraw_p.v, sraw_p.n), mdp = median(sd_p.v, sd_p.n);
   double mra = median(sraw_a.v, sraw_a.n), mda = median(sd_a.v, sd_a.n);
   printf("small op, %s, median round trip over %d samples each "
@@ -404,6 +475,9 @@ static void bench_small(kvs_client *c, const char *mode, double *raw_small,
          mode, sd_p.n);
   printf("  raw unix-socket ping-pong %3zu B / %3zu B   %7.2f us\n", ping_req,
          ping_resp, mrp);
+  printf("  the same bytes echoed by a libuv loop    %7.2f us   ratio %.2fx "
+         "(what the loop costs)\n",
+         mup, mup / mrp);
   printf("  Ping(16 B) to a minimal blocking server %7.2f us   ratio %.2fx "
          "(Envelopes, decoded and encoded by protobuf-c)\n",
          mmp, mmp / mrp);
@@ -421,6 +495,7 @@ static void bench_small(kvs_client *c, const char *mode, double *raw_small,
   free(sraw_a.v);
   free(sd_a.v);
   free(sm_p.v);
+  free(su_p.v);
 }
 
 /* A prefill step: NREQ x (lookup, allocate, commit, free) = 4 NREQ ops. */

@@ -13,6 +13,7 @@ $(CORE_BENCHES): $(BUILD)/%: $(BUILD)/%.o $(BUILD)/libkvscore.a
 
 # The replayer against a Python LRU simulation of the same trace.
 BENCHES += tests/bench/bench_replay.sh
+BENCHES += tests/bench/bench_call_instructions.sh
 BENCHES += tests/bench/bench_python.py
 BENCHES += tests/bench/bench_metrics.py
 BENCHES += tests/bench/bench_remote.py
