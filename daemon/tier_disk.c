@@ -318,8 +318,14 @@ static void on_poll(uv_poll_t *h, int status, int events) {
     if (k == 0)
       break;
     io_uring_cq_advance(&d->ring, k);
-    for (unsigned i = 0; i < k; i++)
+    for (unsigned i = 0; i < k; i++) {
       complete(d, batch[i], res[i]);
+      /* What the callbacks queued goes in now and then, not only at the
+       * end of the turn: checking a batch of big blocks takes a while, and
+       * the device would sit idle meanwhile. */
+      if ((i & 7) == 7 && d->unsubmitted)
+        flush(d);
+    }
     n += k;
   }
   if (n && d->waiting)

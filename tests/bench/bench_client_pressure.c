@@ -16,7 +16,15 @@
  * 2. Swap: a request of SWAP_BLOCKS blocks swapped out and back in through
  *    the daemon (host tier) against memcpy of the same bytes twice, and
  *    against two small round trips (Ping) + that memcpy.
+ * 3. A burst of demotion: on a pool of BURST_POOL blocks with a host tier
+ *    (alone, then over a disk tier), a worker allocates BURST_BLOCKS blocks
+ *    at once, taking the reserve of demoted blocks and more, so that the
+ *    daemon then has hundreds of blocks to copy down; another client times
+ *    Pings right after; the same Pings with nothing moving are the
+ *    baseline.  What that work costs a client that arrives meanwhile: the
+ *    Pings' p99 and worst round trips, as ratios to the quiet ones.
  *
+ * `bench_client_pressure burst` runs 3 alone.
  * KVS_BENCH_DIR: where the disk tier's file goes (default: the build
  * directory; not /tmp, which may be tmpfs).  KVS_BENCH_QUICK=1: fewer
  * cycles.
@@ -127,6 +135,118 @@ static void bench_alloc(const char *dir, int quick) {
   }
 }
 
+#define BURST_POOL "4096"
+#define BURST_BLOCKS 1024
+#define BURST_PINGS 400
+
+/* Waits (up to 60 s) until d's log says its host tier is faulted in: until
+ * then a first write into a host slot would zero its page on the way. */
+static void wait_faulted(const itest_daemon *d) {
+  for (int i = 0; i < 600; i++) {
+    char line[512];
+    FILE *f = fopen(d->log, "r");
+    int done = 0;
+
+    while (f && fgets(line, sizeof line, f))
+      done |= strstr(line, "faulted in,") != NULL;
+    if (f)
+      fclose(f);
+    if (done)
+      return;
+    usleep(100000);
+  }
+  fprintf(stderr, "bench_client_pressure: the host tier was not faulted in "
+          "after 60 s\n");
+  exit(1);
+}
+
+/* n Pings by c, timed, into v (µs). */
+static void pings(kvs_client *c, double *v, int n) {
+  for (int i = 0; i < n; i++) {
+    double t0 = itest_now();
+    CHECK_OK(c, kvs_ping(c, "burst", 5));
+    v[i] = (itest_now() - t0) * 1e6;
+  }
+}
+
+/* with_disk: a 64 MiB host tier over a 1 GiB disk tier; else a 1 GiB host
+ * tier alone. */
+static void bench_burst(const char *dir, int quick, int with_disk) {
+  char disk[512];
+  const char *opts[] = {"--pool-blocks", BURST_POOL, "--num-layers", "8",
+                        "--num-kv-heads", "8", "--head-dim", "16", "--dtype",
+                        "fp16", "--host-tier-bytes",
+                        with_disk ? "64M" : "1G", with_disk ? "--disk-tier"
+                                                            : NULL,
+                        disk, "--disk-tier-bytes", "1G", NULL};
+  const int bursts = quick ? 4 : 12;
+  double *quiet = calloc((size_t)bursts * BURST_PINGS, sizeof(double));
+  double *busy = calloc((size_t)bursts * BURST_PINGS, sizeof(double));
+  itest_daemon d;
+  kvs_tier_stats ts[2];
+  uint32_t nt;
+  uint64_t lost, demoted = 0;
+
+  CHECK(quiet && busy);
+  snprintf(disk, sizeof disk, "%s/bench-burst-%d", dir, (int)getpid());
+  itest_daemon_start(&d, opts);
+  wait_faulted(&d);
+  kvs_client *w = itest_connect(&d, "burst-worker");
+  kvs_client *p = itest_connect(&d, "burst-pinger");
+  const kvs_layout *l = kvs_layout_of(w);
+  uint32_t n = BURST_BLOCKS * l->block_size, *tok = malloc(n * 4);
+  kvs_lookup_result lr;
+  kvs_alloc_result ar;
+
+  CHECK(tok);
+  for (int b = 0; b < bursts; b++) {
+    uint64_t id = 1000 + (uint64_t)b;
+
+    for (uint32_t k = 0; k < n; k++)
+      tok[k] = (uint32_t)(id * 7919 + k);
+    /* Quiet first: wait until nothing moves, then the baseline Pings. */
+    for (int k = 0; k < 100; k++) {
+      usleep(10000);
+      CHECK_OK(p, kvs_ping(p, "x", 1));
+    }
+    pings(p, quiet + (size_t)b * BURST_PINGS, BURST_PINGS);
+    /* The Allocate takes the reserve (and more) at once: the daemon then
+     * copies a new reserve down, and the Pings arrive meanwhile. */
+    CHECK_OK(w, kvs_lookup(w, id, tok, n, NULL, 0, &lr));
+    CHECK_OK(w, kvs_allocate(w, id, n - lr.hit_tokens, &ar));
+    pings(p, busy + (size_t)b * BURST_PINGS, BURST_PINGS);
+    for (uint32_t i = 0; i < ar.num_blocks; i++)
+      memset(kvs_block_ptr(w, ar.blocks[i]), (int)(id + i), l->block_stride);
+    CHECK_OK(w, kvs_commit(w, id, 0, NULL, n, NULL, 0, NULL));
+    CHECK_OK(w, kvs_free(w, id));
+  }
+  CHECK_OK(w, kvs_tier_stats_get(w, ts, 2, &nt, &lost));
+  for (uint32_t i = 0; i < nt; i++)
+    demoted += ts[i].demotions;
+  free(tok);
+  kvs_close(w);
+  kvs_close(p);
+  itest_daemon_finish(&d, -1);
+  unlink(disk);
+  size_t m = (size_t)bursts * BURST_PINGS;
+  qsort(quiet, m, sizeof(double), cmp_double);
+  qsort(busy, m, sizeof(double), cmp_double);
+  printf("a burst of demotion (pool %s blocks of 64 KiB, %s; %d x %d "
+         "blocks allocated at once, %d Pings right after each; demoted %llu, "
+         "lost %llu):\n", BURST_POOL,
+         with_disk ? "host tier 64 MiB + disk tier 1 GiB" : "host tier 1 GiB",
+         bursts, BURST_BLOCKS, BURST_PINGS, (unsigned long long)demoted,
+         (unsigned long long)lost);
+  printf("  Ping after a burst: p50 %.1f us (%.2fx quiet), p99 %.1f us "
+         "(%.2fx), max %.0f us (%.2fx); quiet p99 %.1f us, max %.0f us\n",
+         pct(busy, m, 0.5), pct(busy, m, 0.5) / pct(quiet, m, 0.5),
+         pct(busy, m, 0.99), pct(busy, m, 0.99) / pct(quiet, m, 0.99),
+         busy[m - 1], busy[m - 1] / quiet[m - 1], pct(quiet, m, 0.99),
+         quiet[m - 1]);
+  free(quiet);
+  free(busy);
+}
+
 static void bench_swap(int quick) {
   const char *opts[] = {LAYOUT, "--host-tier-bytes", "64M", NULL};
   itest_daemon d;
@@ -188,12 +308,17 @@ static void bench_swap(int quick) {
   itest_daemon_finish(&d, -1);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
   const char *dir = getenv("KVS_BENCH_DIR");
   const char *build = getenv("KVS_BUILD");
   int quick = getenv("KVS_BENCH_QUICK") != NULL;
+  int burst_only = argc > 1 && strcmp(argv[1], "burst") == 0;
 
-  bench_alloc(dir ? dir : build ? build : ".", quick);
-  bench_swap(quick);
+  if (!burst_only) {
+    bench_alloc(dir ? dir : build ? build : ".", quick);
+    bench_swap(quick);
+  }
+  bench_burst(dir ? dir : build ? build : ".", quick, 0);
+  bench_burst(dir ? dir : build ? build : ".", quick, 1);
   return 0;
 }
