@@ -103,6 +103,9 @@ int kvs__record_result(Kvshare__Request__OpCase kind, const kvs_pres *p,
 /* compact.c: can req go as a compact frame (kvs_compact.h)?  And kvs__call
  * for one that can: the same results, as a Response in c->last's arena. */
 int kvs__compact_ok(const Kvshare__Request *req);
+/* KVS__COMPACT_TOO_BIG: the compact frame would be over max_frame; nothing
+ * was sent or dropped (kvs__call then sends an Envelope). */
+#define KVS__COMPACT_TOO_BIG 1
 int kvs__compact_call(kvs_client *c, Kvshare__Request *req,
                       Kvshare__Response **resp);
 

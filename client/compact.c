@@ -329,7 +329,8 @@ static int read_reply(kvs_client *c, const out *o, const uint8_t *pl,
     st->code = h.status;
     st->message = msg ? keep_str(c, msg, msg_n, &bad) : (char *)"";
     r->status = st;
-    if (o->h.kind != KVS_COMPACT_OP)
+    /* A refusal of the whole frame (any kind): its status alone. */
+    if (o->h.kind != KVS_COMPACT_OP || (h.count == 0 && h.words == 0))
       return bad ? KVS_ENOMEM : (h.count || h.words ? KVS_EPROTO : 0);
   }
   switch (o->h.kind) {
@@ -392,10 +393,12 @@ int kvs__compact_call(kvs_client *c, Kvshare__Request *req,
   describe(req, &o);
   o.h.seq = c->next_seq++;
   rc = encode(c, &o, &flen);
+  if (rc == KVS_ETOOBIG)
+    return KVS__COMPACT_TOO_BIG; /* nothing sent, nothing dropped: token
+                                    ids take 4 bytes each here, 1 to 5 as
+                                    varints, so the Envelope may fit */
   /* Only now may the previous reply go: the request may point into it. */
   kvs__drop_last(c);
-  if (rc == KVS_ETOOBIG)
-    return rc; /* nothing was sent: the connection is still usable */
   if (rc == 0)
     rc = kvs__roundtrip(c, flen, &frame, &rlen);
   if (rc == 0) {

@@ -188,8 +188,12 @@ int kvs__call(kvs_client *c, Kvshare__Request *req, Kvshare__Response **resp) {
     kvs__drop_last(c);
     return KVS_ECLOSED;
   }
-  if (c->compact && kvs__compact_ok(req))
-    return kvs__compact_call(c, req, resp);
+  if (c->compact && kvs__compact_ok(req)) {
+    int rc = kvs__compact_call(c, req, resp);
+
+    if (rc != KVS__COMPACT_TOO_BIG)
+      return rc;
+  }
   Kvshare__Envelope env = KVSHARE__ENVELOPE__INIT;
   env.seq = c->next_seq++;
   env.body_case = KVSHARE__ENVELOPE__BODY_REQUEST;

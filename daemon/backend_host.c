@@ -6,11 +6,7 @@
  * above that, so that a Batch of many copies does not stall every session.
  */
 #include <stdio.h>
-#include <errno.h>
 #include <stdlib.h>
-#include <sys/resource.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 #include <string.h>
 
 #include "daemon/backend.h"
@@ -60,38 +56,9 @@ typedef struct host_work {
   copy_job *j;
 } host_work;
 
-/*
- * A worker thread that copies runs below the loop's priority.  A copy of
- * megabytes keeps a core busy for milliseconds; on a machine with few
- * cores the loop thread, preempted meanwhile (waking a client preempts it),
- * would wait for a whole scheduler slice behind it before it answers the
- * next frame: 4-5 ms measured on two vCPUs.  Ten nice levels below, the
- * loop takes the core back as soon as it is runnable.  Linux's nice value
- * is per thread; this sets the calling worker's, once.
- */
-#define COPY_NICE 10
-
-static void below_the_loop(void) {
-  static __thread int done;
-  pid_t tid;
-  int cur;
-
-  if (done)
-    return;
-  done = 1;
-  tid = (pid_t)syscall(SYS_gettid);
-  errno = 0;
-  cur = getpriority(PRIO_PROCESS, (id_t)tid);
-  if (cur == -1 && errno != 0)
-    return;
-  (void)setpriority(PRIO_PROCESS, (id_t)tid,
-                    cur + COPY_NICE > 19 ? 19 : cur + COPY_NICE);
-}
-
 static void on_work(uv_work_t *req) {
   host_work *w = (host_work *)req;
 
-  below_the_loop();
   copy_blocks(w->b, w->j);
 }
 

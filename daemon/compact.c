@@ -51,7 +51,6 @@ int compact_parse(const sess *c, const uint8_t *payload, size_t len,
     snprintf(what, sizeof(what), "unknown kind %u", (unsigned)h.kind);
     return fail(resp, a, KVS_EPROTO, what, len);
   }
-  in->kind = h.kind;
   if (memcmp(payload + 9, zero, 3) || memcmp(payload + 20, zero, 4))
     return fail(resp, a, KVS_EPROTO, "reserved header bytes are not zero",
                 len);
@@ -64,6 +63,7 @@ int compact_parse(const sess *c, const uint8_t *payload, size_t len,
     return fail(resp, a, KVS_EPROTO, what, len);
   }
   if (h.kind == KVS_COMPACT_PING) {
+    in->kind = h.kind;
     /* (the bytes stay in the frame: a Ping is answered before the frame's
      * buffer is touched again, never held) */
     kvshare__ping__init(&in->m.ping);
@@ -77,6 +77,7 @@ int compact_parse(const sess *c, const uint8_t *payload, size_t len,
     snprintf(what, sizeof(what), "one op holds %u records", h.count);
     return fail(resp, a, KVS_EPROTO, what, len);
   }
+  in->kind = h.kind; /* (it adds up: answered in its kind's shape) */
   if (h.count > c->srv->cfg->max_batch_ops) {
     disp_status(resp, a, KVS_ELIMIT, "batch of %u ops is over "
                 "max_batch_ops (%u); none ran", h.count,
@@ -137,8 +138,10 @@ static int answered(uint8_t kind, const Kvshare__Response *r) {
   case KVS_COMPACT_BATCH:
     return r->result_case == KVSHARE__RESPONSE__RESULT_PACKED_BATCH &&
            r->packed_batch && status_of(r) == 0;
-  default:
+  case KVS_COMPACT_OP:
     return 1; /* one op: its record carries its status, whatever it is */
+  default:
+    return 0; /* COMPACT_REFUSAL: a frame that did not add up */
   }
 }
 

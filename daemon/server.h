@@ -275,11 +275,15 @@ typedef struct compact_in {
     Kvshare__Ping ping;
   } m;
 } compact_in;
+/* The kind a compact frame that does not add up is answered as: the
+ * frame's status and message alone (kvs_compact.h). */
+#define COMPACT_REFUSAL 0xffu
 /* Reads the compact request at payload (len bytes) into *in, its arrays
  * pointing into the payload (which must stay put until the request is
  * handled), or copied into a where they are not 4-byte aligned.
  * 0: in->req is to be run.  Else a negative status, and resp's status says
- * why (in->seq and in->kind are set as far as they could be read). */
+ * why (in->seq is set when it could be read; in->kind only once the frame
+ * adds up, else 0: answer it as COMPACT_REFUSAL). */
 int compact_parse(const sess *c, const uint8_t *payload, size_t len,
                   compact_in *in, Kvshare__Response *resp, kvs__arena *a);
 /* The framed size of the compact reply of a kind-`kind` request, and its

@@ -712,7 +712,7 @@ static void handle_compact(sess *c, const uint8_t *payload, size_t len) {
 
   kvshare__response__init(&resp);
   rc = compact_parse(c, payload, len, &in, &resp, &s->arena);
-  c->compact = in.kind ? in.kind : KVS_COMPACT_OP;
+  c->compact = in.kind ? in.kind : COMPACT_REFUSAL;
   if (rc == 0) {
     handle_request(c, in.seq, &in.req);
     return;
@@ -743,12 +743,12 @@ static void handle_frame(sess *c, unsigned flags, const uint8_t *payload,
   s->frames_in++;
   c->compact = 0;
   if (flags & KVS_FRAME_COMPACT) {
-    s->compact_frames++;
     if (!c->handshaken) {
       protocol_error(c, 0, 1, KVS_EPROTO, "a compact frame before the "
                      "handshake; expected Hello");
       return;
     }
+    s->compact_frames++;
     handle_compact(c, payload, len);
     kvs__arena_reset(&s->arena);
     return;

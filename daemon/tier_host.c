@@ -7,35 +7,9 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/resource.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include "daemon/backend.h"
 #include "kvs_status.h"
-
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
-#endif
-#define FAULT_CHUNK ((size_t)64 << 20)
-
-/* The faulting thread: the whole mapping, a chunk at a time, at nice 19
- * (a thread's own on Linux), stopping early when asked.  A kernel without
- * MADV_POPULATE_WRITE leaves the pages to be faulted as they are written. */
-static void *fault_in(void *arg) {
-  tier_host *h = arg;
-
-  (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19);
-  for (size_t off = 0; off < h->bytes; off += FAULT_CHUNK) {
-    size_t n = h->bytes - off < FAULT_CHUNK ? h->bytes - off : FAULT_CHUNK;
-
-    if (atomic_load_explicit(&h->stop, memory_order_relaxed) ||
-        madvise(h->base + off, n, MADV_POPULATE_WRITE) != 0)
-      break;
-    atomic_store_explicit(&h->faulted, off + n, memory_order_relaxed);
-  }
-  return NULL;
-}
 
 int tier_host_open(tier_host *h, backend *pool, uint64_t bytes,
                    uint64_t block_bytes, char *err, size_t err_len) {
@@ -70,20 +44,13 @@ int tier_host_open(tier_host *h, backend *pool, uint64_t bytes,
       return rc;
     }
     h->pinned_by = pool;
-    return 0; /* (pinning faulted every page in) */
   }
-  h->faulting = pthread_create(&h->faulter, NULL, fault_in, h) == 0;
   return 0;
 }
 
 void tier_host_close(tier_host *h) {
   if (!h->base)
     return;
-  if (h->faulting) {
-    atomic_store_explicit(&h->stop, 1, memory_order_relaxed);
-    pthread_join(h->faulter, NULL);
-    h->faulting = 0;
-  }
   if (h->pinned_by)
     h->pinned_by->ops->host_unregister(h->pinned_by, h->base);
   munmap(h->base, h->bytes);

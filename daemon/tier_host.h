@@ -3,18 +3,10 @@
  * anonymous mapping of the daemon's, pinned (registered with the CUDA
  * driver) when the pool is on a GPU so the copy engine's copies stay
  * asynchronous.  The core keeps the books; this only owns the bytes.
- *
- * Unpinned, the mapping is faulted in by a thread of its own, at the
- * lowest priority, from the start (MADV_POPULATE_WRITE, which never touches
- * the contents): a page first written by a copy on the loop would
- * otherwise be zeroed there, and a batch of them stalled the loop for
- * milliseconds.
  */
 #ifndef KVS_DAEMON_TIER_HOST_H
 #define KVS_DAEMON_TIER_HOST_H
 
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -26,23 +18,13 @@ typedef struct tier_host {
   uint64_t slot_bytes;
   uint32_t nslots;
   backend *pinned_by; /* the backend that registered it, or NULL */
-  pthread_t faulter;  /* faults the mapping in (when faulting) */
-  int faulting;
-  _Atomic int stop;
-  _Atomic size_t faulted; /* bytes faulted in so far */
 } tier_host;
 
 /* As many slots of block_bytes as fit in bytes.  0, or a negative status
  * with a reason in err. */
 int tier_host_open(tier_host *h, backend *pool, uint64_t bytes,
                    uint64_t block_bytes, char *err, size_t err_len);
-/* Stops the faulting thread (it stops within one chunk), unpins, unmaps. */
 void tier_host_close(tier_host *h);
-/* Bytes of the mapping faulted in so far (all of it when pinned). */
-static inline size_t tier_host_faulted(tier_host *h) {
-  return h->pinned_by ? h->bytes
-                      : atomic_load_explicit(&h->faulted, memory_order_relaxed);
-}
 
 static inline void *tier_host_slot(const tier_host *h, uint32_t s) {
   return h->base + (size_t)s * h->slot_bytes;

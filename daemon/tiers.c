@@ -28,8 +28,6 @@ struct tiers {
   uv_timer_t tick;
   uv_check_t kick;    /* a plan at the end of a loop turn that had frames */
   int stopped, kicked;
-  int faulted_said;   /* the host tier's "faulted in" line is logged */
-  uint64_t opened_ms;
   int handles;        /* uv handles left to close (tiers_close) */
   uint32_t moves, promos, swaps; /* in flight */
   tier_swap *waiting, **waiting_tail; /* swaps waiting for staging buffers */
@@ -195,13 +193,6 @@ static void on_tick(uv_timer_t *h) {
   uint32_t room = MOVES_MAX - t->moves, n;
   mbatch *b;
 
-  if (!t->faulted_said && t->host.faulting &&
-      tier_host_faulted(&t->host) == t->host.bytes) {
-    t->faulted_said = 1;
-    log_info(0, "host tier: all %llu MiB faulted in, %.1f s after start",
-             (unsigned long long)(t->host.bytes >> 20),
-             (double)(uv_now(t->loop) - t->opened_ms) / 1000.0);
-  }
   if (t->stopped || t->moves >= MOVES_MAX)
     return;
   if (t->disk && tier_disk_bufs_free(t->disk) / 2 < room)
@@ -684,7 +675,6 @@ int tiers_open(uv_loop_t *loop, const cfg *c, core *cr, backend *pool,
     }
   }
   t->waiting_tail = &t->waiting;
-  t->opened_ms = uv_now(loop);
   uv_timer_init(loop, &t->tick);
   uv_check_init(loop, &t->kick);
   t->tick.data = t->kick.data = t;
@@ -692,9 +682,7 @@ int tiers_open(uv_loop_t *loop, const cfg *c, core *cr, backend *pool,
   if (t->host.base)
     log_info(0, "host tier: %u blocks, %llu MiB%s", t->host.nslots,
              (unsigned long long)(t->host.bytes >> 20),
-             t->host.pinned_by  ? ", pinned"
-             : t->host.faulting ? ", faulted in by a background thread"
-                                : "");
+             t->host.pinned_by ? ", pinned" : "");
   if (t->disk)
     log_info(0, "disk tier: %s, %u slots, %s, %s", c->disk_tier,
              tier_disk_slots(t->disk),

@@ -27,8 +27,10 @@
  * Reply payload:
  *    0  u64  seq      the request's (0 when it could not be read)
  *    8  i32  status   the frame's: 0, or why nothing ran (a malformed
- *                     frame, a batch over the limits, a reply too big); for
- *                     KVS_COMPACT_OP, the op's status
+ *                     frame, a batch over the limits, a reply too big; then
+ *                     count and words are 0, and the message is filed under
+ *                     KVS_COMPACT_FRAME_MSG); for KVS_COMPACT_OP, the op's
+ *                     status, in its record too
  *   12  u32  count    result records, or ping bytes
  *   16  u32  words    u32 words of data after the records
  *   20  u32  nmsg     messages after the data

@@ -139,27 +139,6 @@ static void bench_alloc(const char *dir, int quick) {
 #define BURST_BLOCKS 1024
 #define BURST_PINGS 400
 
-/* Waits (up to 60 s) until d's log says its host tier is faulted in: until
- * then a first write into a host slot would zero its page on the way. */
-static void wait_faulted(const itest_daemon *d) {
-  for (int i = 0; i < 600; i++) {
-    char line[512];
-    FILE *f = fopen(d->log, "r");
-    int done = 0;
-
-    while (f && fgets(line, sizeof line, f))
-      done |= strstr(line, "faulted in,") != NULL;
-    if (f)
-      fclose(f);
-    if (done)
-      return;
-    usleep(100000);
-  }
-  fprintf(stderr, "bench_client_pressure: the host tier was not faulted in "
-          "after 60 s\n");
-  exit(1);
-}
-
 /* n Pings by c, timed, into v (µs). */
 static void pings(kvs_client *c, double *v, int n) {
   for (int i = 0; i < n; i++) {
@@ -190,7 +169,6 @@ static void bench_burst(const char *dir, int quick, int with_disk) {
   CHECK(quiet && busy);
   snprintf(disk, sizeof disk, "%s/bench-burst-%d", dir, (int)getpid());
   itest_daemon_start(&d, opts);
-  wait_faulted(&d);
   kvs_client *w = itest_connect(&d, "burst-worker");
   kvs_client *p = itest_connect(&d, "burst-pinger");
   const kvs_layout *l = kvs_layout_of(w);

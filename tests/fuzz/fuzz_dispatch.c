@@ -436,7 +436,7 @@ static void one_compact(sess *c, const uint8_t *payload, size_t len) {
   n_compact++;
   kvshare__response__init(&resp);
   rc = compact_parse(c, payload, len, &in, &resp, a);
-  c->compact = in.kind ? in.kind : KVS_COMPACT_OP;
+  c->compact = in.kind ? in.kind : COMPACT_REFUSAL;
   if (rc < 0) {
     n_compact_refused++;
     if (!resp.status || resp.status->code != rc || !resp.status->message ||

@@ -83,13 +83,17 @@ static void send_compact(int fd, const uint8_t *p, size_t n) {
 }
 
 /* The next frame must be a compact reply with this seq and status, whose
- * lengths add up, with a message when the status is an error. */
-static void expect_compact(int fd, uint64_t seq, int code, const char *what) {
+ * lengths add up, with a message when the status is an error; whole: a
+ * refusal of the whole frame (no record, the message filed under
+ * KVS_COMPACT_FRAME_MSG), else one op's record (its message under op 0). */
+static void expect_compact(int fd, uint64_t seq, int code, int whole,
+                           const char *what) {
   uint8_t hdr[KVS_FRAME_HEADER_SIZE], *p;
   kvs_frame_header fh;
   kvs_compact_rep h;
   size_t off;
   char msg[KVS_COMPACT_MSG_MAX + 1] = "";
+  uint32_t msg_op = 0;
 
   CHECK(itest_raw_read(fd, hdr, sizeof hdr) == 0);
   CHECK(kvs_frame_header_decode(hdr, KVS_FRAME_MAX_DEFAULT, &fh) == 0);
@@ -111,16 +115,19 @@ static void expect_compact(int fd, uint64_t seq, int code, const char *what) {
     if (i == 0) {
       memcpy(msg, p + off + 8, n);
       msg[n] = '\0';
+      msg_op = op;
     }
     off += kvs_compact_msg_size(n);
   }
   if (off != fh.length || h.seq != seq || h.status != code ||
-      (code < 0 && !msg[0])) {
-    fprintf(stderr, "%s: got seq %llu %s (%d) \"%s\" in %u bytes (%zu "
-            "counted), wanted seq %llu %s\n", what,
+      (code < 0 && !msg[0]) ||
+      (whole ? h.count || h.words || msg_op != KVS_COMPACT_FRAME_MSG
+             : h.count != 1 || msg_op != 0)) {
+    fprintf(stderr, "%s: got seq %llu %s (%d) \"%s\" (op %u) in %u bytes "
+            "(%zu counted; %u records), wanted seq %llu %s %s\n", what,
             (unsigned long long)h.seq, kvs_status_name(h.status), h.status,
-            msg, fh.length, off, (unsigned long long)seq,
-            kvs_status_name(code));
+            msg, msg_op, fh.length, off, h.count, (unsigned long long)seq,
+            kvs_status_name(code), whole ? "refusing the frame" : "in a record");
     exit(1);
   }
   printf("  %-40s -> %s: %s\n", what, kvs_status_name(code), msg);
@@ -172,13 +179,13 @@ static void compact_cases(void) {
 
   memset(q, 0, sizeof q);
   send_compact(fd, q, 4);
-  expect_compact(fd, 0, KVS_EPROTO, "compact: 4 bytes (no header)");
+  expect_compact(fd, 0, KVS_EPROTO, 1, "compact: 4 bytes (no header)");
   compact_alive(fd, 100);
 
   h = (kvs_compact_req){101, 9, 0, 0};
   kvs_compact_req_put(q, &h);
   send_compact(fd, q, KVS_COMPACT_HDR);
-  expect_compact(fd, 101, KVS_EPROTO, "compact: unknown kind");
+  expect_compact(fd, 101, KVS_EPROTO, 1, "compact: unknown kind");
   compact_alive(fd, 102);
 
   memset(&o, 0, sizeof o);
@@ -187,37 +194,37 @@ static void compact_cases(void) {
   n = compact_op(q, 103, &o, NULL, 0);
   q[8 + 2] = 1; /* a reserved byte */
   send_compact(fd, q, n);
-  expect_compact(fd, 103, KVS_EPROTO, "compact: reserved bytes set");
+  expect_compact(fd, 103, KVS_EPROTO, 1, "compact: reserved bytes set");
 
   h = (kvs_compact_req){104, KVS_COMPACT_OP, 2, 0};
   kvs_compact_req_put(q, &h);
   kvs_pop_put(q + KVS_COMPACT_HDR, &o);
   kvs_pop_put(q + KVS_COMPACT_HDR + KVS_PACKED_OP_SIZE, &o);
   send_compact(fd, q, KVS_COMPACT_HDR + 2 * KVS_PACKED_OP_SIZE);
-  expect_compact(fd, 104, KVS_EPROTO, "compact: one op, two records");
+  expect_compact(fd, 104, KVS_EPROTO, 1, "compact: one op, two records");
 
   n = compact_op(q, 105, &o, NULL, 0);
   h = (kvs_compact_req){105, KVS_COMPACT_OP, 1, 5}; /* no data follows */
   kvs_compact_req_put(q, &h);
   send_compact(fd, q, n);
-  expect_compact(fd, 105, KVS_EPROTO, "compact: lengths do not add up");
+  expect_compact(fd, 105, KVS_EPROTO, 1, "compact: lengths do not add up");
 
   h = (kvs_compact_req){106, KVS_COMPACT_PING, 4, 1};
   kvs_compact_req_put(q, &h);
   send_compact(fd, q, KVS_COMPACT_HDR + 8);
-  expect_compact(fd, 106, KVS_EPROTO, "compact: a ping with data words");
+  expect_compact(fd, 106, KVS_EPROTO, 1, "compact: a ping with data words");
   compact_alive(fd, 107);
 
   /* Frames that add up, with ops the daemon refuses alone. */
   n = compact_op(q, 108, &o, NULL, 0);
   send_compact(fd, q, n);
-  expect_compact(fd, 108, KVS_ENOENT, "compact: free of an unknown id");
+  expect_compact(fd, 108, KVS_ENOENT, 0, "compact: free of an unknown id");
 
   memset(&o, 0, sizeof o);
   o.op = 8; /* Stats: not an op a record can carry */
   n = compact_op(q, 109, &o, NULL, 0);
   send_compact(fd, q, n);
-  expect_compact(fd, 109, KVS_EINVAL, "compact: an op with no record form");
+  expect_compact(fd, 109, KVS_EINVAL, 0, "compact: an op with no record form");
 
   memset(&o, 0, sizeof o);
   o.op = 1; /* Lookup, its tokens past the data */
@@ -226,7 +233,7 @@ static void compact_cases(void) {
   o.tok_n = 4;
   n = compact_op(q, 110, &o, toks, 4);
   send_compact(fd, q, n);
-  expect_compact(fd, 110, KVS_EINVAL, "compact: arrays outside the data");
+  expect_compact(fd, 110, KVS_EINVAL, 0, "compact: arrays outside the data");
   compact_alive(fd, 111);
 
   /* A batch over max_batch_ops (the daemon's default): none of it runs. */
@@ -245,7 +252,7 @@ static void compact_cases(void) {
       kvs_pop_put(b + KVS_COMPACT_HDR + (size_t)i * KVS_PACKED_OP_SIZE, &o);
     send_compact(fd, b, len);
     free(b);
-    expect_compact(fd, 112, KVS_ELIMIT, "compact: a batch over the limit");
+    expect_compact(fd, 112, KVS_ELIMIT, 1, "compact: a batch over the limit");
   }
   compact_alive(fd, 113);
   close(fd);

@@ -100,6 +100,20 @@ int main(void) {
   CHECK_OK(c, kvs_ping(c, "still", 5));
   kvs_batch_reset(b);
 
+  /* One call over the frame limit as a compact frame (4 bytes a token id)
+   * but not as an Envelope (1 byte each for ids below 128): sent as the
+   * Envelope, and it works. */
+  {
+    uint32_t small[1100];
+    kvs_lookup_result lr;
+
+    for (int i = 0; i < 1100; i++)
+      small[i] = (uint32_t)(i % 100);
+    CHECK_OK(c, kvs_lookup(c, 50, small, 1100, NULL, 0, &lr));
+    CHECK(lr.hit_tokens == 0);
+    CHECK_OK(c, kvs_free(c, 50));
+  }
+
   /* Results of the wrong kind; blocks straight into the next call. */
   kvs_batch_lookup(b, 1, tok, 40, NULL, 0);
   kvs_batch_allocate(b, 1, 40);

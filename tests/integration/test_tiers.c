@@ -265,50 +265,7 @@ static void test_kill_and_term(void) {
   unlink(disk);
 }
 
-/* Does d's log have a line with `what`?  Waits up to ms for it. */
-static int log_says(const itest_daemon *dm, const char *what, int ms) {
-  for (int waited = 0;; waited += 20) {
-    char line[512];
-    FILE *f = fopen(dm->log, "r");
-    int found = 0;
-
-    while (f && fgets(line, sizeof line, f))
-      found |= strstr(line, what) != NULL;
-    if (f)
-      fclose(f);
-    if (found || waited >= ms)
-      return found;
-    usleep(20000);
-  }
-}
-
-/* The host tier is faulted in by a thread of its own: a small one is all
- * in within seconds (and says so); a big one, stopped at once, still lets
- * the daemon stop cleanly (the thread stops within a chunk). */
-static void test_faulting(void) {
-  const char *small[] = {"--pool-blocks", "16", "--host-tier-bytes", "8M",
-                         NULL};
-  const char *big[] = {"--pool-blocks", "16", "--host-tier-bytes", "2G",
-                       NULL};
-  double t0;
-
-  itest_daemon_start(&d, small);
-  CHECK(log_says(&d, "faulted in by a background thread", 0));
-  CHECK(log_says(&d, "all 8 MiB faulted in", 10000));
-  itest_daemon_finish(&d, -1);
-
-  itest_daemon_start(&d, big);
-  CHECK(log_says(&d, "faulted in by a background thread", 0));
-  t0 = itest_now();
-  itest_daemon_finish(&d, -1); /* SIGTERM, exit 0, the pool check (a
-                                  thread that did not stop: the test's
-                                  timeout) */
-  fprintf(stderr, "faulting: 8 MiB in; 2 GiB stopped early, the daemon "
-          "gone %.0f ms after SIGTERM\n", (itest_now() - t0) * 1e3);
-}
-
 int main(void) {
-  test_faulting();
   test_fill_and_promote();
   test_faults();
   test_kill_and_term();
