@@ -85,6 +85,16 @@ int kvs__decode_frame(kvs_client *c, const uint8_t *frame, size_t flen,
 int kvs__roundtrip(kvs_client *c, size_t flen, const uint8_t **frame,
                    size_t *rlen);
 
+/* conn.c: the reply to the request sent as seq, in frame (an Envelope):
+ * checked and kept as kvs__call returns it (a transport or protocol error
+ * marks the client broken).  kvs__take_response keeps a reply already
+ * decoded (c->last = env, *resp its Response, its status's message in
+ * c->msg) and returns its status code. */
+int kvs__take_reply(kvs_client *c, const uint8_t *frame, size_t rlen,
+                    uint64_t seq, Kvshare__Response **resp);
+int kvs__take_response(kvs_client *c, Kvshare__Envelope *env,
+                       Kvshare__Response **resp);
+
 /* compact.c: does an op of this kind have a fixed-width record
  * (kvs_packed.h; a Lookup only without a salt)? */
 int kvs__op_has_record(Kvshare__Request__OpCase kind, size_t salt_len);

@@ -386,7 +386,6 @@ int kvs__compact_call(kvs_client *c, Kvshare__Request *req,
   const uint8_t *frame;
   size_t flen = 0, rlen;
   Kvshare__Envelope *env = NULL;
-  Kvshare__Status *st;
   out o;
   int rc;
 
@@ -401,35 +400,15 @@ int kvs__compact_call(kvs_client *c, Kvshare__Request *req,
   kvs__drop_last(c);
   if (rc == 0)
     rc = kvs__roundtrip(c, flen, &frame, &rlen);
-  if (rc == 0) {
-    if (frame[6] | frame[7]) {
-      rc = read_reply(c, &o, frame + KVS_FRAME_HEADER_SIZE,
-                      rlen - KVS_FRAME_HEADER_SIZE, &env);
-    } else {
-      /* An Envelope: the daemon refused the frame as a whole and is
-       * closing (its status says why). */
-      rc = kvs__decode_frame(c, frame, rlen, &env);
-      if (rc == 0) {
-        c->last = env;
-        st = env->body_case == KVSHARE__ENVELOPE__BODY_RESPONSE &&
-                     env->response
-                 ? env->response->status
-                 : NULL;
-        if (st && st->code < 0)
-          kvs__copy_str(c->msg, sizeof c->msg, st->message);
-        rc = st && st->code < 0 ? st->code : KVS_EPROTO;
-      }
-    }
-  }
+  if (rc == 0 && !kvs_frame_flags(frame)) /* an Envelope: the daemon refused
+                                             the frame as a whole */
+    return kvs__take_reply(c, frame, rlen, o.h.seq, resp);
+  if (rc == 0)
+    rc = read_reply(c, &o, frame + KVS_FRAME_HEADER_SIZE,
+                    rlen - KVS_FRAME_HEADER_SIZE, &env);
   if (rc) {
     c->broken = 1;
     return rc;
   }
-  c->last = env;
-  *resp = env->response;
-  st = env->response->status;
-  if (!st)
-    return 0;
-  kvs__copy_str(c->msg, sizeof c->msg, st->message);
-  return st->code;
+  return kvs__take_response(c, env, resp);
 }

@@ -127,7 +127,7 @@ int kvs__decode_frame(kvs_client *c, const uint8_t *frame, size_t flen,
                       Kvshare__Envelope **out) {
   size_t plen = flen - KVS_FRAME_HEADER_SIZE;
 
-  if (frame[6] | frame[7]) /* a compact frame where an Envelope was due */
+  if (kvs_frame_flags(frame)) /* a compact frame where an Envelope was due */
     return KVS_EPROTO;
   return kvs__arena_unpack(&c->arena, frame + KVS_FRAME_HEADER_SIZE, plen,
                            KVS_UNPACK_LIMIT(plen, c->max_batch_ops), NULL,
@@ -212,14 +212,32 @@ int kvs__call(kvs_client *c, Kvshare__Request *req, Kvshare__Response **resp) {
   rc = kvs__roundtrip(c, flen, &frame, &rlen);
   if (rc)
     return fail(c, rc);
+  return kvs__take_reply(c, frame, rlen, env.seq, resp);
+}
+
+int kvs__take_response(kvs_client *c, Kvshare__Envelope *env,
+                       Kvshare__Response **resp) {
+  Kvshare__Status *st = env->response->status;
+
+  c->last = env;
+  *resp = env->response;
+  if (!st)
+    return 0;
+  kvs__copy_str(c->msg, sizeof c->msg, st->message);
+  return st->code > 0 ? KVS_EPROTO : st->code;
+}
+
+int kvs__take_reply(kvs_client *c, const uint8_t *frame, size_t rlen,
+                    uint64_t seq, Kvshare__Response **resp) {
   Kvshare__Envelope *r = NULL;
-  rc = kvs__decode_frame(c, frame, rlen, &r);
+  int rc = kvs__decode_frame(c, frame, rlen, &r);
+
   if (rc)
     return fail(c, rc);
   c->last = r;
   if (r->body_case != KVSHARE__ENVELOPE__BODY_RESPONSE || !r->response)
     return fail(c, KVS_EPROTO);
-  if (r->seq != env.seq) {
+  if (r->seq != seq) {
     /* The daemon answers a frame it could not decode with seq 0 and an
      * error status; report that status. */
     Kvshare__Status *st = r->response->status;
@@ -229,12 +247,7 @@ int kvs__call(kvs_client *c, Kvshare__Request *req, Kvshare__Response **resp) {
     }
     return fail(c, KVS_EPROTO);
   }
-  *resp = r->response;
-  Kvshare__Status *st = r->response->status;
-  if (!st)
-    return 0;
-  kvs__copy_str(c->msg, sizeof c->msg, st->message);
-  return st->code > 0 ? KVS_EPROTO : st->code;
+  return kvs__take_response(c, r, resp);
 }
 
 /* Maps the host pool (one memfd).  On success the mapping owns the fd and

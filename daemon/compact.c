@@ -157,14 +157,12 @@ size_t compact_reply_size(uint8_t kind, const Kvshare__Response *r) {
   size_t n = KVS_FRAME_HEADER_SIZE + KVS_COMPACT_HDR, i;
   uint32_t m = msg_len(r->status);
 
-  if (kind == KVS_COMPACT_OP) /* the common case first */
-    return n + KVS_PACKED_RESULT_SIZE + 4 * op_blocks(r) +
-           (m ? kvs_compact_msg_size(m) : 0);
-  if (!answered(kind, r))
+  if (!answered(kind, r)) /* the frame's status and message alone */
     return n + (m ? kvs_compact_msg_size(m) : 0);
-  if (kind == KVS_COMPACT_PING)
+  switch (kind) {
+  case KVS_COMPACT_PING:
     return n + r->pong.len;
-  if (kind == KVS_COMPACT_BATCH) {
+  case KVS_COMPACT_BATCH: {
     const Kvshare__PackedBatchResult *pr = r->packed_batch;
 
     n += pr->results.len + pr->data.len;
@@ -173,8 +171,10 @@ size_t compact_reply_size(uint8_t kind, const Kvshare__Response *r) {
           (uint32_t)strnlen(pr->messages[i], KVS_COMPACT_MSG_MAX));
     return n;
   }
-  return n + KVS_PACKED_RESULT_SIZE + 4 * op_blocks(r) +
-         (m ? kvs_compact_msg_size(m) : 0);
+  default: /* one op: its record, its blocks, its message */
+    return n + KVS_PACKED_RESULT_SIZE + 4 * op_blocks(r) +
+           (m ? kvs_compact_msg_size(m) : 0);
+  }
 }
 
 /* One message entry at p; returns the byte after it. */
@@ -198,7 +198,7 @@ void compact_reply_encode(uint8_t kind, uint64_t seq,
 
   kvs_frame_header_encode_flags(out, (uint32_t)(len - KVS_FRAME_HEADER_SIZE),
                                 KVS_FRAME_COMPACT);
-  if (kind != KVS_COMPACT_OP && !answered(kind, r)) {
+  if (!answered(kind, r)) {
     if (h.status == 0) /* (never: a refusal has its status) */
       h.status = KVS_EPROTO;
     if (m) {

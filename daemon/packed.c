@@ -216,7 +216,7 @@ void disp_packed_batch(sess *c, const Kvshare__PackedBatch *pb,
   }
   for (i = 0; i < n; i++) {
     disp_pack_result(&rs[i], res->results.data + i * KVS_PACKED_RESULT_SIZE,
-                (uint32_t *)(void *)res->data.data, &nd);
+                     (uint32_t *)(void *)res->data.data, &nd);
     if (has_message(&rs[i])) {
       res->message_ops[res->n_message_ops++] = (uint32_t)i;
       res->messages[res->n_messages++] = rs[i].status->message;

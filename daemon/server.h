@@ -131,7 +131,8 @@ struct sess {
   struct sring *ring;
   int ring_cur;
   /* The frame being answered is a compact one (compact.c) of this kind
-   * (KVS_COMPACT_*), so its reply is compact too; 0: an Envelope.  Set
+   * (KVS_COMPACT_*, or COMPACT_REFUSAL when it did not add up), so its
+   * reply is compact too; 0: an Envelope.  Set
    * for each frame; a held reply (copies, promotion, swap) keeps it, since
    * no frame is read meanwhile. */
   uint8_t compact;

@@ -369,13 +369,19 @@ static void send_error(sess *c, uint64_t seq, int code, const char *what) {
   queue_bytes(c, w, 0);
 }
 
-/* A protocol error: count it, log it, reply; close when asked. */
-static void protocol_error(sess *c, uint64_t seq, int close, int code,
-                           const char *what) {
+/* A protocol error is counted and logged (closing: the session is). */
+static void note_protocol_error(sess *c, int close, int code,
+                                const char *what) {
   c->srv->protocol_errors++;
   log_warn(0, "session %llu (pid %d): %s: %s%s", (unsigned long long)c->id,
            (int)c->pid, kvs_status_name(code), what,
            close ? "; closing" : "");
+}
+
+/* A protocol error: count it, log it, reply; close when asked. */
+static void protocol_error(sess *c, uint64_t seq, int close, int code,
+                           const char *what) {
+  note_protocol_error(c, close, code, what);
   send_error(c, seq, code, what);
   if (close)
     close_after_writes(c);
@@ -717,12 +723,10 @@ static void handle_compact(sess *c, const uint8_t *payload, size_t len) {
     handle_request(c, in.seq, &in.req);
     return;
   }
-  if (rc == KVS_EPROTO) {
-    s->protocol_errors++;
-    log_warn(0, "session %llu (pid %d): %s: %s", (unsigned long long)c->id,
-             (int)c->pid, kvs_status_name(rc),
-             resp.status && resp.status->message ? resp.status->message : "");
-  }
+  if (rc == KVS_EPROTO)
+    note_protocol_error(c, 0, rc, resp.status && resp.status->message
+                                      ? resp.status->message
+                                      : "");
   w = encode_reply(c, in.seq, &resp);
   if (!w) {
     close_now(c);
@@ -799,11 +803,6 @@ static void handle_frame(sess *c, unsigned flags, const uint8_t *payload,
   kvs__arena_reset(&s->arena);
 }
 
-/* The flags of a header kvs_frame_parse accepted. */
-static unsigned frame_flags(const uint8_t *hdr) {
-  return (unsigned)hdr[6] | (unsigned)hdr[7] << 8;
-}
-
 int sess_ring_ready(const sess *c) {
   /* reading: not paused by a held reply, nor by replies piling up unread
    * (a reply too big for the ring queues on the socket) */
@@ -831,7 +830,7 @@ void sess_ring_frame(sess *c, const uint8_t *frame, size_t len) {
     protocol_error(c, 0, 1, rc < 0 ? rc : KVS_EPROTO, what);
     return;
   }
-  handle_frame(c, frame_flags(frame), frame + KVS_FRAME_HEADER_SIZE,
+  handle_frame(c, kvs_frame_flags(frame), frame + KVS_FRAME_HEADER_SIZE,
                len - KVS_FRAME_HEADER_SIZE);
   tiers_kick(c->srv->tiers);
   /* Back-pressure, as for socket frames: replies too big for the ring
@@ -897,7 +896,7 @@ static void process_input(sess *c) {
       }
       break;
     }
-    handle_frame(c, frame_flags(c->rbuf + pos),
+    handle_frame(c, kvs_frame_flags(c->rbuf + pos),
                  c->rbuf + pos + KVS_FRAME_HEADER_SIZE,
                  flen - KVS_FRAME_HEADER_SIZE);
     tiers_kick(c->srv->tiers);

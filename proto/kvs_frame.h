@@ -67,6 +67,12 @@ void kvs_frame_header_encode_flags(uint8_t out[KVS_FRAME_HEADER_SIZE],
 int kvs_frame_header_decode(const uint8_t in[KVS_FRAME_HEADER_SIZE],
                             uint32_t max_frame, kvs_frame_header *h);
 
+/* The flags of a header that kvs_frame_header_decode (or kvs_frame_parse)
+ * accepted: 0, or KVS_FRAME_COMPACT. */
+static inline uint16_t kvs_frame_flags(const uint8_t hdr[KVS_FRAME_HEADER_SIZE]) {
+  return (uint16_t)(hdr[6] | hdr[7] << 8);
+}
+
 /*
  * Incremental parsing: looks at the `avail` bytes buffered at buf.
  * Returns 1 and sets *frame_len (header + payload) when a whole frame is

@@ -95,7 +95,10 @@ static int write_full(int fd, const uint8_t *p, size_t n) {
   return 0;
 }
 
-static void raw_start(raw *r, size_t req, size_t resp) {
+/* A raw echo process for requests of req bytes and replies of resp: in the
+ * child, returns its end of the socket pair (the caller serves it, then
+ * exits); in the parent, -1 (r->fd is its end). */
+static int raw_spawn(raw *r, size_t req, size_t resp) {
   int sv[2];
   CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
   r->req = req;
@@ -112,15 +115,24 @@ static void raw_start(raw *r, size_t req, size_t resp) {
       if (fd != sv[1])
         close(fd);
     pin(0, server_cpu);
-    /* The echo side does what a server minimally must: read the request,
-     * write the reply. */
-    while (read_full(sv[1], r->buf, req) == 0)
-      if (write_full(sv[1], r->buf, resp))
-        break;
-    _exit(0);
+    return sv[1];
   }
   close(sv[1]);
   r->fd = sv[0];
+  return -1;
+}
+
+static void raw_start(raw *r, size_t req, size_t resp) {
+  int fd = raw_spawn(r, req, resp);
+
+  if (fd < 0)
+    return;
+  /* The echo side does what a server minimally must: read the request,
+   * write the reply. */
+  while (read_full(fd, r->buf, req) == 0)
+    if (write_full(fd, r->buf, resp))
+      break;
+  _exit(0);
 }
 
 /* The same echo on a libuv loop (uv_read_start, uv_try_write), as kvshared
@@ -157,35 +169,21 @@ static void uvecho_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
 }
 
 static void raw_start_uv(raw *r, size_t req, size_t resp) {
-  int sv[2];
-  CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
-  r->req = req;
-  r->resp = resp;
-  r->buf = calloc(1, req > resp ? req : resp);
-  CHECK(r->buf);
-  fflush(NULL);
-  r->pid = fork();
-  CHECK(r->pid >= 0);
-  if (r->pid == 0) {
-    uv_loop_t loop;
-    struct uvecho e = {.req = req, .resp = resp};
+  int fd = raw_spawn(r, req, resp);
+  uv_loop_t loop;
+  struct uvecho e = {.req = req, .resp = resp};
 
-    for (int fd = 3; fd < 1024; fd++)
-      if (fd != sv[1])
-        close(fd);
-    pin(0, server_cpu);
-    e.in = calloc(1, req);
-    e.out = calloc(1, resp);
-    if (!e.in || !e.out || uv_loop_init(&loop) || uv_pipe_init(&loop, &e.pipe, 0) ||
-        uv_pipe_open(&e.pipe, sv[1]))
-      _exit(1);
-    e.pipe.data = &e;
-    uv_read_start((uv_stream_t *)&e.pipe, uvecho_alloc, uvecho_read);
-    uv_run(&loop, UV_RUN_DEFAULT);
-    _exit(0);
-  }
-  close(sv[1]);
-  r->fd = sv[0];
+  if (fd < 0)
+    return;
+  e.in = calloc(1, req);
+  e.out = calloc(1, resp);
+  if (!e.in || !e.out || uv_loop_init(&loop) ||
+      uv_pipe_init(&loop, &e.pipe, 0) || uv_pipe_open(&e.pipe, fd))
+    _exit(1);
+  e.pipe.data = &e;
+  uv_read_start((uv_stream_t *)&e.pipe, uvecho_alloc, uvecho_read);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  _exit(0);
 }
 
 static double raw_rtt(raw *r) {

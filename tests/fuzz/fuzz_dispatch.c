@@ -304,12 +304,20 @@ static void one_frame(sess *c, const uint8_t *payload, size_t len) {
   kvs__arena_reset(a);
 }
 
-/* The bytes of a message entry: len, text; "" when absent. */
-static void check_msg(const uint8_t *m, uint32_t len, const char *want) {
+/* The message entry at buf + *off must be filed under op `op` and carry
+ * `want` (cut to KVS_COMPACT_MSG_MAX; "" when NULL); *off passes it. */
+static void check_msg(const uint8_t *buf, size_t *off, uint32_t op,
+                      const char *want, const char *what) {
   size_t n = want ? strnlen(want, KVS_COMPACT_MSG_MAX) : 0;
+  uint32_t msg_op, len;
 
-  if (len != n || (n && memcmp(m, want, n) != 0))
-    die("a compact reply's message differs from the Response's", NULL);
+  memcpy(&msg_op, buf + *off, 4);
+  memcpy(&len, buf + *off + 4, 4);
+  if (msg_op != op)
+    die(what, "a message filed under another op");
+  if (len != n || (n && memcmp(buf + *off + 8, want, n) != 0))
+    die(what, "a message that differs from the Response's");
+  *off += kvs_compact_msg_size(len);
 }
 
 /* The compact reply to a kind-`kind` request with this seq, read back
@@ -323,7 +331,6 @@ static void check_compact_reply(const sess *c, uint8_t kind, uint64_t seq,
   kvs_frame_header fh;
   kvs_compact_rep h;
   uint8_t *buf;
-  uint32_t msg_op, msg_n;
 
   if (req && len > disp_reply_bound(c, req, &mutates))
     die("a compact reply over disp_reply_bound", NULL);
@@ -358,14 +365,9 @@ static void check_compact_reply(const sess *c, uint8_t kind, uint64_t seq,
          memcmp(buf + off + pr->results.len, pr->data.data, pr->data.len) != 0))
       die("a compact batch reply differs from its PackedBatchResult", NULL);
     off += pr->results.len + pr->data.len;
-    for (i = 0; i < h.nmsg; i++) {
-      memcpy(&msg_op, buf + off, 4);
-      memcpy(&msg_n, buf + off + 4, 4);
-      if (msg_op != pr->message_ops[i])
-        die("a compact batch reply's message is filed under another op", NULL);
-      check_msg(buf + off + 8, msg_n, pr->messages[i]);
-      off += kvs_compact_msg_size(msg_n);
-    }
+    for (i = 0; i < h.nmsg; i++)
+      check_msg(buf, &off, pr->message_ops[i], pr->messages[i],
+                "a compact batch reply");
   } else if (kind == KVS_COMPACT_OP) {
     /* one record, its status the Response's; the blocks after it */
     kvs_pres p;
@@ -398,26 +400,14 @@ static void check_compact_reply(const sess *c, uint8_t kind, uint64_t seq,
     off += KVS_PACKED_RESULT_SIZE + nb * 4;
     if (h.nmsg != (msg && msg[0] ? 1u : 0u))
       die("a compact op reply's message count", NULL);
-    if (h.nmsg) {
-      memcpy(&msg_op, buf + off, 4);
-      memcpy(&msg_n, buf + off + 4, 4);
-      if (msg_op != 0)
-        die("a compact op reply's message is filed under another op", NULL);
-      check_msg(buf + off + 8, msg_n, msg);
-      off += kvs_compact_msg_size(msg_n);
-    }
+    if (h.nmsg)
+      check_msg(buf, &off, 0, msg, "a compact op reply");
   } else { /* refused as a whole: its status and message alone */
     if (code >= 0 || h.status != code || h.count || h.words ||
         h.nmsg != (msg && msg[0] ? 1u : 0u))
       die("a compact refusal's status", NULL);
-    if (h.nmsg) {
-      memcpy(&msg_op, buf + off, 4);
-      memcpy(&msg_n, buf + off + 4, 4);
-      if (msg_op != KVS_COMPACT_FRAME_MSG)
-        die("a compact refusal's message is not the frame's", NULL);
-      check_msg(buf + off + 8, msg_n, msg);
-      off += kvs_compact_msg_size(msg_n);
-    }
+    if (h.nmsg)
+      check_msg(buf, &off, KVS_COMPACT_FRAME_MSG, msg, "a compact refusal");
   }
   if (off != len)
     die("a compact reply's length does not add up", NULL);
@@ -480,7 +470,7 @@ static void stream(sess *c, const uint8_t *p, size_t n) {
 
     if (rc <= 0)
       return;
-    if (p[6] & KVS_FRAME_COMPACT)
+    if (kvs_frame_flags(p) & KVS_FRAME_COMPACT)
       one_compact(c, p + KVS_FRAME_HEADER_SIZE, flen - KVS_FRAME_HEADER_SIZE);
     else
       one_frame(c, p + KVS_FRAME_HEADER_SIZE, flen - KVS_FRAME_HEADER_SIZE);
