@@ -13,7 +13,10 @@
  *    of a file of SCAN_SLOTS slots written, the file closed and reopened,
  *    every header read and checked (tier_disk_scan).  A time, no target.
  *
- * `bench_tiers scan` runs 3 alone.
+ * `bench_tiers scan` runs 3 alone; `bench_tiers disk [KIB ...]` runs 1
+ * alone, at the block sizes named (default 64 128 256 512), with
+ * KVS_BENCH_REPS pairs (default 9) over a file of KVS_BENCH_FILE_MB MiB
+ * (default 512).
  * KVS_BENCH_DIR: where the test file goes (default: the build directory;
  * not /tmp, which may be tmpfs, where O_DIRECT is refused).  Skips (77)
  * without fio.  Prints ratios; the times are for orientation only.
@@ -30,8 +33,9 @@
 #include "kvs_status.h"
 
 #define QD 32
-#define REPS 5 /* interleaved tier / fio pairs per block size */
-#define FILE_MB 256
+
+static int reps = 9;         /* interleaved tier / fio pairs a block size */
+static uint64_t file_mb = 512;
 
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
@@ -119,23 +123,23 @@ static double fio_bw(const char *path, uint64_t bs, uint64_t size,
   return bw;
 }
 
-static void bench_disk(const char *dir) {
-  static const uint64_t sizes[] = {64 << 10, 128 << 10, 256 << 10, 512 << 10};
+static void bench_disk(const char *dir, const uint64_t *sizes, size_t nsizes) {
   char path[512], err[256];
 
   snprintf(path, sizeof path, "%s/bench-tier-%d", dir, (int)getpid());
   printf("disk tier vs fio (io_uring, O_DIRECT, same file and request size, "
-         "iodepth %d, %d MiB file)\n", QD, FILE_MB);
+         "iodepth %d, %llu MiB file, %d pairs)\n", QD,
+         (unsigned long long)file_mb, reps);
   printf("  %-8s %-6s %10s %10s %7s\n", "block", "op", "tier MB/s",
          "fio MB/s", "median ratio of pairs");
-  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+  for (size_t i = 0; i < nsizes; i++) {
     uv_loop_t loop;
     tier_disk *d;
     uint64_t slot = 4096 + sizes[i];
     tier_disk_stamp stamp = {16, 1, 1, 1, 0, {0, 0}};
 
     uv_loop_init(&loop);
-    if (tier_disk_open(&loop, path, (uint64_t)FILE_MB << 20, sizes[i],
+    if (tier_disk_open(&loop, path, file_mb << 20, sizes[i],
                        &stamp, QD, NULL, &d, err, sizeof err) < 0) {
       fprintf(stderr, "bench_tiers: %s\n", err);
       exit(1);
@@ -145,33 +149,45 @@ static void bench_disk(const char *dir) {
              dir);
     uint64_t bytes = (uint64_t)tier_disk_slots(d) * sizes[i];
     /* Interleaved: the tier writes every slot and reads it back (checked),
-     * then fio writes and reads the same file, REPS times.  This disk
-     * drifts by tens of percent within a minute, so each pass's ratio is
-     * taken against the fio pass right after it, and the median of those
-     * is reported (with their range and the best of each side). */
-    double tt[2] = {1e9, 1e9}, ff[2] = {0, 0}, ratio[2][REPS];
+     * and fio writes and reads the same file, reps times, the tier first
+     * in even pairs and fio first in odd ones (so a disk that speeds up or
+     * slows down over the run favours neither).  This disk drifts by tens
+     * of percent within a minute, so each pass's ratio is taken against
+     * the fio pass beside it, and the median of those is reported (with
+     * their range and the best of each side). */
+    double tt[2] = {1e9, 1e9}, ff[2] = {0, 0}, *ratio[2];
     uint64_t fsize = (uint64_t)tier_disk_slots(d) * slot;
-    for (int rep = 0; rep < REPS; rep++) {
-      double t[2], f[2];
-      for (int w = 1; w >= 0; w--) {
-        t[w] = pass(&loop, d, w);
-        tt[w] = t[w] < tt[w] ? t[w] : tt[w];
+    ratio[0] = calloc((size_t)reps, sizeof(double));
+    ratio[1] = calloc((size_t)reps, sizeof(double));
+    for (int rep = 0; rep < reps; rep++) {
+      double t[2] = {1, 1}, f[2] = {0, 0};
+      for (int side = 0; side < 2; side++) {
+        if ((side ^ (rep & 1)) == 0) {
+          for (int w = 1; w >= 0; w--) {
+            t[w] = pass(&loop, d, w);
+            tt[w] = t[w] < tt[w] ? t[w] : tt[w];
+          }
+        } else {
+          for (int w = 1; w >= 0; w--) {
+            f[w] = fio_bw(path, slot, fsize, w);
+            ff[w] = f[w] > ff[w] ? f[w] : ff[w];
+          }
+        }
       }
-      for (int w = 1; w >= 0; w--) {
-        f[w] = fio_bw(path, slot, fsize, w);
-        ff[w] = f[w] > ff[w] ? f[w] : ff[w];
+      for (int w = 1; w >= 0; w--)
         ratio[w][rep] = f[w] > 0 ? (double)fsize / t[w] / f[w] : 0;
-      }
     }
     for (int w = 1; w >= 0; w--) {
       double tier = (double)fsize / tt[w];
-      qsort(ratio[w], REPS, sizeof(double), cmp_double);
+      qsort(ratio[w], (size_t)reps, sizeof(double), cmp_double);
       printf("  %-5lluKiB %-6s %10.0f %10.0f %6.2fx   (pairs: %.2f-%.2fx; "
              "%llu MiB of blocks)\n",
              (unsigned long long)(sizes[i] >> 10), w ? "write" : "read",
-             tier / 1e6, ff[w] / 1e6, ratio[w][REPS / 2], ratio[w][0],
-             ratio[w][REPS - 1], (unsigned long long)(bytes >> 20));
+             tier / 1e6, ff[w] / 1e6, ratio[w][reps / 2], ratio[w][0],
+             ratio[w][reps - 1], (unsigned long long)(bytes >> 20));
     }
+    free(ratio[0]);
+    free(ratio[1]);
     tier_disk_close(d);
     uv_run(&loop, UV_RUN_DEFAULT);
     uv_loop_close(&loop);
@@ -317,17 +333,40 @@ static void bench_host(void) {
 int main(int argc, char **argv) {
   const char *dir = getenv("KVS_BENCH_DIR");
   const char *build = getenv("KVS_BUILD");
+  const char *env_reps = getenv("KVS_BENCH_REPS");
+  const char *env_mb = getenv("KVS_BENCH_FILE_MB");
+  uint64_t sizes[8] = {64 << 10, 128 << 10, 256 << 10, 512 << 10};
+  size_t nsizes = 4;
+  int disk_only = argc > 1 && strcmp(argv[1], "disk") == 0;
 
+  dir = dir ? dir : build ? build : ".";
   if (argc > 1 && strcmp(argv[1], "scan") == 0) { /* the scan alone */
-    bench_scan(dir ? dir : build ? build : ".");
+    bench_scan(dir);
     return 0;
   }
-  bench_host();
-  bench_scan(dir ? dir : build ? build : ".");
+  if (env_reps && (reps = atoi(env_reps)) < 1)
+    reps = 1;
+  if (env_mb && (file_mb = strtoull(env_mb, NULL, 10)) < 16)
+    file_mb = 16;
+  if (disk_only && argc > 2) {
+    for (nsizes = 0; nsizes + 2 < (size_t)argc && nsizes < 8; nsizes++) {
+      long kib = atol(argv[nsizes + 2]);
+      if (kib < 4 || kib % 4) {
+        fprintf(stderr, "bench_tiers: a block size in KiB, a multiple of 4: "
+                "%s\n", argv[nsizes + 2]);
+        return 2;
+      }
+      sizes[nsizes] = (uint64_t)kib << 10;
+    }
+  }
+  if (!disk_only) {
+    bench_host();
+    bench_scan(dir);
+  }
   if (system("fio --version >/dev/null 2>&1") != 0) {
     printf("disk tier: skipped (no fio; apt-get install fio)\n");
     return 0;
   }
-  bench_disk(dir ? dir : build ? build : ".");
+  bench_disk(dir, sizes, nsizes);
   return 0;
 }
