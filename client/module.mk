@@ -58,7 +58,8 @@ all: $(CLIENT_DEPS)
 # (Target-specific, since tests/bench/ and tests/demo/ are shared folders.)
 MOD_CFLAGS_tests_integration_ := $(CLIENT_CFLAGS)
 ITEST_OBJ := $(BUILD)/tests/integration/itest.o
-ITEST_PROGS := $(filter-out $(BUILD)/tests/integration/test_gpu_pool,\
+ITEST_PROGS := $(filter-out $(BUILD)/tests/integration/test_gpu_pool \
+  $(BUILD)/tests/integration/test_gpu_tiers,\
   $(patsubst %.c,$(BUILD)/%,$(wildcard tests/integration/test_*.c)))
 ITEST_LINK = $(ITEST_OBJ) $(CLIENT_LINK) $(BUILD)/libkvsshm.a $(BUILD)/libkvsproto.a \
              $(PROTO_LIBS) \
@@ -87,11 +88,13 @@ $(BUILD)/tests/bench/bench_rtt.o: CPPFLAGS += $(call DEP_CFLAGS,libxxhash libuv)
 BENCHES += $(CLIENT_BENCHES)
 all: $(CLIENT_BENCHES)
 
-# test_gpu_pool and bench_gpu_pool link the client and gpu/ statically,
+# test_gpu_pool, test_gpu_tiers and bench_gpu_pool link the client and
+# gpu/ statically,
 # not libkvshare.so: they call gpu/vmm.c itself too (the GPU's free memory,
 # a create to time an import against), with one copy of the driver's state.
 # (The demo workers, on libkvshare.so, run the same cuda path in test_demo.)
 GPU_POOL_PROGS := $(BUILD)/tests/integration/test_gpu_pool \
+                  $(BUILD)/tests/integration/test_gpu_tiers \
                   $(BUILD)/tests/bench/bench_gpu_pool
 $(GPU_POOL_PROGS:%=%.o): | $(PROTO_GEN_H)
 $(GPU_POOL_PROGS:%=%.o): CPPFLAGS += $(CLIENT_CFLAGS)
@@ -102,7 +105,8 @@ $(GPU_POOL_PROGS): %: %.o $(ITEST_OBJ) $(CLIENT_LIB_OBJS) \
 	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(ITEST_OBJ) $(CLIENT_LIB_OBJS) \
 	  $(BUILD)/libkvsgpu.a $(BUILD)/libkvsshm.a $(BUILD)/libkvsproto.a \
 	  $(PROTO_LIBS) $(GPU_LIBS) -lm
-UNIT_TESTS += $(BUILD)/tests/integration/test_gpu_pool
+UNIT_TESTS += $(BUILD)/tests/integration/test_gpu_pool \
+              $(BUILD)/tests/integration/test_gpu_tiers
 BENCHES += $(BUILD)/tests/bench/bench_gpu_pool
 all: $(GPU_POOL_PROGS)
 

@@ -172,8 +172,8 @@ static const cfg_option options[] = {
      "A file or block device for a disk tier below the host tier (or below "
      "the pool when there is no host tier), read and written O_DIRECT "
      "through io_uring.  Its contents outlive the daemon only with "
-     "disk_tier_persist.  Needs disk_tier_bytes.  With the cuda backend it "
-     "needs a host tier too."},
+     "disk_tier_persist.  Needs disk_tier_bytes.  With the cuda backend its "
+     "staging buffers are pinned for the GPU's copies."},
     {"disk_tier_bytes", T_SIZE, F(disk_tier_bytes), 0, 1ull << 50, "0", NULL,
      "BYTES", "Tiers",
      "Size of the disk tier: each slot is a block plus a 4 KiB header "

@@ -514,6 +514,11 @@ void *tier_disk_buf_data(const tier_disk *d, uint32_t buf) {
   return buf_of(d, buf) + HDR_BYTES;
 }
 
+void tier_disk_bufs_region(const tier_disk *d, void **p, size_t *len) {
+  *p = d->bufs;
+  *len = (size_t)d->nbufs * d->slot_bytes;
+}
+
 void tier_disk_buf_put(tier_disk *d, uint32_t buf) {
   d->free_bufs[d->nfree++] = buf;
 }

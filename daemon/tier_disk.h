@@ -105,6 +105,8 @@ int tier_disk_buf_get(tier_disk *d, uint32_t *buf);
 void *tier_disk_buf_data(const tier_disk *d, uint32_t buf);
 void tier_disk_buf_put(tier_disk *d, uint32_t buf);
 uint32_t tier_disk_bufs_free(const tier_disk *d);
+/* The staging buffers' memory, all of it (to pin it for a GPU's copies). */
+void tier_disk_bufs_region(const tier_disk *d, void **p, size_t *len);
 
 typedef struct tier_disk_scan_stats {
   uint32_t slots, empty;   /* read; never written (all zero) */

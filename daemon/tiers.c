@@ -25,6 +25,7 @@ struct tiers {
   uint64_t stride;
   tier_host host;     /* base NULL: none */
   tier_disk *disk;    /* NULL: none */
+  void *pinned_bufs;  /* the disk tier's staging buffers, pinned by pool */
   uv_timer_t tick;
   uv_check_t kick;    /* a plan at the end of a loop turn that had frames */
   int stopped, kicked;
@@ -539,11 +540,6 @@ int tiers_slots(const cfg *c, const kvs_layout *l, const backend *pool,
     uint64_t slot = 4096 + (l->block_stride + 4095) / 4096 * 4096;
     uint64_t d = c->disk_tier_bytes / slot;
 
-    if (pool->ops->host_register && !h) {
-      snprintf(err, err_len, "a disk tier under a GPU pool needs a host tier "
-               "(host_tier_bytes) between them");
-      return KVS_EINVAL;
-    }
     if (d == 0 || d >= NONE / 2) {
       snprintf(err, err_len, "disk_tier_bytes %llu holds %llu slots of %llu "
                "bytes (a block and a 4 KiB header); want 1 .. 2^31",
@@ -625,6 +621,36 @@ static int restore_disk(tiers *t, const cfg *c, char *err, size_t err_len) {
   return 0;
 }
 
+/* On a GPU pool the disk tier's bytes go between the device and the
+ * staging buffers by DMA, from pinned memory (pageable memory would make
+ * the driver copy synchronously, on the loop). */
+static int pin_staging(tiers *t, char *err, size_t err_len) {
+  void *p;
+  size_t len;
+  int rc;
+
+  if (!t->pool->ops->host_register)
+    return 0;
+  tier_disk_bufs_region(t->disk, &p, &len);
+  rc = t->pool->ops->host_register(t->pool, p, len);
+  if (rc < 0) {
+    snprintf(err, err_len, "disk tier: pinning its %zu bytes of staging "
+             "buffers for the GPU's copies failed: %s", len,
+             kvs_strerror(rc));
+    tier_disk_close(t->disk); /* (its handles close on the loop) */
+    t->disk = NULL;
+    return rc;
+  }
+  t->pinned_bufs = p;
+  return 0;
+}
+
+static void unpin_staging(tiers *t) {
+  if (t->pinned_bufs)
+    t->pool->ops->host_unregister(t->pool, t->pinned_bufs);
+  t->pinned_bufs = NULL;
+}
+
 int tiers_open(uv_loop_t *loop, const cfg *c, core *cr, backend *pool,
                copy_engine *copy, tiers **out, char *err, size_t err_len) {
   tiers *t;
@@ -668,6 +694,8 @@ int tiers_open(uv_loop_t *loop, const cfg *c, core *cr, backend *pool,
         t->disk = NULL;
       }
     }
+    if (rc == 0)
+      rc = pin_staging(t, err, err_len);
     if (rc < 0) {
       tier_host_close(&t->host);
       free(t);
@@ -684,12 +712,13 @@ int tiers_open(uv_loop_t *loop, const cfg *c, core *cr, backend *pool,
              (unsigned long long)(t->host.bytes >> 20),
              t->host.pinned_by ? ", pinned" : "");
   if (t->disk)
-    log_info(0, "disk tier: %s, %u slots, %s, %s", c->disk_tier,
+    log_info(0, "disk tier: %s, %u slots, %s, %s%s", c->disk_tier,
              tier_disk_slots(t->disk),
              tier_disk_direct(t->disk) ? "O_DIRECT"
                                        : "buffered (no O_DIRECT here)",
              tier_disk_registered(t->disk) ? "registered buffers and file"
-                                           : "unregistered");
+                                           : "unregistered",
+             t->pinned_bufs ? ", staging buffers pinned" : "");
   *out = t;
   return 0;
 }
@@ -733,6 +762,7 @@ void tiers_close(tiers *t) {
       log_info(0, "disk tier %s: synced for the next start (%u slots in "
                "use)", t->cfg->disk_tier, cs[CORE_TIER_DISK].used);
   }
+  unpin_staging(t);
   tier_disk_close(t->disk);
   t->disk = NULL;
   t->handles = 2;

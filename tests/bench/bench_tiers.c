@@ -9,11 +9,20 @@
  *    pairs, the median of the pairs' ratios reported.  Target >= 0.9x.
  * 2. Host-tier copies (the copy engine's COPY_TO_HOST / COPY_FROM_HOST on
  *    the host pool) against memcpy of the same blocks.  Target >= 0.8x.
+ * 2b. On a GPU (the cuda pool): the same copy-engine jobs between device
+ *    blocks and pinned host memory (the host tier's case: cuMemHostRegister
+ *    and the engine's own stream) against raw pinned copies in the same
+ *    run: cuMemcpyDtoHAsync / HtoDAsync of the same blocks on a stream of
+ *    the bench's, and one contiguous cuMemcpy of the same bytes (the
+ *    ceiling).  Target >= 0.8x.  Without a GPU it says why and skips; on
+ *    the stand-in driver (KVS_CUDA_DRIVER) it runs, and its figures are the
+ *    stand-in's memcpy, which say nothing about a GPU.
  * 3. The start-up scan of a kept disk tier (disk_tier_persist): every slot
  *    of a file of SCAN_SLOTS slots written, the file closed and reopened,
  *    every header read and checked (tier_disk_scan).  A time, no target.
  *
- * `bench_tiers scan` runs 3 alone; `bench_tiers disk [KIB ...]` runs 1
+ * `bench_tiers scan` runs 3 alone, `bench_tiers gpu` 2b alone;
+ * `bench_tiers disk [KIB ...]` runs 1
  * alone, at the block sizes named (default 64 128 256 512), with
  * KVS_BENCH_REPS pairs (default 9) over a file of KVS_BENCH_FILE_MB MiB
  * (default 512).
@@ -30,6 +39,7 @@
 #include "daemon/backend.h"
 #include "daemon/copy.h"
 #include "daemon/tier_disk.h"
+#include "gpu/kvs_cuda_int.h"
 #include "kvs_status.h"
 
 #define QD 32
@@ -330,6 +340,119 @@ static void bench_host(void) {
   free(blocks);
 }
 
+/* 2b: n blocks of `tokens`-token blocks (128 KiB a token) between the
+ * cuda pool and pinned host memory, the engine against raw copies. */
+static void gpu_copies(uint32_t n, const char *tokens) {
+  cfg c;
+  kvs_layout l;
+  backend *b;
+  copy_engine e;
+  uv_loop_t loop;
+  CUstream s;
+  char err[256];
+
+  cfg_init(&c);
+  cfg_set(&c, "backend", "cuda", err, sizeof err);
+  cfg_set(&c, "pool_blocks", "512", err, sizeof err);
+  cfg_set(&c, "num_layers", "32", err, sizeof err);
+  cfg_set(&c, "num_kv_heads", "8", err, sizeof err);
+  cfg_set(&c, "head_dim", "128", err, sizeof err);
+  cfg_set(&c, "dtype", "fp16", err, sizeof err);
+  cfg_set(&c, "block_size", tokens, err, sizeof err);
+  cfg_set(&c, "socket", "/nonexistent/bench.sock", err, sizeof err);
+  if (cfg_finish(&c, err, sizeof err) < 0 ||
+      backend_open(&c, (l = c.layout, &l), &b, err, sizeof err) < 0) {
+    printf("device <-> host: skipped (%s)\n", err);
+    return;
+  }
+  uint64_t stride = l.block_stride, bytes = (uint64_t)n * stride;
+  uint8_t *host = aligned_alloc(4096, bytes);
+  void **ptrs = malloc(n * sizeof *ptrs);
+  uint32_t *blocks = malloc(n * sizeof *blocks);
+  CUdeviceptr base = (CUdeviceptr)(uintptr_t)b->base;
+  if (!host || !ptrs || !blocks ||
+      b->ops->host_register(b, host, bytes) < 0 ||
+      kvs__cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
+    fprintf(stderr, "bench_tiers: pinned memory or a stream\n");
+    exit(1);
+  }
+  for (uint32_t i = 0; i < n; i++) {
+    ptrs[i] = host + i * stride;
+    blocks[i] = (i * 7) % l.num_blocks; /* scattered, as in a pool */
+  }
+  memset(host, 1, bytes);
+  uv_loop_init(&loop);
+  copy_engine_init(&e, &loop, b);
+  printf("device <-> host, %s (%u blocks of %llu KiB, pinned host memory)\n",
+         b->desc, n, (unsigned long long)(stride >> 10));
+  for (int kind = 0; kind < 2; kind++) {
+    double best_e = 1e9, best_r = 1e9, best_c = 1e9;
+    CUresult r = CUDA_SUCCESS;
+    for (int rep = 0; rep < 7; rep++) {
+      copy_job j = {.kind = kind ? COPY_FROM_HOST : COPY_TO_HOST,
+                    .blocks = blocks, .host = ptrs, .n = n, .cb = on_copy};
+      double t0 = now();
+      copied = 0;
+      if (copy_submit(&e, &j) < 0) {
+        fprintf(stderr, "bench_tiers: copy_submit\n");
+        exit(1);
+      }
+      while (!copied)
+        uv_run(&loop, UV_RUN_ONCE);
+      double te = now() - t0;
+      if (j.status < 0) {
+        fprintf(stderr, "bench_tiers: the engine's copy failed\n");
+        exit(1);
+      }
+      t0 = now();
+      for (uint32_t i = 0; i < n && r == CUDA_SUCCESS; i++) {
+        CUdeviceptr d = base + blocks[i] * stride;
+        r = kind ? kvs__cu.cuMemcpyHtoDAsync(d, ptrs[i], stride, s)
+                 : kvs__cu.cuMemcpyDtoHAsync(ptrs[i], d, stride, s);
+      }
+      if (r == CUDA_SUCCESS)
+        r = kvs__cu.cuStreamSynchronize(s);
+      double tr = now() - t0;
+      t0 = now();
+      if (r == CUDA_SUCCESS)
+        r = kind ? kvs__cu.cuMemcpyHtoD(base, host, bytes)
+                 : kvs__cu.cuMemcpyDtoH(host, base, bytes);
+      double tc = now() - t0;
+      if (r != CUDA_SUCCESS) {
+        fprintf(stderr, "bench_tiers: a raw copy failed (%d)\n", (int)r);
+        exit(1);
+      }
+      best_e = te < best_e ? te : best_e;
+      best_r = tr < best_r ? tr : best_r;
+      best_c = tc < best_c ? tc : best_c;
+    }
+    printf("  %-14s engine %6.2f GB/s  raw per block %6.2f GB/s (%.2fx)  "
+           "one cuMemcpy %6.2f GB/s (%.2fx)\n",
+           kind ? "host -> device" : "device -> host", bytes / best_e / 1e9,
+           bytes / best_r / 1e9, best_r / best_e, bytes / best_c / 1e9,
+           best_c / best_e);
+  }
+  copy_engine_close(&e);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  uv_loop_close(&loop);
+  kvs__cu.cuStreamDestroy(s);
+  b->ops->host_unregister(b, host);
+  backend_close(b);
+  free(host);
+  free(ptrs);
+  free(blocks);
+}
+
+static void bench_gpu(void) {
+  const char *drv = getenv("KVS_CUDA_DRIVER");
+
+  if (drv && strstr(drv, "standin"))
+    printf("(on the stand-in driver %s: the figures below are memcpy on "
+           "the CPU and say nothing about a GPU)\n", drv);
+  gpu_copies(256, "1");  /* 128 KiB blocks, 32 MiB */
+  gpu_copies(64, "16");  /* 2 MiB blocks, 128 MiB */
+}
+
 int main(int argc, char **argv) {
   const char *dir = getenv("KVS_BENCH_DIR");
   const char *build = getenv("KVS_BUILD");
@@ -342,6 +465,10 @@ int main(int argc, char **argv) {
   dir = dir ? dir : build ? build : ".";
   if (argc > 1 && strcmp(argv[1], "scan") == 0) { /* the scan alone */
     bench_scan(dir);
+    return 0;
+  }
+  if (argc > 1 && strcmp(argv[1], "gpu") == 0) { /* device <-> host alone */
+    bench_gpu();
     return 0;
   }
   if (env_reps && (reps = atoi(env_reps)) < 1)
@@ -361,6 +488,7 @@ int main(int argc, char **argv) {
   }
   if (!disk_only) {
     bench_host();
+    bench_gpu();
     bench_scan(dir);
   }
   if (system("fio --version >/dev/null 2>&1") != 0) {

@@ -19,7 +19,8 @@ make BUILD=$src all $src/tests/bench/bench_attention_gpu \
   $src/tests/bench/bench_attention >/dev/null
 rm -rf "$out"
 progs=(kvshared kvshare tests/unit/test_gpu_cuda tests/unit/test_gpu_numpy
-       tests/integration/test_gpu_pool tests/demo/worker
+       tests/integration/test_gpu_pool tests/integration/test_gpu_tiers
+       tests/demo/worker tests/bench/bench_tiers
        tests/bench/bench_gpu_pool tests/bench/bench_attention_gpu
        tests/bench/bench_attention)
 for p in "${progs[@]}"; do

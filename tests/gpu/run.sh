@@ -7,10 +7,12 @@
 #      splits), under compute-sanitizer memcheck when it is there
 #   2. the cuda pool on the real driver: a daemon and 4 workers, K/V written
 #      by one, read, attended and copied by the others, every refusal, kill -9
-#      of workers with the GPU's free memory before and after (test_gpu_pool)
+#      of workers with the GPU's free memory before and after (test_gpu_pool);
+#      the host and disk tiers under the cuda pool (test_gpu_tiers)
 #   3. make demo's workload on the GPU pool (tests/demo.sh, backend auto)
 #   4. the benchmarks: the pool (bench_gpu_pool), GPU decode attention
-#      (bench_attention_gpu) and the CPU attention body (bench_attention)
+#      (bench_attention_gpu), the CPU attention body (bench_attention), and
+#      device <-> pinned host copies against raw cuMemcpy (bench_tiers gpu)
 set -u
 cd "$(dirname "$0")/../.."
 b=${1:-build-gpucarry}
@@ -39,6 +41,7 @@ if command -v compute-sanitizer >/dev/null; then
 fi
 step "2. the cuda pool on the real driver"
 check env KVS_GPU_POOL_REAL=1 "$b/tests/integration/test_gpu_pool"
+check env KVS_GPU_POOL_REAL=1 TMPDIR="$b" "$b/tests/integration/test_gpu_tiers"
 step "3. the demo on the GPU pool"
 check tests/demo.sh "$b"
 nvidia-smi --query-gpu=memory.used --format=csv
@@ -46,6 +49,7 @@ step "4. benchmarks"
 check "$b/tests/bench/bench_gpu_pool"
 check "$b/tests/bench/bench_attention_gpu" 20
 check "$b/tests/bench/bench_attention"
+check "$b/tests/bench/bench_tiers" gpu
 echo
 [ $fail = 0 ] && echo "gpu run: all passed" || echo "gpu run: FAILED"
 exit $fail

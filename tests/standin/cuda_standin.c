@@ -69,6 +69,11 @@
  *                            faults on the stream and loses the context)
  *   KVS_STANDIN_COPY_DELAY_MS  each async copy takes this long on its
  *                            stream (to hold one in flight in a test)
+ *   KVS_STANDIN_PINNED_ONLY  1: an async copy from or to host memory that
+ *                            is not registered is refused (a real driver
+ *                            copies it synchronously; a test that must
+ *                            prove every copy of a stream is asynchronous
+ *                            sets this)
  * A malformed value prints one line to stderr and makes cuInit fail.
  */
 #include <errno.h>
@@ -91,6 +96,7 @@
 
 pthread_mutex_t standin__lock = PTHREAD_MUTEX_INITIALIZER;
 unsigned standin__copy_delay_ms;
+int standin__pinned_only;
 pthread_cond_t standin__changed = PTHREAD_COND_INITIALIZER;
 __thread int standin__in_host_fn;
 
@@ -329,6 +335,12 @@ static CUresult config_locked(void) {
     }
     standin__copy_delay_ms = (unsigned)v;
   }
+  s = getenv("KVS_STANDIN_PINNED_ONLY");
+  if (s && strcmp(s, "0") && strcmp(s, "1")) {
+    say("KVS_STANDIN_PINNED_ONLY: '%s' is not 0 or 1", s);
+    return config_rc;
+  }
+  standin__pinned_only = s && !strcmp(s, "1");
   for (int i = 0; i < ndev; i++)
     devs[i].ctx.dev = i;
   return config_rc = CUDA_SUCCESS;

@@ -638,6 +638,14 @@ static CUresult copy_async(void *dst, const void *src, size_t bytes,
   if (!dst || !src || (dev_dst && !standin__dev_range(dst, bytes, 1)) ||
       (dev_src && !standin__dev_range(src, bytes, 0)))
     return CUDA_ERROR_INVALID_VALUE;
+  if (standin__pinned_only &&
+      ((!dev_src && !standin__host_registered(src, bytes)) ||
+       (!dev_dst && !standin__host_registered(dst, bytes)))) {
+    fprintf(stderr, "cuda stand-in: an async copy of %zu bytes %s pageable "
+            "host memory %p (KVS_STANDIN_PINNED_ONLY)\n", bytes,
+            dev_src ? "to" : "from", dev_src ? dst : (void *)(uintptr_t)src);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
   op = calloc(1, sizeof *op);
   if (!op)
     return CUDA_ERROR_OUT_OF_MEMORY;

@@ -88,6 +88,7 @@ CUresult standin__current(struct CUctx_st **ctx);
 int standin__fail(enum standin_fail f);
 /* KVS_STANDIN_COPY_DELAY_MS: how long each async copy takes. */
 extern unsigned standin__copy_delay_ms;
+extern int standin__pinned_only; /* KVS_STANDIN_PINNED_ONLY */
 
 /* Set by the stream threads around a host function (see standin__enter). */
 extern __thread int standin__in_host_fn;
