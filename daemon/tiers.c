@@ -464,9 +464,14 @@ static void swap_step(tier_swap *sw) {
   sw->fill.ok_out = sw->ok + sw->next;
   int rc = tiers_promote(t, &sw->fill, sw->p + sw->next, k);
   if (rc < 0) {
-    for (uint32_t i = sw->next; i < sw->next + k; i++)
+    /* Nothing of this chunk started (out of memory): the request ends
+     * before it, so the chunks after it are not worth trying either.  (It
+     * used to restart the same chunk, recursively, for ever.) */
+    for (uint32_t i = sw->next; i < sw->n; i++)
       sw->ok[i] = 0;
-    rc = 1;
+    sw->next = sw->n;
+    swap_end(sw);
+    return;
   }
   if (rc == 1) /* ended at once */
     on_swap_fill(&sw->fill);

@@ -298,11 +298,13 @@ int core_lookup_promote(core *c, core_req *r, const uint32_t *tokens,
 
 /*
  * The blocks of promos[0..n) are filled: ok[i] says whether block i got the
- * right bytes (ok NULL: none did, e.g. the copies could not start).  Good blocks before the first failure are indexed; the
+ * right bytes.  Good blocks before the first failure are indexed; the
  * request (NULL when it was freed meanwhile) keeps its table up to the
  * first failed promotion (its hit shrinks to there); a failed entry is
  * dropped from its tier (its bytes are bad or unreadable); every block is
- * unpinned.  Returns the request's hit_tokens after it.
+ * unpinned.  ok NULL: nothing was tried (the copies could not start): no
+ * block is kept, and every copy below stays where it is, not counted as a
+ * failure.  Returns the request's hit_tokens after it.
  */
 uint32_t core_promote_finish(core *c, core_req *r, const core_promo *promos,
                              uint32_t n, const int *ok);
@@ -333,7 +335,8 @@ uint32_t core_promote_finish(core *c, core_req *r, const core_promo *promos,
  *                   listed in promos to fill from their copies.  A block
  *                   whose copy went bad is not listed: the table ends
  *                   before it.
- *   core_swap_in_finish  filled (ok[i] each; NULL: none).  r keeps its table
+ *   core_swap_in_finish  filled (ok[i] each; NULL: none was tried, the
+ *                   copies below are not counted as failures).  r keeps its table
  *                   up to the first failure, its slots, written and sealed
  *                   cut there; sealed blocks brought up join the prefix
  *                   index; the copies below are let go.  Returns r's

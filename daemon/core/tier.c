@@ -339,9 +339,11 @@ uint32_t tier_fills_end(core *c, const core_promo *p, uint32_t n,
       c->tiers[p[i].tier].st.promotions++;
       tier_cold(c, p[i].entry, (int)p[i].tier);
     } else {
-      /* Its bytes there are bad or unreadable: never again. */
-      c->tiers[p[i].tier].st.failures++;
-      tier_forget(c, p[i].entry, (int)p[i].tier);
+      if (ok != NULL) { /* its bytes there are bad or unreadable: never
+                           again (ok NULL: nothing was tried; they stay) */
+        c->tiers[p[i].tier].st.failures++;
+        tier_forget(c, p[i].entry, (int)p[i].tier);
+      }
       if (bad == n)
         bad = i;
     }

@@ -713,6 +713,47 @@ static void test_no_promote(void **state) {
   check(c);
   core_req_free(c, r);
   check(c);
+
+  /* Copies that could not start (the daemon out of memory: ok NULL): the
+   * request keeps nothing, and the copies below are neither failures nor
+   * dropped: a later lookup promotes them.  (Another prompt, all of it
+   * below: the first one's chain now breaks at its dropped copy.) */
+  uint32_t t2[4 * BS + 1];
+  for (uint32_t i = 0; i < 4 * BS + 1; i++)
+    t2[i] = 5000 + i;
+  assert_int_equal(core_req_create(c, NULL, 0, &r), 0);
+  assert_int_equal(core_allocate(c, r, 4 * BS, &cow), 0);
+  assert_int_equal(core_commit(c, r, 0, t2, 4 * BS, NULL), 0);
+  core_req_free(c, r);
+  assert_int_equal(core_req_create(c, NULL, 0, &r), 0);
+  assert_int_equal(core_allocate(c, r, 8 * BS, &cow), 0);
+  core_req_free(c, r);
+  core_tier_get_stats(c, st);
+  uint32_t used = st[0].used;
+  assert_int_equal(core_req_create(c, NULL, 0, &r), 0);
+  assert_int_equal(core_lookup_promote(c, r, t2, 4 * BS + 1, 1, promos, MAXB,
+                                       &out), 0);
+  assert_int_equal(out.npromos, 4);
+  assert_int_equal(core_promote_finish(c, r, promos, 4, NULL), 0);
+  core_tier_get_stats(c, st);
+  assert_int_equal(st[0].failures, 1);
+  assert_int_equal(st[0].used, used);
+  check(c);
+  core_req_free(c, r);
+  assert_int_equal(core_req_create(c, NULL, 0, &r), 0);
+  assert_int_equal(core_lookup_promote(c, r, t2, 4 * BS + 1, 1, promos, MAXB,
+                                       &out), 0);
+  assert_int_equal(out.npromos, 4);
+  int all[MAXB];
+  for (uint32_t i = 0; i < out.npromos; i++)
+    all[i] = 1;
+  assert_int_equal(core_promote_finish(c, r, promos, out.npromos, all),
+                   4 * BS);
+  core_tier_get_stats(c, st);
+  assert_int_equal(st[0].failures, 1);
+  check(c);
+  core_req_free(c, r);
+  check(c);
   core_destroy(c);
 }
 
