@@ -36,6 +36,25 @@ int itest_wait(pid_t pid) {
   return 128 + WTERMSIG(st);
 }
 
+int itest_reap(pid_t pid, int allow_kill) {
+  int st;
+  while (waitpid(pid, &st, 0) < 0)
+    if (errno != EINTR) {
+      fprintf(stderr, "waitpid(%d): %s\n", (int)pid, strerror(errno));
+      exit(1);
+    }
+  if (WIFEXITED(st) && WEXITSTATUS(st) == 0)
+    return 0;
+  if (allow_kill && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL)
+    return 128 + SIGKILL;
+  if (WIFEXITED(st))
+    fprintf(stderr, "child %d exited with %d\n", (int)pid, WEXITSTATUS(st));
+  else
+    fprintf(stderr, "child %d died of signal %d (%s)\n", (int)pid,
+            WTERMSIG(st), strsignal(WTERMSIG(st)));
+  exit(1);
+}
+
 int itest_fd_count(pid_t pid) {
   char path[64];
   if (pid)
@@ -87,16 +106,20 @@ void itest_print_log(const itest_daemon *d) {
   fclose(f);
 }
 
-int itest_log_says(const itest_daemon *d, const char *what) {
+int itest_log_count(const itest_daemon *d, const char *what) {
   FILE *f = fopen(d->log, "r");
   if (!f)
     return 0;
   char line[512];
-  int found = 0;
-  while (!found && fgets(line, sizeof line, f))
-    found = strstr(line, what) != NULL;
+  int n = 0;
+  while (fgets(line, sizeof line, f))
+    n += strstr(line, what) != NULL;
   fclose(f);
-  return found;
+  return n;
+}
+
+int itest_log_says(const itest_daemon *d, const char *what) {
+  return itest_log_count(d, what) > 0;
 }
 
 /* A test that fails (exit from CHECK) must not leave its daemon running:
@@ -356,7 +379,8 @@ void itest_term_under_load(itest_daemon *d, pid_t worker) {
   st = itest_wait(d->pid);
   d->pid = 0;
   kill(worker, SIGKILL);
-  waitpid(worker, NULL, 0);
+  /* (It may have seen the daemon go and exited 0 before the kill.) */
+  itest_reap(worker, 1);
   if (st != 0)
     itest_print_log(d);
   CHECK(st == 0);

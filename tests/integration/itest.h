@@ -63,8 +63,10 @@ void itest_daemon_start(itest_daemon *d, const char *const *extra);
  * timeout. */
 int itest_daemon_try(itest_daemon *d, const char *const *extra);
 
-/* Does the daemon's log hold `what`?  Print it to stderr. */
+/* Does the daemon's log hold `what`?  How many of its lines do?  Print it
+ * to stderr. */
 int itest_log_says(const itest_daemon *d, const char *what);
+int itest_log_count(const itest_daemon *d, const char *what);
 void itest_print_log(const itest_daemon *d);
 
 /* Open fds of the daemon process, or of this process (pid 0). */
@@ -107,6 +109,11 @@ double itest_now(void);
 
 /* Waits for a child; returns its exit status (128+sig if killed). */
 int itest_wait(pid_t pid);
+
+/* Reaps a worker child (one whose CHECKs exit 1): it must have exited 0,
+ * or, with allow_kill, died of the test's SIGKILL; anything else (a failed
+ * CHECK, another signal) fails the test here.  Returns 0 or 128 + SIGKILL. */
+int itest_reap(pid_t pid, int allow_kill);
 
 /* Writes (check = 0), or counts the wrong bytes in (check = 1), pool block
  * b as the recognisable bytes of block blk of `key` (a prompt, a

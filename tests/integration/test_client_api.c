@@ -164,7 +164,7 @@ int main(void) {
   uint32_t b0 = ar.blocks[0];
   memset(kvs_block_ptr(c, b0), 0x77, 64);
   kill(d.pid, SIGKILL);
-  itest_wait(d.pid);
+  CHECK(itest_reap(d.pid, 1) == 128 + SIGKILL); /* alive until the kill */
   d.pid = 0;
   CHECK(kvs_ping(c, "x", 1) == KVS_ECLOSED);
   CHECK(kvs_free(c, 1) == KVS_ECLOSED);

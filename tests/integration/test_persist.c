@@ -8,11 +8,13 @@
  * 2. Another layout (head_dim), another model id: nothing restored, the
  *    log says why; persistence off: nothing restored either.
  * 3. kill -9 of the daemon while a worker computes and demotions to disk
- *    are in flight, at random moments, many times, restarting each time:
- *    no lookup ever returns a wrong byte, the pool check passes.  Between
- *    two rounds the test tears slot headers and corrupts slot data in the
- *    file itself: the torn slots are counted skipped, the corrupt one is
- *    a checksum failure at promotion (a miss), and neither is served.
+ *    are in flight (the round's first demotions done, then a random
+ *    moment), many times, restarting each time: the daemon dies of the
+ *    SIGKILL, not before; no lookup ever returns a wrong byte, the pool
+ *    check passes.  Between two rounds the test tears slot headers and
+ *    corrupts slot data in the file itself: the torn slots are counted
+ *    skipped, the corrupt one is a checksum failure at promotion (a miss),
+ *    and neither is served.
  */
 #include <fcntl.h>
 #include <signal.h>
@@ -309,6 +311,7 @@ static void test_kill9(void) {
       torn_prompt = bad_prompt = UINT32_MAX;
     }
     sum_failures += ts[0].checksum_failures;
+    uint64_t demoted = ts[0].demotions;
     itest_check_pool(c, 1, 0, 0);
     kvs_close(c);
     fprintf(stderr, "round %u: %u restored, %u skipped (%u torn); %u blocks "
@@ -316,19 +319,31 @@ static void test_kill9(void) {
     total_hits += hits;
 
     /* A worker computes; demotions to disk run; kill -9 at a random
-     * moment. */
+     * moment once the worker's first blocks have gone to disk (only its
+     * blocks are new here: nothing else demotes). */
     fflush(NULL);
     pid_t w = fork();
     CHECK(w >= 0);
     if (w == 0)
       worker(round * PER_ROUND);
-    usleep(30000 + (useconds_t)(itest_rand(&seed) % 200000));
+    c = itest_connect(&d, "watcher");
+    double t0 = itest_now();
+    do {
+      tier_stats(c, ts, 1);
+      if (ts[0].demotions > demoted)
+        break;
+      usleep(1000);
+    } while (itest_now() - t0 < 20);
+    CHECK(ts[0].demotions > demoted);
+    kvs_close(c);
+    usleep((useconds_t)(itest_rand(&seed) % 200000));
     CHECK(kill(d.pid, SIGKILL) == 0);
-    itest_wait(d.pid);
+    /* It was alive until then: no crash, no exit of its own. */
+    CHECK(itest_reap(d.pid, 1) == 128 + SIGKILL);
     d.pid = 0;
     itest_daemon_kill(&d);
     kill(w, SIGKILL);
-    itest_wait(w);
+    itest_reap(w, 1); /* (exit 0: it saw the daemon go first) */
 
     if (round == ROUNDS / 2) {
       /* Tear the headers of every copy of one prompt's first block

@@ -12,8 +12,11 @@
  *    that fails undoes the swap-out (EIO; the request keeps its blocks and
  *    bytes); a block whose copy fails its checksum on the way back ends the
  *    request there (lost_tokens), and what it keeps is right.
- * 3. kill -9 of a worker that swaps in a loop: the pool comes back whole,
- *    no slot stays held.  Then SIGTERM while another swaps: a clean exit.
+ * 3. kill -9 of a worker that swaps in a loop (once it has swapped: the
+ *    signal lands mid-stream): the pool comes back whole, no slot stays
+ *    held.  Then SIGTERM while another swaps: a clean exit.  The workers
+ *    check every byte they get back: they must die of the SIGKILL (or,
+ *    after SIGTERM, exit 0), never of a failed check.
  */
 #include <signal.h>
 #include <string.h>
@@ -277,6 +280,24 @@ static void swapper(uint64_t base) {
   }
 }
 
+/* Waits (20 s at most) until the daemon has done more than `above`
+ * swap-outs; returns them. */
+static uint64_t wait_swap_outs(kvs_client *c, uint64_t above) {
+  kvs_swap_stats ss;
+  double t0 = itest_now();
+  for (;;) {
+    CHECK_OK(c, kvs_swap_stats_get(c, &ss));
+    if (ss.swap_outs > above || itest_now() - t0 > 20)
+      break;
+    usleep(1000);
+  }
+  if (ss.swap_outs <= above)
+    fprintf(stderr, "swap-outs stuck at %llu, waited for > %llu\n",
+            (unsigned long long)ss.swap_outs, (unsigned long long)above);
+  CHECK(ss.swap_outs > above);
+  return ss.swap_outs;
+}
+
 static void test_kill_and_term(void) {
   char disk[400];
   const char *opts[] = {"--pool-blocks", "48", "--block-size", "4",
@@ -288,14 +309,17 @@ static void test_kill_and_term(void) {
   disk_path(disk, sizeof disk, "swap-kill");
   itest_daemon_start(&d, opts);
   kvs_client *c = itest_connect(&d, "watcher");
+  uint64_t outs = 0;
   for (int round = 0; round < 3; round++) {
     pid_t pid = fork();
     CHECK(pid >= 0);
     if (pid == 0)
       swapper(100 * (round + 1));
-    usleep(40000 + 30000 * round);
+    /* Killed once it has swapped out (more each round): it never stops
+     * by itself, so the signal lands while it swaps. */
+    wait_swap_outs(c, outs + 2 + 4 * (uint64_t)round);
     kill(pid, SIGKILL);
-    CHECK(waitpid(pid, NULL, 0) == pid);
+    CHECK(itest_reap(pid, 1) == 128 + SIGKILL); /* killed, no failed check */
     itest_check_pool(c, 1, 0, 0);
     kvs_swap_stats ss;
     CHECK_OK(c, kvs_swap_stats_get(c, &ss));
@@ -303,16 +327,19 @@ static void test_kill_and_term(void) {
     fprintf(stderr, "round %d: %llu swap-outs, %llu swap-ins so far\n",
             round, (unsigned long long)ss.swap_outs,
             (unsigned long long)ss.swap_ins);
-    CHECK(ss.swap_outs > 0);
+    CHECK(ss.swap_outs > outs);
+    outs = ss.swap_outs;
   }
   kvs_close(c);
 
-  /* SIGTERM while a worker swaps: a clean exit. */
+  /* SIGTERM while a worker swaps (it has begun to): a clean exit. */
   pid_t pid = fork();
   CHECK(pid >= 0);
   if (pid == 0)
     swapper(900);
-  usleep(60000);
+  c = itest_connect(&d, "watcher");
+  wait_swap_outs(c, outs + 3);
+  kvs_close(c);
   itest_term_under_load(&d, pid);
   unlink(disk);
 }

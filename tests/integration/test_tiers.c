@@ -8,12 +8,18 @@
  *    lookup returns is checked.  The tier counters must show promotions
  *    from both tiers and no block lost; no_promote takes pool blocks only.
  * 2. Faults: a daemon with a disk tier only, whose disk tier fails reads
- *    (a flipped bit, EIO, a short read) and a write.  Each fault is a miss
- *    and a counter; no lookup ever returns a block with wrong bytes.
+ *    (a flipped bit, EIO, a short read) and two writes (EIO, ENOSPC).  Each
+ *    read fault is a miss, each fault a counter; no lookup ever returns a
+ *    block with wrong bytes.  Then every copy in the file is corrupted
+ *    behind the daemon's back: checksum failures, none served.  The log
+ *    says each kind of failure once.
  * 3. A worker killed (SIGKILL) while its lookups promote: the pool comes
  *    back whole.  Then SIGTERM while another worker promotes: the daemon
- *    drains its I/O and exits cleanly (status 0: the pool was whole).
+ *    drains its I/O and exits cleanly (status 0: the pool was whole).  The
+ *    workers check every byte they get: they must die of the SIGKILL (or,
+ *    after SIGTERM, exit 0), never of a failed check.
  */
+#include <fcntl.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -23,6 +29,7 @@
 
 #define NPROMPTS 40
 #define FULL 3 /* full blocks per prompt; prompts have FULL * bs + 1 tokens */
+#define SLOT 8192 /* a disk slot: a 4 KiB header and a 4 KiB block */
 
 static itest_daemon d;
 
@@ -150,15 +157,20 @@ static void test_fill_and_promote(void) {
   unlink(disk);
 }
 
-/* A disk tier alone, failing reads 1-3 (flip, EIO, short) and write 5. */
+/* A disk tier alone, failing reads 1-3 (flip, EIO, short) and writes 5
+ * (EIO) and 7 (ENOSPC). */
 static void test_faults(void) {
   char disk[400];
   const char *opts[] = {"--pool-blocks", "16", "--block-size", "4",
                         "--num-layers", "2", "--num-kv-heads", "1",
                         "--head-dim", "64", "--dtype", "fp32",
                         "--disk-tier", disk, "--disk-tier-bytes", "1M",
-                        "--tier-fault", "flip:1,read-eio:2,short:3,write-eio:5",
+                        "--tier-fault",
+                        "flip:1,read-eio:2,short:3,write-eio:5,write-enospc:7",
                         NULL};
+  /* (The daemon's words, daemon/tier_disk.c.) */
+  const char *io_line = "(counted as a miss; logged once)";
+  const char *sum_line = "failed its header or checksum check";
 
   snprintf(disk, sizeof disk, "%s/disk-fault-%d", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)getpid());
   itest_daemon_start(&d, opts);
@@ -186,10 +198,12 @@ static void test_faults(void) {
           (unsigned long long)lost);
   CHECK(strcmp(ts[0].name, "disk") == 0);
   CHECK(ts[0].checksum_failures == 1);
-  CHECK(ts[0].io_errors == 3);      /* EIO, short read, the failed write */
-  CHECK(ts[0].failures == 4);       /* three reads, one write */
-  CHECK(misses >= 3 && hits > 0);   /* each fault: a miss (and what follows
-                                       it in that prompt's chain) */
+  CHECK(ts[0].io_errors == 4);      /* EIO, short read, the failed writes */
+  CHECK(ts[0].failures == 5);       /* three reads, two writes */
+  CHECK(misses >= 3 && hits > 0);   /* each read fault: a miss (and what
+                                       follows it in that prompt's chain) */
+  /* (A failed write need not be a miss: its block stays cached in the
+   * pool with no copy below, and a later demotion pass writes it again.) */
   /* A copy that failed a read is dropped, never read again: a second pass
    * finds no new fault (the injected ones are spent) and no wrong byte. */
   for (uint32_t p = 0; p < 20; p++) {
@@ -197,8 +211,40 @@ static void test_faults(void) {
     usleep(5000);
   }
   tier_stats(c, ts, 1, &lost);
-  CHECK(ts[0].checksum_failures == 1 && ts[0].io_errors == 3);
-  CHECK(ts[0].failures == 4);
+  CHECK(ts[0].checksum_failures == 1 && ts[0].io_errors == 4);
+  CHECK(ts[0].failures == 5);
+  /* Four I/O errors (writes and reads), one line. */
+  CHECK(itest_log_count(&d, io_line) == 1);
+  CHECK(itest_log_count(&d, sum_line) == 1);
+
+  /* The data of every slot in the file corrupted (the injected flip
+   * happens once per daemon; this makes many): each copy read is a
+   * checksum failure and a miss, never served, and still one line. */
+  int fd = open(disk, O_RDWR);
+  CHECK(fd >= 0);
+  uint32_t planted = 0;
+  uint8_t junk[16];
+  memset(junk, 0xa5, sizeof junk);
+  for (uint32_t s = 0; s < (1u << 20) / SLOT; s++) {
+    char magic[8];
+    if (pread(fd, magic, 8, (off_t)s * SLOT) != 8 ||
+        memcmp(magic, "KZSTIER1", 8) != 0)
+      continue;
+    CHECK(pwrite(fd, junk, sizeof junk, (off_t)s * SLOT + 4096 + 1000) ==
+          (ssize_t)sizeof junk);
+    planted++;
+  }
+  close(fd);
+  CHECK(planted >= 20);
+  for (uint32_t p = 0; p < 20; p++)
+    lookup_check(c, p, 5000 + p);
+  tier_stats(c, ts, 1, &lost);
+  fprintf(stderr, "faults: %u slots corrupted; checksum_failures %llu\n",
+          planted, (unsigned long long)ts[0].checksum_failures);
+  CHECK(ts[0].checksum_failures >= 1 + 3 && ts[0].io_errors == 4);
+  CHECK(ts[0].failures == 4 + ts[0].checksum_failures);
+  CHECK(itest_log_count(&d, sum_line) == 1);
+  CHECK(itest_log_count(&d, io_line) == 1);
   kvs_close(c);
   itest_daemon_finish(&d, -1);
   unlink(disk);
@@ -224,6 +270,26 @@ static void promoter(uint32_t seed) {
   }
 }
 
+/* The tiers' promotions, both tiers. */
+static uint64_t promotions(kvs_client *c) {
+  kvs_tier_stats ts[2];
+  uint64_t lost;
+  tier_stats(c, ts, 2, &lost);
+  return ts[0].promotions + ts[1].promotions;
+}
+
+/* Waits (20 s at most) until the promotions pass `above`. */
+static void wait_promotions(kvs_client *c, uint64_t above) {
+  double t0 = itest_now();
+  uint64_t n;
+  while ((n = promotions(c)) <= above && itest_now() - t0 < 20)
+    usleep(1000);
+  if (n <= above)
+    fprintf(stderr, "promotions stuck at %llu, waited for > %llu\n",
+            (unsigned long long)n, (unsigned long long)above);
+  CHECK(n > above);
+}
+
 static void test_kill_and_term(void) {
   char disk[400];
   const char *opts[] = {"--pool-blocks", "32", "--block-size", "4",
@@ -240,27 +306,28 @@ static void test_kill_and_term(void) {
     usleep(10000);
   }
   for (int round = 0; round < 3; round++) {
+    uint64_t before = promotions(c);
     pid_t pid = fork();
     CHECK(pid >= 0);
     if (pid == 0)
       promoter((uint32_t)round);
-    usleep(30000 + 20000 * round);
+    /* Killed once its lookups have promoted (more each round): it never
+     * stops promoting by itself, so the signal lands mid-stream. */
+    wait_promotions(c, before + 2 + 6 * (uint64_t)round);
     kill(pid, SIGKILL);
-    CHECK(waitpid(pid, NULL, 0) == pid);
+    CHECK(itest_reap(pid, 1) == 128 + SIGKILL); /* killed, no failed check */
     itest_check_pool(c, 1, 0, 0);
   }
-  kvs_tier_stats ts[2];
-  uint64_t lost;
-  tier_stats(c, ts, 2, &lost);
-  CHECK(ts[0].promotions + ts[1].promotions > 0);
   kvs_close(c);
 
-  /* SIGTERM while a worker promotes: a clean exit. */
+  /* SIGTERM while a worker promotes (it has begun to): a clean exit. */
   pid_t pid = fork();
   CHECK(pid >= 0);
   if (pid == 0)
     promoter(5);
-  usleep(50000);
+  c = itest_connect(&d, "watcher");
+  wait_promotions(c, promotions(c) + 3);
+  kvs_close(c);
   itest_term_under_load(&d, pid);
   unlink(disk);
 }
