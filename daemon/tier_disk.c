@@ -211,7 +211,8 @@ void tier_disk_submit(tier_disk *d, disk_io *io) {
     h.hash_lo = io->hash.lo;
     h.hash_hi = io->hash.hi;
     h.data_len = d->data_len;
-    h.data_xxh3 = XXH3_64bits(p + HDR_BYTES, d->data_len);
+    h.data_xxh3 = io->has_sum ? io->sum
+                              : XXH3_64bits(p + HDR_BYTES, d->data_len);
     h.gen = d->gen++;
     h.block_size = d->stamp.block_size;
     h.num_layers = d->stamp.num_layers;
@@ -512,6 +513,10 @@ int tier_disk_buf_get(tier_disk *d, uint32_t *buf) {
 
 void *tier_disk_buf_data(const tier_disk *d, uint32_t buf) {
   return buf_of(d, buf) + HDR_BYTES;
+}
+
+uint64_t tier_disk_sum(const tier_disk *d, uint32_t buf) {
+  return XXH3_64bits(buf_of(d, buf) + HDR_BYTES, d->data_len);
 }
 
 void tier_disk_bufs_region(const tier_disk *d, void **p, size_t *len) {

@@ -62,6 +62,9 @@ struct disk_io {
   /* a write's header: */
   const uint32_t *tokens; /* the block's token ids, or NULL */
   int restorable;   /* 1: a cache entry (header flag 1) */
+  int has_sum;      /* 1: sum is the data's checksum (tier_disk_sum, taken
+                       off the loop); 0: the submit takes it */
+  uint64_t sum;
   int status;       /* 0, KVS_EIO or KVS_ECHECKSUM (set before cb) */
   disk_cb cb;       /* on the loop thread, once */
   void *data;
@@ -105,6 +108,9 @@ int tier_disk_buf_get(tier_disk *d, uint32_t *buf);
 void *tier_disk_buf_data(const tier_disk *d, uint32_t buf);
 void tier_disk_buf_put(tier_disk *d, uint32_t buf);
 uint32_t tier_disk_bufs_free(const tier_disk *d);
+/* The checksum a slot's header holds of a staging buffer's data area
+ * (any thread: it reads only the buffer). */
+uint64_t tier_disk_sum(const tier_disk *d, uint32_t buf);
 /* The staging buffers' memory, all of it (to pin it for a GPU's copies). */
 void tier_disk_bufs_region(const tier_disk *d, void **p, size_t *len);
 

@@ -4,6 +4,7 @@
  */
 #include "daemon/tiers.h"
 
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,7 @@
 
 #define NONE KVS_BLOCK_NONE
 #define MOVES_MAX 256   /* moves in flight */
+#define STAGE_YIELD_BYTES (256u << 10) /* stage_work's CPU given up */
 #define STAGING 512     /* disk staging buffers */
 
 struct tiers {
@@ -48,6 +50,7 @@ typedef struct mbatch {
   int *ok;
   disk_io *ios;
   copy_job job;
+  uv_work_t work;          /* stage_work: host -> staging, checksums */
 } mbatch;
 
 static void swaps_retry(tiers *t);
@@ -115,6 +118,60 @@ static void write_staged(mbatch *b) {
     batch_end(b);
 }
 
+/* A thread of libuv's pool: the batch's host -> staging copies and every
+ * staged block's checksum, off the loop (a burst's batch is up to 256
+ * blocks: milliseconds of memcpy and XXH3 that every session's frames
+ * would otherwise wait behind).  It touches only the batch's own staging
+ * buffers and the host slots its moves hold busy. */
+static void stage_work(uv_work_t *w) {
+  mbatch *b = w->data;
+  tiers *t = b->t;
+  uint64_t since = 0;
+
+  for (uint32_t i = 0; i < b->n; i++) {
+    const core_move *m = &b->mv[i];
+
+    if (m->tier != CORE_TIER_DISK || !b->ok[i])
+      continue;
+    if (m->kind == CORE_MOVE_HOST_TO_DISK)
+      memcpy(tier_disk_buf_data(t->disk, b->bufs[i]),
+             tier_host_slot(&t->host, m->src_slot), t->stride);
+    b->ios[i].sum = tier_disk_sum(t->disk, b->bufs[i]);
+    b->ios[i].has_sum = 1;
+    if ((since += 2 * t->stride) >= STAGE_YIELD_BYTES) {
+      sched_yield(); /* as the host pool's copies: the loop may be
+                        waiting for this CPU */
+      since = 0;
+    }
+  }
+}
+
+static void stage_done(uv_work_t *w, int status) {
+  mbatch *b = w->data;
+
+  (void)status; /* never cancelled: the loop drains moves before closing */
+  write_staged(b);
+}
+
+/* The pool's bytes are where they go (host slots, staging buffers): the
+ * moves to disk are staged off the loop, then written. */
+static void stage(mbatch *b) {
+  uint32_t i;
+
+  for (i = 0; i < b->n; i++)
+    if (b->mv[i].tier == CORE_TIER_DISK && b->ok[i])
+      break;
+  b->work.data = b;
+  if (i == b->n ||
+      uv_queue_work(b->t->loop, &b->work, stage_work, stage_done) < 0) {
+    if (i < b->n) /* (cannot happen: libuv checks only its arguments) */
+      for (; i < b->n; i++)
+        if (b->mv[i].tier == CORE_TIER_DISK)
+          b->ok[i] = 0;
+    write_staged(b);
+  }
+}
+
 static void on_moved_down(copy_job *j) {
   mbatch *b = j->data;
 
@@ -122,7 +179,7 @@ static void on_moved_down(copy_job *j) {
     for (uint32_t i = 0; i < b->n; i++)
       if (b->mv[i].kind != CORE_MOVE_HOST_TO_DISK)
         b->ok[i] = 0;
-  write_staged(b);
+  stage(b);
 }
 
 /* A batch for up to room moves (mv to be filled by the caller). */
@@ -145,8 +202,9 @@ static mbatch *batch_new(tiers *t, uint32_t room) {
 }
 
 /* Starts b's n moves: pool -> host slots or staging buffers as one copy
- * job, host -> staging at once; then the disk writes.  A staging buffer
- * for each move to disk is free (the caller checked). */
+ * job; then host -> staging and the checksums (stage); then the disk
+ * writes.  A staging buffer for each move to disk is free (the caller
+ * checked). */
 static void batch_start(mbatch *b, uint32_t n) {
   tiers *t = b->t;
   uint32_t nj = 0;
@@ -160,9 +218,7 @@ static void batch_start(mbatch *b, uint32_t n) {
     b->bufs[i] = NONE;
     if (m->tier == CORE_TIER_DISK)
       tier_disk_buf_get(t->disk, &b->bufs[i]);
-    if (m->kind == CORE_MOVE_HOST_TO_DISK) {
-      memcpy(tier_disk_buf_data(t->disk, b->bufs[i]),
-             tier_host_slot(&t->host, m->src_slot), t->stride);
+    if (m->kind == CORE_MOVE_HOST_TO_DISK) { /* copied by stage_work */
       t->host_out += t->stride;
       continue;
     }
@@ -172,7 +228,7 @@ static void batch_start(mbatch *b, uint32_t n) {
                         : tier_disk_buf_data(t->disk, b->bufs[i]);
   }
   if (nj == 0) {
-    write_staged(b);
+    stage(b);
     return;
   }
   b->job.kind = COPY_TO_HOST;
@@ -185,7 +241,7 @@ static void batch_start(mbatch *b, uint32_t n) {
     for (uint32_t i = 0; i < n; i++)
       if (b->mv[i].kind != CORE_MOVE_HOST_TO_DISK)
         b->ok[i] = 0;
-    write_staged(b);
+    stage(b);
   }
 }
 
