@@ -15,6 +15,7 @@
 
 #define NONE KVS_BLOCK_NONE
 #define MOVES_MAX 256   /* moves in flight */
+#define STAGE_INLINE_MAX (1u << 20)    /* staged on the loop up to this */
 #define STAGE_YIELD_BYTES (256u << 10) /* stage_work's CPU given up */
 #define STAGING 512     /* disk staging buffers */
 
@@ -51,6 +52,7 @@ typedef struct mbatch {
   disk_io *ios;
   copy_job job;
   uv_work_t work;          /* stage_work: host -> staging, checksums */
+  int staging_off_loop;    /* stage_work runs on a thread of the pool */
 } mbatch;
 
 static void swaps_retry(tiers *t);
@@ -138,7 +140,8 @@ static void stage_work(uv_work_t *w) {
              tier_host_slot(&t->host, m->src_slot), t->stride);
     b->ios[i].sum = tier_disk_sum(t->disk, b->bufs[i]);
     b->ios[i].has_sum = 1;
-    if ((since += 2 * t->stride) >= STAGE_YIELD_BYTES) {
+    if (b->staging_off_loop &&
+        (since += 2 * t->stride) >= STAGE_YIELD_BYTES) {
       sched_yield(); /* as the host pool's copies: the loop may be
                         waiting for this CPU */
       since = 0;
@@ -154,22 +157,26 @@ static void stage_done(uv_work_t *w, int status) {
 }
 
 /* The pool's bytes are where they go (host slots, staging buffers): the
- * moves to disk are staged off the loop, then written. */
+ * moves to disk are staged, then written.  A few blocks' worth is staged
+ * on the loop at once (a hop to a thread and back would cost more, and in
+ * a steady stream of small batches it delays write-back enough to lose
+ * blocks); a bigger batch, a burst's, off the loop. */
 static void stage(mbatch *b) {
-  uint32_t i;
+  uint64_t bytes = 0;
 
-  for (i = 0; i < b->n; i++)
+  for (uint32_t i = 0; i < b->n; i++)
     if (b->mv[i].tier == CORE_TIER_DISK && b->ok[i])
-      break;
+      bytes += b->mv[i].kind == CORE_MOVE_HOST_TO_DISK ? 2 * b->t->stride
+                                                        : b->t->stride;
   b->work.data = b;
-  if (i == b->n ||
-      uv_queue_work(b->t->loop, &b->work, stage_work, stage_done) < 0) {
-    if (i < b->n) /* (cannot happen: libuv checks only its arguments) */
-      for (; i < b->n; i++)
-        if (b->mv[i].tier == CORE_TIER_DISK)
-          b->ok[i] = 0;
-    write_staged(b);
-  }
+  b->staging_off_loop = bytes > STAGE_INLINE_MAX;
+  if (b->staging_off_loop &&
+      uv_queue_work(b->t->loop, &b->work, stage_work, stage_done) == 0)
+    return;
+  b->staging_off_loop = 0; /* (libuv refuses only bad arguments) */
+  if (bytes)
+    stage_work(&b->work);
+  write_staged(b);
 }
 
 static void on_moved_down(copy_job *j) {

@@ -113,7 +113,7 @@ uint32_t tiers_promote_room(const tiers *t);
  * pr->cb runs later, after core_promote_finish.  1: it ended at once (the
  * copy could not start: every block failed), finished, pr's results set,
  * cb not called.  Negative: nothing started; the caller ends it with
- * core_promote_finish (ok NULL: every one failed). */
+ * core_promote_finish (ok NULL: none was tried; the copies below stay). */
 int tiers_promote(tiers *t, tier_promo *pr, const core_promo *p, uint32_t n);
 
 /* Runs a SwapOut's moves mv[0..n) (n > 0; copied) for sw.  0: sw->cb runs
