@@ -24,7 +24,8 @@
  *    baseline.  What that work costs a client that arrives meanwhile: the
  *    Pings' p99 and worst round trips, as ratios to the quiet ones.
  *
- * `bench_client_pressure burst` runs 3 alone.
+ * `bench_client_pressure burst` runs 3 alone, `bench_client_pressure
+ * alloc` 1 alone.
  * KVS_BENCH_DIR: where the disk tier's file goes (default: the build
  * directory; not /tmp, which may be tmpfs).  KVS_BENCH_QUICK=1: fewer
  * cycles.
@@ -290,13 +291,16 @@ int main(int argc, char **argv) {
   const char *dir = getenv("KVS_BENCH_DIR");
   const char *build = getenv("KVS_BUILD");
   int quick = getenv("KVS_BENCH_QUICK") != NULL;
-  int burst_only = argc > 1 && strcmp(argv[1], "burst") == 0;
+  const char *only = argc > 1 ? argv[1] : "";
+  const char *where = dir ? dir : build ? build : ".";
 
-  if (!burst_only) {
-    bench_alloc(dir ? dir : build ? build : ".", quick);
+  if (strcmp(only, "burst") != 0) {
+    bench_alloc(where, quick);
+    if (strcmp(only, "alloc") == 0)
+      return 0;
     bench_swap(quick);
   }
-  bench_burst(dir ? dir : build ? build : ".", quick, 0);
-  bench_burst(dir ? dir : build ? build : ".", quick, 1);
+  bench_burst(where, quick, 0);
+  bench_burst(where, quick, 1);
   return 0;
 }
