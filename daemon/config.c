@@ -191,7 +191,8 @@ static const cfg_option options[] = {
      "Cached blocks at the cold end of the pool that background demotion "
      "keeps copied below, so that evicting them loses nothing and an "
      "allocation never waits for a copy.  0: pool_blocks / 16 (at least "
-     "8)."},
+     "8); with a disk tier, at least 64 MiB of blocks (up to a quarter of "
+     "the pool), to ride out the disk's slow writes."},
     {"tier_promote_max", T_U32, F(tier_promote_max), 1, 65536, "256", NULL,
      "N", "Tiers",
      "Most blocks one Lookup brings up from the tiers (its hit stops "

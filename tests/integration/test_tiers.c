@@ -13,6 +13,8 @@
  *    block with wrong bytes.  Then every copy in the file is corrupted
  *    behind the daemon's back: checksum failures, none served.  The log
  *    says each kind of failure once.
+ * 0. The reserve of demoted blocks over a disk tier (tier_window): its
+ *    default, and an explicit one.
  * 3. A worker killed (SIGKILL) while its lookups promote: the pool comes
  *    back whole.  Then SIGTERM while another worker promotes: the daemon
  *    drains its I/O and exits cleanly (status 0: the pool was whole).  The
@@ -250,6 +252,59 @@ static void test_faults(void) {
   unlink(disk);
 }
 
+/* The reserve over a disk tier: a pool full of cached blocks, the daemon
+ * idle; background demotion copies down exactly the tier_window blocks
+ * next to be evicted.  By default, with a disk tier, 64 MiB of blocks up to
+ * a quarter of the pool (here 16 of 64: pool / 16 would be 4, raised to
+ * the floor of 8); an explicit tier_window (5) is taken as it is. */
+static void window_case(const char *window, uint32_t want) {
+  char disk[400];
+  const char *opts[] = {"--pool-blocks", "64", "--block-size", "4",
+                        "--num-layers", "2", "--num-kv-heads", "1",
+                        "--head-dim", "64", "--dtype", "fp32",
+                        "--disk-tier", disk, "--disk-tier-bytes", "1M",
+                        window ? "--tier-window" : NULL, window, NULL};
+  kvs_tier_stats ts[2];
+  uint64_t lost;
+
+  snprintf(disk, sizeof disk, "%s/disk-window-%d",
+           getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)getpid());
+  itest_daemon_start(&d, opts);
+  kvs_client *c = itest_connect(&d, "window");
+  const kvs_layout *l = kvs_layout_of(c);
+  uint32_t n = 4 * l->block_size, tok[64];
+  kvs_lookup_result lr;
+  kvs_alloc_result ar;
+
+  CHECK(n <= 64);
+  for (uint32_t p = 0; p < 16; p++) { /* 16 prompts x 4 full blocks */
+    prompt_tokens(p, tok, n);
+    CHECK_OK(c, kvs_lookup(c, p, tok, n, NULL, 0, &lr));
+    CHECK_OK(c, kvs_allocate(c, p, n, &ar));
+    CHECK(ar.num_blocks == 4);
+    CHECK_OK(c, kvs_commit(c, p, 0, NULL, n, NULL, 0, NULL));
+    CHECK_OK(c, kvs_free(c, p));
+  }
+  for (int i = 0; i < 100; i++) { /* until the demotions are done */
+    tier_stats(c, ts, 1, &lost);
+    if (ts[0].demotions >= want && i >= 10)
+      break;
+    usleep(10000);
+  }
+  fprintf(stderr, "window %s: %llu blocks demoted, %u slots used (want %u)\n",
+          window ? window : "default", (unsigned long long)ts[0].demotions,
+          ts[0].used, want);
+  CHECK(ts[0].demotions == want && ts[0].used == want && lost == 0);
+  kvs_close(c);
+  itest_daemon_finish(&d, -1);
+  unlink(disk);
+}
+
+static void test_window(void) {
+  window_case(NULL, 16);
+  window_case("5", 5);
+}
+
 /* A worker that looks up promoting prompts until it is killed, or until
  * the daemon goes away (SIGTERM: ECLOSED ends it quietly). */
 static void promoter(uint32_t seed) {
@@ -333,6 +388,7 @@ static void test_kill_and_term(void) {
 }
 
 int main(void) {
+  test_window();
   test_fill_and_promote();
   test_faults();
   test_kill_and_term();
