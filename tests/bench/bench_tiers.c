@@ -24,8 +24,8 @@
  * `bench_tiers scan` runs 3 alone, `bench_tiers gpu` 2b alone;
  * `bench_tiers disk [KIB ...]` runs 1
  * alone, at the block sizes named (default 64 128 256 512), with
- * KVS_BENCH_REPS pairs (default 9) over a file of KVS_BENCH_FILE_MB MiB
- * (default 512).
+ * KVS_BENCH_REPS pairs (default 15) over a file of KVS_BENCH_FILE_MB MiB
+ * (default 256).
  * KVS_BENCH_DIR: where the test file goes (default: the build directory;
  * not /tmp, which may be tmpfs, where O_DIRECT is refused).  Skips (77)
  * without fio.  Prints ratios; the times are for orientation only.
@@ -44,8 +44,8 @@
 
 #define QD 32
 
-static int reps = 9;         /* interleaved tier / fio pairs a block size */
-static uint64_t file_mb = 512;
+static int reps = 15;        /* interleaved tier / fio pairs a block size */
+static uint64_t file_mb = 256;
 
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
