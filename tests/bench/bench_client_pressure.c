@@ -12,13 +12,8 @@
  *    and with host + disk tiers, are reported as ratios to the daemon
  *    without tiers, the three daemons run in turn, twice (same run, same
  *    machine).  tier_lost says whether write-back kept up (a block it
- *    lost is a later miss, never a wait).  On a machine of few cores the
- *    disk's writes cost every process CPU time (submissions, completions,
- *    the kernel's I/O workers); so the daemon without tiers runs once more
- *    per round while fio writes the same file system at the rate the host
- *    + disk daemon just wrote, in its request size: what the disk's traffic
- *    alone does to the round trip, the baseline the host + disk tail is
- *    set against (skipped without fio).
+ *    lost is a later miss, never a wait); the disk's write rate and the
+ *    evictions' rate say how hard write-back worked.
  * 2. Swap: a request of SWAP_BLOCKS blocks swapped out and back in through
  *    the daemon (host tier) against memcpy of the same bytes twice, and
  *    against two small round trips (Ping) + that memcpy.
@@ -36,10 +31,8 @@
  * directory; not /tmp, which may be tmpfs).  KVS_BENCH_QUICK=1: fewer
  * cycles.
  */
-#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "tests/integration/itest.h"
@@ -65,8 +58,6 @@ typedef struct run {
   uint64_t lost, demoted;
   double secs;          /* in the cycles, every round */
   uint64_t disk_bytes;  /* written to the disk tier, every round */
-  double prev_secs;     /* (before this round) */
-  uint64_t prev_bytes;
 } run;
 
 /* Common options: 16-token blocks of 64 KiB (8 layers x K,V x 16 tokens x
@@ -114,84 +105,30 @@ static void cycles(run *r, const char *const *opts, uint32_t ncycles,
   itest_daemon_finish(&d, -1);
 }
 
-/* fio writing path (created first) in the background at bytes_per_s, in
- * the disk tier's request size (a 64 KiB block and its header): the
- * machine doing the disk tier's writes, without the daemon doing them.
- * Its pid, or -1 (no fio). */
-static pid_t fio_start(const char *path, double bytes_per_s) {
-  char cmd[1024];
-  const char *common = "fio --name=bg --ioengine=io_uring --direct=1 "
-                       "--rw=write --bs=68k --iodepth=8 --size=512M";
-  pid_t pid;
-
-  snprintf(cmd, sizeof cmd, "%s --filename=%s --create_only=1 >/dev/null "
-           "2>&1", common, path);
-  if (system(cmd) != 0)
-    return -1;
-  snprintf(cmd, sizeof cmd, "exec %s --filename=%s --time_based "
-           "--runtime=3600 --rate=%.0f >/dev/null 2>&1", common, path,
-           bytes_per_s);
-  pid = fork();
-  CHECK(pid >= 0);
-  if (pid == 0) {
-    execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-    _exit(127);
-  }
-  usleep(300000); /* (its start-up) */
-  return pid;
-}
-
-static void fio_stop(pid_t pid, const char *path) {
-  int st;
-
-  kill(pid, SIGTERM);
-  CHECK(waitpid(pid, &st, 0) == pid);
-  unlink(path);
-}
-
 static void bench_alloc(const char *dir, int quick) {
-  char disk[512], fio_file[512];
+  char disk[512];
   const uint32_t ncycles = quick ? 2000 : 10000, rounds = 2;
   const char *off[] = {LAYOUT, NULL};
   const char *host[] = {LAYOUT, "--host-tier-bytes", "256M", NULL};
   const char *both[] = {LAYOUT, "--host-tier-bytes", "64M", "--disk-tier",
                         disk, "--disk-tier-bytes", "512M", NULL};
-  run runs[4] = {{.name = "no tiers"}, {.name = "host tier"},
-                 {.name = "host + disk"}, {.name = "no tiers, disk busy"}};
-  const char *const *opts[4] = {off, host, both, off};
-  int have_fio = system("fio --version >/dev/null 2>&1") == 0;
+  run runs[3] = {{.name = "no tiers"}, {.name = "host tier"},
+                 {.name = "host + disk"}};
+  const char *const *opts[3] = {off, host, both};
 
   snprintf(disk, sizeof disk, "%s/bench-pressure-%d", dir, (int)getpid());
-  snprintf(fio_file, sizeof fio_file, "%s/bench-pressure-fio-%d", dir,
-           (int)getpid());
-  for (int i = 0; i < 4; i++)
+  for (int i = 0; i < 3; i++)
     runs[i].lat = calloc((size_t)ncycles * rounds, sizeof(double));
   for (uint32_t round = 0; round < rounds; round++)
-    for (int i = 0; i < 3 + have_fio; i++) {
-      double secs = runs[2].secs;
-      uint64_t bytes = runs[2].disk_bytes;
-      pid_t fio = -1;
-
-      if (i == 3) { /* the rate host + disk wrote at, just now */
-        fio = fio_start(fio_file, (double)(bytes - runs[2].prev_bytes) /
-                                      (secs - runs[2].prev_secs));
-        if (fio < 0) {
-          have_fio = 0;
-          break;
-        }
-      }
-      runs[i].prev_secs = runs[i].secs;
-      runs[i].prev_bytes = runs[i].disk_bytes;
+    for (int i = 0; i < 3; i++) {
       cycles(&runs[i], opts[i], ncycles, (uint64_t)round * ncycles * 10 + 1);
-      if (fio >= 0)
-        fio_stop(fio, fio_file);
       unlink(disk);
     }
   printf("allocation under pressure (pool %s blocks of 64 KiB, %u prefill "
          "cycles of %d blocks x %u rounds per daemon):\n", POOL, ncycles,
          PROMPT_BLOCKS, rounds);
-  double p50_0 = 0, p99_0 = 0, p99_2 = 0;
-  for (int i = 0; i < 3 + have_fio; i++) {
+  double p50_0 = 0, p99_0 = 0;
+  for (int i = 0; i < 3; i++) {
     run *r = &runs[i];
     qsort(r->lat, r->n, sizeof(double), cmp_double);
     double p50 = pct(r->lat, r->n, 0.5), p99 = pct(r->lat, r->n, 0.99);
@@ -199,25 +136,16 @@ static void bench_alloc(const char *dir, int quick) {
       p50_0 = p50;
       p99_0 = p99;
     }
-    if (i == 2)
-      p99_2 = p99;
-    printf("  %-19s  Allocate round trip p50 %.1f us (%.2fx no tiers), p99 "
+    printf("  %-12s  Allocate round trip p50 %.1f us (%.2fx no tiers), p99 "
            "%.1f us (%.2fx), max %.0f us; demoted %llu, lost %llu\n",
            r->name, p50, p50 / p50_0, p99, p99 / p99_0, r->lat[r->n - 1],
            (unsigned long long)r->demoted, (unsigned long long)r->lost);
     if (i == 2)
-      printf("%23s(the disk tier wrote %.0f MB/s; evictions: %.0f blocks/s)"
-             "\n", "", (double)r->disk_bytes / r->secs / 1e6,
+      printf("%16s(the disk tier wrote %.0f MB/s; evictions: %.0f "
+             "blocks/s)\n", "", (double)r->disk_bytes / r->secs / 1e6,
              (double)r->n * PROMPT_BLOCKS / r->secs);
-    if (i == 3)
-      printf("%23s(fio writing at that rate meanwhile)\n  host + disk "
-             "against it: p99 %.2fx\n", "", p99_2 / p99);
+    free(r->lat);
   }
-  if (!have_fio)
-    printf("  (no fio: the daemon without tiers while the disk is busy "
-           "is not measured; apt-get install fio)\n");
-  for (int i = 0; i < 4; i++)
-    free(runs[i].lat);
 }
 
 #define BURST_POOL "4096"
