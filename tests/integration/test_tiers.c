@@ -285,7 +285,7 @@ static void window_case(const char *window, uint32_t want) {
     CHECK_OK(c, kvs_commit(c, p, 0, NULL, n, NULL, 0, NULL));
     CHECK_OK(c, kvs_free(c, p));
   }
-  for (int i = 0; i < 100; i++) { /* until the demotions are done */
+  for (int i = 0; i < 500; i++) { /* until the demotions are done */
     tier_stats(c, ts, 1, &lost);
     if (ts[0].demotions >= want && i >= 10)
       break;
