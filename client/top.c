@@ -460,6 +460,7 @@ static void top_term_enter(top_term *t) {
     struct termios raw = t->saved;
 
     raw.c_lflag &= ~(tcflag_t)(ICANON | ECHO);
+    raw.c_lflag |= NOFLSH; /* ^C must not throw away what was drawn */
     raw.c_cc[VMIN] = 1;
     raw.c_cc[VTIME] = 0;
     t->raw = tcsetattr(STDIN_FILENO, TCSANOW, &raw) == 0;
@@ -473,12 +474,28 @@ static void top_term_enter(top_term *t) {
 
 static void top_term_leave(top_term *t) {
   if (t->screen) {
-    fputs("\033[?25h\033[?1049l", stdout);
+    static const char seq[] = "\033[?25h\033[?1049l";
+    size_t off = 0;
+
+    /* A signal may have cut the last frame's write short (stdio then
+     * drops the rest and marks stdout in error): the way back to the
+     * main screen goes straight to the terminal, again after EINTR. */
     fflush(stdout);
+    clearerr(stdout);
+    while (off < sizeof(seq) - 1) {
+      ssize_t n = write(STDOUT_FILENO, seq + off, sizeof(seq) - 1 - off);
+
+      if (n < 0 && errno == EINTR)
+        continue;
+      if (n <= 0)
+        break;
+      off += (size_t)n;
+    }
     t->screen = 0;
   }
   if (t->raw) {
-    tcsetattr(STDIN_FILENO, TCSANOW, &t->saved);
+    while (tcsetattr(STDIN_FILENO, TCSANOW, &t->saved) != 0 && errno == EINTR)
+      ;
     t->raw = 0;
   }
 }
