@@ -791,6 +791,24 @@ int cfg_finish(cfg *c, char *err, size_t err_len) {
   return 0;
 }
 
+uint32_t cfg_tier_window(const cfg *c, uint32_t num_blocks,
+                         uint64_t block_stride) {
+  uint64_t w = num_blocks / 16, floor;
+
+  if (c->tier_window || !c->disk_tier[0])
+    return c->tier_window;
+  /* A disk's writes take milliseconds, its slow ones many: a sixteenth of
+   * a small pool is gone in less than that. */
+  floor = block_stride ? CFG_DISK_WINDOW_BYTES / block_stride : 0;
+  if (floor > num_blocks / 4)
+    floor = num_blocks / 4;
+  if (w < floor)
+    w = floor;
+  if (w < 8)
+    w = 8;
+  return (uint32_t)(w < num_blocks ? w : num_blocks);
+}
+
 int cfg_peer_allowed(const cfg *c, uid_t uid, gid_t gid, uid_t self) {
   uint32_t i;
 

@@ -138,6 +138,18 @@ int cfg_finish(cfg *c, char *err, size_t err_len);
  * variable is set to an absolute path, else /run/kvshare/kvshared.sock. */
 void cfg_default_socket(char *out, size_t len);
 
+/* The least reserve of demoted blocks kept over a disk tier
+ * (cfg_tier_window): about 30 ms of an NVMe drive's writes. */
+#define CFG_DISK_WINDOW_BYTES (64ull << 20)
+
+/* The core's tier_window for a pool of num_blocks blocks of block_stride
+ * bytes: c's tier_window when set; with a disk tier, num_blocks / 16
+ * raised to CFG_DISK_WINDOW_BYTES of blocks but not past a quarter of the
+ * pool, and at least 8 (never more than the pool); else 0 (the core's
+ * default: num_blocks / 16, at least 8). */
+uint32_t cfg_tier_window(const cfg *c, uint32_t num_blocks,
+                         uint64_t block_stride);
+
 /* Is this peer allowed (uid 0, the daemon's own uid, or in the lists)? */
 int cfg_peer_allowed(const cfg *c, uid_t uid, gid_t gid, uid_t self);
 

@@ -473,7 +473,8 @@ static int make_core(srv *s) {
   /* The KV events carry token ids, also for blocks brought up from a tier. */
   cc.keep_tokens = s->cfg->kv_events_endpoint[0] != '\0';
   cc.policy = s->cfg->policy;
-  cc.tier_window = tiers_window(s->cfg, &s->layout);
+  cc.tier_window = cfg_tier_window(s->cfg, s->layout.num_blocks,
+                                   s->layout.block_stride);
   rc = tiers_slots(s->cfg, &s->layout, s->pool, cc.tier_slots, err,
                    sizeof(err));
   if (rc < 0) {

@@ -620,22 +620,6 @@ int tiers_slots(const cfg *c, const kvs_layout *l, const backend *pool,
   return 0;
 }
 
-uint32_t tiers_window(const cfg *c, const kvs_layout *l) {
-  uint64_t w = l->num_blocks / 16, floor;
-
-  if (c->tier_window || !c->disk_tier[0])
-    return c->tier_window; /* (0: the core's default, pool / 16) */
-  /* A disk's writes take milliseconds, and its slow ones many: keep at
-   * least TIERS_DISK_WINDOW_BYTES of blocks ahead, up to a quarter of the
-   * pool. */
-  floor = TIERS_DISK_WINDOW_BYTES / l->block_stride;
-  if (floor > l->num_blocks / 4)
-    floor = l->num_blocks / 4;
-  if (w < floor)
-    w = floor;
-  return w < 8 ? 8 : (uint32_t)w;
-}
-
 /* ---- restart --------------------------------------------------------------- */
 
 typedef struct restore_ctx {

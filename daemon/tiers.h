@@ -43,9 +43,6 @@
 #include "daemon/tier_host.h"
 
 #define TIERS_TICK_MS 5
-/* The least reserve of demoted blocks kept over a disk tier (tiers_window):
- * about 30 ms of an NVMe drive's writes. */
-#define TIERS_DISK_WINDOW_BYTES (64ull << 20)
 
 typedef struct tiers tiers;
 typedef struct tier_promo tier_promo;
@@ -109,12 +106,6 @@ int tiers_open(uv_loop_t *loop, const cfg *c, core *cr, backend *pool,
  * negative status with a reason. */
 int tiers_slots(const cfg *c, const kvs_layout *l, const backend *pool,
                 uint32_t slots[CORE_TIERS], char *err, size_t err_len);
-
-/* The core's tier_window for cfg and layout l: cfg's tier_window when set;
- * with a disk tier, pool / 16 raised to TIERS_DISK_WINDOW_BYTES of blocks
- * (at most a quarter of the pool, at least 8); else 0 (the core's
- * default, pool / 16). */
-uint32_t tiers_window(const cfg *c, const kvs_layout *l);
 
 /* Most blocks a promotion may bring up now. */
 uint32_t tiers_promote_room(const tiers *t);

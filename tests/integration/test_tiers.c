@@ -20,6 +20,8 @@
  *    drains its I/O and exits cleanly (status 0: the pool was whole).  The
  *    workers check every byte they get: they must die of the SIGKILL (or,
  *    after SIGTERM, exit 0), never of a failed check.
+ * 4. Batches too big for the loop (their checksums and copies on libuv's
+ *    thread pool): every block back, byte for byte; SIGTERM meanwhile.
  */
 #include <fcntl.h>
 #include <signal.h>
@@ -305,6 +307,118 @@ static void test_window(void) {
   window_case("5", 5);
 }
 
+/* Big batches: 64 KiB blocks, prompts of BIG blocks, a pool of BIG blocks
+ * and a window of BIG, so that each demotion pass moves BIG blocks (2 MiB)
+ * at once: more than the loop stages itself, so the checksums (and the
+ * host -> staging copies) run on libuv's thread pool.  With a host tier
+ * over the disk, and with a disk tier alone: every prompt comes back, byte
+ * for byte, from below; then SIGTERM while a worker keeps the batches
+ * coming: a clean drain. */
+#define BIG 32
+
+static void big_prompt(kvs_client *c, uint32_t p, uint64_t id, int fill) {
+  const kvs_layout *l = kvs_layout_of(c);
+  uint32_t n = BIG * l->block_size, tok[BIG * 16];
+  kvs_lookup_result lr;
+  kvs_alloc_result ar;
+
+  CHECK(n <= BIG * 16);
+  prompt_tokens(p, tok, n);
+  if (!fill) { /* every block of it, brought up and checked */
+    CHECK_OK(c, kvs_lookup(c, id, tok, n, NULL, 0, &lr));
+    if (lr.num_blocks != BIG - 1) { /* (never the last token's block) */
+      fprintf(stderr, "big prompt %u: %u blocks hit, want %u\n", p,
+              lr.num_blocks, BIG - 1);
+      exit(1);
+    }
+    for (uint32_t i = 0; i < lr.num_blocks; i++)
+      CHECK(itest_block_bytes(c, lr.blocks[i], p, i, 1) == 0);
+    CHECK_OK(c, kvs_free(c, id));
+    return;
+  }
+  if (kvs_lookup(c, id, tok, n, NULL, 0, &lr) != 0 ||
+      kvs_allocate(c, id, n - lr.hit_tokens, &ar) != 0)
+    _exit(fill == 2 ? 0 : 1); /* (the worker: the daemon went away) */
+  for (uint32_t i = 0; i < ar.num_blocks; i++)
+    itest_block_bytes(c, ar.blocks[i], p, lr.num_blocks + i, 0);
+  if (kvs_commit(c, id, 0, NULL, n, NULL, 0, NULL) != 0 ||
+      kvs_free(c, id) != 0)
+    _exit(fill == 2 ? 0 : 1);
+}
+
+/* Waits (up to 10 s) until the tiers' moves stop for 200 ms:
+ * the blocks just cached are all below. */
+static void settle(kvs_client *c) {
+  kvs_tier_stats ts[2];
+  uint32_t n;
+  uint64_t lost, last = UINT64_MAX;
+  int still = 0;
+
+  for (int i = 0; i < 500 && still < 10; i++) {
+    uint64_t now = 0;
+
+    usleep(20000);
+    CHECK_OK(c, kvs_tier_stats_get(c, ts, 2, &n, &lost));
+    for (uint32_t k = 0; k < n; k++)
+      now += ts[k].demotions + ts[k].promotions;
+    still = now == last ? still + 1 : 0;
+    last = now;
+  }
+}
+
+static void big_case(int host) {
+  char disk[400];
+  const char *opts[] = {"--pool-blocks", "32", "--block-size", "16",
+                        "--num-layers", "2", "--num-kv-heads", "4",
+                        "--head-dim", "64", "--dtype", "fp32",
+                        "--tier-window", "32", "--disk-tier", disk,
+                        "--disk-tier-bytes", "24M",
+                        host ? "--host-tier-bytes" : NULL, "2M", NULL};
+  kvs_tier_stats ts[2];
+  uint64_t lost;
+  const uint32_t nprompts = 6;
+
+  snprintf(disk, sizeof disk, "%s/disk-big-%d",
+           getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)getpid());
+  itest_daemon_start(&d, opts);
+  kvs_client *c = itest_connect(&d, "big");
+  CHECK(kvs_layout_of(c)->block_stride == 64 << 10);
+  for (uint32_t p = 0; p < nprompts; p++) {
+    big_prompt(c, p, p, 1);
+    settle(c); /* its blocks all go down before the next evicts them */
+  }
+  for (uint32_t p = 0; p < nprompts; p++) {
+    big_prompt(c, p, 100 + p, 0);
+    settle(c);
+  }
+  tier_stats(c, ts, host ? 2 : 1, &lost);
+  fprintf(stderr, "big batches (%s): lost %llu; disk demoted %llu "
+          "promoted %llu\n", host ? "host + disk" : "disk alone",
+          (unsigned long long)lost, (unsigned long long)ts[host].demotions,
+          (unsigned long long)ts[host].promotions);
+  CHECK(lost == 0);
+  CHECK(ts[host].demotions >= (nprompts - 2) * (BIG - 1) &&
+        ts[host].promotions > 0); /* the disk wrote and read whole batches */
+  kvs_close(c);
+
+  /* SIGTERM while a worker keeps prompts coming (batches in flight). */
+  pid_t pid = fork();
+  CHECK(pid >= 0);
+  if (pid == 0) {
+    kvs_client *w = itest_connect(&d, "big-worker");
+    for (uint32_t p = 1000;; p++)
+      big_prompt(w, p, p, 2);
+  }
+  usleep(300000);
+  itest_term_under_load(&d, pid);
+  unlink(disk);
+}
+
+static void test_big_batches(void) {
+  big_case(1);
+  big_case(0);
+}
+
 /* A worker that looks up promoting prompts until it is killed, or until
  * the daemon goes away (SIGTERM: ECLOSED ends it quietly). */
 static void promoter(uint32_t seed) {
@@ -392,5 +506,6 @@ int main(void) {
   test_fill_and_promote();
   test_faults();
   test_kill_and_term();
+  test_big_batches();
   return 0;
 }

@@ -296,6 +296,41 @@ static void test_tier_options(void **state) {
   assert_int_equal(cfg_finish(&c, err, sizeof(err)), 0);
 }
 
+/* The reserve of demoted blocks the daemon gives the core, by hand-worked
+ * cases: which of pool / 16, the 64 MiB floor, its quarter-of-the-pool cap,
+ * the least 8 and the pool itself decides. */
+static void test_tier_window(void **state) {
+  char err[256];
+  cfg c;
+  static const struct {
+    uint32_t blocks;
+    uint64_t stride;
+    uint32_t want;
+  } disk[] = {
+      {512, 64 << 10, 128},     /* floor 1024 blocks, capped at 512 / 4 */
+      {8192, 64 << 10, 1024},   /* the floor: 8192 / 16 is only 512 */
+      {65536, 64 << 10, 4096},  /* 65536 / 16 is past the floor */
+      {30000, 2 << 20, 1875},   /* 2 MiB blocks: floor 32, / 16 wins */
+      {64, 4 << 10, 16},        /* the cap */
+      {20, 4 << 10, 8},         /* the cap (5) under the least 8 */
+      {5, 4 << 10, 5},          /* never more than the pool */
+      {1600, 128ull << 20, 100}, /* blocks past 64 MiB: no floor */
+  };
+
+  (void)state;
+  cfg_init(&c);
+  assert_int_equal(cfg_tier_window(&c, 512, 64 << 10), 0); /* no disk */
+  assert_int_equal(cfg_set(&c, "host_tier_bytes", "1G", err, sizeof(err)),
+                   0);
+  assert_int_equal(cfg_tier_window(&c, 512, 64 << 10), 0); /* host only */
+  assert_int_equal(cfg_set(&c, "disk_tier", "/tmp/t", err, sizeof(err)), 0);
+  for (size_t i = 0; i < sizeof(disk) / sizeof(disk[0]); i++)
+    assert_int_equal(cfg_tier_window(&c, disk[i].blocks, disk[i].stride),
+                     disk[i].want);
+  assert_int_equal(cfg_set(&c, "tier_window", "5", err, sizeof(err)), 0);
+  assert_int_equal(cfg_tier_window(&c, 8192, 64 << 10), 5); /* as told */
+}
+
 static void test_gpu_options(void **state) {
   char err[256];
   cfg c;
@@ -468,6 +503,7 @@ int main(void) {
       cmocka_unit_test(test_finish),
       cmocka_unit_test(test_gpu_options),
       cmocka_unit_test(test_tier_options),
+      cmocka_unit_test(test_tier_window),
       cmocka_unit_test(test_peer_allowed),
       cmocka_unit_test(test_example_config),
       cmocka_unit_test(test_help_lists_every_option),
