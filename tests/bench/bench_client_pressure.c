@@ -55,7 +55,7 @@ typedef struct run {
   const char *name;
   double *lat; /* µs, every Allocate of every round */
   size_t n;
-  uint64_t lost, demoted;
+  uint64_t lost, demoted, evicted;
   double secs;          /* in the cycles, every round */
   uint64_t disk_bytes;  /* written to the disk tier, every round */
 } run;
@@ -75,6 +75,7 @@ static void cycles(run *r, const char *const *opts, uint32_t ncycles,
   kvs_lookup_result lr;
   kvs_alloc_result ar;
   kvs_tier_stats ts[2];
+  kvs_stats st;
   uint32_t nt;
   uint64_t lost = 0;
 
@@ -94,6 +95,8 @@ static void cycles(run *r, const char *const *opts, uint32_t ncycles,
     CHECK_OK(c, kvs_free(c, id));
   }
   r->secs += itest_now() - start;
+  CHECK_OK(c, kvs_stats_get(c, 0, &st));
+  r->evicted += st.evictions;
   CHECK_OK(c, kvs_tier_stats_get(c, ts, 2, &nt, &lost));
   r->lost += lost;
   for (uint32_t i = 0; i < nt; i++) {
@@ -137,13 +140,14 @@ static void bench_alloc(const char *dir, int quick) {
       p99_0 = p99;
     }
     printf("  %-12s  Allocate round trip p50 %.1f us (%.2fx no tiers), p99 "
-           "%.1f us (%.2fx), max %.0f us; demoted %llu, lost %llu\n",
-           r->name, p50, p50 / p50_0, p99, p99 / p99_0, r->lat[r->n - 1],
+           "%.1f us (%.2fx), max %.0f us; evicted %llu, demoted %llu, lost "
+           "%llu\n", r->name, p50, p50 / p50_0, p99, p99 / p99_0,
+           r->lat[r->n - 1], (unsigned long long)r->evicted,
            (unsigned long long)r->demoted, (unsigned long long)r->lost);
     if (i == 2)
-      printf("%16s(the disk tier wrote %.0f MB/s; evictions: %.0f "
-             "blocks/s)\n", "", (double)r->disk_bytes / r->secs / 1e6,
-             (double)r->n * PROMPT_BLOCKS / r->secs);
+      printf("%16s(the disk tier wrote %.0f MB/s; %.0f evictions a "
+             "second)\n", "", (double)r->disk_bytes / r->secs / 1e6,
+             (double)r->evicted / r->secs);
     free(r->lat);
   }
 }
