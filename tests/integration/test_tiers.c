@@ -42,29 +42,41 @@ static void prompt_tokens(uint32_t p, uint32_t *tok, uint32_t n) {
     tok[i] = 100000 * (p + 1) + i;
 }
 
-static void compute(kvs_client *c, uint32_t p) {
+#define MAX_TOKENS 512 /* the longest prompt here (BIG blocks of 16) */
+
+/* Computes prompt p of n tokens (new to the cache): allocates its blocks,
+ * writes recognisable bytes into the full ones, commits, frees. */
+static void compute_n(kvs_client *c, uint32_t p, uint32_t n) {
   const kvs_layout *l = kvs_layout_of(c);
-  uint32_t n = FULL * l->block_size + 1, tok[64];
+  uint32_t tok[MAX_TOKENS];
   kvs_lookup_result lr;
   kvs_alloc_result ar;
 
+  CHECK(n <= MAX_TOKENS);
   prompt_tokens(p, tok, n);
   CHECK_OK(c, kvs_lookup(c, p, tok, n, NULL, 0, &lr));
   CHECK(lr.hit_tokens == 0);
   CHECK_OK(c, kvs_allocate(c, p, n, &ar));
-  for (uint32_t i = 0; i < FULL; i++)
+  CHECK(ar.num_blocks == (n + l->block_size - 1) / l->block_size);
+  for (uint32_t i = 0; i < n / l->block_size; i++)
     itest_block_bytes(c, ar.blocks[i], p, i, 0);
   CHECK_OK(c, kvs_commit(c, p, 0, NULL, n, NULL, 0, NULL));
   CHECK_OK(c, kvs_free(c, p));
 }
 
-/* Looks prompt p up; checks every returned block's bytes; returns the hit
- * in blocks. */
-static uint32_t lookup_check(kvs_client *c, uint32_t p, uint64_t id) {
+static void compute(kvs_client *c, uint32_t p) {
+  compute_n(c, p, FULL * kvs_layout_of(c)->block_size + 1);
+}
+
+/* Looks prompt p of n tokens up; checks every returned block's bytes;
+ * returns the hit in blocks. */
+static uint32_t lookup_check_n(kvs_client *c, uint32_t p, uint64_t id,
+                               uint32_t n) {
   const kvs_layout *l = kvs_layout_of(c);
-  uint32_t n = FULL * l->block_size + 1, tok[64];
+  uint32_t tok[MAX_TOKENS];
   kvs_lookup_result lr;
 
+  CHECK(n <= MAX_TOKENS);
   prompt_tokens(p, tok, n);
   CHECK_OK(c, kvs_lookup(c, id, tok, n, NULL, 0, &lr));
   CHECK(lr.hit_tokens % l->block_size == 0);
@@ -79,6 +91,30 @@ static uint32_t lookup_check(kvs_client *c, uint32_t p, uint64_t id) {
   }
   CHECK_OK(c, kvs_free(c, id));
   return lr.num_blocks;
+}
+
+static uint32_t lookup_check(kvs_client *c, uint32_t p, uint64_t id) {
+  return lookup_check_n(c, p, id, FULL * kvs_layout_of(c)->block_size + 1);
+}
+
+/* Waits (up to 10 s) until the tiers' moves stop for 200 ms:
+ * the blocks just cached are all below. */
+static void settle(kvs_client *c) {
+  kvs_tier_stats ts[2];
+  uint32_t n;
+  uint64_t lost, last = UINT64_MAX;
+  int still = 0;
+
+  for (int i = 0; i < 500 && still < 10; i++) {
+    uint64_t now = 0;
+
+    usleep(20000);
+    CHECK_OK(c, kvs_tier_stats_get(c, ts, 2, &n, &lost));
+    for (uint32_t k = 0; k < n; k++)
+      now += ts[k].demotions + ts[k].promotions;
+    still = now == last ? still + 1 : 0;
+    last = now;
+  }
 }
 
 static void tier_stats(kvs_client *c, kvs_tier_stats *ts, uint32_t want,
@@ -273,26 +309,11 @@ static void window_case(const char *window, uint32_t want) {
            getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)getpid());
   itest_daemon_start(&d, opts);
   kvs_client *c = itest_connect(&d, "window");
-  const kvs_layout *l = kvs_layout_of(c);
-  uint32_t n = 4 * l->block_size, tok[64];
-  kvs_lookup_result lr;
-  kvs_alloc_result ar;
 
-  CHECK(n <= 64);
-  for (uint32_t p = 0; p < 16; p++) { /* 16 prompts x 4 full blocks */
-    prompt_tokens(p, tok, n);
-    CHECK_OK(c, kvs_lookup(c, p, tok, n, NULL, 0, &lr));
-    CHECK_OK(c, kvs_allocate(c, p, n, &ar));
-    CHECK(ar.num_blocks == 4);
-    CHECK_OK(c, kvs_commit(c, p, 0, NULL, n, NULL, 0, NULL));
-    CHECK_OK(c, kvs_free(c, p));
-  }
-  for (int i = 0; i < 500; i++) { /* until the demotions are done */
-    tier_stats(c, ts, 1, &lost);
-    if (ts[0].demotions >= want && i >= 10)
-      break;
-    usleep(10000);
-  }
+  for (uint32_t p = 0; p < 16; p++) /* 16 prompts x 4 full blocks */
+    compute_n(c, p, 4 * kvs_layout_of(c)->block_size);
+  settle(c);
+  tier_stats(c, ts, 1, &lost);
   fprintf(stderr, "window %s: %llu blocks demoted, %u slots used (want %u)\n",
           window ? window : "default", (unsigned long long)ts[0].demotions,
           ts[0].used, want);
@@ -316,53 +337,25 @@ static void test_window(void) {
  * coming: a clean drain. */
 #define BIG 32
 
-static void big_prompt(kvs_client *c, uint32_t p, uint64_t id, int fill) {
-  const kvs_layout *l = kvs_layout_of(c);
-  uint32_t n = BIG * l->block_size, tok[BIG * 16];
+/* The SIGTERM worker's prompts: as compute_n, but the daemon going away
+ * ends it quietly (exit 0). */
+static void big_worker(void) {
+  kvs_client *c = itest_connect(&d, "big-worker");
+  uint32_t n = BIG * kvs_layout_of(c)->block_size, tok[MAX_TOKENS];
   kvs_lookup_result lr;
   kvs_alloc_result ar;
 
-  CHECK(n <= BIG * 16);
-  prompt_tokens(p, tok, n);
-  if (!fill) { /* every block of it, brought up and checked */
-    CHECK_OK(c, kvs_lookup(c, id, tok, n, NULL, 0, &lr));
-    if (lr.num_blocks != BIG - 1) { /* (never the last token's block) */
-      fprintf(stderr, "big prompt %u: %u blocks hit, want %u\n", p,
-              lr.num_blocks, BIG - 1);
-      exit(1);
-    }
-    for (uint32_t i = 0; i < lr.num_blocks; i++)
-      CHECK(itest_block_bytes(c, lr.blocks[i], p, i, 1) == 0);
-    CHECK_OK(c, kvs_free(c, id));
-    return;
-  }
-  if (kvs_lookup(c, id, tok, n, NULL, 0, &lr) != 0 ||
-      kvs_allocate(c, id, n - lr.hit_tokens, &ar) != 0)
-    _exit(fill == 2 ? 0 : 1); /* (the worker: the daemon went away) */
-  for (uint32_t i = 0; i < ar.num_blocks; i++)
-    itest_block_bytes(c, ar.blocks[i], p, lr.num_blocks + i, 0);
-  if (kvs_commit(c, id, 0, NULL, n, NULL, 0, NULL) != 0 ||
-      kvs_free(c, id) != 0)
-    _exit(fill == 2 ? 0 : 1);
-}
-
-/* Waits (up to 10 s) until the tiers' moves stop for 200 ms:
- * the blocks just cached are all below. */
-static void settle(kvs_client *c) {
-  kvs_tier_stats ts[2];
-  uint32_t n;
-  uint64_t lost, last = UINT64_MAX;
-  int still = 0;
-
-  for (int i = 0; i < 500 && still < 10; i++) {
-    uint64_t now = 0;
-
-    usleep(20000);
-    CHECK_OK(c, kvs_tier_stats_get(c, ts, 2, &n, &lost));
-    for (uint32_t k = 0; k < n; k++)
-      now += ts[k].demotions + ts[k].promotions;
-    still = now == last ? still + 1 : 0;
-    last = now;
+  CHECK(n <= MAX_TOKENS);
+  for (uint32_t p = 1000;; p++) {
+    prompt_tokens(p, tok, n);
+    if (kvs_lookup(c, p, tok, n, NULL, 0, &lr) != 0 ||
+        kvs_allocate(c, p, n - lr.hit_tokens, &ar) != 0)
+      _exit(0);
+    for (uint32_t i = 0; i < ar.num_blocks; i++)
+      itest_block_bytes(c, ar.blocks[i], p, lr.num_blocks + i, 0);
+    if (kvs_commit(c, p, 0, NULL, n, NULL, 0, NULL) != 0 ||
+        kvs_free(c, p) != 0)
+      _exit(0);
   }
 }
 
@@ -383,12 +376,14 @@ static void big_case(int host) {
   itest_daemon_start(&d, opts);
   kvs_client *c = itest_connect(&d, "big");
   CHECK(kvs_layout_of(c)->block_stride == 64 << 10);
+  const uint32_t n = BIG * kvs_layout_of(c)->block_size;
   for (uint32_t p = 0; p < nprompts; p++) {
-    big_prompt(c, p, p, 1);
+    compute_n(c, p, n);
     settle(c); /* its blocks all go down before the next evicts them */
   }
-  for (uint32_t p = 0; p < nprompts; p++) {
-    big_prompt(c, p, 100 + p, 0);
+  for (uint32_t p = 0; p < nprompts; p++) { /* every block, checked */
+    CHECK(lookup_check_n(c, p, 100 + p, n) == BIG - 1); /* (not the last
+                                                     token's block) */
     settle(c);
   }
   tier_stats(c, ts, host ? 2 : 1, &lost);
@@ -404,11 +399,8 @@ static void big_case(int host) {
   /* SIGTERM while a worker keeps prompts coming (batches in flight). */
   pid_t pid = fork();
   CHECK(pid >= 0);
-  if (pid == 0) {
-    kvs_client *w = itest_connect(&d, "big-worker");
-    for (uint32_t p = 1000;; p++)
-      big_prompt(w, p, p, 2);
-  }
+  if (pid == 0)
+    big_worker();
   usleep(300000);
   itest_term_under_load(&d, pid);
   unlink(disk);
