@@ -74,7 +74,7 @@ TEST_SCRIPTS := # test scripts run by `make test` after the programs
 BENCHES    :=   # benchmark programs or scripts run by `make bench`
 
 include proto/module.mk shm/module.mk gpu/module.mk daemon/module.mk \
-        client/module.mk tests/module.mk tests/bench/module.mk \
+        client/module.mk tools/replay/module.mk tests/module.mk tests/bench/module.mk \
         tests/fuzz/module.mk tests/standin/module.mk
 
 all: $(PROGRAMS) $(LIBS) $(UNIT_TESTS)

@@ -8,13 +8,17 @@ $(BUILD)/libkvscore.a: $(CORE_OBJS) $(PROTO_OBJS)
 
 CORE_LIBS = $(BUILD)/libkvscore.a $(call DEP_LIBS,libxxhash)
 
-# kvshared: the I/O layer (daemon/*.c) around the core.  Both pool backends
-# are built in (backend_host.c: memfd; backend_cuda.c: GPU memory through
-# gpu/vmm.c, whose driver is dlopen'ed at run time) and backend.c picks one
-# at start-up.
-DAEMON_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(wildcard daemon/*.c))
-DAEMON_PKGS := libuv libprotobuf-c liburing jansson libmicrohttpd libzmq msgpack libsystemd hiredis
-MOD_CFLAGS_daemon_ := $(call DEP_CFLAGS,$(DAEMON_PKGS) libxxhash)
+# kvshared: the I/O layer around the core, one folder per room
+# (docs/architecture.md): net/ (sessions, rings), dispatch/ (ops -> core),
+# tiers/ (the tiers below the pool), pool/ (the memory behind it and the
+# copy engine), observe/ (metrics, KV events), and daemon/*.c (start-up,
+# options, the log).  Both pool backends are built in (pool/backend_host.c:
+# memfd; pool/backend_cuda.c: GPU memory through gpu/vmm.c, whose driver is
+# dlopen'ed at run time) and pool/backend.c picks one at start-up.
+DAEMON_DIRS := daemon daemon/net daemon/dispatch daemon/tiers daemon/pool daemon/observe
+DAEMON_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(foreach d,$(DAEMON_DIRS),$(wildcard $(d)/*.c)))
+DAEMON_PKGS := libuv libprotobuf-c liburing libmicrohttpd libzmq msgpack libsystemd hiredis
+$(foreach d,$(DAEMON_DIRS),$(eval MOD_CFLAGS_$(subst /,_,$(d))_ := $(call DEP_CFLAGS,$(DAEMON_PKGS) libxxhash)))
 DAEMON_LIBS = $(call DEP_LIBS,$(DAEMON_PKGS)) $(GPU_LIBS)
 PROGRAMS += $(BUILD)/kvshared
 $(DAEMON_OBJS): | $(PROTO_GEN_H)

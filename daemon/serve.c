@@ -18,12 +18,12 @@
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
-#include "daemon/events.h"
+#include "daemon/observe/events.h"
 #include "daemon/log.h"
-#include "daemon/metrics.h"
-#include "daemon/remote_moves.h"
+#include "daemon/observe/metrics.h"
+#include "daemon/tiers/remote.h"
 #include "daemon/serve.h"
-#include "daemon/server.h"
+#include "daemon/net/server.h"
 #include "kvs_shm.h"
 
 #define KVSHARED_VERSION "0.1"

@@ -10,10 +10,9 @@ $(CORE_TESTS): $(BUILD)/%: $(BUILD)/%.o $(BUILD)/libkvscore.a
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(CORE_LIBS) $(TEST_LIBS) -lm
 
-# The trace replayer: tests/unit/test_replay*.c, linked with the replay and
-# trace reader of the daemon and the core.
-REPLAY_TEST_OBJS = $(BUILD)/daemon/replay.o $(BUILD)/daemon/replay_sweep.o \
-                   $(BUILD)/daemon/replay_nodes.o $(BUILD)/daemon/trace.o
+# The trace replayer: tests/unit/test_replay*.c, linked with the replayer's
+# objects (tools/replay/) and the core.
+REPLAY_TEST_OBJS = $(REPLAY_OBJS)
 REPLAY_TESTS := $(patsubst %.c,$(BUILD)/%,$(wildcard tests/unit/test_replay*.c))
 UNIT_TESTS += $(REPLAY_TESTS)
 $(REPLAY_TESTS): $(BUILD)/%: $(BUILD)/%.o $(REPLAY_TEST_OBJS) $(BUILD)/libkvscore.a

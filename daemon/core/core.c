@@ -113,7 +113,7 @@ int core_create(const core_config *cfg, core **out) {
       (pol->init != NULL && pol->init(c) != 0))
     goto fail;
   c->fq_head = c->fq_tail = KVS_BLOCK_NONE;
-  if (tier_init(c) != 0)
+  if (tierbook_init(c) != 0)
     goto fail;
   c->bs_shift = -1;
   if ((cfg->block_size & (cfg->block_size - 1)) == 0)
@@ -125,7 +125,7 @@ int core_create(const core_config *cfg, core **out) {
 fail:
   if (pol->destroy != NULL)
     pol->destroy(c);
-  tier_destroy(c);
+  tierbook_destroy(c);
   hidx_destroy(&c->index);
   free(c->btok);
   free(c->bhash);
@@ -141,7 +141,7 @@ void core_destroy(core *c) {
     core_req_free(c, c->reqs);
   if (c->policy->destroy != NULL)
     c->policy->destroy(c);
-  tier_destroy(c);
+  tierbook_destroy(c);
   hidx_destroy(&c->index);
   free(c->btok);
   free(c->bhash);
@@ -315,7 +315,7 @@ int core_lookup_promote(core *c, core_req *r, const uint32_t *tokens,
   out->hit_tokens = hit;
   out->device_blocks = hit / bs;
   full = n > 0 ? (n - 1) / bs : 0;
-  if (!tier_any(c) || r->nblocks >= full)
+  if (!tierbook_any(c) || r->nblocks >= full)
     return 0;
   ch = malloc((size_t)(full - r->nblocks) * sizeof(*ch));
   if (ch == NULL)
@@ -333,11 +333,11 @@ int core_lookup_promote(core *c, core_req *r, const uint32_t *tokens,
         (!c->cfg.verify_tokens ||
          memcmp(btok(c, b), t, (size_t)bs * sizeof(uint32_t)) == 0)) {
       ch[m].b = b;
-    } else if ((e = tier_find(c, h)) != KVS_BLOCK_NONE &&
+    } else if ((e = tierbook_find(c, h)) != KVS_BLOCK_NONE &&
                (c->tents[e].valid[CORE_TIER_HOST] ||
                 c->tents[e].valid[CORE_TIER_DISK]) &&
                (!c->cfg.verify_tokens ||
-                memcmp(tier_tokens(c, e), t, (size_t)bs * sizeof(uint32_t)) ==
+                memcmp(tierbook_tokens(c, e), t, (size_t)bs * sizeof(uint32_t)) ==
                     0)) {
       ch[m].e = e;
       ch[m].t = c->tents[e].valid[CORE_TIER_HOST] ? CORE_TIER_HOST
@@ -380,8 +380,8 @@ int core_lookup_promote(core *c, core_req *r, const uint32_t *tokens,
   uint32_t base = r->nblocks;
   for (uint32_t j = 0; j < keep; j++)
     if (ch[j].e != KVS_BLOCK_NONE) {
-      tier_busy(c, ch[j].e, 1);
-      tier_touch(c, ch[j].e, (int)ch[j].t); /* out of the victims' way */
+      tierbook_busy(c, ch[j].e, 1);
+      tierbook_touch(c, ch[j].e, (int)ch[j].t); /* out of the victims' way */
     }
   for (uint32_t j = 0; j < keep; j++)
     if (ch[j].b != KVS_BLOCK_NONE) {
@@ -426,7 +426,7 @@ int core_lookup_promote(core *c, core_req *r, const uint32_t *tokens,
 uint32_t core_promote_finish(core *c, core_req *r, const core_promo *p,
                              uint32_t n, const int *ok) {
   const uint32_t bs = c->cfg.block_size;
-  uint32_t bad = tier_fills_end(c, p, n, ok);
+  uint32_t bad = tierbook_fills_end(c, p, n, ok);
 
   if (r != NULL && bad < n) { /* the request's prefix ends before it */
     uint32_t keep = p[bad].pos;
@@ -809,7 +809,7 @@ int core_check(const core *c, char *msg, size_t msg_len) {
                  (unsigned long long)i, e->b);
     seen[e->b / 64] |= bit;
   }
-  rc = tier_check(c, msg, msg_len);
+  rc = tierbook_check(c, msg, msg_len);
   if (rc == 0 && c->policy->check != NULL)
     rc = c->policy->check(c, msg, msg_len);
 out:

@@ -129,7 +129,7 @@ extern const core_policy core_policy_slru;
 extern const core_policy core_policy_mq;
 extern const core_policy core_policy_opt;
 
-/* ---- lower tiers (tier.c) ------------------------------------------------
+/* ---- lower tiers (tierbook.c) ------------------------------------------------
  * An entry is one sealed block's bytes below the device pool, found by its
  * hash (core.tindex), with a slot in the host tier, the disk tier, or both.
  * Each tier keeps its slots' entries in LRU order (head: next to drop). */
@@ -159,46 +159,46 @@ typedef struct tier {
 } tier;
 
 /* Set up / free the tiers of cfg (no-ops without tiers). */
-int tier_init(core *c);
-void tier_destroy(core *c);
+int tierbook_init(core *c);
+void tierbook_destroy(core *c);
 /* Block b, CACHED, is being evicted: its hash leaves the device. */
-void tier_on_evict(core *c, uint32_t b);
+void tierbook_on_evict(core *c, uint32_t b);
 /* The tiers' part of core_check. */
-int tier_check(const core *c, char *msg, size_t msg_len);
+int tierbook_check(const core *c, char *msg, size_t msg_len);
 /* The entry of hash h, or KVS_BLOCK_NONE; its stored tokens (NULL without
  * verify_tokens). */
-uint32_t tier_find(const core *c, kvs_hash128 h);
-const uint32_t *tier_tokens(const core *c, uint32_t e);
+uint32_t tierbook_find(const core *c, kvs_hash128 h);
+const uint32_t *tierbook_tokens(const core *c, uint32_t e);
 /* Entry e to the most recently used end of tier t's LRU. */
-void tier_touch(core *c, uint32_t e, int t);
+void tierbook_touch(core *c, uint32_t e, int t);
 /* Entry e to the least recently used end of tier t's LRU (a promoted
  * copy: the device holds the block now, this copy is the first to go). */
-void tier_cold(core *c, uint32_t e, int t);
+void tierbook_cold(core *c, uint32_t e, int t);
 /* I/O on entry e starts (+1) or ends (-1). */
-void tier_busy(core *c, uint32_t e, int delta);
+void tierbook_busy(core *c, uint32_t e, int delta);
 /* Entry e's copy in tier t is bad: nobody reads it from now on, and its
  * slot goes back once no I/O uses it (at once when none does). */
-void tier_forget(core *c, uint32_t e, int t);
-static inline int tier_any(const core *c);
+void tierbook_forget(core *c, uint32_t e, int t);
+static inline int tierbook_any(const core *c);
 /* For swap.c: a new entry (priv: not in the tier index); a free slot of
  * tier t, dropping its coldest entry that can go at once (NONE when none
  * can); entry e gets slot s of tier t. */
-uint32_t tier_ent_new(core *c, kvs_hash128 h, const uint32_t *tokens,
+uint32_t tierbook_ent_new(core *c, kvs_hash128 h, const uint32_t *tokens,
                       int priv);
-uint32_t tier_slot_take(core *c, int t);
-void tier_slot_give(core *c, int t, uint32_t e, uint32_t s, int valid);
+uint32_t tierbook_slot_take(core *c, int t);
+void tierbook_slot_give(core *c, int t, uint32_t e, uint32_t s, int valid);
 /* The tier device blocks go down to (host when there is one). */
-int tier_first(const core *c);
+int tierbook_first(const core *c);
 /* A swapped request keeps entry e (+1) or lets it go (-1): a held entry
  * is off its tiers' LRUs and never dropped to make room; let go, it goes
  * back to the cold end of each LRU (a private one is forgotten). */
-int tier_hold(core *c, uint32_t e);
-void tier_unhold(core *c, uint32_t e);
+int tierbook_hold(core *c, uint32_t e);
+void tierbook_unhold(core *c, uint32_t e);
 /* Fills of device blocks from copies below, p[0..n), ended (ok[i]; NULL:
  * none good): counted per tier, a failed copy dropped, busy ended; good
  * sealed blocks before the first failure join the prefix index.  Returns
  * the index of the first failure (n: none). */
-uint32_t tier_fills_end(core *c, const core_promo *p, uint32_t n,
+uint32_t tierbook_fills_end(core *c, const core_promo *p, uint32_t n,
                         const int *ok);
 /* The swaps' part of core_check. */
 int swap_check(const core *c, char *msg, size_t msg_len);
@@ -239,7 +239,7 @@ struct core {
   core_req *reqs;
   uint32_t nreqs;
   core_stats st; /* counters; block counts are derived in core_get_stats */
-  /* lower tiers (tier.c); nothing allocated without tiers */
+  /* lower tiers (tierbook.c); nothing allocated without tiers */
   tier tiers[CORE_TIERS];
   tent *tents;
   uint32_t ntents, tent_free; /* capacity; free list head */
@@ -256,7 +256,7 @@ struct core {
   uint8_t *rtaken;
 };
 
-static inline int tier_any(const core *c) {
+static inline int tierbook_any(const core *c) {
   return c->tiers[CORE_TIER_HOST].nslots || c->tiers[CORE_TIER_DISK].nslots;
 }
 
@@ -421,7 +421,7 @@ static inline uint32_t blk_take(core *c) {
   blk *x = &c->blocks[b];
   x->pol = 0;
   if (x->indexed) {
-    tier_on_evict(c, b);
+    tierbook_on_evict(c, b);
     hidx_remove(&c->index, c->bhash[b]);
     if (__builtin_expect(c->nobs != 0, 0))
       obs_removed(c, c->bhash[b]);

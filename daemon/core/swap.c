@@ -1,7 +1,7 @@
 /*
  * swap.c — a preempted request's blocks below the device pool and back
  * (core.h, "Swap").  The copies below are tier entries the request holds
- * (tier.c: a held entry is off the LRUs and never dropped); the daemon
+ * (tierbook.c: a held entry is off the LRUs and never dropped); the daemon
  * moves the bytes, as it does for demotion and promotion, and reports back.
  */
 #include <stdio.h>
@@ -25,7 +25,7 @@ uint32_t core_req_swap_written(const core_req *r) {
 /* The entry holding a good copy of sealed block b (its hash, its tokens),
  * or NONE. */
 static uint32_t good_copy(const core *c, uint32_t b) {
-  uint32_t e = tier_find(c, c->bhash[b]);
+  uint32_t e = tierbook_find(c, c->bhash[b]);
   const tent *x;
 
   if (e == NONE)
@@ -34,7 +34,7 @@ static uint32_t good_copy(const core *c, uint32_t b) {
   if (!x->valid[CORE_TIER_HOST] && !x->valid[CORE_TIER_DISK])
     return NONE;
   if (c->cfg.verify_tokens &&
-      memcmp(tier_tokens(c, e), btok(c, b),
+      memcmp(tierbook_tokens(c, e), btok(c, b),
              (size_t)c->cfg.block_size * sizeof(uint32_t)) != 0)
     return NONE;
   return e;
@@ -44,11 +44,11 @@ static uint32_t good_copy(const core *c, uint32_t b) {
 static uint32_t swap_slot(core *c, int *t) {
   uint32_t s;
 
-  *t = tier_first(c);
-  s = tier_slot_take(c, *t);
+  *t = tierbook_first(c);
+  s = tierbook_slot_take(c, *t);
   if (s == NONE && *t == CORE_TIER_HOST && c->tiers[CORE_TIER_DISK].nslots) {
     *t = CORE_TIER_DISK;
-    s = tier_slot_take(c, *t);
+    s = tierbook_slot_take(c, *t);
   }
   return s;
 }
@@ -58,10 +58,10 @@ static uint32_t swap_slot(core *c, int *t) {
 static void let_go(core *c, core_req *r, uint32_t k, const core_move *mv,
                    uint32_t nm, int started) {
   for (uint32_t i = 0; i < k; i++)
-    tier_unhold(c, r->swent[i]);
+    tierbook_unhold(c, r->swent[i]);
   for (uint32_t i = 0; i < nm && !started; i++) {
-    tier_forget(c, mv[i].entry, (int)mv[i].tier);
-    tier_busy(c, mv[i].entry, -1);
+    tierbook_forget(c, mv[i].entry, (int)mv[i].tier);
+    tierbook_busy(c, mv[i].entry, -1);
     core_unpin(c, mv[i].block);
   }
   free(r->swent);
@@ -79,7 +79,7 @@ int core_swap_out(core *c, core_req *r, core_move *mv, uint32_t max,
   *nmoves = 0;
   if (r->swap)
     return KVS_ESTATE;
-  if (!tier_any(c))
+  if (!tierbook_any(c))
     return KVS_ENOTSUP;
   if (max < n)
     return KVS_EINVAL;
@@ -92,7 +92,7 @@ int core_swap_out(core *c, core_req *r, core_move *mv, uint32_t max,
     int sealed = i < r->sealed, t;
 
     if (sealed && (e = good_copy(c, b)) != NONE) {
-      if ((rc = tier_hold(c, e)) < 0)
+      if ((rc = tierbook_hold(c, e)) < 0)
         goto undo;
       r->swent[i] = e;
       kept++;
@@ -109,12 +109,12 @@ int core_swap_out(core *c, core_req *r, core_move *mv, uint32_t max,
     /* A sealed block is a cache entry like any demoted one, unless its
      * hash has one already (being written): then, as an unsealed block,
      * a private copy. */
-    e = tier_ent_new(c, sealed ? c->bhash[b] : zero,
+    e = tierbook_ent_new(c, sealed ? c->bhash[b] : zero,
                      sealed ? btok(c, b) : NULL,
-                     !sealed || tier_find(c, c->bhash[b]) != NONE);
-    tier_slot_give(c, t, e, s, 0);
-    tier_busy(c, e, 1);
-    tier_hold(c, e); /* (a new entry: cannot fail) */
+                     !sealed || tierbook_find(c, c->bhash[b]) != NONE);
+    tierbook_slot_give(c, t, e, s, 0);
+    tierbook_busy(c, e, 1);
+    tierbook_hold(c, e); /* (a new entry: cannot fail) */
     x->pins++;
     x->ref++;
     mv[nm].kind = CORE_MOVE_SWAP;
@@ -155,9 +155,9 @@ int core_swap_out_finish(core *c, core_req *r, const core_move *mv,
     } else {
       all = 0;
       q->st.failures++;
-      tier_forget(c, mv[i].entry, (int)mv[i].tier);
+      tierbook_forget(c, mv[i].entry, (int)mv[i].tier);
     }
-    tier_busy(c, mv[i].entry, -1);
+    tierbook_busy(c, mv[i].entry, -1);
     core_unpin(c, mv[i].block); /* r (when alive) still holds it */
   }
   if (r == NULL)
@@ -248,7 +248,7 @@ int core_swap_in(core *c, core_req *r, core_promo *p, uint32_t max,
    * taken before any free block, so that taking one cannot evict them. */
   for (uint32_t i = 0; i < cut; i++)
     if (res[i] == NONE)
-      tier_busy(c, r->swent[i], 1);
+      tierbook_busy(c, r->swent[i], 1);
   for (uint32_t i = 0; i < cut; i++)
     if (res[i] != NONE) {
       blk_hit(c, res[i]);
@@ -292,7 +292,7 @@ int core_swap_in(core *c, core_req *r, core_promo *p, uint32_t max,
 
 uint32_t core_swap_in_finish(core *c, core_req *r, const core_promo *p,
                              uint32_t n, const int *ok) {
-  uint32_t bad = tier_fills_end(c, p, n, ok);
+  uint32_t bad = tierbook_fills_end(c, p, n, ok);
 
   for (uint32_t i = 0; i < n; i++)
     c->st.swap_in_blocks += ok != NULL && ok[i];
@@ -321,7 +321,7 @@ void swap_req_free(core *c, core_req *r) {
   if (!r->swap)
     return;
   for (uint32_t i = 0; i < r->sw_n; i++)
-    tier_unhold(c, r->swent[i]);
+    tierbook_unhold(c, r->swent[i]);
   free(r->swent);
   r->swent = NULL;
   r->sw_n = 0;

@@ -36,9 +36,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "daemon/backend.h"
-#include "daemon/copy.h"
-#include "daemon/tier_disk.h"
+#include "daemon/pool/backend.h"
+#include "daemon/pool/copy.h"
+#include "daemon/tiers/tier_disk.h"
 #include "gpu/kvs_cuda_int.h"
 #include "kvs_status.h"
 

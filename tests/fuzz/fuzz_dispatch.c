@@ -26,8 +26,8 @@
 #include <string.h>
 
 #include "daemon/log.h"
-#include "daemon/remote_moves.h"
-#include "daemon/server.h"
+#include "daemon/tiers/remote.h"
+#include "daemon/net/server.h"
 #include "kvs_packed.h"
 #include "tests/fuzz/fuzz_target.h"
 

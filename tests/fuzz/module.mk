@@ -9,9 +9,9 @@
 #                       for FUZZ_TIME seconds (default 60); not part of test
 MOD_CFLAGS_tests_fuzz_ = $(call DEP_CFLAGS,libuv libprotobuf-c)
 
-FUZZ_TARGET_SRCS := tests/fuzz/fuzz_dispatch.c daemon/dispatch.c daemon/reply.c \
-                    daemon/packed.c daemon/compact.c \
-                    daemon/reqmap.c daemon/log.c daemon/config.c
+FUZZ_TARGET_SRCS := tests/fuzz/fuzz_dispatch.c daemon/dispatch/dispatch.c daemon/net/reply.c \
+                    daemon/net/packed.c daemon/net/compact.c \
+                    daemon/dispatch/reqmap.c daemon/log.c daemon/config.c
 FUZZ_TARGET_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(FUZZ_TARGET_SRCS))
 FUZZ_GEN_OBJS := $(BUILD)/tests/fuzz/fuzz_gen.o
 $(FUZZ_GEN_OBJS) $(BUILD)/tests/fuzz/fuzz_dispatch.o \
@@ -40,7 +40,7 @@ FUZZ_SRCS := $(FUZZ_TARGET_SRCS) $(wildcard daemon/core/*.c) proto/kvs_frame.c \
              proto/kvs_status.c $(PROTO_GEN_C)
 .PHONY: fuzz fuzz-build
 fuzz-build: $(FUZZ_DIR)/fuzz_dispatch
-$(FUZZ_DIR)/fuzz_dispatch: $(FUZZ_SRCS) $(wildcard daemon/*.h daemon/core/*.h \
+$(FUZZ_DIR)/fuzz_dispatch: $(FUZZ_SRCS) $(wildcard daemon/*.h daemon/*/*.h \
     proto/*.h shm/*.h tests/fuzz/*.h) | $(PROTO_GEN_H)
 	@mkdir -p $(dir $@)
 	$(Q)command -v $(FUZZ_CC) >/dev/null && \

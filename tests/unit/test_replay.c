@@ -24,8 +24,8 @@
 
 #include <cmocka.h>
 
-#include "daemon/replay.h"
-#include "daemon/trace.h"
+#include "tools/replay/replay.h"
+#include "tools/replay/trace.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define SANITIZED 1

@@ -1,0 +1,563 @@
+/*
+ * events.c — the KV event stream (events.h): the core's index events, in
+ * runs, into one msgpack batch per loop iteration, published on a ZMQ PUB
+ * socket, kept for replay on a ZMQ ROUTER socket.
+ *
+ * Everything runs on the loop thread.  The batch is sent from a uv_prepare
+ * callback (after the iteration's frames, before the loop sleeps); the
+ * ROUTER socket's ZMQ_FD is watched by a uv_poll (it signals a change, the
+ * socket's ZMQ_EVENTS says what is ready).
+ */
+#include <errno.h>
+#include <msgpack.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <zmq.h>
+
+#include "daemon/observe/events.h"
+#include "daemon/log.h"
+
+#define EV_RUN_MAX 4096            /* blocks in one event */
+#define EV_BATCH_FLUSH (4u << 20)  /* a batch this big goes at once */
+#define EV_KEEP_BYTES (64ull << 20)
+#define EV_LINGER_MS 500
+#define EV_ID_MAX 256              /* ROUTER peer identity */
+
+enum { RUN_NONE = 0, RUN_STORED, RUN_REMOVED };
+
+/* A published batch: shared by the replay ring and every message ZMQ
+ * still queues with it (zero-copy), freed by the last of them (ZMQ's I/O
+ * thread, possibly: the count is atomic). */
+typedef struct ev_blob {
+  atomic_int refs;
+  size_t len;
+  uint8_t data[];
+} ev_blob;
+
+typedef struct ev_kept {
+  uint64_t seq;
+  ev_blob *blob;
+} ev_kept;
+
+struct events {
+  uv_loop_t *loop;
+  void *zctx, *pub, *router;
+  uv_poll_t rpoll;
+  uv_prepare_t prep;
+  int open_handles;
+  char topic[64];
+  size_t topic_len;
+  const char *medium;
+  uint32_t bs;
+  /* the batch being built: its events, packed */
+  msgpack_sbuffer body;
+  msgpack_packer pk;       /* writes into body (body_write) */
+  uint32_t nevents;
+  int lost;                /* out of memory: this batch is incomplete */
+  /* the run being gathered into one event */
+  int run;
+  uint64_t *hashes;
+  uint32_t nh;
+  uint32_t *tokens;        /* nh * bs when run_tokens */
+  int run_tokens;
+  int run_parent;
+  uint64_t parent;
+  kvs_hash128 last;        /* the run's last hash: the next one's parent */
+  /* kept for replay: a ring of cap */
+  ev_kept *kept;
+  uint32_t cap, head, count;
+  uint64_t kept_bytes;
+  uint64_t next_seq;
+  events_stats st;
+};
+
+/* ---- building a batch -------------------------------------------------- */
+
+/* The packer's writer: a failure to grow marks the batch lost. */
+static int body_write(void *data, const char *buf, size_t len) {
+  events *e = data;
+
+  if (msgpack_sbuffer_write(&e->body, buf, len) < 0) {
+    e->lost = 1;
+    return -1;
+  }
+  return 0;
+}
+
+static void blob_unref(void *data, void *hint) {
+  ev_blob *b = hint;
+
+  (void)data;
+  if (atomic_fetch_sub(&b->refs, 1) == 1)
+    free(b);
+}
+
+/* Queues blob as one frame of a message on socket s (zero-copy). */
+static int send_blob(void *s, ev_blob *b, int flags) {
+  zmq_msg_t m;
+
+  atomic_fetch_add(&b->refs, 1);
+  if (zmq_msg_init_data(&m, b->data, b->len, blob_unref, b) < 0) {
+    blob_unref(NULL, b);
+    return -1;
+  }
+  if (zmq_msg_send(&m, s, flags) < 0) {
+    zmq_msg_close(&m); /* (drops the reference) */
+    return -1;
+  }
+  return 0;
+}
+
+static void pack_str(msgpack_packer *pk, const char *s) {
+  size_t n = strlen(s);
+
+  msgpack_pack_str(pk, n);
+  msgpack_pack_str_body(pk, s, n);
+}
+
+/* The gathered run becomes one event of the batch. */
+static void run_end(events *e) {
+  msgpack_packer *pk = &e->pk;
+
+  if (e->run == RUN_STORED) {
+    msgpack_pack_array(pk, 7);
+    pack_str(pk, "BlockStored");
+    msgpack_pack_array(pk, e->nh);
+    for (uint32_t i = 0; i < e->nh; i++)
+      msgpack_pack_uint64(pk, e->hashes[i]);
+    if (e->run_parent)
+      msgpack_pack_uint64(pk, e->parent);
+    else
+      msgpack_pack_nil(pk);
+    if (e->run_tokens) {
+      size_t n = (size_t)e->nh * e->bs;
+
+      msgpack_pack_array(pk, n);
+      for (size_t i = 0; i < n; i++)
+        msgpack_pack_uint32(pk, e->tokens[i]);
+    } else {
+      msgpack_pack_array(pk, 0);
+    }
+    msgpack_pack_uint32(pk, e->bs);
+    msgpack_pack_nil(pk); /* lora_id */
+    pack_str(pk, e->medium);
+    e->st.stored += e->nh;
+  } else if (e->run == RUN_REMOVED) {
+    msgpack_pack_array(pk, 3);
+    pack_str(pk, "BlockRemoved");
+    msgpack_pack_array(pk, e->nh);
+    for (uint32_t i = 0; i < e->nh; i++)
+      msgpack_pack_uint64(pk, e->hashes[i]);
+    pack_str(pk, e->medium);
+    e->st.removed += e->nh;
+  }
+  if (e->run != RUN_NONE)
+    e->nevents++;
+  e->run = RUN_NONE;
+  e->nh = 0;
+}
+
+/* The ring takes the caller's reference to b. */
+static void keep(events *e, uint64_t seq, ev_blob *b) {
+  ev_kept *k;
+
+  while (e->count &&
+         (e->count == e->cap || e->kept_bytes + b->len > EV_KEEP_BYTES)) {
+    k = &e->kept[e->head];
+    e->kept_bytes -= k->blob->len;
+    blob_unref(NULL, k->blob);
+    e->head = (e->head + 1) % e->cap;
+    e->count--;
+  }
+  k = &e->kept[(e->head + e->count) % e->cap];
+  k->seq = seq;
+  k->blob = b;
+  e->kept_bytes += b->len;
+  e->count++;
+}
+
+static void seq_bytes(uint8_t out[8], uint64_t v) {
+  for (int i = 7; i >= 0; i--, v >>= 8)
+    out[i] = (uint8_t)v;
+}
+
+/* The batch goes: PUB (topic, seq, payload), and into the ring. */
+static void flush(events *e) {
+  msgpack_sbuffer hdr;
+  msgpack_packer hp;
+  struct timespec ts;
+  uint8_t seq8[8];
+  ev_blob *b = NULL;
+  uint64_t seq;
+
+  run_end(e);
+  if (e->nevents == 0 && !e->lost)
+    return;
+  seq = e->next_seq++; /* a lost batch still takes its number: the gap
+                          shows */
+  msgpack_sbuffer_init(&hdr);
+  msgpack_packer_init(&hp, &hdr, msgpack_sbuffer_write);
+  clock_gettime(CLOCK_REALTIME, &ts);
+  msgpack_pack_array(&hp, 2);
+  msgpack_pack_double(&hp, (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9);
+  msgpack_pack_array(&hp, e->nevents);
+  if (!e->lost && hdr.data)
+    b = malloc(sizeof(*b) + hdr.size + e->body.size);
+  if (b == NULL) {
+    e->st.dropped++;
+    log_warn(KVS_ENOMEM, "kv events: batch %llu (%u events) lost",
+             (unsigned long long)seq, e->nevents);
+  } else {
+    atomic_init(&b->refs, 1);
+    b->len = hdr.size + e->body.size;
+    memcpy(b->data, hdr.data, hdr.size);
+    memcpy(b->data + hdr.size, e->body.data, e->body.size);
+    seq_bytes(seq8, seq);
+    /* PUB never blocks: a subscriber over its queue's limit loses the
+     * message (its sequence numbers jump), which the daemon does not see. */
+    if (zmq_send(e->pub, e->topic, e->topic_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+        zmq_send(e->pub, seq8, 8, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+        send_blob(e->pub, b, ZMQ_DONTWAIT) < 0)
+      e->st.dropped++;
+    else
+      e->st.batches++;
+    keep(e, seq, b);
+  }
+  msgpack_sbuffer_destroy(&hdr);
+  msgpack_sbuffer_clear(&e->body);
+  e->nevents = 0;
+  e->lost = 0;
+}
+
+static void on_prepare(uv_prepare_t *h) {
+  events *e = h->data;
+
+  flush(e);
+  uv_prepare_stop(h);
+}
+
+/* The run's arrays, allocated at the first event (run_end keeps nh below
+ * EV_RUN_MAX). */
+static int run_room(events *e) {
+  if (e->hashes == NULL) {
+    e->hashes = malloc(EV_RUN_MAX * sizeof(*e->hashes));
+    e->tokens = malloc((size_t)EV_RUN_MAX * e->bs * sizeof(*e->tokens));
+    if (e->hashes == NULL || e->tokens == NULL) {
+      free(e->hashes);
+      free(e->tokens);
+      e->hashes = NULL;
+      e->tokens = NULL;
+      e->lost = 1;
+      return -1;
+    }
+  }
+  return 0;
+}
+
+static void after_event(events *e) {
+  if (e->body.size >= EV_BATCH_FLUSH)
+    flush(e);
+  uv_prepare_start(&e->prep, on_prepare); /* no-op when started */
+}
+
+static void on_stored(void *arg, kvs_hash128 h, const kvs_hash128 *parent,
+                      const uint32_t *tokens) {
+  events *e = arg;
+  int tk = tokens != NULL;
+
+  if (e->run != RUN_STORED || parent == NULL || parent->lo != e->last.lo ||
+      parent->hi != e->last.hi || tk != e->run_tokens || e->nh == EV_RUN_MAX) {
+    run_end(e);
+    e->run = RUN_STORED;
+    e->run_tokens = tk;
+    e->run_parent = parent != NULL;
+    e->parent = parent ? parent->lo : 0;
+  }
+  if (run_room(e) == 0) {
+    if (tk)
+      memcpy(e->tokens + (size_t)e->nh * e->bs, tokens,
+             (size_t)e->bs * sizeof(*tokens));
+    e->hashes[e->nh++] = h.lo;
+    e->last = h;
+  }
+  after_event(e);
+}
+
+static void on_removed(void *arg, kvs_hash128 h) {
+  events *e = arg;
+
+  if (e->run != RUN_REMOVED || e->nh == EV_RUN_MAX) {
+    run_end(e);
+    e->run = RUN_REMOVED;
+  }
+  if (run_room(e) == 0)
+    e->hashes[e->nh++] = h.lo;
+  after_event(e);
+}
+
+static void all_cleared(events *e) {
+  run_end(e);
+  msgpack_pack_array(&e->pk, 1);
+  pack_str(&e->pk, "AllBlocksCleared");
+  e->nevents++;
+  flush(e);
+}
+
+/* ---- replay ------------------------------------------------------------ */
+
+static int send_frame(void *s, const void *p, size_t n, int more) {
+  return zmq_send(s, p, n, ZMQ_DONTWAIT | (more ? ZMQ_SNDMORE : 0)) < 0 ? -1 : 0;
+}
+
+/* One answer to the peer id: [id, ("",) seq8, payload] (b's bytes, or
+ * none). */
+static int send_reply(events *e, const uint8_t *id, size_t idlen, int delim,
+                      const uint8_t seq8[8], ev_blob *b) {
+  int rc = send_frame(e->router, id, idlen, 1);
+
+  if (rc == 0 && delim)
+    rc = send_frame(e->router, "", 0, 1);
+  if (rc == 0)
+    rc = send_frame(e->router, seq8, 8, 1);
+  if (rc == 0)
+    rc = b ? send_blob(e->router, b, ZMQ_DONTWAIT)
+           : send_frame(e->router, "", 0, 0);
+  return rc;
+}
+
+/* One request of n frames: [id, "", seq8] (REQ, or a DEALER sending the
+ * empty delimiter) or [id, seq8]; answered in the same shape (with the
+ * delimiter when the second frame is empty).  bad: a frame was too long to
+ * keep. */
+static void serve_replay(events *e, uint8_t frames[3][EV_ID_MAX],
+                         const size_t lens[3], int n, int bad) {
+  static const uint8_t end8[8] = {0xff, 0xff, 0xff, 0xff,
+                                  0xff, 0xff, 0xff, 0xff};
+  int delim = n >= 3 && lens[1] == 0;
+  uint64_t start = 0;
+  uint8_t seq8[8];
+  int rc = 0;
+
+  if (bad || (n != 2 && n != 3) || lens[n - 1] != 8 || (n == 3 && !delim)) {
+    if (e->st.bad_requests++ == 0)
+      log_warn(0, "kv events: a malformed replay request (%d frames); "
+               "expected [8-byte big-endian sequence number]", n);
+    if (n < 2 || lens[0] == 0)
+      return;
+    start = UINT64_MAX; /* answered with the end marker alone: the peer
+                           does not wait for nothing */
+  } else {
+    for (int i = 0; i < 8; i++)
+      start = start << 8 | frames[n - 1][i];
+    e->st.replays++;
+  }
+  for (uint32_t i = 0; i < e->count && rc == 0; i++) {
+    const ev_kept *k = &e->kept[(e->head + i) % e->cap];
+
+    if (k->seq < start)
+      continue;
+    seq_bytes(seq8, k->seq);
+    rc = send_reply(e, frames[0], lens[0], delim, seq8, k->blob);
+  }
+  if (rc == 0)
+    rc = send_reply(e, frames[0], lens[0], delim, end8, NULL);
+  if (rc < 0)
+    log_debug(zmq_errno(), "kv events: a replay was cut short");
+}
+
+static void on_router(uv_poll_t *h, int status, int revents) {
+  events *e = h->data;
+  uint8_t frames[3][EV_ID_MAX];
+
+  (void)status;
+  (void)revents;
+  for (;;) {
+    int zev = 0, n = 0, more = 1, bad = 0;
+    size_t sz = sizeof(zev), lens[3] = {0, 0, 0};
+
+    if (zmq_getsockopt(e->router, ZMQ_EVENTS, &zev, &sz) < 0 ||
+        !(zev & ZMQ_POLLIN))
+      break;
+    while (more) {
+      zmq_msg_t m;
+
+      zmq_msg_init(&m);
+      if (zmq_msg_recv(&m, e->router, ZMQ_DONTWAIT) < 0) {
+        zmq_msg_close(&m);
+        break;  /* (a message comes whole or not at all) */
+      }
+      more = zmq_msg_more(&m);
+      if (n < 3 && zmq_msg_size(&m) <= EV_ID_MAX) {
+        lens[n] = zmq_msg_size(&m);
+        memcpy(frames[n], zmq_msg_data(&m), lens[n]);
+      } else {
+        bad = 1;
+      }
+      n++;
+      zmq_msg_close(&m);
+    }
+    if (n > 0)
+      serve_replay(e, frames, lens, n, bad);
+    else if (zmq_errno() != EINTR)
+      break;
+  }
+}
+
+/* ---- open / close ------------------------------------------------------ */
+
+static void on_closed(uv_handle_t *h) {
+  events *e = h->data;
+
+  if (--e->open_handles > 0)
+    return;
+  for (uint32_t i = 0; i < e->count; i++)
+    blob_unref(NULL, e->kept[(e->head + i) % e->cap].blob);
+  free(e->kept);
+  free(e->hashes);
+  free(e->tokens);
+  msgpack_sbuffer_destroy(&e->body);
+  free(e);
+}
+
+static void *bind_socket(events *e, int type, const char *ep, int hwm,
+                         char *err, size_t len) {
+  void *s = zmq_socket(e->zctx, type);
+  int linger = EV_LINGER_MS;
+
+  if (s == NULL) {
+    snprintf(err, len, "zmq_socket: %s", zmq_strerror(zmq_errno()));
+    return NULL;
+  }
+  zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof(linger));
+  zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof(hwm));
+  if (zmq_bind(s, ep) < 0) {
+    snprintf(err, len, "cannot bind %s: %s", ep, zmq_strerror(zmq_errno()));
+    zmq_close(s);
+    return NULL;
+  }
+  return s;
+}
+
+int events_open(uv_loop_t *loop, const cfg *c, core *cr, const char *medium,
+                uint32_t block_size, events **out, char *err, size_t len) {
+  core_observer obs;
+  events *e;
+  int fd;
+  size_t fsz = sizeof(fd);
+
+  *out = NULL;
+  if (!c->kv_events_endpoint[0])
+    return 0;
+  if (strcmp(c->kv_events_endpoint, c->kv_events_replay_endpoint) == 0) {
+    snprintf(err, len, "kv_events_endpoint and kv_events_replay_endpoint "
+             "must differ (both %s)", c->kv_events_endpoint);
+    return -1;
+  }
+  e = calloc(1, sizeof(*e));
+  if (e == NULL || (e->kept = calloc(c->kv_events_buffer, sizeof(ev_kept))) == NULL) {
+    free(e);
+    snprintf(err, len, "out of memory");
+    return -1;
+  }
+  e->loop = loop;
+  e->cap = c->kv_events_buffer;
+  e->medium = medium;
+  e->bs = block_size;
+  snprintf(e->topic, sizeof(e->topic), "%s", c->kv_events_topic);
+  e->topic_len = strlen(e->topic);
+  msgpack_sbuffer_init(&e->body);
+  msgpack_packer_init(&e->pk, e, body_write);
+  {
+    /* Sequence numbers go on growing across restarts (the first is the
+     * start time in microseconds): a subscriber of the daemon before sees
+     * a jump, asks for a replay and gets this one's AllBlocksCleared. */
+    struct timespec now;
+
+    clock_gettime(CLOCK_REALTIME, &now);
+    e->next_seq = (uint64_t)now.tv_sec * 1000000u + (uint64_t)now.tv_nsec / 1000;
+  }
+  e->zctx = zmq_ctx_new();
+  if (e->zctx == NULL) {
+    snprintf(err, len, "zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
+    goto fail;
+  }
+  /* A subscriber's queue holds at most what the replay ring keeps. */
+  e->pub = bind_socket(e, ZMQ_PUB, c->kv_events_endpoint,
+                       (int)c->kv_events_buffer, err, len);
+  if (e->pub == NULL)
+    goto fail;
+  if (c->kv_events_replay_endpoint[0]) {
+    /* One whole replay fits a peer's queue. */
+    int hwm = (int)(2 * (c->kv_events_buffer + 1) * 4);
+
+    e->router = bind_socket(e, ZMQ_ROUTER, c->kv_events_replay_endpoint,
+                            hwm, err, len);
+    if (e->router == NULL)
+      goto fail;
+    if (zmq_getsockopt(e->router, ZMQ_FD, &fd, &fsz) < 0) {
+      snprintf(err, len, "ZMQ_FD: %s", zmq_strerror(zmq_errno()));
+      goto fail;
+    }
+    if (uv_poll_init(loop, &e->rpoll, fd) < 0) {
+      snprintf(err, len, "cannot watch the replay socket");
+      goto fail;
+    }
+    e->rpoll.data = e;
+    uv_poll_start(&e->rpoll, UV_READABLE, on_router);
+    e->open_handles++;
+  }
+  uv_prepare_init(loop, &e->prep);
+  e->prep.data = e;
+  e->open_handles++;
+
+  all_cleared(e);
+  memset(&obs, 0, sizeof(obs));
+  obs.stored = on_stored;
+  obs.removed = on_removed;
+  obs.arg = e;
+  core_add_observer(cr, &obs); /* (room for CORE_OBSERVERS: never full) */
+  log_info(0, "kv events: publishing on %s%s%s (topic '%s', medium %s)",
+           c->kv_events_endpoint,
+           e->router ? ", replay on " : "",
+           e->router ? c->kv_events_replay_endpoint : "", e->topic, medium);
+  *out = e;
+  return 0;
+
+fail:
+  if (e->router)
+    zmq_close(e->router);
+  if (e->pub)
+    zmq_close(e->pub);
+  if (e->zctx)
+    zmq_ctx_term(e->zctx);
+  free(e->kept);
+  msgpack_sbuffer_destroy(&e->body);
+  free(e);
+  return -1;
+}
+
+void events_close(events *e, core *cr) {
+  if (e == NULL)
+    return;
+  core_remove_observer(cr, e);
+  flush(e);
+  all_cleared(e);
+  if (e->router) {
+    uv_close((uv_handle_t *)&e->rpoll, on_closed);
+    zmq_close(e->router);
+  }
+  zmq_close(e->pub);
+  zmq_ctx_term(e->zctx); /* up to the linger: the last batches go out */
+  uv_close((uv_handle_t *)&e->prep, on_closed);
+}
+
+void events_get_stats(const events *e, events_stats *st) {
+  memset(st, 0, sizeof(*st));
+  if (e == NULL)
+    return;
+  *st = e->st;
+  st->kept = e->count;
+  st->kept_bytes = e->kept_bytes;
+}

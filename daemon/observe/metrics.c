@@ -1,0 +1,716 @@
+/*
+ * metrics.c — /metrics in the Prometheus text format (metrics.h).
+ *
+ * Two threads: the loop (owner of every number: metrics_request,
+ * metrics_batch, and the snapshot taken in on_async) and libmicrohttpd's
+ * thread (the HTTP side: asks for a snapshot, waits, renders).  They share
+ * only the struct's mutex-guarded part: want/done generations, closing, and
+ * the snapshot.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include "daemon/observe/events.h"
+#include "daemon/log.h"
+#include "daemon/observe/metrics.h"
+#include "daemon/tiers/remote.h"
+#include "daemon/net/server.h"
+
+#define SCRAPE_WAIT_MS 1000
+
+/* Request latency buckets, seconds (upper bounds; +Inf after). */
+static const double lat_le[] = {5e-6,   1e-5,  2.5e-5, 5e-5, 1e-4, 2.5e-4,
+                                5e-4,   1e-3,  2.5e-3, 5e-3, 1e-2, 2.5e-2,
+                                5e-2,   0.1,   0.25,   0.5,  1,    2.5};
+#define LAT_N (sizeof(lat_le) / sizeof(lat_le[0]))
+/* Ops per batch: 1, 2, 4, ... 16384 (the default max_batch_ops); +Inf. */
+#define BAT_N 15
+
+static const char *const op_names[METRICS_OPS] = {
+    NULL,      "lookup", "allocate", "append", "commit",  "fork",    "free",
+    "preempt", "stats",  "batch",    "ping",   "swap_out", "swap_in",
+    "packed_batch"};
+
+_Static_assert(METRICS_OPS == KVSHARE__REQUEST__OP_PACKED_BATCH + 1,
+               "op_names must name every Request op");
+
+typedef struct hist {
+  uint64_t lat[METRICS_OPS][LAT_N + 1];
+  uint64_t lat_sum_ns[METRICS_OPS];
+  uint64_t bat[BAT_N + 1];
+  uint64_t bat_sum;
+} hist;
+
+/* One scrape's numbers. */
+typedef struct msnap {
+  core_stats core;
+  tiers_stats tiers[SRV_TIERS];
+  uint32_t ntiers;
+  int events_on;
+  int remote_on;
+  remote_stats rs;
+  events_stats ev;
+  uint32_t sessions;
+  uint64_t frames_in, compact_frames, protocol_errors, queued;
+  int rings_on;
+  uint64_t ring_requests, ring_socket_replies, ring_wakeups;
+  uint64_t copies, copy_blocks, copy_errors;
+  uint64_t pool_bytes;
+  uint32_t block_size;
+  char backend[16], gpu_uuid[64], policy[32], model_id[128];
+  double start_time;
+  hist h;
+} msnap;
+
+struct metrics {
+  srv *s;
+  struct MHD_Daemon *httpd;
+  uv_async_t async;
+  hist h;              /* the loop's */
+  double start_time;
+  /* shared with the HTTP thread, under mu */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  uint64_t want, done; /* snapshot generations asked for, taken */
+  int closing;
+  msnap snap;
+};
+
+/* ---- the loop's side ------------------------------------------------------ */
+
+void metrics_request(metrics *m, int op, uint64_t ns) {
+  double sec = (double)ns * 1e-9;
+  size_t i = 0;
+
+  if ((unsigned)op >= METRICS_OPS)
+    op = 0;
+  while (i < LAT_N && sec > lat_le[i])
+    i++;
+  m->h.lat[op][i]++;
+  m->h.lat_sum_ns[op] += ns;
+}
+
+void metrics_batch(metrics *m, uint64_t n) {
+  size_t i = 0;
+
+  while (i < BAT_N && n > (1ull << i))
+    i++;
+  m->h.bat[i]++;
+  m->h.bat_sum += n;
+}
+
+static void take_snapshot(metrics *m, msnap *o) {
+  srv *s = m->s;
+
+  memset(o, 0, sizeof(*o));
+  core_get_stats(s->core, &o->core);
+  srv_tiers_stats(s, o->tiers, &o->ntiers);
+  o->events_on = s->events != NULL;
+  o->remote_on = s->remote != NULL;
+  if (s->remote)
+    rmoves_get_stats(s->remote, &o->rs);
+  events_get_stats(s->events, &o->ev);
+  o->sessions = s->nsessions;
+  o->frames_in = s->frames_in;
+  o->compact_frames = s->compact_frames;
+  o->protocol_errors = s->protocol_errors;
+  o->queued = s->queued;
+  o->rings_on = s->rings != NULL;
+  ring_counts(s, &o->ring_requests, &o->ring_socket_replies,
+              &o->ring_wakeups);
+  o->copies = s->copy.jobs;
+  o->copy_blocks = s->copy.blocks;
+  o->copy_errors = s->copy.errors;
+  o->pool_bytes = s->pool->ex.size;
+  o->block_size = s->layout.block_size;
+  snprintf(o->backend, sizeof(o->backend), "%s", s->pool->ex.backend);
+  snprintf(o->gpu_uuid, sizeof(o->gpu_uuid), "%s", s->pool->ex.gpu_uuid);
+  snprintf(o->policy, sizeof(o->policy), "%s", s->cfg->policy);
+  snprintf(o->model_id, sizeof(o->model_id), "%s", s->cfg->model_id);
+  o->start_time = m->start_time;
+  o->h = m->h;
+}
+
+static void on_async(uv_async_t *a) {
+  metrics *m = a->data;
+  msnap *tmp = malloc(sizeof(*tmp));
+  uint64_t want;
+
+  if (tmp == NULL)
+    return; /* the scrape times out: 503 */
+  pthread_mutex_lock(&m->mu);
+  want = m->want;
+  pthread_mutex_unlock(&m->mu);
+  if (want == m->done) {
+    free(tmp);
+    return;
+  }
+  take_snapshot(m, tmp);
+  pthread_mutex_lock(&m->mu);
+  m->snap = *tmp;
+  m->done = want;
+  pthread_cond_broadcast(&m->cv);
+  pthread_mutex_unlock(&m->mu);
+  free(tmp);
+}
+
+/* ---- the HTTP side -------------------------------------------------------- */
+
+/* A fresh snapshot into out: 0, or -1 (timed out or closing). */
+static int fetch(metrics *m, msnap *out) {
+  struct timespec dl;
+  uint64_t my;
+  int rc = 0;
+
+  clock_gettime(CLOCK_MONOTONIC, &dl);
+  dl.tv_nsec += (long)(SCRAPE_WAIT_MS % 1000) * 1000000L;
+  dl.tv_sec += SCRAPE_WAIT_MS / 1000 + dl.tv_nsec / 1000000000L;
+  dl.tv_nsec %= 1000000000L;
+  pthread_mutex_lock(&m->mu);
+  my = ++m->want;
+  if (!m->closing)
+    uv_async_send(&m->async);
+  while (!m->closing && m->done < my && rc == 0)
+    rc = pthread_cond_timedwait(&m->cv, &m->mu, &dl);
+  if (m->closing || m->done < my)
+    rc = -1;
+  else
+    *out = m->snap;
+  pthread_mutex_unlock(&m->mu);
+  return rc ? -1 : 0;
+}
+
+/* A label value, escaped as the text format wants (\\, \", \n). */
+static void put_label(FILE *f, const char *v) {
+  for (; *v; v++) {
+    if (*v == '\\' || *v == '"')
+      fprintf(f, "\\%c", *v);
+    else if (*v == '\n')
+      fputs("\\n", f);
+    else
+      fputc(*v, f);
+  }
+}
+
+static void family(FILE *f, const char *name, const char *type,
+                   const char *help) {
+  fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void one(FILE *f, const char *name, const char *type, const char *help,
+                uint64_t v) {
+  family(f, name, type, help);
+  fprintf(f, "%s %llu\n", name, (unsigned long long)v);
+}
+
+/* The tiers' numbers, each one family with a value per tier. */
+enum tier_field {
+  TF_CAPACITY, TF_SLOTS, TF_USED, TF_HELD, TF_DEMOTIONS, TF_PROMOTIONS,
+  TF_HITS, TF_DROPS, TF_FAILURES, TF_BYTES_IN, TF_BYTES_OUT, TF_IO_ERRORS,
+  TF_CHECKSUMS
+};
+
+static uint64_t tier_value(const tiers_stats *t, enum tier_field f) {
+  switch (f) {
+  case TF_CAPACITY: return t->capacity_bytes;
+  case TF_SLOTS: return t->core.slots;
+  case TF_USED: return t->core.used;
+  case TF_HELD: return t->core.held;
+  case TF_DEMOTIONS: return t->core.demotions;
+  case TF_PROMOTIONS: return t->core.promotions;
+  case TF_HITS: return t->core.hit_blocks;
+  case TF_DROPS: return t->core.drops;
+  case TF_FAILURES: return t->core.failures;
+  case TF_BYTES_IN: return t->bytes_in;
+  case TF_BYTES_OUT: return t->bytes_out;
+  case TF_IO_ERRORS: return t->io_errors;
+  case TF_CHECKSUMS: return t->checksum_failures;
+  }
+  return 0;
+}
+
+static const struct tier_fam {
+  const char *name, *type, *help;
+  enum tier_field field;
+} tier_fams[] = {
+    {"kvshare_tier_capacity_bytes", "gauge", "Bytes of the tier.", TF_CAPACITY},
+    {"kvshare_tier_slots", "gauge", "Block slots of the tier.", TF_SLOTS},
+    {"kvshare_tier_used_slots", "gauge",
+     "Slots holding a block (or being written).", TF_USED},
+    {"kvshare_tier_held_slots", "gauge",
+     "Of the used slots, those swapped-out requests hold.", TF_HELD},
+    {"kvshare_tier_demotions_total", "counter", "Blocks written into the tier.",
+     TF_DEMOTIONS},
+    {"kvshare_tier_promotions_total", "counter",
+     "Blocks brought up from the tier.", TF_PROMOTIONS},
+    {"kvshare_tier_hit_blocks_total", "counter",
+     "Blocks lookups found in the tier.", TF_HITS},
+    {"kvshare_tier_drops_total", "counter",
+     "Blocks dropped from the tier to make room.", TF_DROPS},
+    {"kvshare_tier_failures_total", "counter",
+     "Moves into or promotions from the tier that failed.", TF_FAILURES},
+    {"kvshare_tier_written_bytes_total", "counter",
+     "Bytes written into the tier.", TF_BYTES_IN},
+    {"kvshare_tier_read_bytes_total", "counter", "Bytes read from the tier.",
+     TF_BYTES_OUT},
+    {"kvshare_tier_io_errors_total", "counter",
+     "Disk I/O errors (EIO, ENOSPC, short I/O).", TF_IO_ERRORS},
+    {"kvshare_tier_checksum_failures_total", "counter",
+     "Disk reads that failed their header or checksum.", TF_CHECKSUMS},
+};
+
+static void tier_family(FILE *f, const msnap *sn, const struct tier_fam *t) {
+  family(f, t->name, t->type, t->help);
+  for (uint32_t i = 0; i < sn->ntiers; i++)
+    fprintf(f, "%s{tier=\"%s\"} %llu\n", t->name, sn->tiers[i].name,
+            (unsigned long long)tier_value(&sn->tiers[i], t->field));
+}
+
+static void render_hist(FILE *f, const msnap *sn) {
+  family(f, "kvshare_request_duration_seconds", "histogram",
+         "Time from a request's frame being taken up to its reply being "
+         "queued (promotions and daemon copies included), by op.");
+  for (int op = 1; op < METRICS_OPS; op++) {
+    uint64_t cum = 0;
+
+    for (size_t i = 0; i <= LAT_N; i++) {
+      cum += sn->h.lat[op][i];
+      if (i < LAT_N)
+        fprintf(f, "kvshare_request_duration_seconds_bucket{op=\"%s\","
+                "le=\"%g\"} %llu\n", op_names[op], lat_le[i],
+                (unsigned long long)cum);
+      else
+        fprintf(f, "kvshare_request_duration_seconds_bucket{op=\"%s\","
+                "le=\"+Inf\"} %llu\n", op_names[op], (unsigned long long)cum);
+    }
+    fprintf(f, "kvshare_request_duration_seconds_sum{op=\"%s\"} %.9f\n",
+            op_names[op], (double)sn->h.lat_sum_ns[op] * 1e-9);
+    fprintf(f, "kvshare_request_duration_seconds_count{op=\"%s\"} %llu\n",
+            op_names[op], (unsigned long long)cum);
+  }
+  family(f, "kvshare_batch_ops", "histogram",
+         "Ops per Batch or PackedBatch request.");
+  {
+    uint64_t cum = 0;
+
+    for (size_t i = 0; i <= BAT_N; i++) {
+      cum += sn->h.bat[i];
+      if (i < BAT_N)
+        fprintf(f, "kvshare_batch_ops_bucket{le=\"%llu\"} %llu\n",
+                1ull << i, (unsigned long long)cum);
+      else
+        fprintf(f, "kvshare_batch_ops_bucket{le=\"+Inf\"} %llu\n",
+                (unsigned long long)cum);
+    }
+    fprintf(f, "kvshare_batch_ops_sum %llu\n",
+            (unsigned long long)sn->h.bat_sum);
+    fprintf(f, "kvshare_batch_ops_count %llu\n", (unsigned long long)cum);
+  }
+}
+
+static void render(FILE *f, const msnap *sn) {
+  const core_stats *c = &sn->core;
+
+  family(f, "kvshare_info", "gauge",
+         "The daemon and its pool (labels); always 1.");
+  fputs("kvshare_info{backend=\"", f);
+  put_label(f, sn->backend);
+  fputs("\",gpu_uuid=\"", f);
+  put_label(f, sn->gpu_uuid);
+  fputs("\",policy=\"", f);
+  put_label(f, sn->policy);
+  fputs("\",model_id=\"", f);
+  put_label(f, sn->model_id);
+  fputs("\"} 1\n", f);
+  family(f, "kvshare_start_time_seconds", "gauge",
+         "When the daemon started, seconds since the epoch.");
+  fprintf(f, "kvshare_start_time_seconds %.3f\n", sn->start_time);
+
+  family(f, "kvshare_pool_blocks", "gauge", "Blocks of the pool by state.");
+  fprintf(f, "kvshare_pool_blocks{state=\"free\"} %u\n", c->free_blocks);
+  fprintf(f, "kvshare_pool_blocks{state=\"cached\"} %u\n", c->cached_blocks);
+  fprintf(f, "kvshare_pool_blocks{state=\"used\"} %u\n", c->used_blocks);
+  one(f, "kvshare_pool_size_blocks", "gauge", "Blocks in the pool.",
+      c->num_blocks);
+  one(f, "kvshare_pool_bytes", "gauge", "Bytes of the pool's memory.",
+      sn->pool_bytes);
+  one(f, "kvshare_block_size_tokens", "gauge", "Tokens per block.",
+      sn->block_size);
+  one(f, "kvshare_indexed_blocks", "gauge",
+      "Hashes in the prefix index (cached blocks, and sealed ones in use).",
+      c->indexed_blocks);
+  one(f, "kvshare_requests", "gauge", "Live requests, all sessions.",
+      c->num_requests);
+  one(f, "kvshare_swapped_requests", "gauge",
+      "Requests swapped out now (or swapping).", c->swapped_requests);
+
+  one(f, "kvshare_lookups_total", "counter", "Lookups.", c->lookups);
+  one(f, "kvshare_lookup_tokens_total", "counter",
+      "Tokens of every looked-up prompt.", c->query_tokens);
+  one(f, "kvshare_hit_tokens_total", "counter",
+      "Prompt tokens served from the cache.", c->hit_tokens);
+  one(f, "kvshare_hit_blocks_total", "counter", "Full blocks lookups hit.",
+      c->hit_blocks);
+  one(f, "kvshare_miss_blocks_total", "counter", "Full blocks lookups missed.",
+      c->miss_blocks);
+  one(f, "kvshare_allocated_blocks_total", "counter",
+      "Blocks handed out by Allocate, Append and promotions.",
+      c->allocated_blocks);
+  one(f, "kvshare_evictions_total", "counter",
+      "Cached blocks reused for something else.", c->evictions);
+  one(f, "kvshare_sealed_blocks_total", "counter",
+      "Full blocks hashed and published.", c->sealed_blocks);
+  one(f, "kvshare_cow_copies_total", "counter",
+      "Copy-on-write pairs handed to clients.", c->cow_copies);
+  one(f, "kvshare_no_space_total", "counter",
+      "Allocations refused for want of blocks (ENOSPC).", c->no_space);
+
+  one(f, "kvshare_sessions", "gauge", "Open sessions.", sn->sessions);
+  one(f, "kvshare_frames_total", "counter", "Frames received.",
+      sn->frames_in);
+  one(f, "kvshare_compact_frames_total", "counter",
+      "Of the frames received, those in the compact encoding.",
+      sn->compact_frames);
+  one(f, "kvshare_protocol_errors_total", "counter",
+      "Frames refused as malformed or out of place.", sn->protocol_errors);
+  one(f, "kvshare_queued_bytes", "gauge",
+      "Reply bytes queued for all sessions, not yet written.", sn->queued);
+  if (sn->rings_on) {
+    one(f, "kvshare_ring_requests_total", "counter",
+        "Requests taken from request rings (KVS_RING=1 sessions).",
+        sn->ring_requests);
+    one(f, "kvshare_ring_socket_replies_total", "counter",
+        "Replies to ring requests too big for the ring, sent on the socket.",
+        sn->ring_socket_replies);
+    one(f, "kvshare_ring_wakeups_total", "counter",
+        "Times a client woke the daemon from its sleep (past ring_poll_us).",
+        sn->ring_wakeups);
+  }
+  one(f, "kvshare_daemon_copies_total", "counter",
+      "Copy jobs the daemon's copy engine ran.", sn->copies);
+  one(f, "kvshare_daemon_copy_blocks_total", "counter",
+      "Blocks the daemon's copy engine copied.", sn->copy_blocks);
+  one(f, "kvshare_copy_errors_total", "counter",
+      "Copy jobs that failed (their sessions closed).", sn->copy_errors);
+
+  one(f, "kvshare_tier_lost_total", "counter",
+      "Cached blocks evicted with no copy below (demotion did not keep up).",
+      c->tier_lost);
+  for (size_t i = 0; i < sizeof(tier_fams) / sizeof(tier_fams[0]); i++)
+    tier_family(f, sn, &tier_fams[i]);
+
+  one(f, "kvshare_swap_outs_total", "counter", "SwapOuts done.", c->swap_outs);
+  one(f, "kvshare_swap_ins_total", "counter",
+      "SwapIns that restored every token.", c->swap_ins);
+  one(f, "kvshare_swap_failures_total", "counter",
+      "SwapOuts undone and SwapIns cut short.", c->swap_failures);
+  one(f, "kvshare_swap_out_blocks_total", "counter",
+      "Blocks copied down by SwapOuts.", c->swap_out_blocks);
+  one(f, "kvshare_swap_in_blocks_total", "counter",
+      "Blocks copied up by SwapIns.", c->swap_in_blocks);
+
+  if (sn->events_on) {
+    one(f, "kvshare_kv_event_batches_total", "counter",
+        "KV event batches published.", sn->ev.batches);
+    family(f, "kvshare_kv_event_blocks_total", "counter",
+           "Blocks in published KV events, by event.");
+    fprintf(f, "kvshare_kv_event_blocks_total{event=\"stored\"} %llu\n",
+            (unsigned long long)sn->ev.stored);
+    fprintf(f, "kvshare_kv_event_blocks_total{event=\"removed\"} %llu\n",
+            (unsigned long long)sn->ev.removed);
+    one(f, "kvshare_kv_event_dropped_total", "counter",
+        "KV event batches lost to memory (drops per subscriber are not seen).",
+        sn->ev.dropped);
+    one(f, "kvshare_kv_event_replays_total", "counter",
+        "Replay requests answered.", sn->ev.replays);
+    one(f, "kvshare_kv_event_bad_requests_total", "counter",
+        "Malformed replay requests.", sn->ev.bad_requests);
+    one(f, "kvshare_kv_event_kept_batches", "gauge",
+        "KV event batches kept for replay.", sn->ev.kept);
+    one(f, "kvshare_kv_event_kept_bytes", "gauge",
+        "Bytes of the KV event batches kept for replay.", sn->ev.kept_bytes);
+  }
+  if (sn->remote_on) {
+    const remote_stats *r = &sn->rs;
+    one(f, "kvshare_remote_nodes", "gauge",
+        "Servers of the remote tier (cluster masters).", r->nodes);
+    one(f, "kvshare_remote_nodes_up", "gauge",
+        "Servers of the remote tier connected now.", r->nodes_up);
+    one(f, "kvshare_remote_inflight_bytes", "gauge",
+        "Bytes of reads and writes waiting for the remote tier.",
+        r->inflight_bytes);
+    one(f, "kvshare_remote_reads_total", "counter",
+        "Lookups that asked the remote tier.", r->gets);
+    family(f, "kvshare_remote_read_blocks_total", "counter",
+           "Blocks asked of the remote tier, by answer.");
+    fprintf(f, "kvshare_remote_read_blocks_total{answer=\"hit\"} %llu\n"
+            "kvshare_remote_read_blocks_total{answer=\"miss\"} %llu\n"
+            "kvshare_remote_read_blocks_total{answer=\"bad\"} %llu\n"
+            "kvshare_remote_read_blocks_total{answer=\"error\"} %llu\n",
+            (unsigned long long)r->hit_blocks,
+            (unsigned long long)r->miss_blocks,
+            (unsigned long long)r->bad_blocks,
+            (unsigned long long)r->error_blocks);
+    one(f, "kvshare_remote_timeouts_total", "counter",
+        "Remote reads cut short by remote_tier_timeout_ms.", r->timeouts);
+    one(f, "kvshare_remote_unavailable_total", "counter",
+        "Remote reads not sent: no server, or the in-flight bound.",
+        r->unavailable);
+    one(f, "kvshare_remote_writes_skipped_total", "counter",
+        "Remote writes not sent: no server, or the in-flight bound.",
+        r->puts_skipped);
+    one(f, "kvshare_remote_reconnects_total", "counter",
+        "Connections to the remote tier made again after a loss.",
+        r->reconnects);
+  }
+  render_hist(f, sn);
+}
+
+static enum MHD_Result reply(struct MHD_Connection *conn, unsigned code,
+                             const char *type, char *body, size_t len) {
+  struct MHD_Response *r =
+      MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
+  enum MHD_Result rc;
+
+  if (r == NULL) {
+    free(body);
+    return MHD_NO;
+  }
+  MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+  rc = MHD_queue_response(conn, code, r);
+  MHD_destroy_response(r);
+  return rc;
+}
+
+static enum MHD_Result reply_text(struct MHD_Connection *conn, unsigned code,
+                                  const char *text) {
+  char *b = strdup(text);
+
+  return b ? reply(conn, code, "text/plain; charset=utf-8", b, strlen(b))
+           : MHD_NO;
+}
+
+static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn,
+                               const char *url, const char *method,
+                               const char *version, const char *upload,
+                               size_t *upload_size, void **state) {
+  metrics *m = cls;
+  msnap *sn;
+  char *body = NULL;
+  size_t len = 0;
+  FILE *f;
+
+  (void)version;
+  (void)upload;
+  (void)state;
+  if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
+    return reply_text(conn, MHD_HTTP_METHOD_NOT_ALLOWED,
+                      "only GET and HEAD\n");
+  if (*upload_size)
+    return MHD_NO;
+  if (strcmp(url, "/") == 0)
+    return reply_text(conn, MHD_HTTP_OK, "kvshared: metrics at /metrics\n");
+  if (strcmp(url, "/metrics") != 0)
+    return reply_text(conn, MHD_HTTP_NOT_FOUND, "not found; try /metrics\n");
+  sn = malloc(sizeof(*sn));
+  if (sn == NULL)
+    return reply_text(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "out of memory\n");
+  if (fetch(m, sn) < 0) {
+    free(sn);
+    return reply_text(conn, MHD_HTTP_SERVICE_UNAVAILABLE,
+                      "the daemon is stopping or busy; retry\n");
+  }
+  f = open_memstream(&body, &len);
+  if (f == NULL) {
+    free(sn);
+    return reply_text(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "out of memory\n");
+  }
+  render(f, sn);
+  free(sn);
+  if (fclose(f) != 0 || body == NULL) {
+    free(body);
+    return reply_text(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "out of memory\n");
+  }
+  return reply(conn, MHD_HTTP_OK, "text/plain; version=0.0.4; charset=utf-8",
+               body, len);
+}
+
+/* ---- start / stop --------------------------------------------------------- */
+
+/* "ADDR:PORT", "[V6]:PORT" or "*:PORT" into a socket address. */
+static int parse_listen(const char *spec, struct sockaddr_storage *ss,
+                        socklen_t *sl, char *err, size_t len) {
+  char host[128];
+  const char *colon, *port_s;
+  char *end;
+  unsigned long port;
+
+  memset(ss, 0, sizeof(*ss));
+  if (spec[0] == '[') {
+    const char *rb = strchr(spec, ']');
+
+    if (!rb || rb[1] != ':' || (size_t)(rb - spec - 1) >= sizeof(host))
+      goto bad;
+    memcpy(host, spec + 1, (size_t)(rb - spec - 1));
+    host[rb - spec - 1] = '\0';
+    port_s = rb + 2;
+  } else {
+    colon = strrchr(spec, ':');
+    if (!colon || (size_t)(colon - spec) >= sizeof(host))
+      goto bad;
+    memcpy(host, spec, (size_t)(colon - spec));
+    host[colon - spec] = '\0';
+    port_s = colon + 1;
+  }
+  errno = 0;
+  port = strtoul(port_s, &end, 10);
+  if (errno || end == port_s || *end || port > 65535)
+    goto bad;
+  if (strcmp(host, "*") == 0 || host[0] == '\0') {
+    struct sockaddr_in6 *a = (struct sockaddr_in6 *)ss;
+
+    a->sin6_family = AF_INET6; /* dual stack */
+    a->sin6_addr = in6addr_any;
+    a->sin6_port = htons((uint16_t)port);
+    *sl = sizeof(*a);
+    return 0;
+  }
+  {
+    struct sockaddr_in *a4 = (struct sockaddr_in *)ss;
+    struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)ss;
+
+    if (inet_pton(AF_INET, host, &a4->sin_addr) == 1) {
+      a4->sin_family = AF_INET;
+      a4->sin_port = htons((uint16_t)port);
+      *sl = sizeof(*a4);
+      return 0;
+    }
+    if (inet_pton(AF_INET6, host, &a6->sin6_addr) == 1) {
+      a6->sin6_family = AF_INET6;
+      a6->sin6_port = htons((uint16_t)port);
+      *sl = sizeof(*a6);
+      return 0;
+    }
+  }
+bad:
+  snprintf(err, len, "metrics_listen '%s': expected ADDR:PORT, [IPV6]:PORT "
+           "or *:PORT with a numeric address", spec);
+  return -1;
+}
+
+static struct MHD_Daemon *start_httpd(metrics *m, unsigned flags,
+                                      const struct sockaddr_storage *ss) {
+  return MHD_start_daemon(flags, 0, NULL, NULL, on_http, m,
+                          MHD_OPTION_SOCK_ADDR, (const struct sockaddr *)ss,
+                          MHD_OPTION_CONNECTION_LIMIT, (unsigned)16,
+                          MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
+                          MHD_OPTION_END);
+}
+
+static void on_async_closed(uv_handle_t *h) {
+  metrics *m = h->data;
+
+  pthread_cond_destroy(&m->cv);
+  pthread_mutex_destroy(&m->mu);
+  free(m);
+}
+
+int metrics_start(srv *s, char *err, size_t len) {
+  struct sockaddr_storage ss;
+  const union MHD_DaemonInfo *info;
+  pthread_condattr_t ca;
+  struct timespec now;
+  char addr[INET6_ADDRSTRLEN + 8] = "?";
+  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL;
+  socklen_t sl = 0;
+  metrics *m;
+
+  s->metrics = NULL;
+  if (!s->cfg->metrics_listen[0])
+    return 0;
+  if (parse_listen(s->cfg->metrics_listen, &ss, &sl, err, len) < 0)
+    return -1;
+  m = calloc(1, sizeof(*m));
+  if (m == NULL) {
+    snprintf(err, len, "out of memory");
+    return -1;
+  }
+  m->s = s;
+  clock_gettime(CLOCK_REALTIME, &now);
+  m->start_time = (double)now.tv_sec + (double)now.tv_nsec * 1e-9;
+  pthread_mutex_init(&m->mu, NULL);
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&m->cv, &ca);
+  pthread_condattr_destroy(&ca);
+  if (uv_async_init(s->loop, &m->async, on_async) < 0) {
+    snprintf(err, len, "uv_async_init failed");
+    pthread_cond_destroy(&m->cv);
+    pthread_mutex_destroy(&m->mu);
+    free(m);
+    return -1;
+  }
+  m->async.data = m;
+  if (ss.ss_family == AF_INET6) {
+    flags |= MHD_USE_IPv6;
+    if (IN6_IS_ADDR_UNSPECIFIED(&((struct sockaddr_in6 *)&ss)->sin6_addr))
+      flags |= MHD_USE_DUAL_STACK;
+  }
+  m->httpd = start_httpd(m, flags, &ss);
+  if (m->httpd == NULL && (flags & MHD_USE_DUAL_STACK) == MHD_USE_DUAL_STACK) {
+    /* *:PORT on a host without IPv6: every IPv4 address instead. */
+    struct sockaddr_in *a4 = (struct sockaddr_in *)&ss;
+    uint16_t port = ((struct sockaddr_in6 *)&ss)->sin6_port;
+
+    memset(&ss, 0, sizeof(ss));
+    a4->sin_family = AF_INET;
+    a4->sin_addr.s_addr = htonl(INADDR_ANY);
+    a4->sin_port = port;
+    flags &= ~(unsigned)MHD_USE_DUAL_STACK;
+    m->httpd = start_httpd(m, flags, &ss);
+  }
+  if (m->httpd == NULL) {
+    snprintf(err, len, "cannot serve metrics on %s (address in use, or not "
+             "this machine's?)", s->cfg->metrics_listen);
+    uv_close((uv_handle_t *)&m->async, on_async_closed);
+    return -1;
+  }
+  info = MHD_get_daemon_info(m->httpd, MHD_DAEMON_INFO_BIND_PORT);
+  if (ss.ss_family == AF_INET)
+    inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, addr,
+              sizeof(addr));
+  else if (IN6_IS_ADDR_UNSPECIFIED(&((struct sockaddr_in6 *)&ss)->sin6_addr))
+    snprintf(addr, sizeof(addr), "*");
+  else {
+    addr[0] = '[';
+    inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&ss)->sin6_addr, addr + 1,
+              sizeof(addr) - 2);
+    strcat(addr, "]");
+  }
+  log_info(0, "metrics: http://%s:%u/metrics", addr,
+           info ? (unsigned)info->port : 0u);
+  s->metrics = m;
+  return 0;
+}
+
+void metrics_stop(srv *s) {
+  metrics *m = s->metrics;
+
+  if (m == NULL)
+    return;
+  s->metrics = NULL;
+  pthread_mutex_lock(&m->mu);
+  m->closing = 1;
+  pthread_cond_broadcast(&m->cv);
+  pthread_mutex_unlock(&m->mu);
+  MHD_stop_daemon(m->httpd); /* joins the HTTP thread */
+  uv_close((uv_handle_t *)&m->async, on_async_closed);
+}

@@ -1,0 +1,224 @@
+/*
+ * replay_sweep.c — `kvshared replay --sweep CAPS --policy A,B,...`: one replay
+ * per capacity and policy on a fresh core, a table of token hit rates (and
+ * wall times), and optionally a plot of hit rate against capacity drawn by
+ * gnuplot.
+ */
+#include "tools/replay/replay.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char **environ;
+
+typedef struct cell {
+  double hit, block_hit, seconds;
+  uint64_t tier_hits;
+} cell;
+
+/* One replay of t at capacity cap under policy pol. */
+static int sweep_one(const trace *t, const replay_config *base,
+                     const replay_plan *plan, uint64_t cap, const char *pol,
+                     cell *out) {
+  replay_config cfg = *base;
+  replay_result res;
+  uint32_t nb;
+  int rc;
+
+  cfg.capacity_tokens = cap;
+  cfg.policy = pol;
+  cfg.progress = 0;
+  if ((rc = replay_checked(t, &cfg, plan, &nb, &res)) != 0)
+    return rc;
+  out->hit = replay_token_hit_rate(&res);
+  out->block_hit = replay_block_hit_rate(&res);
+  out->seconds = res.seconds;
+  out->tier_hits = res.tier_hit_tokens[0] + res.tier_hit_tokens[1];
+  return rc;
+}
+
+/* 3000000 -> "3e6", 2500000 -> "25e5", 0 -> "unlimited". */
+static void sweep_cap_name(uint64_t cap, char *buf, size_t len) {
+  int e = 0;
+  if (cap == 0) {
+    snprintf(buf, len, "unlimited");
+    return;
+  }
+  while (cap % 10 == 0) {
+    cap /= 10;
+    e++;
+  }
+  if (e < 3)
+    snprintf(buf, len, "%" PRIu64, cap * (e == 0 ? 1 : e == 1 ? 10 : 100));
+  else
+    snprintf(buf, len, "%" PRIu64 "e%d", cap, e);
+}
+
+static void sweep_print(const replay_plan *plan, const uint64_t *caps,
+                        size_t ncaps, const char *const *pols, size_t npols,
+                        const cell *cells) {
+  printf("token hit rate by capacity (tokens) and policy; wall time of each "
+         "replay in ()\n%-12s", "capacity");
+  for (size_t p = 0; p < npols; p++)
+    printf(" %16s", pols[p]);
+  printf("\n");
+  for (size_t k = 0; k < ncaps; k++) {
+    char cap[32];
+    sweep_cap_name(caps[k], cap, sizeof(cap));
+    printf("%-12s", cap);
+    for (size_t p = 0; p < npols; p++) {
+      const cell *x = &cells[k * npols + p];
+      printf("   %.4f (%5.2fs)", x->hit, x->seconds);
+    }
+    printf("\n");
+  }
+  printf("ideal        %.4f  (an unlimited cache)\n",
+         plan->query_tokens
+             ? (double)plan->ideal_hit_tokens / (double)plan->query_tokens
+             : 0.0);
+}
+
+static int sweep_json(const replay_plan *plan, const uint64_t *caps,
+                      size_t ncaps, const char *const *pols, size_t npols,
+                      const cell *cells) {
+  json_t *runs = json_array(), *o;
+  int rc = -1;
+  if (runs == NULL)
+    return -1;
+  for (size_t k = 0; k < ncaps; k++)
+    for (size_t p = 0; p < npols; p++) {
+      const cell *x = &cells[k * npols + p];
+      json_t *r = json_pack("{s:I, s:s, s:f, s:f, s:I, s:f}", "capacity_tokens",
+                            (json_int_t)caps[k], "policy", pols[p],
+                            "token_hit_rate", x->hit, "block_hit_rate",
+                            x->block_hit, "tier_hit_tokens",
+                            (json_int_t)x->tier_hits, "seconds", x->seconds);
+      if (r == NULL || json_array_append_new(runs, r) != 0) {
+        json_decref(runs);
+        return -1;
+      }
+    }
+  o = json_pack("{s:o, s:f}", "runs", runs, "ideal_token_hit_rate",
+                plan->query_tokens ? (double)plan->ideal_hit_tokens /
+                                         (double)plan->query_tokens
+                                   : 0.0);
+  if (o == NULL)
+    return -1;
+  rc = json_dumpf(o, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+  fputc('\n', stdout);
+  json_decref(o);
+  return rc;
+}
+
+/* gnuplot's string quoting: no quote or backslash in what we pass. */
+static int plot_safe(const char *s) {
+  return strpbrk(s, "\"'\\\n") == NULL;
+}
+
+/* Writes the table to a temporary data file and has gnuplot draw it. */
+static int sweep_plot(const char *png, const char *title, const uint64_t *caps,
+                      size_t ncaps, const char *const *pols, size_t npols,
+                      const cell *cells, uint64_t unlimited_tokens) {
+  char dir[] = "/tmp/kvshared-plot-XXXXXX", data[64], script[64];
+  FILE *f;
+  int rc = -1, status;
+  pid_t pid;
+
+  if (!plot_safe(png) || !plot_safe(title)) {
+    fprintf(stderr, "kvshared replay: --plot: no quotes or backslashes in "
+            "the file name or trace path, please\n");
+    return -1;
+  }
+  if (mkdtemp(dir) == NULL) {
+    fprintf(stderr, "kvshared replay: --plot: %s\n", strerror(errno));
+    return -1;
+  }
+  snprintf(data, sizeof(data), "%s/sweep.dat", dir);
+  snprintf(script, sizeof(script), "%s/sweep.gp", dir);
+  if ((f = fopen(data, "w")) == NULL)
+    goto io;
+  for (size_t k = 0; k < ncaps; k++) {
+    fprintf(f, "%" PRIu64, caps[k] ? caps[k] : unlimited_tokens);
+    for (size_t p = 0; p < npols; p++)
+      fprintf(f, " %.6f", cells[k * npols + p].hit);
+    fprintf(f, "\n");
+  }
+  if (fclose(f) != 0 || (f = fopen(script, "w")) == NULL)
+    goto io;
+  fprintf(f,
+          "set terminal png size 900,560\n"
+          "set output \"%s\"\n"
+          "set title \"%s\" noenhanced\n"
+          "set logscale x\n"
+          "set xlabel \"capacity (tokens)\"\n"
+          "set ylabel \"token hit rate\"\n"
+          "set key left top noenhanced\n"
+          "set grid\n"
+          "plot ",
+          png, title);
+  for (size_t p = 0; p < npols; p++)
+    fprintf(f, "%s\"%s\" using 1:%zu with linespoints title \"%s\"",
+            p ? ", " : "", data, p + 2, pols[p]);
+  fprintf(f, "\n");
+  if (fclose(f) != 0)
+    goto io;
+  char *argv[] = {"gnuplot", script, NULL};
+  if ((errno = posix_spawnp(&pid, "gnuplot", NULL, NULL, argv, environ)) != 0) {
+    fprintf(stderr, "kvshared replay: --plot needs gnuplot (Debian: "
+            "gnuplot-nox): %s\n", strerror(errno));
+    goto out;
+  }
+  if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) ||
+      WEXITSTATUS(status) != 0) {
+    fprintf(stderr, "kvshared replay: gnuplot failed drawing %s\n", png);
+    goto out;
+  }
+  rc = 0;
+  goto out;
+io:
+  fprintf(stderr, "kvshared replay: --plot: %s: %s\n", dir, strerror(errno));
+out:
+  unlink(data);
+  unlink(script);
+  rmdir(dir);
+  return rc;
+}
+
+int replay_sweep(const trace *t, const char *path, const replay_config *base,
+                 const replay_plan *plan, const uint64_t *caps, size_t ncaps,
+                 const char *const *pols, size_t npols, int json,
+                 const char *plot) {
+  cell *cells = calloc(ncaps * npols, sizeof(*cells));
+  int rc = 0;
+  if (cells == NULL)
+    return KVS_ENOMEM;
+  for (size_t k = 0; k < ncaps && rc == 0; k++)
+    for (size_t p = 0; p < npols && rc == 0; p++) {
+      if (base->progress) {
+        char cap[32];
+        sweep_cap_name(caps[k], cap, sizeof(cap));
+        fprintf(stderr, "replay: %s at %s tokens...\n", pols[p], cap);
+      }
+      rc = sweep_one(t, base, plan, caps[k], pols[p], &cells[k * npols + p]);
+    }
+  if (rc == 0) {
+    if (json)
+      rc = sweep_json(plan, caps, ncaps, pols, npols, cells) != 0 ? KVS_EIO : 0;
+    else
+      sweep_print(plan, caps, ncaps, pols, npols, cells);
+  }
+  if (rc == 0 && plot != NULL)
+    rc = sweep_plot(plot, path, caps, ncaps, pols, npols, cells,
+                    plan->unlimited_blocks * base->block_size) != 0
+             ? KVS_EIO
+             : 0;
+  free(cells);
+  return rc;
+}
