@@ -16,7 +16,7 @@ echo "replay vs Python LRU, $(basename "$trace"), unlimited, $rounds round(s):"
 ratios=""
 for r in $(seq "$rounds"); do
   /usr/bin/time -f "%e %M" -o "$tmp/py.t" python3 tests/bench/lru_sim.py "$trace" >"$tmp/py.out"
-  /usr/bin/time -f "%e %M" -o "$tmp/c.t" "$build/kvshared" replay --trace "$trace" \
+  /usr/bin/time -f "%e %M" -o "$tmp/c.t" "$build/kvshare-replay" --trace "$trace" \
     --policy lru --no-progress --json >"$tmp/c.json"
   read -r pys pykb <"$tmp/py.t"; read -r cs ckb <"$tmp/c.t"
   chit=$(python3 -c "import json; print('%.4f' % json.load(open('$tmp/c.json'))['token_hit_rate'])")

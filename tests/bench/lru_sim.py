@@ -2,7 +2,7 @@
 """The baseline of the replayer's speed: a plain Python LRU prefix cache over
 a Mooncake-format trace, at 16-token blocks named by (trace block id, place),
 unlimited capacity, one request at a time in timestamp order; prints the
-token hit rate (which must equal `kvshared replay`'s)."""
+token hit rate (which must equal kvshare-replay's)."""
 import collections
 import json
 import sys

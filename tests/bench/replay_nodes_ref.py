@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
-"""An independent model of `kvshared replay --nodes N --remote-tier-tokens R
+"""An independent model of `kvshare-replay --nodes N --remote-tier-tokens R
 --policy lru`: N LRU pools and one shared LRU store of block keys, no core.
 Prints JSON: alone (no store) and shared (with it), per node the requests,
 refused, prompt tokens, hit tokens and remote hit tokens, and the store's
 writes, inserts, drops, reads (hit_blocks) and size at the end, all of which
 must equal the replayer's exactly (tests/integration/test_replay_nodes.sh).
 
-The rules, as the core and daemon/replay.c follow them (one request at a
-time, in timestamp order, stable on ties; --limit keeps the first lines of
+The rules, as the core and tools/replay/replay.c follow them (one request at
+a time, in timestamp order, stable on ties; --limit keeps the first lines of
 the file, before the sort):
 - A block of bs tokens is named by (the trace block id its last token lies
   in, its place in the prompt): what its chained hash stands for.
@@ -37,7 +37,7 @@ import json
 M64 = (1 << 64) - 1
 
 
-def mix(x):  # splitmix64's finalizer, as daemon/replay_nodes.c
+def mix(x):  # splitmix64's finalizer, as tools/replay/replay_nodes.c
     x ^= x >> 30
     x = (x * 0xbf58476d1ce4e5b9) & M64
     x ^= x >> 27

@@ -2,7 +2,8 @@
 # test_deploy — deploy/ against the built daemon:
 #   1. the systemd units: systemd-analyze verify (ExecStart pointed at the
 #      built kvshared), the hardening's exposure score, the sysusers file in
-#      a scratch root, `make install` puts the units where the docs say;
+#      a scratch root, `make install` puts the units where the docs say
+#      and kvshare-replay beside kvshared (`kvshared replay` runs it);
 #   2. socket activation: kvshared under systemd-socket-activate serves the
 #      passed socket, says READY=1/STOPPING=1 on NOTIFY_SOCKET and leaves
 #      the socket in place; a restarted daemon serves the same socket; a
@@ -139,6 +140,12 @@ for f in kvshared.service kvshared.socket kvshare.sysusers kvshared.conf; do
 done
 grep -q '^ExecStart=/usr/local/bin/kvshared ' "$share/kvshared.service" ||
   fail "make install: ExecStart"
+# The programs, the replayer beside the daemon: `kvshared replay` runs it.
+for f in kvshared kvshare kvshare-replay; do
+  [ -x "$dir/inst/usr/local/bin/$f" ] || fail "make install: no bin/$f"
+done
+"$dir/inst/usr/local/bin/kvshared" replay --help 2>&1 | grep -q '^usage: kvshare-replay ' ||
+  fail "the installed kvshared replay does not run the installed kvshare-replay"
 rm -f "$dir/install.log" "$dir/sysusers.log"
 
 # ---- 2. socket activation --------------------------------------------------

@@ -1,18 +1,18 @@
 #!/bin/bash
-# test_replay_nodes — `kvshared replay --nodes N --remote-tier-tokens R`
-# (daemon/replay_nodes.c) against an independent model of N LRU pools and a
-# shared LRU store (tests/bench/replay_nodes_ref.py), on a small generated
-# trace (tests/bench/gen_trace.py): per node and for the store, every count
-# must be equal.  Then what must hold whatever the model: an unlimited store
-# gives every node at least its figure alone and the whole trace exactly the
-# hits of one unlimited cache; no store means no remote hits, and one node
-# without a store is the plain replay.  Options and errors last.  Needs
-# $KVS_BUILD (set by run-tests.sh; under the sanitizer build every replay
-# here must exit 0: no leak, no error) and python3.  Exit 0 pass, 77 skip,
-# 1 fail.
+# test_replay_nodes — `kvshare-replay --nodes N --remote-tier-tokens R`
+# (tools/replay/replay_nodes.c) against an independent model of N LRU pools
+# and a shared LRU store (tests/bench/replay_nodes_ref.py), on a small
+# generated trace (tests/bench/gen_trace.py): per node and for the store,
+# every count must be equal.  Then what must hold whatever the model: an
+# unlimited store gives every node at least its figure alone and the whole
+# trace exactly the hits of one unlimited cache; no store means no remote
+# hits, and one node without a store is the plain replay.  Options and
+# errors last.  Needs $KVS_BUILD (set by run-tests.sh; under the sanitizer
+# build every replay here must exit 0: no leak, no error) and python3.
+# Exit 0 pass, 77 skip, 1 fail.
 set -u
 build=${KVS_BUILD:-build}
-bin=$build/kvshared
+bin=$build/kvshare-replay
 here=$(cd "$(dirname "$0")" && pwd)
 ref=$here/../bench/replay_nodes_ref.py
 fail() { echo "FAIL: $*"; exit 1; }
@@ -31,7 +31,7 @@ trace=$tmp/t.jsonl
 # does a store of 5e5 or 1e6 (the trace has ~6e6 tokens of distinct blocks).
 check() {
   local name=$1; shift
-  "$bin" replay --trace "$trace" --policy lru --block-size 64 --json \
+  "$bin" --trace "$trace" --policy lru --block-size 64 --json \
     --no-progress "$@" >"$tmp/$name.c.json" 2>"$tmp/$name.err" ||
     fail "$name: replay exits $?: $(cat "$tmp/$name.err")"
   "$py" "$ref" "$trace" --block-size 64 "$@" >"$tmp/$name.ref.json" ||
@@ -99,9 +99,9 @@ assert n["shared"] is None and n["gain"] == 0 and n["remote_tier_tokens"] == 0
 assert all(x["remote_hit_tokens"] == 0 for x in n["alone"]["per_node"])
 PY
 for p in slru lru; do
-  "$bin" replay --trace "$trace" --policy $p --capacity-tokens 1e5 --json \
+  "$bin" --trace "$trace" --policy $p --capacity-tokens 1e5 --json \
     --no-progress >"$tmp/plain-$p.json" || fail "plain $p exits $?"
-  "$bin" replay "$trace" --policy $p --capacity-tokens 1e5 --nodes 1 --json \
+  "$bin" "$trace" --policy $p --capacity-tokens 1e5 --nodes 1 --json \
     --no-progress >"$tmp/n1-$p.json" || fail "--nodes 1 $p exits $?"
   "$py" - "$tmp/plain-$p.json" "$tmp/n1-$p.json" <<'PY' || fail "--nodes 1 against the plain replay ($p)"
 import json, sys
@@ -120,7 +120,7 @@ done
 
 # Text output, with the lower tiers on (the core's other promotions), and
 # the progress bar (two runs).
-"$bin" replay "$trace" --nodes 2 --capacity-tokens 5e4 --host-tier-tokens 5e4 \
+"$bin" "$trace" --nodes 2 --capacity-tokens 5e4 --host-tier-tokens 5e4 \
   --remote-tier-tokens 1e6 --split prefix --block-size 64 --progress \
   >"$tmp/t.txt" 2>"$tmp/t.err" ||
   fail "text run exits $?: $(cat "$tmp/t.err")"
@@ -132,15 +132,15 @@ done
 [ "$(grep -c "100% 1000/1000" "$tmp/t.err")" = 2 ] || fail "progress: $(head -c 300 "$tmp/t.err")"
 
 # Options.
-"$bin" replay --help | grep -q -- "--remote-tier-tokens" || fail "--help lacks --remote-tier-tokens"
+"$bin" --help | grep -q -- "--remote-tier-tokens" || fail "--help lacks --remote-tier-tokens"
 for bad in "--nodes 0" "--nodes x" "--nodes 2000" "--split foo" "--split prefix:0" \
            "--remote-tier-tokens -1" "--remote-tier-tokens 1.5" \
            "--nodes 2 --sweep 1e5" "--nodes 2 --policy lru,slru"; do
   # shellcheck disable=SC2086
-  "$bin" replay --trace "$trace" $bad --no-progress >/dev/null 2>&1
+  "$bin" --trace "$trace" $bad --no-progress >/dev/null 2>&1
   [ $? = 2 ] || fail "'$bad': want exit 2"
 done
-"$bin" replay --trace "$trace" --nodes 2 --remote-tier-tokens 8 --no-progress \
+"$bin" --trace "$trace" --nodes 2 --remote-tier-tokens 8 --no-progress \
   >/dev/null 2>"$tmp/err"; [ $? = 1 ] || fail "a store under one block: want exit 1"
 grep -q "remote tier of 8 tokens" "$tmp/err" || fail "small store: $(cat "$tmp/err")"
 echo "ok"

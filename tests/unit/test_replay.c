@@ -1,6 +1,7 @@
 /*
- * test_replay.c — the trace reader and `kvshared replay` (daemon/trace.c,
- * daemon/replay.c) over hand-made traces and the two Mooncake traces.
+ * test_replay.c — the trace reader and kvshare-replay's replay
+ * (tools/replay/trace.c, tools/replay/replay.c) over hand-made traces and
+ * the two Mooncake traces.
  *
  * The main check: at unlimited capacity the core's token hit rate equals the
  * trace's ideal, which this file computes on its own from hash_ids alone (no

@@ -1,5 +1,5 @@
 /*
- * replay.c — `kvshared replay`: the core over a Mooncake-format trace.
+ * replay.c — kvshare-replay: the core over a Mooncake-format trace.
  * See replay.h for what one record does.
  */
 #include "tools/replay/replay.h"
@@ -499,7 +499,7 @@ int replay_checked(const trace *t, const replay_config *cfg,
 
   if (replay_pool_blocks(cfg, plan, num_blocks) != 0) {
     fprintf(stderr,
-            "kvshared replay: a pool of %" PRIu64
+            "kvshare-replay: a pool of %" PRIu64
             " tokens is not 1 .. 2^32-2 blocks of %u tokens\n",
             cfg->capacity_tokens ? cfg->capacity_tokens : plan->unlimited_blocks,
             cfg->block_size);
@@ -507,16 +507,16 @@ int replay_checked(const trace *t, const replay_config *cfg,
   }
   rc = replay_core_create(cfg, *num_blocks, plan, &c);
   if (rc != 0) {
-    fprintf(stderr, "kvshared replay: cannot create the core (%u blocks, "
+    fprintf(stderr, "kvshare-replay: cannot create the core (%u blocks, "
             "policy '%s'): %s\n", *num_blocks, pol, kvs_strerror(rc));
     return rc;
   }
   rc = replay_run(c, t, cfg, res);
   if (rc != 0) {
-    fprintf(stderr, "kvshared replay: core error (policy '%s'): %s\n", pol,
+    fprintf(stderr, "kvshare-replay: core error (policy '%s'): %s\n", pol,
             kvs_strerror(rc));
   } else if (core_check(c, msg, sizeof(msg)) != 0) {
-    fprintf(stderr, "kvshared replay: core invariant broken (policy '%s'): "
+    fprintf(stderr, "kvshare-replay: core invariant broken (policy '%s'): "
             "%s\n", pol, msg);
     rc = KVS_EINTERNAL;
   }
@@ -528,13 +528,13 @@ int replay_checked(const trace *t, const replay_config *cfg,
 
 static void replay_usage(FILE *f) {
   fprintf(f,
-          "usage: kvshared replay [--trace] FILE [--capacity-tokens N|unlimited]\n"
-          "                       [--block-size 16] [--policy NAME[,NAME...]]\n"
-          "                       [--sweep N,N,...] [--plot FILE.png] [--decode]\n"
-          "                       [--host-tier-tokens N] [--disk-tier-tokens N]\n"
-          "                       [--limit N] [--skip N] [--json] [--progress|--no-progress]\n"
-          "                       [--nodes N] [--remote-tier-tokens N|unlimited]\n"
-          "                       [--split rr|prefix|prefix:K]\n"
+          "usage: kvshare-replay [--trace] FILE [--capacity-tokens N|unlimited]\n"
+          "                      [--block-size 16] [--policy NAME[,NAME...]]\n"
+          "                      [--sweep N,N,...] [--plot FILE.png] [--decode]\n"
+          "                      [--host-tier-tokens N] [--disk-tier-tokens N]\n"
+          "                      [--limit N] [--skip N] [--json] [--progress|--no-progress]\n"
+          "                      [--nodes N] [--remote-tier-tokens N|unlimited]\n"
+          "                      [--split rr|prefix|prefix:K]\n"
           "\n"
           "Replays a Mooncake-format request trace through the block-manager core,\n"
           "one request at a time in timestamp order, and prints token and block\n"
@@ -792,7 +792,8 @@ int replay_main(int argc, char **argv) {
 
   replay_config_init(&cfg);
   optind = 1;
-  while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+  opterr = 0; /* getopt's messages would name argv[0]: ours, below */
+  while ((opt = getopt_long(argc, argv, ":", opts, NULL)) != -1) {
     switch (opt) {
     case OPT_TRACE:
       path = optarg;
@@ -803,13 +804,13 @@ int replay_main(int argc, char **argv) {
       } else if (replay_parse_count(optarg, UINT64_MAX >> 1, &v) == 0) {
         cfg.capacity_tokens = v;
       } else {
-        fprintf(stderr, "kvshared replay: bad --capacity-tokens '%s'\n", optarg);
+        fprintf(stderr, "kvshare-replay: bad --capacity-tokens '%s'\n", optarg);
         return 2;
       }
       break;
     case OPT_BLOCK_SIZE:
       if (replay_parse_count(optarg, 4096, &v) != 0) {
-        fprintf(stderr, "kvshared replay: bad --block-size '%s' (1..4096)\n",
+        fprintf(stderr, "kvshare-replay: bad --block-size '%s' (1..4096)\n",
                 optarg);
         return 2;
       }
@@ -832,21 +833,21 @@ int replay_main(int argc, char **argv) {
       break;
     case OPT_LIMIT:
       if (replay_parse_count(optarg, SIZE_MAX, &limit) != 0) {
-        fprintf(stderr, "kvshared replay: bad --limit '%s'\n", optarg);
+        fprintf(stderr, "kvshare-replay: bad --limit '%s'\n", optarg);
         return 2;
       }
       break;
     case OPT_SKIP:
       if (strcmp(optarg, "0") != 0 &&
           replay_parse_count(optarg, SIZE_MAX, &skip) != 0) {
-        fprintf(stderr, "kvshared replay: bad --skip '%s'\n", optarg);
+        fprintf(stderr, "kvshare-replay: bad --skip '%s'\n", optarg);
         return 2;
       }
       break;
     case OPT_HOST_TIER:
     case OPT_DISK_TIER:
       if (replay_parse_count(optarg, UINT64_MAX >> 1, &v) != 0) {
-        fprintf(stderr, "kvshared replay: bad --%s-tier-tokens '%s'\n",
+        fprintf(stderr, "kvshare-replay: bad --%s-tier-tokens '%s'\n",
                 opt == OPT_HOST_TIER ? "host" : "disk", optarg);
         return 2;
       }
@@ -855,7 +856,7 @@ int replay_main(int argc, char **argv) {
       break;
     case OPT_NODES:
       if (replay_parse_count(optarg, REPLAY_MAX_NODES, &v) != 0) {
-        fprintf(stderr, "kvshared replay: bad --nodes '%s' (1..%d)\n", optarg,
+        fprintf(stderr, "kvshare-replay: bad --nodes '%s' (1..%d)\n", optarg,
                 REPLAY_MAX_NODES);
         return 2;
       }
@@ -870,7 +871,7 @@ int replay_main(int argc, char **argv) {
       } else if (replay_parse_count(optarg, UINT64_MAX >> 1, &v) == 0) {
         nc.remote_tokens = v;
       } else {
-        fprintf(stderr, "kvshared replay: bad --remote-tier-tokens '%s'\n",
+        fprintf(stderr, "kvshare-replay: bad --remote-tier-tokens '%s'\n",
                 optarg);
         return 2;
       }
@@ -887,7 +888,7 @@ int replay_main(int argc, char **argv) {
         nc.split = REPLAY_SPLIT_PREFIX;
         nc.prefix_blocks = (uint32_t)v;
       } else {
-        fprintf(stderr, "kvshared replay: bad --split '%s' (rr, prefix, "
+        fprintf(stderr, "kvshare-replay: bad --split '%s' (rr, prefix, "
                 "prefix:K)\n", optarg);
         return 2;
       }
@@ -902,15 +903,23 @@ int replay_main(int argc, char **argv) {
     case OPT_HELP:
       replay_usage(stdout);
       return 0;
+    case ':': /* getopt has stepped past the option: argv[optind - 1] */
+      fprintf(stderr, "kvshare-replay: %s needs a value\n", argv[optind - 1]);
+      replay_usage(stderr);
+      return 2;
     default:
+      if (optopt > 0 && optopt < OPT_TRACE)
+        fprintf(stderr, "kvshare-replay: unknown option '-%c'\n", optopt);
+      else
+        fprintf(stderr, "kvshare-replay: bad option '%s'\n", argv[optind - 1]);
       replay_usage(stderr);
       return 2;
     }
   }
   if (path == NULL && optind + 1 == argc)
-    path = argv[optind++]; /* `kvshared replay FILE` */
+    path = argv[optind++]; /* `kvshare-replay FILE` */
   if (optind < argc || path == NULL) {
-    fprintf(stderr, "kvshared replay: %s\n",
+    fprintf(stderr, "kvshare-replay: %s\n",
             path == NULL ? "--trace FILE is required" : "unexpected argument");
     replay_usage(stderr);
     return 2;
@@ -918,31 +927,31 @@ int replay_main(int argc, char **argv) {
   cfg.progress = progress >= 0 ? progress : isatty(STDERR_FILENO);
   if (pol_list != NULL &&
       replay_split(pol_list, pols, MAX_LIST, &npols) != 0) {
-    fprintf(stderr, "kvshared replay: bad --policy list '%s'\n", pol_list);
+    fprintf(stderr, "kvshare-replay: bad --policy list '%s'\n", pol_list);
     return 2;
   }
   if (sweep_list != NULL) {
     const char *items[MAX_LIST];
     if (replay_split(sweep_list, items, MAX_LIST, &ncaps) != 0) {
-      fprintf(stderr, "kvshared replay: bad --sweep list '%s'\n", sweep_list);
+      fprintf(stderr, "kvshare-replay: bad --sweep list '%s'\n", sweep_list);
       return 2;
     }
     for (size_t i = 0; i < ncaps; i++) {
       if (strcmp(items[i], "unlimited") == 0) {
         caps[i] = 0;
       } else if (replay_parse_count(items[i], UINT64_MAX >> 1, &caps[i]) != 0) {
-        fprintf(stderr, "kvshared replay: bad --sweep capacity '%s'\n",
+        fprintf(stderr, "kvshare-replay: bad --sweep capacity '%s'\n",
                 items[i]);
         return 2;
       }
     }
   }
   if (plot != NULL && sweep_list == NULL) {
-    fprintf(stderr, "kvshared replay: --plot goes with --sweep\n");
+    fprintf(stderr, "kvshare-replay: --plot goes with --sweep\n");
     return 2;
   }
   if (nodes_mode && (sweep_list != NULL || npols > 1)) {
-    fprintf(stderr, "kvshared replay: --nodes, --remote-tier-tokens and "
+    fprintf(stderr, "kvshare-replay: --nodes, --remote-tier-tokens and "
             "--split take one policy and no --sweep\n");
     return 2;
   }
@@ -956,7 +965,7 @@ int replay_main(int argc, char **argv) {
     if (core_policy_find(pols[i], NULL) != 0) {
       char names[128];
       core_policy_list(names, sizeof(names), 1);
-      fprintf(stderr, "kvshared replay: unknown policy '%s' (%s)\n", pols[i],
+      fprintf(stderr, "kvshare-replay: unknown policy '%s' (%s)\n", pols[i],
               names);
       return 2;
     }
@@ -965,17 +974,17 @@ int replay_main(int argc, char **argv) {
 
   rc = trace_load(path, (size_t)limit, &t, err, sizeof(err));
   if (rc != 0) {
-    fprintf(stderr, "kvshared replay: %s (%s)\n", err, kvs_strerror(rc));
+    fprintf(stderr, "kvshare-replay: %s (%s)\n", err, kvs_strerror(rc));
     goto out;
   }
   trace_skip(t, (size_t)skip);
   if (t->num_recs == 0) {
-    fprintf(stderr, "kvshared replay: no records left to replay\n");
+    fprintf(stderr, "kvshare-replay: no records left to replay\n");
     goto out;
   }
   rc = replay_plan_make(t, &cfg, &plan);
   if (rc != 0) {
-    fprintf(stderr, "kvshared replay: %s\n", kvs_strerror(rc));
+    fprintf(stderr, "kvshare-replay: %s\n", kvs_strerror(rc));
     goto out;
   }
   if (nodes_mode) {
@@ -996,7 +1005,7 @@ int replay_main(int argc, char **argv) {
     goto out;
   if (json) {
     if (replay_print_json(path, t, &cfg, num_blocks, &plan, &res) != 0) {
-      fprintf(stderr, "kvshared replay: cannot write JSON\n");
+      fprintf(stderr, "kvshare-replay: cannot write JSON\n");
       goto out;
     }
   } else {

@@ -1,5 +1,5 @@
 /*
- * replay.h — `kvshared replay`: runs the core in-process over a request trace
+ * replay.h — kvshare-replay: runs the core in-process over a request trace
  * (trace.h) and measures hit rates, allocations and evictions.
  *
  * The replay of one record, in timestamp order, one request at a time:
@@ -16,8 +16,8 @@
  * so output tokens are unique per request and only take space (they are
  * sealed and cached, and can never be hit by a later prompt).
  */
-#ifndef KVS_DAEMON_REPLAY_H
-#define KVS_DAEMON_REPLAY_H
+#ifndef KVS_REPLAY_H
+#define KVS_REPLAY_H
 
 #include <stdint.h>
 
@@ -27,7 +27,10 @@
 /* The policy when none is given: the daemon's default (daemon/config.c). */
 #define REPLAY_DEFAULT_POLICY "slru"
 
-/* `kvshared replay ...`: argv[0] is "replay".  Returns the exit status. */
+/* kvshare-replay's command line (main.c; `kvshared replay ...` execs it).
+ * argv[0] is not read: it may be a path to kvshare-replay or "replay", and
+ * every message, getopt's included, names kvshare-replay.  Returns the exit
+ * status: 0, 1 (the replay failed) or 2 (a bad command line). */
 int replay_main(int argc, char **argv);
 
 typedef struct replay_config {
@@ -230,4 +233,4 @@ int replay_nodes(const trace *t, const char *path, const replay_config *cfg,
                  const replay_plan *plan, const replay_nodes_config *nc,
                  int json);
 
-#endif /* KVS_DAEMON_REPLAY_H */
+#endif /* KVS_REPLAY_H */

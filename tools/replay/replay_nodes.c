@@ -1,5 +1,5 @@
 /*
- * replay_nodes.c — `kvshared replay --nodes N --remote-tier-tokens R`: what
+ * replay_nodes.c — `kvshare-replay --nodes N --remote-tier-tokens R`: what
  * a remote tier shared by N daemons is worth.  N cores replay the records
  * routed to each (replay_route), all in timestamp order, one record at a
  * time, once alone (the baseline) and once above one shared store
@@ -245,13 +245,13 @@ static int nodes_replay(const trace *t, const replay_config *cfg,
   memset(&run->total, 0, sizeof(run->total));
   memset(&run->store, 0, sizeof(run->store));
   if (cores == NULL || runners == NULL) {
-    fprintf(stderr, "kvshared replay: %s\n", kvs_strerror(rc));
+    fprintf(stderr, "kvshare-replay: %s\n", kvs_strerror(rc));
     goto out;
   }
   if (store_blocks > 0 &&
       (rc = replay_store_create(store_blocks, &store)) != 0) {
     fprintf(stderr,
-            "kvshared replay: cannot create a remote store of %" PRIu64
+            "kvshare-replay: cannot create a remote store of %" PRIu64
             " blocks: %s\n",
             store_blocks, kvs_strerror(rc));
     goto out;
@@ -262,7 +262,7 @@ static int nodes_replay(const trace *t, const replay_config *cfg,
       rc = replay_runner_create(cores[k], t, cfg, route, k, store, &runners[k]);
     if (rc != 0) {
       fprintf(stderr,
-              "kvshared replay: cannot create node %u (%u blocks, "
+              "kvshare-replay: cannot create node %u (%u blocks, "
               "policy '%s'): %s\n",
               k, nb, pol, kvs_strerror(rc));
       goto out;
@@ -272,7 +272,7 @@ static int nodes_replay(const trace *t, const replay_config *cfg,
     rc = replay_runner_step(runners[route[i]], i, &run->node[route[i]]);
     if (rc != 0) {
       fprintf(stderr,
-              "kvshared replay: core error on node %u (policy '%s'): "
+              "kvshare-replay: core error on node %u (policy '%s'): "
               "%s\n",
               route[i], pol, kvs_strerror(rc));
       goto out;
@@ -286,7 +286,7 @@ static int nodes_replay(const trace *t, const replay_config *cfg,
     runners[k] = NULL;
     if (core_check(cores[k], msg, sizeof(msg)) != 0) {
       fprintf(stderr,
-              "kvshared replay: core invariant broken on node %u "
+              "kvshare-replay: core invariant broken on node %u "
               "(policy '%s'): %s\n",
               k, pol, msg);
       rc = KVS_EINTERNAL;
@@ -549,7 +549,7 @@ int replay_nodes(const trace *t, const char *path, const replay_config *cfg,
 
   if (replay_pool_blocks(cfg, plan, &nb) != 0) {
     fprintf(stderr,
-            "kvshared replay: a pool of %" PRIu64 " tokens is not "
+            "kvshare-replay: a pool of %" PRIu64 " tokens is not "
             "1 .. 2^32-2 blocks of %u tokens\n",
             cfg->capacity_tokens ? cfg->capacity_tokens
                                  : plan->unlimited_blocks,
@@ -565,7 +565,7 @@ int replay_nodes(const trace *t, const char *path, const replay_config *cfg,
       store_blocks = plan->unlimited_blocks;
     if (store_blocks == 0 || store_blocks >= STORE_NONE / 2) {
       fprintf(stderr,
-              "kvshared replay: a remote tier of %" PRIu64 " tokens "
+              "kvshare-replay: a remote tier of %" PRIu64 " tokens "
               "is not 1 .. 2^31-2 blocks of %u tokens\n",
               nc->remote_tokens, cfg->block_size);
       return KVS_EINVAL;
@@ -575,7 +575,7 @@ int replay_nodes(const trace *t, const char *path, const replay_config *cfg,
   base.node = calloc(n, sizeof(*base.node));
   rem.node = calloc(n, sizeof(*rem.node));
   if (route == NULL || base.node == NULL || rem.node == NULL) {
-    fprintf(stderr, "kvshared replay: %s\n", kvs_strerror(rc));
+    fprintf(stderr, "kvshare-replay: %s\n", kvs_strerror(rc));
     goto out;
   }
   replay_route(t, nc, route);
@@ -588,7 +588,7 @@ int replay_nodes(const trace *t, const char *path, const replay_config *cfg,
     rc = nodes_print_json(path, t, cfg, plan, nc, nb, store_blocks, &base,
                           store_blocks > 0 ? &rem : NULL);
     if (rc != 0)
-      fprintf(stderr, "kvshared replay: cannot write JSON\n");
+      fprintf(stderr, "kvshare-replay: cannot write JSON\n");
   } else {
     nodes_print_text(path, t, cfg, plan, nc, nb, store_blocks, &base,
                      store_blocks > 0 ? &rem : NULL);

@@ -1,5 +1,5 @@
 /*
- * replay_sweep.c — `kvshared replay --sweep CAPS --policy A,B,...`: one replay
+ * replay_sweep.c — `kvshare-replay --sweep CAPS --policy A,B,...`: one replay
  * per capacity and policy on a fresh core, a table of token hit rates (and
  * wall times), and optionally a plot of hit rate against capacity drawn by
  * gnuplot.
@@ -126,18 +126,18 @@ static int plot_safe(const char *s) {
 static int sweep_plot(const char *png, const char *title, const uint64_t *caps,
                       size_t ncaps, const char *const *pols, size_t npols,
                       const cell *cells, uint64_t unlimited_tokens) {
-  char dir[] = "/tmp/kvshared-plot-XXXXXX", data[64], script[64];
+  char dir[] = "/tmp/kvshare-replay-XXXXXX", data[64], script[64];
   FILE *f;
   int rc = -1, status;
   pid_t pid;
 
   if (!plot_safe(png) || !plot_safe(title)) {
-    fprintf(stderr, "kvshared replay: --plot: no quotes or backslashes in "
+    fprintf(stderr, "kvshare-replay: --plot: no quotes or backslashes in "
             "the file name or trace path, please\n");
     return -1;
   }
   if (mkdtemp(dir) == NULL) {
-    fprintf(stderr, "kvshared replay: --plot: %s\n", strerror(errno));
+    fprintf(stderr, "kvshare-replay: --plot: %s\n", strerror(errno));
     return -1;
   }
   snprintf(data, sizeof(data), "%s/sweep.dat", dir);
@@ -171,19 +171,19 @@ static int sweep_plot(const char *png, const char *title, const uint64_t *caps,
     goto io;
   char *argv[] = {"gnuplot", script, NULL};
   if ((errno = posix_spawnp(&pid, "gnuplot", NULL, NULL, argv, environ)) != 0) {
-    fprintf(stderr, "kvshared replay: --plot needs gnuplot (Debian: "
+    fprintf(stderr, "kvshare-replay: --plot needs gnuplot (Debian: "
             "gnuplot-nox): %s\n", strerror(errno));
     goto out;
   }
   if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) ||
       WEXITSTATUS(status) != 0) {
-    fprintf(stderr, "kvshared replay: gnuplot failed drawing %s\n", png);
+    fprintf(stderr, "kvshare-replay: gnuplot failed drawing %s\n", png);
     goto out;
   }
   rc = 0;
   goto out;
 io:
-  fprintf(stderr, "kvshared replay: --plot: %s: %s\n", dir, strerror(errno));
+  fprintf(stderr, "kvshare-replay: --plot: %s: %s\n", dir, strerror(errno));
 out:
   unlink(data);
   unlink(script);

@@ -13,8 +13,8 @@
  * input_length, so a prefix cache sees exactly the sharing structure of the
  * trace.
  */
-#ifndef KVS_DAEMON_TRACE_H
-#define KVS_DAEMON_TRACE_H
+#ifndef KVS_REPLAY_TRACE_H
+#define KVS_REPLAY_TRACE_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -71,4 +71,4 @@ uint32_t trace_token(uint32_t hash_id, uint32_t offset);
 /* The record's prompt: input_length token ids written to out. */
 void trace_rec_tokens(const trace *t, const trace_rec *r, uint32_t *out);
 
-#endif /* KVS_DAEMON_TRACE_H */
+#endif /* KVS_REPLAY_TRACE_H */
