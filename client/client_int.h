@@ -9,17 +9,14 @@
 
 #include "client/kvshare.h"
 #include "kvs_arena.h"
-#include "kvs_frame.h"
-#include "kvs_packed.h"
+#include "kvs_codec.h"
+#include "kvs_op.h"
 #include "kvs_ring.h"
 #include "kvs_shm.h"
 #include "kvs_vmm.h"
-#include "kvshare.pb-c.h"
 
 /* Largest reply the client accepts before the daemon told its limit. */
 #define KVS__CLIENT_MAX_FRAME (64u << 20)
-
-/* Replies are decoded into a kvs__arena (proto/kvs_arena.h). */
 
 struct kvs_client {
   int fd;
@@ -53,10 +50,10 @@ struct kvs_client {
   uint64_t ring_seq;
   uint64_t ring_spin_ns; /* $KVS_RING_SPIN_US */
 
-  Kvshare__Envelope *last; /* the last reply; results point into it */
-  kvs__arena arena;        /* where the last reply was decoded */
+  kvs__arena arena;      /* the last reply's results */
+  kvs__arena scratch;    /* what encoding a request needs */
 
-  /* Write buffer: frame header + packed envelope, sent with one send(). */
+  /* Write buffer: the request frame, sent with one send(). */
   uint8_t *wbuf;
   size_t wcap;
   /* Read buffer: bytes received and not yet consumed, [rpos, rlen). */
@@ -64,60 +61,29 @@ struct kvs_client {
   size_t rcap, rpos, rlen;
 };
 
-/* Send one request envelope and receive its reply (matching seq).  On
- * success *resp is the reply's Response (owned by the client, valid until
- * the next call) and the return value is the reply's status code (0 or a
- * negative status, message copied into c->msg).  Transport errors mark the
- * client broken and return KVS_ECLOSED / KVS_EPROTO / -errno. */
-int kvs__call(kvs_client *c, Kvshare__Request *req, Kvshare__Response **resp);
+/*
+ * One call (conn.c): call->ops[0..nops) and call->res, with call->shape
+ * KVS_SHAPE_OP (one op) or KVS_SHAPE_BATCH (any number); the client picks
+ * the encoding (a compact frame, a PackedBatch, an Envelope) from what the
+ * daemon takes.  The ops' arrays may point into the last reply.  Returns
+ * 0 with every result in call->res (statuses may be errors) and the
+ * results' arrays in c->arena (or the receive buffer) until the next call;
+ * or the call's own failure: the one op's status for KVS_SHAPE_OP, a
+ * refusal of the whole batch, ETOOBIG (nothing sent: too big for
+ * max_frame), or a transport or protocol error (the client is then broken:
+ * ECLOSED, EPROTO, -errno).  The message of the status returned is in
+ * c->msg.
+ */
+int kvs__call(kvs_client *c, kvs_call *call);
+
+/* ops.c: a result as the public struct (res may be NULL). */
+void kvs__lookup_result(const kvs_op_result *r, kvs_lookup_result *res);
+void kvs__alloc_result(const kvs_op_result *r, kvs_alloc_result *res);
 
 /* conn.c: one whole frame into c->rbuf (*frame, *flen: valid until the
- * next receive), and the decode of an Envelope frame into c->arena. */
+ * next receive); fds passed with it are collected (up to max) or closed. */
 int kvs__recv_raw(kvs_client *c, uint32_t max_frame, int *fds, int *nfds,
                   int max, const uint8_t **frame, size_t *flen);
-int kvs__decode_frame(kvs_client *c, const uint8_t *frame, size_t flen,
-                      Kvshare__Envelope **out);
-
-/* conn.c: sends the frame in c->wbuf (flen bytes; through the ring when
- * there is one and it fits) and receives the reply frame (see
- * kvs__recv_raw).  0, or a transport error (the caller marks the client
- * broken). */
-int kvs__roundtrip(kvs_client *c, size_t flen, const uint8_t **frame,
-                   size_t *rlen);
-
-/* conn.c: the reply to the request sent as seq, in frame (an Envelope):
- * checked and kept as kvs__call returns it (a transport or protocol error
- * marks the client broken).  kvs__take_response keeps a reply already
- * decoded (c->last = env, *resp its Response, its status's message in
- * c->msg) and returns its status code. */
-int kvs__take_reply(kvs_client *c, const uint8_t *frame, size_t rlen,
-                    uint64_t seq, Kvshare__Response **resp);
-int kvs__take_response(kvs_client *c, Kvshare__Envelope *env,
-                       Kvshare__Response **resp);
-
-/* compact.c: does an op of this kind have a fixed-width record
- * (kvs_packed.h; a Lookup only without a salt)? */
-int kvs__op_has_record(Kvshare__Request__OpCase kind, size_t salt_len);
-/* The result an op's record stands for, as the Response the protobuf path
- * would have decoded (status 0; blocks: its block ids, NULL for none), in
- * r and m.  KVS_EPROTO when the record does not fit the op. */
-typedef union kvs__op_result {
-  Kvshare__LookupResult l;
-  Kvshare__AllocResult a;
-  Kvshare__CommitResult cr;
-} kvs__op_result;
-int kvs__record_result(Kvshare__Request__OpCase kind, const kvs_pres *p,
-                       const uint32_t *blocks, Kvshare__Response *r,
-                       kvs__op_result *m);
-
-/* compact.c: can req go as a compact frame (kvs_compact.h)?  And kvs__call
- * for one that can: the same results, as a Response in c->last's arena. */
-int kvs__compact_ok(const Kvshare__Request *req);
-/* KVS__COMPACT_TOO_BIG: the compact frame would be over max_frame; nothing
- * was sent or dropped (kvs__call then sends an Envelope). */
-#define KVS__COMPACT_TOO_BIG 1
-int kvs__compact_call(kvs_client *c, Kvshare__Request *req,
-                      Kvshare__Response **resp);
 
 /* ring.c.  Takes the ring's two descriptors (memfd, our end of the wake
  * channel): owned by the client on success, left to the caller on
@@ -136,6 +102,9 @@ const char *kvs__default_socket(char *buf, size_t len);
 
 /* Drop the last reply. */
 void kvs__drop_last(kvs_client *c);
+/* Takes the last reply's memory from the client into *keep (a batch keeps
+ * its results), leaving the client an empty arena. */
+void kvs__take_reply(kvs_client *c, kvs__arena *keep);
 
 /* Copies src (NULL: "") into dst[cap], cut to fit, always terminated. */
 void kvs__copy_str(char *dst, size_t cap, const char *src);

@@ -12,6 +12,7 @@
 
 #include "client/client_int.h"
 #include "kvs_compact.h"
+#include "kvs_frame.h"
 #include "kvs_packed.h"
 #include "kvs_shm.h"
 
@@ -29,9 +30,14 @@ void kvs__copy_str(char *dst, size_t cap, const char *src) {
   dst[n] = '\0';
 }
 
-void kvs__drop_last(kvs_client *c) {
-  c->last = NULL;
-  kvs__arena_reset(&c->arena);
+void kvs__drop_last(kvs_client *c) { kvs__arena_reset(&c->arena); }
+
+void kvs__take_reply(kvs_client *c, kvs__arena *keep) {
+  kvs__arena tmp = *keep;
+
+  kvs__arena_reset(&tmp); /* (its old contents go: empty for the client) */
+  *keep = c->arena;
+  c->arena = tmp;
 }
 
 static int fail(kvs_client *c, int rc) {
@@ -123,53 +129,15 @@ int kvs__recv_raw(kvs_client *c, uint32_t max_frame, int *fds, int *nfds,
   }
 }
 
-int kvs__decode_frame(kvs_client *c, const uint8_t *frame, size_t flen,
-                      Kvshare__Envelope **out) {
-  size_t plen = flen - KVS_FRAME_HEADER_SIZE;
-
-  if (kvs_frame_flags(frame)) /* a compact frame where an Envelope was due */
-    return KVS_EPROTO;
-  return kvs__arena_unpack(&c->arena, frame + KVS_FRAME_HEADER_SIZE, plen,
-                           KVS_UNPACK_LIMIT(plen, c->max_batch_ops), NULL,
-                           out);
+/* Sends the buffer in c->wbuf (flen bytes) on the socket. */
+static int send_wbuf(kvs_client *c, size_t flen) {
+  return send_all(c->fd, c->wbuf, flen);
 }
 
-/* Receives one whole frame into c->rbuf and decodes it (see
- * kvs__recv_raw). */
-static int recv_frame(kvs_client *c, uint32_t max_frame, int *fds, int *nfds,
-                      int max, Kvshare__Envelope **out) {
-  const uint8_t *frame;
-  size_t flen;
-  int rc = kvs__recv_raw(c, max_frame, fds, nfds, max, &frame, &flen);
-
-  return rc ? rc : kvs__decode_frame(c, frame, flen, out);
-}
-
-/* Packs env as one frame into c->wbuf; *flen = its bytes. */
-static int encode_env(kvs_client *c, const Kvshare__Envelope *env,
-                      size_t *flen) {
-  /* (Sized once: kvs_frame_pack_into would size the message again.) */
-  size_t len = kvshare__envelope__get_packed_size(env);
-  if (len > c->max_frame)
-    return KVS_ETOOBIG;
-  int rc = kvs__ensure_cap(&c->wbuf, &c->wcap, KVS_FRAME_HEADER_SIZE + len);
-  if (rc)
-    return rc;
-  kvs_frame_header_encode(c->wbuf, (uint32_t)len);
-  kvshare__envelope__pack(env, c->wbuf + KVS_FRAME_HEADER_SIZE);
-  *flen = KVS_FRAME_HEADER_SIZE + len;
-  return 0;
-}
-
-/* Packs env as one frame into c->wbuf and sends it on the socket. */
-static int send_env(kvs_client *c, const Kvshare__Envelope *env) {
-  size_t flen;
-  int rc = encode_env(c, env, &flen);
-  return rc ? rc : send_all(c->fd, c->wbuf, flen);
-}
-
-int kvs__roundtrip(kvs_client *c, size_t flen, const uint8_t **frame,
-                   size_t *rlen) {
+/* Sends the frame in c->wbuf (flen bytes; through the ring when there is
+ * one and it fits) and receives the reply frame (see kvs__recv_raw). */
+static int roundtrip(kvs_client *c, size_t flen, const uint8_t **frame,
+                     size_t *rlen) {
   int rc;
 
   if (c->rh != NULL && flen <= c->ring_area)
@@ -181,73 +149,103 @@ int kvs__roundtrip(kvs_client *c, size_t flen, const uint8_t **frame,
                             rlen);
 }
 
-int kvs__call(kvs_client *c, Kvshare__Request *req, Kvshare__Response **resp) {
-  *resp = NULL;
+/* Can every op of a batch go as a record, and does the packed frame fit?
+ * (Token ids are 4 bytes each there, 1 to 5 as varints: a batch of small
+ * ids near max_frame may fit only as a Batch.) */
+static int packable(const kvs_client *c, const kvs_call *call) {
+  uint64_t words = 0;
+
+  if (!c->packed_batch || call->nops == 0)
+    return 0;
+  for (uint32_t i = 0; i < call->nops; i++) {
+    const kvs_op *op = &call->ops[i];
+
+    if (!kvs_op_has_record(op))
+      return 0;
+    words += op->code == KVS_OP_LOOKUP ? op->ntokens
+                                       : op->ntokens + op->nblocks;
+  }
+  return (uint64_t)call->nops * KVS_PACKED_OP_SIZE + words * 4 + 64 <=
+         c->max_frame;
+}
+
+/* The call as a frame in c->wbuf, in its shape: *flen its bytes.
+ * KVS_ETOOBIG: over the daemon's max_frame (nothing sent). */
+static int encode_call(kvs_client *c, kvs_call *call, size_t *flen) {
+  kvs_request rq;
+  size_t len;
+  int rc;
+
+  kvs__arena_reset(&c->scratch);
+  len = kvs_request_size(&rq, call, &c->scratch);
+  if (len == 0)
+    return kvs_shape_is_compact(call->shape) ? KVS_ETOOBIG : KVS_ENOMEM;
+  if (len - KVS_FRAME_HEADER_SIZE > c->max_frame)
+    return KVS_ETOOBIG;
+  rc = kvs__ensure_cap(&c->wbuf, &c->wcap, len);
+  if (rc)
+    return rc;
+  kvs_request_encode(&rq, c->wbuf);
+  *flen = len;
+  return 0;
+}
+
+int kvs__call(kvs_client *c, kvs_call *call) {
+  uint8_t want = call->shape; /* KVS_SHAPE_OP or KVS_SHAPE_BATCH */
+  const uint8_t *frame;
+  size_t flen = 0, rlen;
+  int rc = KVS_ETOOBIG;
+
   c->msg[0] = '\0';
   if (c->broken) {
     kvs__drop_last(c);
     return KVS_ECLOSED;
   }
-  if (c->compact && kvs__compact_ok(req)) {
-    int rc = kvs__compact_call(c, req, resp);
-
-    if (rc != KVS__COMPACT_TOO_BIG)
-      return rc;
-  }
-  Kvshare__Envelope env = KVSHARE__ENVELOPE__INIT;
-  env.seq = c->next_seq++;
-  env.body_case = KVSHARE__ENVELOPE__BODY_REQUEST;
-  env.request = req;
-  size_t flen = 0;
-  int rc = encode_env(c, &env, &flen);
-  /* Only now may the previous reply go: the request may point into it
-   * (a result's blocks passed straight to the next call). */
-  kvs__drop_last(c);
-  if (rc == KVS_ETOOBIG)
-    return rc; /* nothing was sent: the connection is still usable */
-  if (rc)
-    return fail(c, rc);
-  const uint8_t *frame;
-  size_t rlen;
-  rc = kvs__roundtrip(c, flen, &frame, &rlen);
-  if (rc)
-    return fail(c, rc);
-  return kvs__take_reply(c, frame, rlen, env.seq, resp);
-}
-
-int kvs__take_response(kvs_client *c, Kvshare__Envelope *env,
-                       Kvshare__Response **resp) {
-  Kvshare__Status *st = env->response->status;
-
-  c->last = env;
-  *resp = env->response;
-  if (!st)
-    return 0;
-  kvs__copy_str(c->msg, sizeof c->msg, st->message);
-  return st->code > 0 ? KVS_EPROTO : st->code;
-}
-
-int kvs__take_reply(kvs_client *c, const uint8_t *frame, size_t rlen,
-                    uint64_t seq, Kvshare__Response **resp) {
-  Kvshare__Envelope *r = NULL;
-  int rc = kvs__decode_frame(c, frame, rlen, &r);
-
-  if (rc)
-    return fail(c, rc);
-  c->last = r;
-  if (r->body_case != KVSHARE__ENVELOPE__BODY_RESPONSE || !r->response)
-    return fail(c, KVS_EPROTO);
-  if (r->seq != seq) {
-    /* The daemon answers a frame it could not decode with seq 0 and an
-     * error status; report that status. */
-    Kvshare__Status *st = r->response->status;
-    if (r->seq == 0 && st && st->code < 0) {
-      kvs__copy_str(c->msg, sizeof c->msg, st->message);
-      return fail(c, st->code);
+  call->seq = c->next_seq++;
+  call->status = 0;
+  call->message = NULL;
+  /* The leanest encoding the daemon takes, else the next one.  Token ids
+   * take 4 bytes each in records, 1 to 5 as varints: an Envelope may fit
+   * where records do not. */
+  if (want == KVS_SHAPE_OP && c->compact &&
+      (call->ops[0].code == KVS_OP_PING || kvs_op_has_record(&call->ops[0]))) {
+    call->shape = call->ops[0].code == KVS_OP_PING ? KVS_SHAPE_COMPACT_PING
+                                                    : KVS_SHAPE_COMPACT_OP;
+    rc = encode_call(c, call, &flen);
+  } else if (want == KVS_SHAPE_BATCH && packable(c, call)) {
+    call->shape = c->compact ? KVS_SHAPE_COMPACT_BATCH : KVS_SHAPE_PACKED;
+    rc = encode_call(c, call, &flen);
+    if (rc == KVS_ETOOBIG && call->shape == KVS_SHAPE_COMPACT_BATCH) {
+      call->shape = KVS_SHAPE_PACKED;
+      rc = encode_call(c, call, &flen);
     }
-    return fail(c, KVS_EPROTO);
   }
-  return kvs__take_response(c, r, resp);
+  if (rc == KVS_ETOOBIG) {
+    call->shape = want;
+    rc = encode_call(c, call, &flen);
+  }
+  if (rc == KVS_ETOOBIG) {
+    call->shape = want;
+    return rc; /* nothing was sent: the connection is still usable */
+  }
+  /* Only now may the previous reply go: the request may point into it (a
+   * result's blocks passed straight to the next call). */
+  kvs__drop_last(c);
+  if (rc == 0)
+    rc = roundtrip(c, flen, &frame, &rlen);
+  if (rc == 0)
+    rc = kvs_reply_decode(call, frame, rlen, c->max_batch_ops, &c->arena);
+  if (rc) {
+    if (call->message)
+      kvs__copy_str(c->msg, sizeof c->msg, call->message);
+    return fail(c, rc);
+  }
+  if (!kvs_shape_is_batch(call->shape)) {
+    kvs__copy_str(c->msg, sizeof c->msg, call->res[0].message);
+    return call->res[0].status;
+  }
+  kvs__copy_str(c->msg, sizeof c->msg, call->message);
+  return call->status;
 }
 
 /* Maps the host pool (one memfd).  On success the mapping owns the fd and
@@ -278,114 +276,111 @@ static int map_gpu_pool(kvs_client *c, const int *fds, int nfds,
 }
 
 static int handshake(kvs_client *c, const kvs_connect_opts *opts) {
-  Kvshare__Hello hello = KVSHARE__HELLO__INIT;
+  kvs_hello hello;
+  kvs_welcome w;
+  const uint8_t *frame;
+  size_t flen, len;
+
+  memset(&hello, 0, sizeof hello);
   hello.version = KVS_PROTO_VERSION;
   hello.client_name =
-      (char *)(opts && opts->client_name ? opts->client_name : "libkvshare");
+      opts && opts->client_name ? opts->client_name : "libkvshare";
   hello.pid = (uint32_t)getpid();
   {
     const char *e = getenv("KVS_RING");
 
     hello.ring = e != NULL && strcmp(e, "1") == 0 && !(opts && opts->no_map);
   }
-  Kvshare__Envelope env = KVSHARE__ENVELOPE__INIT;
-  env.seq = c->next_seq++;
-  env.body_case = KVSHARE__ENVELOPE__BODY_HELLO;
-  env.hello = &hello;
+  uint64_t seq = c->next_seq++;
+  len = kvs_hello_frame_size(&hello, seq);
+  int send_rc = kvs__ensure_cap(&c->wbuf, &c->wcap, len);
+  if (send_rc)
+    return send_rc;
+  kvs_hello_frame_encode(&hello, seq, c->wbuf, len);
   /* A daemon that refuses the connection (ELIMIT, EPERM) answers before the
    * Hello and closes: if the Hello cannot be sent, its answer may still be
    * there to read. */
-  int send_rc = send_env(c, &env);
+  send_rc = send_wbuf(c, len);
   if (send_rc && send_rc != KVS_ECLOSED)
     return send_rc;
 
   int fds[KVS_FRAME_MAX_FDS];
   int nfds = 0;
-  Kvshare__Envelope *r = NULL;
-  int rc = recv_frame(c, KVS__CLIENT_MAX_FRAME, fds, &nfds, KVS_FRAME_MAX_FDS,
-                      &r);
+  int rc = kvs__recv_raw(c, KVS__CLIENT_MAX_FRAME, fds, &nfds,
+                         KVS_FRAME_MAX_FDS, &frame, &flen);
+  if (rc == 0)
+    rc = kvs_welcome_decode(frame, flen, c->max_batch_ops, &c->arena, &w);
   if (rc) {
     if (send_rc)
       rc = send_rc;
     goto out;
   }
-  if (r->body_case == KVSHARE__ENVELOPE__BODY_RESPONSE && r->response &&
-      r->response->status && r->response->status->code < 0) {
-    kvs__copy_str(c->msg, sizeof c->msg, r->response->status->message);
-    rc = r->response->status->code;
+  if (w.status < 0) {
+    kvs__copy_str(c->msg, sizeof c->msg, w.message);
+    rc = w.status;
     goto out;
   }
-  if (r->body_case != KVSHARE__ENVELOPE__BODY_WELCOME || !r->welcome) {
-    rc = KVS_EPROTO;
-    goto out;
-  }
-  Kvshare__Welcome *w = r->welcome;
-  if (w->status && w->status->code < 0) {
-    kvs__copy_str(c->msg, sizeof c->msg, w->status->message);
-    rc = w->status->code;
-    goto out;
-  }
-  if (w->version != KVS_PROTO_VERSION) {
+  if (w.version != KVS_PROTO_VERSION) {
     rc = KVS_EVERSION;
     goto out;
   }
-  if (!w->layout || !w->pool) {
+  if (!w.has_layout || !w.has_pool) {
     rc = KVS_EPROTO;
     goto out;
   }
   kvs_layout *l = &c->layout;
-  l->block_size = w->layout->block_size;
-  l->num_layers = w->layout->num_layers;
-  l->num_kv_heads = w->layout->num_kv_heads;
-  l->head_dim = w->layout->head_dim;
-  l->dtype = w->layout->dtype;
-  l->num_blocks = w->layout->num_blocks;
-  if (kvs_layout_finish(l) != 0 || l->block_stride != w->layout->block_stride ||
-      w->pool->size < kvs_pool_bytes(l)) {
+  l->block_size = w.block_size;
+  l->num_layers = w.num_layers;
+  l->num_kv_heads = w.num_kv_heads;
+  l->head_dim = w.head_dim;
+  l->dtype = w.dtype;
+  l->num_blocks = w.num_blocks;
+  if (kvs_layout_finish(l) != 0 || l->block_stride != w.block_stride ||
+      w.pool_size < kvs_pool_bytes(l)) {
     rc = KVS_EPROTO;
     goto out;
   }
-  c->pool_size = w->pool->size;
-  c->session_id = w->session_id;
-  c->max_frame = w->max_frame ? w->max_frame : KVS_FRAME_MAX_DEFAULT;
-  c->max_batch_ops = w->max_batch_ops ? w->max_batch_ops
-                                      : KVS_UNPACK_OPS_DEFAULT;
+  c->pool_size = w.pool_size;
+  c->session_id = w.session_id;
+  c->max_frame = w.max_frame ? w.max_frame : KVS_FRAME_MAX_DEFAULT;
+  c->max_batch_ops = w.max_batch_ops ? w.max_batch_ops
+                                     : KVS_UNPACK_OPS_DEFAULT;
   {
     const char *e = getenv("KVS_PACKED_BATCH");
 
-    c->packed_batch = (w->features & KVS_FEATURE_PACKED_BATCH) &&
+    c->packed_batch = (w.features & KVS_FEATURE_PACKED_BATCH) &&
                       !(e && strcmp(e, "0") == 0);
     e = getenv("KVS_COMPACT");
-    c->compact = (w->features & KVS_FEATURE_COMPACT) &&
+    c->compact = (w.features & KVS_FEATURE_COMPACT) &&
                  !(e && strcmp(e, "0") == 0);
   }
-  kvs__copy_str(c->backend, sizeof c->backend, w->pool->backend);
-  kvs__copy_str(c->gpu_uuid, sizeof c->gpu_uuid, w->pool->gpu_uuid);
-  kvs__copy_str(c->model_id, sizeof c->model_id, w->model_id);
-  uint32_t ring_fds = w->ring_bytes && hello.ring ? 2 : 0;
-  if ((uint32_t)nfds != w->pool->num_fds + ring_fds) {
+  kvs__copy_str(c->backend, sizeof c->backend, w.backend);
+  kvs__copy_str(c->gpu_uuid, sizeof c->gpu_uuid, w.gpu_uuid);
+  kvs__copy_str(c->model_id, sizeof c->model_id, w.model_id);
+  uint32_t ring_fds = w.ring_bytes && hello.ring ? 2 : 0;
+  if ((uint32_t)nfds != w.num_fds + ring_fds) {
     snprintf(c->msg, sizeof c->msg, "the Welcome announced %u descriptors, "
-             "%d arrived", w->pool->num_fds + ring_fds, nfds);
+             "%d arrived", w.num_fds + ring_fds, nfds);
     rc = KVS_EPROTO;
     goto out;
   }
   if (ring_fds) {
-    int *rfds = fds + w->pool->num_fds;
-    rc = kvs__ring_setup(c, rfds, w->ring_bytes);
+    int *rfds = fds + w.num_fds;
+    rc = kvs__ring_setup(c, rfds, w.ring_bytes);
     if (rc) {
       snprintf(c->msg, sizeof c->msg, "the daemon's request ring (%u bytes) "
-               "could not be mapped", w->ring_bytes);
+               "could not be mapped", w.ring_bytes);
       goto out;
     }
     rfds[0] = rfds[1] = -1; /* the client's now */
-    nfds = (int)w->pool->num_fds;
+    nfds = (int)w.num_fds;
   }
   if (opts && opts->no_map) {
     rc = 0;
   } else if (strcmp(c->backend, "host") == 0 && nfds == 1) {
     rc = map_pool(c, &fds[0]);
   } else if (strcmp(c->backend, "cuda") == 0) {
-    rc = map_gpu_pool(c, fds, nfds, w->pool->chunk_size);
+    rc = map_gpu_pool(c, fds, nfds, w.chunk_size);
   } else {
     snprintf(c->msg, sizeof c->msg, "the daemon's pool backend '%s' (%d "
              "descriptors) is unknown to this libkvshare", c->backend, nfds);
@@ -478,6 +473,7 @@ void kvs_close(kvs_client *c) {
     return;
   kvs__drop_last(c);
   kvs__arena_destroy(&c->arena);
+  kvs__arena_destroy(&c->scratch);
   kvs_region_close(&c->pool);
   if (c->gpu.base && kvs__cuda_ctx_open(c->gpu_uuid, NULL, 0) == 0) {
     /* Kernels of this process may still run on the pool: let them end

@@ -14,7 +14,6 @@ CLIENT_CFLAGS := -Igpu $(call DEP_CFLAGS,libprotobuf-c)
 MOD_CFLAGS_client_ := $(CLIENT_CFLAGS)
 
 CLIENT_LIB_OBJS := $(BUILD)/client/conn.o $(BUILD)/client/ops.o $(BUILD)/client/ring.o \
-                   $(BUILD)/client/compact.o \
                    $(BUILD)/client/batch.o
 $(CLIENT_LIB_OBJS) $(BUILD)/client/kvshare_cli.o: | $(PROTO_GEN_H)
 

@@ -1,127 +1,95 @@
 /*
- * ops.c — libkvshare: one call per protocol operation, one round trip each.
+ * ops.c — libkvshare: one call per protocol operation, one round trip each:
+ * each builds its op (proto/kvs_op.h), kvs__call encodes it, and its
+ * result is read back into the public struct.
  */
 #include <stddef.h>
 #include <string.h>
 
 #include "client/client_int.h"
-#include "client/ops_int.h"
 
 /* Never NULL, even for no blocks (so callers may memcpy from it). */
 static const uint32_t no_blocks[1] = {KVS_BLOCK_NONE};
 
-/* A successful op that produced nothing may come back with no result: read
- * that as an empty one. */
-int kvs__lookup_result(const Kvshare__Response *r, kvs_lookup_result *res) {
-  if (r->result_case == KVSHARE__RESPONSE__RESULT__NOT_SET) {
-    if (res) {
-      memset(res, 0, sizeof *res);
-      res->blocks = no_blocks;
-    }
-    return 0;
-  }
-  if (r->result_case != KVSHARE__RESPONSE__RESULT_LOOKUP || !r->lookup)
-    return KVS_EPROTO;
-  if (res) {
-    res->hit_tokens = r->lookup->hit_tokens;
-    res->num_blocks = (uint32_t)r->lookup->n_blocks;
-    res->blocks = res->num_blocks ? r->lookup->blocks : no_blocks;
-  }
-  return 0;
+void kvs__lookup_result(const kvs_op_result *r, kvs_lookup_result *res) {
+  if (!res)
+    return;
+  memset(res, 0, sizeof *res);
+  res->hit_tokens = r->u.lookup.hit_tokens;
+  res->num_blocks = r->nblocks;
+  res->blocks = r->nblocks ? r->blocks : no_blocks;
 }
 
-int kvs__alloc_result(const Kvshare__Response *r, kvs_alloc_result *res) {
-  if (r->result_case == KVSHARE__RESPONSE__RESULT__NOT_SET) {
-    if (res) {
-      memset(res, 0, sizeof *res);
-      res->blocks = no_blocks;
-      res->cow_src = res->cow_dst = KVS_BLOCK_NONE;
-    }
-    return 0;
-  }
-  if (r->result_case != KVSHARE__RESPONSE__RESULT_ALLOC || !r->alloc)
-    return KVS_EPROTO;
-  if (res) {
-    const Kvshare__AllocResult *a = r->alloc;
-    res->first_index = a->first_index;
-    res->num_blocks = (uint32_t)a->n_blocks;
-    res->blocks = res->num_blocks ? a->blocks : no_blocks;
-    res->has_cow = a->has_cow ? (a->cow_copied ? 2 : 1) : 0;
-    res->cow_src = a->has_cow ? a->cow_src : KVS_BLOCK_NONE;
-    res->cow_dst = a->has_cow ? a->cow_dst : KVS_BLOCK_NONE;
-    res->cow_index = a->cow_index;
-  }
-  return 0;
+void kvs__alloc_result(const kvs_op_result *r, kvs_alloc_result *res) {
+  if (!res)
+    return;
+  memset(res, 0, sizeof *res);
+  res->first_index = r->u.alloc.first_index;
+  res->num_blocks = r->nblocks;
+  res->blocks = r->nblocks ? r->blocks : no_blocks;
+  res->has_cow = r->u.alloc.has_cow ? (r->u.alloc.cow_copied ? 2 : 1) : 0;
+  res->cow_src = r->u.alloc.has_cow ? r->u.alloc.cow_src : KVS_BLOCK_NONE;
+  res->cow_dst = r->u.alloc.has_cow ? r->u.alloc.cow_dst : KVS_BLOCK_NONE;
+  res->cow_index = r->u.alloc.cow_index;
 }
 
-int kvs__commit_result(const Kvshare__Response *r, uint32_t *sealed) {
-  uint32_t s = 0;
-  if (r->result_case == KVSHARE__RESPONSE__RESULT_COMMIT && r->commit)
-    s = r->commit->sealed;
-  else if (r->result_case != KVSHARE__RESPONSE__RESULT__NOT_SET)
-    return KVS_EPROTO;
-  if (sealed)
-    *sealed = s;
-  return 0;
-}
+/* Runs one op; its result in *r until the client's next call. */
+static int call1(kvs_client *c, const kvs_op *op, kvs_op_result *r) {
+  kvs_call call;
 
-/* Runs one request; on success keeps the reply in c->last. */
-static int call(kvs_client *c, Kvshare__Request *req,
-                Kvshare__Response **resp) {
+  memset(&call, 0, sizeof call);
+  memset(r, 0, sizeof *r);
   if (!c)
     return KVS_EINVAL;
-  return kvs__call(c, req, resp);
+  call.shape = KVS_SHAPE_OP;
+  call.ops = (kvs_op *)op;
+  call.res = r;
+  call.nops = 1;
+  return kvs__call(c, &call);
 }
 
 int kvs_lookup(kvs_client *c, uint64_t req_id, const uint32_t *tokens,
                uint32_t n, const void *salt, size_t salt_len,
                kvs_lookup_result *res) {
+  kvs_op op = {0};
+  kvs_op_result r;
+
   if (res)
     memset(res, 0, sizeof *res);
-  if ((n && !tokens) || (salt_len && !salt))
+  if ((n && !tokens) || (salt_len && !salt) || salt_len > UINT32_MAX)
     return KVS_EINVAL;
-  Kvshare__Lookup m = KVSHARE__LOOKUP__INIT;
-  m.req_id = req_id;
-  m.n_tokens = n;
-  m.tokens = (uint32_t *)tokens;
-  m.salt.len = salt_len;
-  m.salt.data = (uint8_t *)salt;
-  m.no_promote = c && c->no_promote;
-  Kvshare__Request req = KVSHARE__REQUEST__INIT;
-  req.op_case = KVSHARE__REQUEST__OP_LOOKUP;
-  req.lookup = &m;
-  Kvshare__Response *r;
-  int rc = call(c, &req, &r);
-  return rc ? rc : kvs__lookup_result(r, res);
+  op.code = KVS_OP_LOOKUP;
+  op.req_id = req_id;
+  op.tokens = tokens;
+  op.ntokens = n;
+  op.bytes = salt;
+  op.nbytes = (uint32_t)salt_len;
+  op.flags = c && c->no_promote ? KVS_OPF_NO_PROMOTE : 0;
+  int rc = call1(c, &op, &r);
+  if (rc == 0)
+    kvs__lookup_result(&r, res);
+  return rc;
 }
 
 static int alloc_op(kvs_client *c, int append, uint64_t req_id, uint32_t n,
                     kvs_alloc_result *res) {
+  kvs_op op = {0};
+  kvs_op_result r;
+
   if (res) {
     memset(res, 0, sizeof *res);
     res->cow_src = res->cow_dst = KVS_BLOCK_NONE;
   }
-  Kvshare__Allocate a = KVSHARE__ALLOCATE__INIT;
-  Kvshare__Append p = KVSHARE__APPEND__INIT;
-  Kvshare__Request req = KVSHARE__REQUEST__INIT;
   if (!c)
     return KVS_EINVAL;
-  if (append) {
-    p.req_id = req_id;
-    p.num_tokens = n;
-    p.daemon_copy = c->daemon_copy;
-    req.op_case = KVSHARE__REQUEST__OP_APPEND;
-    req.append = &p;
-  } else {
-    a.req_id = req_id;
-    a.num_tokens = n;
-    a.daemon_copy = c->daemon_copy;
-    req.op_case = KVSHARE__REQUEST__OP_ALLOCATE;
-    req.allocate = &a;
-  }
-  Kvshare__Response *r;
-  int rc = call(c, &req, &r);
-  return rc ? rc : kvs__alloc_result(r, res);
+  op.code = append ? KVS_OP_APPEND : KVS_OP_ALLOCATE;
+  op.req_id = req_id;
+  op.num_tokens = n;
+  op.flags = c->daemon_copy ? KVS_OPF_DAEMON_COPY : 0;
+  int rc = call1(c, &op, &r);
+  if (rc == 0)
+    kvs__alloc_result(&r, res);
+  return rc;
 }
 
 int kvs_allocate(kvs_client *c, uint64_t req_id, uint32_t num_tokens,
@@ -137,74 +105,66 @@ int kvs_append(kvs_client *c, uint64_t req_id, uint32_t num_tokens,
 int kvs_commit(kvs_client *c, uint64_t req_id, uint32_t start,
                const uint32_t *tokens, uint32_t n, const uint32_t *blocks,
                uint32_t nblocks, uint32_t *sealed) {
+  kvs_op op = {0};
+  kvs_op_result r;
+
   if (sealed)
     *sealed = 0;
   if (nblocks && !blocks)
     return KVS_EINVAL;
-  Kvshare__Commit m = KVSHARE__COMMIT__INIT;
-  m.req_id = req_id;
-  m.start = start;
+  op.code = KVS_OP_COMMIT;
+  op.req_id = req_id;
+  op.start = start;
+  op.num_tokens = n;
   if (tokens) {
-    m.n_tokens = n;
-    m.tokens = (uint32_t *)tokens;
+    op.tokens = tokens;
+    op.ntokens = n;
   }
-  m.num_tokens = n;
-  m.n_blocks = nblocks;
-  m.blocks = (uint32_t *)blocks;
-  Kvshare__Request req = KVSHARE__REQUEST__INIT;
-  req.op_case = KVSHARE__REQUEST__OP_COMMIT;
-  req.commit = &m;
-  Kvshare__Response *r;
-  int rc = call(c, &req, &r);
-  return rc ? rc : kvs__commit_result(r, sealed);
+  op.blocks = nblocks ? blocks : NULL;
+  op.nblocks = nblocks;
+  int rc = call1(c, &op, &r);
+  if (rc == 0 && sealed)
+    *sealed = r.u.commit.sealed;
+  return rc;
+}
+
+/* An op on a request id alone (Fork's child aside): status only. */
+static int id_op(kvs_client *c, uint8_t code, uint64_t req_id,
+                 uint64_t child_id) {
+  kvs_op op = {0};
+  kvs_op_result r;
+
+  op.code = code;
+  op.req_id = req_id;
+  op.child_id = child_id;
+  return call1(c, &op, &r);
 }
 
 int kvs_fork(kvs_client *c, uint64_t req_id, uint64_t child_id) {
-  Kvshare__Fork m = KVSHARE__FORK__INIT;
-  m.req_id = req_id;
-  m.child_id = child_id;
-  Kvshare__Request req = KVSHARE__REQUEST__INIT;
-  req.op_case = KVSHARE__REQUEST__OP_FORK;
-  req.fork = &m;
-  Kvshare__Response *r;
-  return call(c, &req, &r);
+  return id_op(c, KVS_OP_FORK, req_id, child_id);
 }
 
 int kvs_free(kvs_client *c, uint64_t req_id) {
-  Kvshare__Free m = KVSHARE__FREE__INIT;
-  m.req_id = req_id;
-  Kvshare__Request req = KVSHARE__REQUEST__INIT;
-  req.op_case = KVSHARE__REQUEST__OP_FREE;
-  req.free = &m;
-  Kvshare__Response *r;
-  return call(c, &req, &r);
+  return id_op(c, KVS_OP_FREE, req_id, 0);
 }
 
 int kvs_preempt(kvs_client *c, uint64_t req_id) {
-  Kvshare__Preempt m = KVSHARE__PREEMPT__INIT;
-  m.req_id = req_id;
-  Kvshare__Request req = KVSHARE__REQUEST__INIT;
-  req.op_case = KVSHARE__REQUEST__OP_PREEMPT;
-  req.preempt = &m;
-  Kvshare__Response *r;
-  return call(c, &req, &r);
+  return id_op(c, KVS_OP_PREEMPT, req_id, 0);
 }
 
 /* One Stats round trip; *out lives until the client's next call. */
-static int stats_call(kvs_client *c, int check,
-                      const Kvshare__StatsResult **out) {
-  Kvshare__Stats m = KVSHARE__STATS__INIT;
-  m.check = check ? 1 : 0;
-  Kvshare__Request req = KVSHARE__REQUEST__INIT;
-  req.op_case = KVSHARE__REQUEST__OP_STATS;
-  req.stats = &m;
-  Kvshare__Response *r;
-  int rc = call(c, &req, &r);
+static int stats_call(kvs_client *c, int check, const kvs_op_stats **out) {
+  kvs_op op = {0};
+  kvs_op_result r;
+
+  op.code = KVS_OP_STATS;
+  op.flags = check ? KVS_OPF_CHECK : 0;
+  int rc = call1(c, &op, &r);
   if (rc)
     return rc;
-  if (r->result_case != KVSHARE__RESPONSE__RESULT_STATS || !r->stats)
+  if (!r.u.stats)
     return KVS_EPROTO;
-  *out = r->stats;
+  *out = r.u.stats;
   return 0;
 }
 
@@ -242,7 +202,7 @@ int kvs__stats_get_v05(kvs_client *c, int check, kvs_stats *st) {
   if (!st)
     return KVS_EINVAL;
   memset(st, 0, sizeof *st);
-  const Kvshare__StatsResult *s;
+  const kvs_op_stats *s;
   int rc = stats_call(c, check, &s);
   if (rc)
     return rc;
@@ -284,12 +244,12 @@ int kvs_tier_stats_get(kvs_client *c, kvs_tier_stats *out, uint32_t max,
   *n = 0;
   if (tier_lost)
     *tier_lost = 0;
-  const Kvshare__StatsResult *s;
+  const kvs_op_stats *s;
   int rc = stats_call(c, 0, &s);
   if (rc)
     return rc;
-  for (size_t i = 0; i < s->n_tiers && i < max; i++) {
-    const Kvshare__TierStats *t = s->tiers[i];
+  for (size_t i = 0; i < s->ntiers && i < max; i++) {
+    const kvs_op_tier *t = &s->tiers[i];
     kvs_tier_stats *o = &out[i];
     memset(o, 0, sizeof *o);
     kvs__copy_str(o->name, sizeof o->name, t->name);
@@ -306,7 +266,7 @@ int kvs_tier_stats_get(kvs_client *c, kvs_tier_stats *out, uint32_t max,
     o->io_errors = t->io_errors;
     o->checksum_failures = t->checksum_failures;
   }
-  *n = (uint32_t)s->n_tiers;
+  *n = s->ntiers;
   if (tier_lost)
     *tier_lost = s->tier_lost;
   return 0;
@@ -316,13 +276,13 @@ int kvs_swap_stats_get(kvs_client *c, kvs_swap_stats *st) {
   if (!st)
     return KVS_EINVAL;
   memset(st, 0, sizeof *st);
-  const Kvshare__StatsResult *s;
+  const kvs_op_stats *s;
   int rc = stats_call(c, 0, &s);
   if (rc)
     return rc;
   st->swapped_requests = s->swapped_requests;
-  for (size_t i = 0; i < s->n_tiers; i++)
-    st->held_slots += s->tiers[i]->held;
+  for (size_t i = 0; i < s->ntiers; i++)
+    st->held_slots += s->tiers[i].held;
   st->swap_outs = s->swap_outs;
   st->swap_ins = s->swap_ins;
   st->failures = s->swap_failures;
@@ -335,36 +295,24 @@ int kvs_swap_stats_get(kvs_client *c, kvs_swap_stats *st) {
 
 static int swap_op(kvs_client *c, int in, uint64_t req_id,
                    kvs_swap_result *res) {
-  Kvshare__SwapOut o = KVSHARE__SWAP_OUT__INIT;
-  Kvshare__SwapIn i = KVSHARE__SWAP_IN__INIT;
-  Kvshare__Request req = KVSHARE__REQUEST__INIT;
-  Kvshare__Response *r;
-  int rc;
+  kvs_op op = {0};
+  kvs_op_result r;
 
   if (res) {
     memset(res, 0, sizeof *res);
     res->blocks = no_blocks;
   }
-  if (in) {
-    i.req_id = req_id;
-    req.op_case = KVSHARE__REQUEST__OP_SWAP_IN;
-    req.swap_in = &i;
-  } else {
-    o.req_id = req_id;
-    req.op_case = KVSHARE__REQUEST__OP_SWAP_OUT;
-    req.swap_out = &o;
-  }
-  rc = call(c, &req, &r);
+  op.code = in ? KVS_OP_SWAP_IN : KVS_OP_SWAP_OUT;
+  op.req_id = req_id;
+  int rc = call1(c, &op, &r);
   if (rc)
     return rc;
-  if (r->result_case != KVSHARE__RESPONSE__RESULT_SWAP || !r->swap)
-    return KVS_EPROTO;
   if (res) {
-    res->tokens = r->swap->tokens;
-    res->lost_tokens = r->swap->lost_tokens;
-    res->copied_blocks = r->swap->copied_blocks;
-    res->num_blocks = (uint32_t)r->swap->n_blocks;
-    res->blocks = res->num_blocks ? r->swap->blocks : no_blocks;
+    res->tokens = r.u.swap.tokens;
+    res->lost_tokens = r.u.swap.lost_tokens;
+    res->copied_blocks = r.u.swap.copied_blocks;
+    res->num_blocks = r.nblocks;
+    res->blocks = r.nblocks ? r.blocks : no_blocks;
   }
   return 0;
 }
@@ -378,22 +326,19 @@ int kvs_swap_in(kvs_client *c, uint64_t req_id, kvs_swap_result *res) {
 }
 
 int kvs_ping(kvs_client *c, const void *payload, size_t len) {
-  if (len && !payload)
+  kvs_op op = {0};
+  kvs_op_result r;
+
+  if ((len && !payload) || len > UINT32_MAX)
     return KVS_EINVAL;
-  Kvshare__Ping m = KVSHARE__PING__INIT;
-  m.payload.len = len;
-  m.payload.data = (uint8_t *)payload;
-  Kvshare__Request req = KVSHARE__REQUEST__INIT;
-  req.op_case = KVSHARE__REQUEST__OP_PING;
-  req.ping = &m;
-  Kvshare__Response *r;
-  int rc = call(c, &req, &r);
+  op.code = KVS_OP_PING;
+  op.bytes = payload;
+  op.nbytes = (uint32_t)len;
+  int rc = call1(c, &op, &r);
   if (rc)
     return rc;
-  if (len == 0 && r->result_case == KVSHARE__RESPONSE__RESULT__NOT_SET)
-    return 0;
-  if (r->result_case != KVSHARE__RESPONSE__RESULT_PONG ||
-      r->pong.len != len || (len && memcmp(r->pong.data, payload, len) != 0))
+  if (r.u.pong.len != len ||
+      (len && memcmp(r.u.pong.data, payload, len) != 0))
     return KVS_EPROTO;
   return 0;
 }

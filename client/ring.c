@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "client/client_int.h"
+#include "kvs_frame.h"
 
 #define SPIN_US_DEFAULT 50
 /* Rounds of pure spinning before the spin yields (about a microsecond). */

@@ -1,7 +1,10 @@
 /*
  * serve.c — `kvshared [serve]`: configuration, the pool, the core, the
- * listening socket, signals and shutdown.  Sessions live in session.c,
- * request dispatch in dispatch.c.
+ * tiers, the listening socket, signals and shutdown.  The top of the
+ * daemon: it opens every room below it and wires them together (sessions
+ * in net/, ops in dispatch/, the tiers in tiers/, the pool in pool/,
+ * metrics and KV events in observe/); nothing below calls back up here but
+ * through the functions it hands down.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -18,15 +21,44 @@
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
-#include "daemon/observe/events.h"
+#include "daemon/dispatch/dispatch.h"
 #include "daemon/log.h"
+#include "daemon/net/ring.h"
+#include "daemon/net/session.h"
+#include "daemon/observe/events.h"
 #include "daemon/observe/metrics.h"
-#include "daemon/tiers/remote.h"
+#include "daemon/pool/backend.h"
+#include "daemon/pool/copy.h"
 #include "daemon/serve.h"
-#include "daemon/net/server.h"
+#include "daemon/tiers/tiers.h"
+#include "kvs_frame.h"
 #include "kvs_shm.h"
 
 #define KVSHARED_VERSION "0.1"
+
+typedef struct srv {
+  uv_loop_t *loop;
+  uv_pipe_t listener;
+  uv_signal_t sig_term, sig_int;
+  uv_timer_t drain_timer;
+  uv_timer_t sweep_timer; /* closes connections that never say Hello or
+                             stall mid-frame */
+  const cfg *cfg;
+  kvs_layout layout;
+  core *core;
+  backend *pool;
+  copy_engine copy;
+  tiers *tiers;            /* NULL: no tier below the pool */
+  metrics *metrics;        /* /metrics; NULL: off */
+  events *events;          /* the KV event stream; NULL: off */
+  rings *rings;            /* request rings; NULL: off */
+  disp_env disp;           /* what the sessions' ops run against */
+  sess_hub hub;            /* the sessions */
+  int null_fd;             /* /dev/null, for releasing ready_fd; or -1 */
+  int stopping;
+  int socket_passed;       /* the listener came from systemd: never
+                              unlinked */
+} srv;
 
 /* mkdir -p of the socket's folder (mode 0755 for what it creates). */
 static int make_parent(const char *path) {
@@ -231,7 +263,7 @@ static void on_connection(uv_stream_t *listener, int status) {
   }
   if (s->stopping)
     return;
-  sess_accept(s);
+  sess_accept(&s->hub, listener);
 }
 
 /* Creates the socket at the configured path (no socket activation). */
@@ -316,22 +348,15 @@ static void stop_listening(srv *s) {
     unlink(s->cfg->socket);
 }
 
-void srv_tiers_stats(const srv *s, tiers_stats st[SRV_TIERS], uint32_t *n) {
-  tiers_get_stats(s->tiers, st, n);
-  if (s->remote)
-    rmoves_tier_stats(s->remote, &st[(*n)++]);
-}
-
 /* No copy and no tier move in flight. */
 static int srv_io_idle(const srv *s) {
-  return copy_idle(&s->copy) && tiers_idle(s->tiers) &&
-         rmoves_idle(s->remote);
+  return copy_idle(&s->copy) && tiers_idle(s->tiers);
 }
 
 static void on_drain_timeout(uv_timer_t *t) {
   srv *s = t->data;
 
-  if (!s->sessions && !srv_io_idle(s)) {
+  if (!s->hub.sessions && !srv_io_idle(s)) {
     /* Sessions are gone and the copies have had a second timeout: only a
      * hung GPU gets here.  The pool cannot be released while the GPU may
      * still write it, and waiting could be forever: leave now (the driver
@@ -341,15 +366,42 @@ static void on_drain_timeout(uv_timer_t *t) {
               s->cfg->shutdown_timeout_ms);
     _exit(1);
   }
-  if (s->sessions)
+  if (s->hub.sessions)
     log_warn(0, "shutdown: replies still queued after %u ms; closing anyway",
              s->cfg->shutdown_timeout_ms);
-  while (s->sessions)
-    sess_shutdown(s->sessions, 1);
+  sess_shutdown_all(&s->hub, 1);
   /* Copies still running get one more timeout. */
   if (!srv_io_idle(s))
     uv_timer_start(&s->drain_timer, on_drain_timeout,
                    s->cfg->shutdown_timeout_ms, 0);
+}
+
+/* One scrape's numbers, from every room (on the loop; metrics.h). */
+static void snapshot(void *arg, metrics_snap *o) {
+  const srv *s = arg;
+
+  core_get_stats(s->core, &o->core);
+  tiers_get_stats(s->tiers, o->tiers, &o->ntiers);
+  o->events_on = s->events != NULL;
+  events_get_stats(s->events, &o->ev);
+  o->remote_on = tiers_remote_stats(s->tiers, &o->rs) == 0;
+  o->sessions = s->hub.counts.sessions;
+  o->frames_in = s->hub.counts.frames_in;
+  o->compact_frames = s->hub.counts.compact_frames;
+  o->protocol_errors = s->hub.counts.protocol_errors;
+  o->queued = s->hub.counts.queued_bytes;
+  o->rings_on = s->rings != NULL;
+  rings_counts(s->rings, &o->ring_requests, &o->ring_socket_replies,
+               &o->ring_wakeups);
+  o->copies = s->copy.jobs;
+  o->copy_blocks = s->copy.blocks;
+  o->copy_errors = s->copy.errors;
+  o->pool_bytes = s->pool->ex.size;
+  o->block_size = s->layout.block_size;
+  snprintf(o->backend, sizeof(o->backend), "%s", s->pool->ex.backend);
+  snprintf(o->gpu_uuid, sizeof(o->gpu_uuid), "%s", s->pool->ex.gpu_uuid);
+  snprintf(o->policy, sizeof(o->policy), "%s", s->cfg->policy);
+  snprintf(o->model_id, sizeof(o->model_id), "%s", s->cfg->model_id);
 }
 
 /* The KV event stream and /metrics, before the listening socket (no session
@@ -364,49 +416,48 @@ static int start_observers(srv *s) {
     log_error(0, "kv events: %s", err);
     return KVS_EINVAL;
   }
-  if (metrics_start(s, err, sizeof(err)) < 0) {
+  if (metrics_start(s->loop, s->cfg, snapshot, s, &s->metrics, err,
+                    sizeof(err)) < 0) {
     log_error(0, "metrics: %s", err);
     return KVS_EINVAL;
   }
+  s->hub.metrics = s->metrics;
   return 0;
 }
 
 static void stop_observers(srv *s) {
-  metrics_stop(s);
+  metrics_stop(s->metrics);
+  s->metrics = NULL;
+  s->hub.metrics = NULL;
   events_close(s->events, s->core);
   s->events = NULL;
 }
 
-/* The tiers, the remote tier and the copy engine (all idle) close. */
+/* The tiers and the copy engine (all idle) close. */
 static void close_movers(srv *s) {
   tiers_close(s->tiers);
-  s->tiers = NULL;
-  rmoves_close(s->remote);
-  s->remote = NULL;
+  s->tiers = s->disp.tiers = NULL;
   copy_engine_close(&s->copy);
 }
 
 /* A stopping daemon is done when no session and no copy is left: the
  * last handles close and uv_run returns. */
 static void srv_maybe_done(srv *s) {
-  if (!s->stopping || s->sessions || !srv_io_idle(s))
+  if (!s->stopping || s->hub.sessions || !srv_io_idle(s))
     return;
   close_handle((uv_handle_t *)&s->drain_timer);
   close_movers(s);
   stop_observers(s);
 }
 
-void srv_session_closed(srv *s) { srv_maybe_done(s); }
-
-static void on_tiers_idle(void *data) { srv_maybe_done(data); }
+/* A session is gone, or the last move in flight ended. */
+static void on_io_done(void *data) { srv_maybe_done(data); }
 
 static void srv_stop(srv *s, const char *why) {
-  sess *c, *next;
-
   if (s->stopping)
     return;
-  s->stopping = 1;
-  log_info(0, "%s: stopping (%u sessions)", why, s->nsessions);
+  s->stopping = s->hub.stopping = s->disp.stopping = 1;
+  log_info(0, "%s: stopping (%u sessions)", why, s->hub.counts.sessions);
   stop_listening(s);
   /* Closing a signal handle restores the default action: a second signal
    * ends the process at once. */
@@ -414,20 +465,21 @@ static void srv_stop(srv *s, const char *why) {
   close_handle((uv_handle_t *)&s->sig_int);
   close_handle((uv_handle_t *)&s->sweep_timer);
   tiers_stop(s->tiers);
-  rmoves_stop(s->remote);
-  ring_stop(s);
-  for (c = s->sessions; c; c = next) {
-    next = c->next;
-    sess_shutdown(c, 0);
-  }
-  if (s->sessions || !srv_io_idle(s))
+  rings_stop(s->rings);
+  s->rings = s->hub.rings = NULL;
+  sess_shutdown_all(&s->hub, 0);
+  if (s->hub.sessions || !srv_io_idle(s))
     uv_timer_start(&s->drain_timer, on_drain_timeout,
                    s->cfg->shutdown_timeout_ms, 0);
   else
     srv_maybe_done(s);
 }
 
-static void on_sweep_timer(uv_timer_t *t) { sess_sweep(t->data); }
+static void on_sweep_timer(uv_timer_t *t) {
+  srv *s = t->data;
+
+  sess_sweep(&s->hub);
+}
 
 static void on_signal(uv_signal_t *h, int signum) {
   srv_stop(h->data, signum == SIGTERM ? "SIGTERM" : "SIGINT");
@@ -497,7 +549,6 @@ static int run(const cfg *c) {
   s.cfg = c;
   s.null_fd = c->ready_fd >= 0 ? open("/dev/null", O_RDONLY | O_CLOEXEC) : -1;
   s.layout = c->layout;
-  s.self_uid = getuid();
 
   rc = backend_open(c, &s.layout, &s.pool, err, sizeof(err));
   if (rc < 0) {
@@ -522,25 +573,28 @@ static int run(const cfg *c) {
   rc = tiers_open(&loop, c, s.core, s.pool, &s.copy, &s.tiers, err,
                   sizeof(err));
   if (rc < 0) {
-    log_error(0, "tiers: %s", err);
-    close_movers(&s);
-    uv_run(&loop, UV_RUN_DEFAULT);
-    uv_loop_close(&loop);
-    goto out_core;
-  }
-  if (s.tiers)
-    tiers_set_idle_cb(s.tiers, on_tiers_idle, &s);
-  rc = rmoves_open(&loop, c, s.core, s.pool, &s.copy, &s.remote, err,
-                   sizeof(err));
-  if (rc < 0) {
     log_error(0, "%s", err);
     close_movers(&s);
     uv_run(&loop, UV_RUN_DEFAULT);
     uv_loop_close(&loop);
     goto out_core;
   }
-  if (s.remote)
-    rmoves_set_idle_cb(s.remote, on_tiers_idle, &s);
+  if (s.tiers)
+    tiers_set_idle_cb(s.tiers, on_io_done, &s);
+  s.disp.cfg = c;
+  s.disp.layout = s.layout;
+  s.disp.core = s.core;
+  s.disp.tiers = s.tiers;
+  s.disp.copy = &s.copy;
+  s.disp.pool = s.pool;
+  s.disp.counts = &s.hub.counts;
+  s.hub.loop = &loop;
+  s.hub.cfg = c;
+  s.hub.disp = &s.disp;
+  s.hub.pool = s.pool;
+  s.hub.self_uid = getuid();
+  s.hub.on_gone = on_io_done;
+  s.hub.data = &s;
   uv_signal_init(&loop, &s.sig_term);
   uv_signal_init(&loop, &s.sig_int);
   uv_timer_init(&loop, &s.drain_timer);
@@ -550,16 +604,18 @@ static int run(const cfg *c) {
   uv_signal_start(&s.sig_term, on_signal, SIGTERM);
   uv_signal_start(&s.sig_int, on_signal, SIGINT);
 
-  rc = ring_start(&s);
+  rc = rings_start(&loop, c, &sess_ring_ops, &s.rings);
   if (rc < 0)
     log_error(rc, "request rings (ring_bytes)");
+  s.hub.rings = s.rings;
   if (rc == 0)
     rc = start_observers(&s);
   if (rc == 0)
     rc = start_listening(&s);
   if (rc < 0) {
     s.stopping = 1;
-    ring_stop(&s);
+    rings_stop(s.rings);
+    s.rings = s.hub.rings = NULL;
     stop_observers(&s);
     close_handle((uv_handle_t *)&s.listener);
     close_handle((uv_handle_t *)&s.sig_term);
@@ -607,8 +663,8 @@ static int run(const cfg *c) {
                 st.used_blocks, st.num_requests);
     } else {
       log_info(0, "stopped cleanly (%llu frames, %llu protocol errors)",
-               (unsigned long long)s.frames_in,
-               (unsigned long long)s.protocol_errors);
+               (unsigned long long)s.hub.counts.frames_in,
+               (unsigned long long)s.hub.counts.protocol_errors);
       status = 0;
     }
   }
@@ -618,8 +674,7 @@ static int run(const cfg *c) {
     status = 1;
   }
 out_core:
-  kvs__arena_destroy(&s.arena);
-  sess_spares_free(&s);
+  sess_hub_free(&s.hub);
   core_destroy(s.core);
 out_pool:
   backend_close(s.pool);

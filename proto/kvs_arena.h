@@ -8,18 +8,17 @@
  * reset.  Chunks grow as needed (16 KiB, doubling); a reset keeps the oldest
  * chunk when it is at most 64 KiB, so a steady stream of small frames does no
  * malloc at all.  `limit` (0 = none) caps what is handed out, each
- * allocation charged kvs__unpack_cost: the decode sets it from the payload's
- * scan and clears it afterwards, so a small malicious frame cannot make the
- * arena grow without end.
+ * allocation charged kvs__unpack_cost (kvs_frame.h): the decode
+ * (kvs__arena_unpack, kvs_frame.h) sets it from the payload's scan and
+ * clears it afterwards, so a small malicious frame cannot make the arena
+ * grow without end.  Nothing here knows protobuf: the codecs' own structs
+ * (kvs_op.h) live in arenas too.
  */
 #ifndef KVS_ARENA_H
 #define KVS_ARENA_H
 
 #include <stddef.h>
 #include <stdint.h>
-
-#include "kvs_frame.h"
-#include "kvshare.pb-c.h"
 
 typedef struct kvs__chunk kvs__chunk;
 typedef struct kvs__arena {
@@ -36,16 +35,5 @@ void *kvs__arena_alloc(kvs__arena *a, size_t size);
 void kvs__arena_reset(kvs__arena *a);
 /* Frees every chunk; the arena may be used again. */
 void kvs__arena_destroy(kvs__arena *a);
-
-/*
- * Decodes one payload into the arena as kvs_envelope_unpack does: 0,
- * KVS_EPROTO or KVS_ELIMIT (alloc_limit 0 = the same default).  scan, when
- * not NULL, receives the payload's scan, filled even when the decode
- * fails: its seq names the frame to answer.  The envelope lives until the
- * arena is reset; never pass it to kvs_envelope_free.
- */
-int kvs__arena_unpack(kvs__arena *a, const uint8_t *payload, size_t len,
-                      size_t alloc_limit, kvs_payload_scan *scan,
-                      Kvshare__Envelope **out);
 
 #endif

@@ -25,6 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvs_arena.h"
 #include "kvs_status.h"
 #include "kvshare.pb-c.h"
 
@@ -167,6 +168,17 @@ int kvs_envelope_unpack(const uint8_t *payload, size_t len,
 
 /* Frees an envelope from kvs_envelope_unpack.  NULL is fine. */
 void kvs_envelope_free(Kvshare__Envelope *env);
+
+/*
+ * Decodes one payload into the arena as kvs_envelope_unpack does: 0,
+ * KVS_EPROTO or KVS_ELIMIT (alloc_limit 0 = the same default).  scan, when
+ * not NULL, receives the payload's scan, filled even when the decode
+ * fails: its seq names the frame to answer.  The envelope lives until the
+ * arena is reset; never pass it to kvs_envelope_free.
+ */
+int kvs__arena_unpack(kvs__arena *a, const uint8_t *payload, size_t len,
+                      size_t alloc_limit, kvs_payload_scan *scan,
+                      Kvshare__Envelope **out);
 
 #ifdef __cplusplus
 }

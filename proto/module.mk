@@ -1,4 +1,7 @@
-# proto/: status codes, the .proto (compiled at build time), framing.
+# proto/: status codes, the .proto (compiled at build time), framing, the
+# one op type (kvs_op.h) and the codecs between it and the wire
+# (kvs_codec.h: codec_envelope.c, codec_packed.c, codec_compact.c; what
+# they share in codec.c; a call's shape to its codec in codec_frame.c).
 #
 # protoc-c writes $(BUILD)/proto/kvshare.pb-c.{c,h}; they are never committed
 # or edited.  Any object that includes kvs_frame.h or kvshare.pb-c.h needs an
@@ -9,7 +12,10 @@ PROTOC_C   ?= protoc-c
 PROTO_GEN_C := $(BUILD)/proto/kvshare.pb-c.c
 PROTO_GEN_H := $(BUILD)/proto/kvshare.pb-c.h
 PROTO_OBJS := $(BUILD)/proto/kvs_status.o $(BUILD)/proto/kvs_frame.o \
-              $(BUILD)/proto/kvs_arena.o $(BUILD)/proto/kvshare.pb-c.o
+              $(BUILD)/proto/kvs_arena.o $(BUILD)/proto/kvshare.pb-c.o \
+              $(BUILD)/proto/codec.o $(BUILD)/proto/codec_envelope.o \
+              $(BUILD)/proto/codec_packed.o $(BUILD)/proto/codec_compact.o \
+              $(BUILD)/proto/codec_frame.o
 PROTO_LIBS  = $(call DEP_LIBS,libprotobuf-c)
 MOD_CFLAGS_proto_ := $(call DEP_CFLAGS,libprotobuf-c)
 
@@ -23,7 +29,7 @@ $(BUILD)/proto/kvshare.pb-c.o: $(PROTO_GEN_C) | $(PROTO_GEN_H)
 	@$(if $(Q),echo "  CC      $<")
 	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(MOD_CFLAGS_proto_) -c -o $@ $<
 
-$(BUILD)/proto/kvs_frame.o $(BUILD)/proto/kvs_arena.o: | $(PROTO_GEN_H)
+$(filter-out $(BUILD)/proto/kvshare.pb-c.o,$(PROTO_OBJS)): | $(PROTO_GEN_H)
 
 $(BUILD)/libkvsproto.a: $(PROTO_OBJS)
 	@$(if $(Q),echo "  AR      $@")

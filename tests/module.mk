@@ -19,4 +19,4 @@ $(REPLAY_TESTS): $(BUILD)/%: $(BUILD)/%.o $(REPLAY_TEST_OBJS) $(BUILD)/libkvscor
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(REPLAY_TEST_OBJS) $(CORE_LIBS) \
 	  $(call DEP_LIBS,jansson) $(TEST_LIBS) -lm
-TEST_SCRIPTS += tests/unit/test_replay_cli.sh
+TEST_SCRIPTS += tests/unit/test_replay_cli.sh tests/unit/test_layers.sh

@@ -461,7 +461,7 @@ void core_get_stats(const core *c, core_stats *st);
  * An observer is told of every hash that enters the prefix index (a block
  * sealed, or brought up from a tier) and of every one that leaves it (its
  * block evicted), in order, as the operation that does it runs: the
- * daemon's KV event stream (daemon/events.c).  The callbacks must not call
+ * daemon's KV event stream (daemon/observe/events.c).  The callbacks must not call
  * the core.
  *   stored   h, the hash of the block before it in its chain (parent; NULL
  *            for a chain's first block) and its block_size token ids (NULL
@@ -472,7 +472,7 @@ void core_get_stats(const core *c, core_stats *st);
  *            a worker wrote are in block b (sealed: they never change until
  *            b is evicted).  Not called for blocks brought up from below
  *            (their bytes came from a copy that exists already): the
- *            remote tier's write-through (daemon/remote.c).
+ *            remote tier's write-through (daemon/tiers/remote.c).
  * Any callback may be NULL.  Up to CORE_OBSERVERS observers, each told in
  * the order they were added.
  */
@@ -495,7 +495,7 @@ void core_set_observer(core *c, const core_observer *obs);
  * ---- The remote tier ---------------------------------------------------
  *
  * A tier the core keeps no books for: a store shared with other daemons
- * (daemon/tier_remote.c), where what is there is only known by asking.
+ * (daemon/tiers/tier_remote.c), where what is there is only known by asking.
  * After a lookup (and its promotions from the tiers below), the daemon
  * asks the store for the rest of the request's chain
  * (core_req_next_hashes), and brings up the longest run it finds:

@@ -1,38 +1,40 @@
 /*
- * dispatch.c — one Request of one session to the core, one Response back.
- *
- * Request ids are looked up in the session's map only, so a session can never
- * name another's request.  Every argument is checked here before the core
- * sees it; the core's own checks (all-or-nothing) come second.  Every error
- * carries a kvs_status code and a message that names what was wrong.
+ * dispatch.c — a session's ops to the core, their results back
+ * (dispatch.h).  One function per op; each checks its arguments and the
+ * session's limits, calls the core (and, for the ops that move bytes, the
+ * tiers), and fills its result.
  */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/dispatch/dispatch.h"
 #include "daemon/log.h"
-#include "daemon/tiers/remote.h"
-#include "daemon/net/server.h"
+#include "kvs_status.h"
 
 #define SALT_MAX 256
 
-/* ---- the daemon's copies for a session ------------------------------ */
+#define ERR(...) kvs_result_error(res, a, __VA_ARGS__)
 
-int disp_copy_pair(sess *c, uint32_t src, uint32_t dst) {
-  core *cr = c->srv->core;
+/* ---- the daemon's copies for a session ------------------------------------ */
+
+/* The ops ask the daemon to copy block src into dst before their reply
+ * goes: both are pinned and recorded.  0, or a negative status (nothing
+ * pinned: the worker must copy itself). */
+static int copy_pair(disp_sess *ds, uint32_t src, uint32_t dst) {
+  core *cr = ds->env->core;
   int rc;
 
-  if (c->srv->copy.failed) /* the device is lost: the worker copies */
-    return c->srv->copy.failed;
-  if (c->ncopy == c->copy_cap) {
-    uint32_t cap = c->copy_cap ? 2 * c->copy_cap : 16;
-    uint32_t *p = realloc(c->copy_pairs, 2 * sizeof(uint32_t) * cap);
+  if (ds->env->copy->failed) /* the device is lost: the worker copies */
+    return ds->env->copy->failed;
+  if (ds->ncopy == ds->copy_cap) {
+    uint32_t cap = ds->copy_cap ? 2 * ds->copy_cap : 16;
+    uint32_t *p = realloc(ds->copy_pairs, 2 * sizeof(uint32_t) * cap);
 
     if (!p)
       return KVS_ENOMEM;
-    c->copy_pairs = p;
-    c->copy_cap = cap;
+    ds->copy_pairs = p;
+    ds->copy_cap = cap;
   }
   rc = core_pin(cr, src);
   if (rc < 0)
@@ -42,82 +44,29 @@ int disp_copy_pair(sess *c, uint32_t src, uint32_t dst) {
     core_unpin(cr, src);
     return rc;
   }
-  c->copy_pairs[2 * c->ncopy] = src;
-  c->copy_pairs[2 * c->ncopy + 1] = dst;
-  c->ncopy++;
+  ds->copy_pairs[2 * ds->ncopy] = src;
+  ds->copy_pairs[2 * ds->ncopy + 1] = dst;
+  ds->ncopy++;
   return 0;
 }
 
-void disp_copies_done(sess *c) {
-  uint32_t i;
-
-  for (i = 0; i < 2 * c->ncopy; i++)
-    core_unpin(c->srv->core, c->copy_pairs[i]);
-  c->ncopy = 0;
+void disp_copies_done(disp_sess *ds) {
+  for (uint32_t i = 0; i < 2 * ds->ncopy; i++)
+    core_unpin(ds->env->core, ds->copy_pairs[i]);
+  ds->ncopy = 0;
 }
 
-/* ---- the reply, sized once ---------------------------------------- */
-
-/* A static Status for when the arena cannot allocate. */
-static Kvshare__Status nomem_status = {
-    PROTOBUF_C_MESSAGE_INIT(&kvshare__status__descriptor), KVS_ENOMEM,
-    (char *)"out of memory"};
-
-void disp_status(Kvshare__Response *resp, kvs__arena *a, int code,
-                 const char *fmt, ...) {
-  Kvshare__Status *st = kvs__arena_alloc(a, sizeof(*st));
-  char *msg = kvs__arena_alloc(a, 256);
-  va_list ap;
-
-  if (!st || !msg) {
-    resp->status = &nomem_status;
-    return;
-  }
-  kvshare__status__init(st);
-  st->code = code;
-  va_start(ap, fmt);
-  vsnprintf(msg, 256, fmt, ap);
-  va_end(ap);
-  st->message = msg;
-  resp->status = st;
-}
-
-/* nomem_status without its message, for a Batch's later failures. */
-static Kvshare__Status nomem_bare = {
-    PROTOBUF_C_MESSAGE_INIT(&kvshare__status__descriptor), KVS_ENOMEM,
-    (char *)""};
-
-void disp_batch_trim(Kvshare__Response *r, size_t *failed) {
-  if (!r->status || r->status->code == 0 || ++*failed <= DISP_BATCH_MESSAGES)
-    return;
-  if (r->status == &nomem_status)
-    r->status = &nomem_bare;
-  else
-    r->status->message = (char *)""; /* the code alone */
-}
-
-/* Every OK reply points at this one (packing only reads it). */
-static Kvshare__Status ok_status = KVSHARE__STATUS__INIT;
-
-void disp_ok(Kvshare__Response *resp) { resp->status = &ok_status; }
-
-static void ok(Kvshare__Response *resp, kvs__arena *a) {
-  (void)a;
-  disp_ok(resp);
-}
-
-#define ERR(...) (disp_status(resp, a, __VA_ARGS__))
+/* ---- requests and the session's budget ------------------------------------ */
 
 /* The session's request id; a swapped one only when swapped_ok (other
  * operations wait for its SwapIn). */
-static core_req *get_req(sess *c, uint64_t id, int swapped_ok,
-                         Kvshare__Response *resp, kvs__arena *a) {
-  core_req *r = reqmap_get(&c->reqs, id);
+static core_req *get_req(disp_sess *ds, uint64_t id, int swapped_ok,
+                         kvs_op_result *res, kvs__arena *a) {
+  core_req *r = reqmap_get(&ds->reqs, id);
 
   if (!r) {
     ERR(KVS_ENOENT, "no request %llu in this session (never created, or "
-                    "already freed)",
-        (unsigned long long)id);
+        "already freed)", (unsigned long long)id);
   } else if (!swapped_ok && core_req_swap_state(r) != CORE_SWAP_NONE) {
     ERR(KVS_ESTATE, "request %llu is swapped out: only SwapIn and Free "
         "apply to it", (unsigned long long)id);
@@ -126,12 +75,12 @@ static core_req *get_req(sess *c, uint64_t id, int swapped_ok,
   return r;
 }
 
-static int room_for_request(sess *c, Kvshare__Response *resp,
+static int room_for_request(disp_sess *ds, kvs_op_result *res,
                             kvs__arena *a) {
-  if (c->reqs.count < c->srv->cfg->max_requests)
+  if (ds->reqs.count < ds->env->cfg->max_requests)
     return 1;
   ERR(KVS_ELIMIT, "the session already holds %zu requests (max_requests)",
-      c->reqs.count);
+      ds->reqs.count);
   return 0;
 }
 
@@ -150,518 +99,419 @@ static uint64_t req_cost(const core_req *r) {
 
 /* Would `more` positions (beyond `released`, given back by the same op) go
  * over the budget?  Answers ELIMIT when so. */
-static int over_budget(sess *c, uint64_t more, uint64_t released,
-                       const char *op, uint64_t id, Kvshare__Response *resp,
+static int over_budget(disp_sess *ds, uint64_t more, uint64_t released,
+                       const char *op, uint64_t id, kvs_op_result *res,
                        kvs__arena *a) {
-  uint64_t max = c->srv->cfg->max_session_tokens;
+  uint64_t max = ds->env->cfg->max_session_tokens;
 
-  if (c->tokens_held - released + more <= max)
+  if (ds->tokens_held - released + more <= max)
     return 0;
   ERR(KVS_ELIMIT, "%s of request %llu: the session would hold %llu token "
-                  "positions, over max_session_tokens (%llu); free requests "
-                  "first",
-      op, (unsigned long long)id,
-      (unsigned long long)(c->tokens_held - released + more),
+      "positions, over max_session_tokens (%llu); free requests first", op,
+      (unsigned long long)id,
+      (unsigned long long)(ds->tokens_held - released + more),
       (unsigned long long)max);
   return 1;
 }
 
 /* Charges request id (in the map) for what it holds now. */
-static void account(sess *c, uint64_t id, const core_req *r) {
-  uint64_t *cost = reqmap_cost(&c->reqs, id), now = req_cost(r);
+static void account(disp_sess *ds, uint64_t id, const core_req *r) {
+  uint64_t *cost = reqmap_cost(&ds->reqs, id), now = req_cost(r);
 
   if (!cost)
     return;
-  c->tokens_held = c->tokens_held - *cost + now;
+  ds->tokens_held = ds->tokens_held - *cost + now;
   *cost = now;
 }
 
-/* Copies blocks [from, n) of r's table into the arena. */
-static uint32_t *copy_table(core_req *r, uint32_t from, size_t *count,
-                            kvs__arena *a) {
+/* Blocks [from, n) of r's table, copied into the arena, as res's blocks
+ * (none when out of memory: the request stands either way). */
+static void table_blocks(core_req *r, uint32_t from, kvs_op_result *res,
+                         kvs__arena *a) {
   uint32_t n;
   const uint32_t *t = core_req_blocks(r, &n);
   uint32_t *out;
 
-  *count = 0;
-  if (from >= n)
-    return NULL;
-  out = kvs__arena_alloc(a, (n - from) * sizeof(*out));
-  if (!out)
-    return NULL;
+  res->blocks = NULL;
+  res->nblocks = 0;
+  if (from >= n || !(out = kvs__arena_alloc(a, (n - from) * sizeof(*out))))
+    return;
   memcpy(out, t + from, (n - from) * sizeof(*out));
-  *count = n - from;
-  return out;
+  res->blocks = out;
+  res->nblocks = n - from;
 }
 
-static void core_error(Kvshare__Response *resp, kvs__arena *a, int rc,
+static void core_error(kvs_op_result *res, kvs__arena *a, int rc,
                        const char *op, uint64_t id) {
   ERR(rc, "%s of request %llu: %s", op, (unsigned long long)id,
       kvs_strerror(rc));
 }
 
-static void lookup_reply(sess *c, uint64_t id, core_req *r, uint32_t hit,
-                         uint32_t promoted, uint32_t below,
-                         Kvshare__Response *resp, kvs__arena *a) {
-  Kvshare__LookupResult *res;
+/* ---- Lookup ---------------------------------------------------------------- */
 
-  account(c, id, r);
-  res = kvs__arena_alloc(a, sizeof(*res));
-  if (!res) {
-    ERR(KVS_ENOMEM, "out of memory");
-    return; /* the request stands; the client may look at Stats */
-  }
-  kvshare__lookup_result__init(res);
-  res->hit_tokens = hit;
-  res->promoted_tokens = promoted;
-  res->below_tokens = below;
-  res->blocks = copy_table(r, 0, &res->n_blocks, a);
-  resp->result_case = KVSHARE__RESPONSE__RESULT_LOOKUP;
-  resp->lookup = res;
-  ok(resp, a);
+static void lookup_result(disp_sess *ds, uint64_t id, core_req *r,
+                          uint32_t hit, uint32_t promoted, uint32_t below,
+                          kvs_op_result *res, kvs__arena *a) {
+  account(ds, id, r);
+  res->status = 0;
+  res->u.lookup.hit_tokens = hit;
+  res->u.lookup.promoted_tokens = promoted;
+  res->u.lookup.below_tokens = below;
+  table_blocks(r, 0, res, a);
 }
 
-void disp_lookup_promoted(sess *c, Kvshare__Response *resp, kvs__arena *a) {
-  tier_promo *pr = &c->promo;
+/* On the loop: the held Lookup's chain is over. */
+static void on_promoted(tier_promo *pr) {
+  disp_sess *ds = pr->data;
 
-  if (!pr->r) {
-    ERR(KVS_ECLOSED, "lookup of request %llu: the session closed while its "
-        "blocks came up", (unsigned long long)pr->req_id);
-    return;
-  }
-  lookup_reply(c, pr->req_id, pr->r, pr->hit_tokens, pr->promoted_tokens, 0,
-               resp, a);
+  ds->held_cb(ds);
 }
 
-/* The store below every tier: the rest of the chain, once the Lookup's
- * other promotions are done.  0: started (sess_promoted sends the reply
- * later). */
-static int lookup_remote(sess *c, tier_promo *pr) {
-  srv *s = c->srv;
+static void do_lookup(disp_sess *ds, const kvs_op *op, int batch,
+                      kvs_op_result *res, kvs__arena *a) {
+  disp_env *env = ds->env;
+  core_req *r = reqmap_get(&ds->reqs, op->req_id);
+  tier_promo *pr = &ds->promo;
+  uint32_t below = 0;
+  int created = 0, promote, rc;
 
-  if (!s->remote || !pr->r || s->stopping)
-    return 1;
-  return rmoves_promote(s->remote, pr, sess_promoted);
-}
-
-/* The Lookup's promotions from the tiers are done: on to the remote tier,
- * else the reply. */
-static void lookup_tiers_done(tier_promo *pr) {
-  if (lookup_remote(pr->data, pr) != 0)
-    sess_promoted(pr);
-}
-
-static void do_lookup(sess *c, const Kvshare__Lookup *l,
-                      Kvshare__Response *resp, kvs__arena *a) {
-  core *cr = c->srv->core;
-  core_req *r = reqmap_get(&c->reqs, l->req_id);
-  core_lookup_out out;
-  uint32_t hit = 0, promoted = 0, below = 0;
-  int created = 0, rc;
-
-  if (l->n_tokens == 0 || l->n_tokens > UINT32_MAX) {
+  if (op->ntokens == 0) {
     ERR(KVS_EINVAL, "lookup of request %llu needs 1 to 2^32-1 tokens",
-        (unsigned long long)l->req_id);
+        (unsigned long long)op->req_id);
     return;
   }
-  if (over_budget(c, l->n_tokens, r ? *reqmap_cost(&c->reqs, l->req_id) : 0,
-                  "lookup", l->req_id, resp, a))
+  if (over_budget(ds, op->ntokens,
+                  r ? *reqmap_cost(&ds->reqs, op->req_id) : 0, "lookup",
+                  op->req_id, res, a))
     return;
   if (!r) {
-    if (l->salt.len > SALT_MAX) {
-      ERR(KVS_EINVAL, "salt of %zu bytes is longer than %d", l->salt.len,
+    if (op->nbytes > SALT_MAX) {
+      ERR(KVS_EINVAL, "salt of %u bytes is longer than %d", op->nbytes,
           SALT_MAX);
       return;
     }
-    if (!room_for_request(c, resp, a))
+    if (!room_for_request(ds, res, a))
       return;
-    rc = core_req_create(cr, l->salt.data, l->salt.len, &r);
+    rc = core_req_create(env->core, op->bytes, op->nbytes, &r);
+    if (rc == 0) {
+      rc = reqmap_put(&ds->reqs, op->req_id, r);
+      if (rc < 0)
+        core_req_free(env->core, r);
+    }
     if (rc < 0) {
-      core_error(resp, a, rc, "create", l->req_id);
+      core_error(res, a, rc, "lookup", op->req_id);
       return;
     }
     created = 1;
   }
-  {
-    srv *s = c->srv;
-    int promote = (s->tiers || s->remote) && !c->in_batch &&
-                  !l->no_promote && !s->stopping;
-    uint32_t room = promote && s->tiers ? tiers_promote_room(s->tiers) : 0;
-    tier_promo *pr = &c->promo;
-    core_promo *promos = room ? kvs__arena_alloc(a, room * sizeof(*promos))
-                              : NULL;
-
-    rc = core_lookup_promote(cr, r, l->tokens, (uint32_t)l->n_tokens,
-                             promos != NULL, promos, room, &out);
-    hit = out.hit_tokens;
-    if (rc == 0 && promote) {
-      memset(pr, 0, sizeof(*pr));
-      pr->cb = lookup_tiers_done;
-      pr->data = c;
-      pr->r = r;
-      pr->req_id = l->req_id;
-    }
-    if (rc == 0 && out.npromos) {
-      int st = tiers_promote(s->tiers, pr, promos, out.npromos);
-      if (st < 0) { /* nothing started: every promotion failed */
-        hit = core_promote_finish(cr, r, promos, out.npromos, NULL);
-      } else if (st == 1) {
-        hit = pr->hit_tokens;
-        promoted = pr->promoted_tokens;
-      } else {
-        c->promoting = 1; /* the reply waits: handle_request sees it */
-      }
-    }
-    below = (out.tier_blocks[0] + out.tier_blocks[1]) *
-            c->srv->layout.block_size;
-    if (out.npromos)
-      below = 0;
-    if (rc == 0 && promote && !c->promoting) {
-      pr->hit_tokens = hit;
-      pr->promoted_tokens = promoted;
-      if (lookup_remote(c, pr) == 0)
-        c->promoting = 1; /* the reply waits for the remote tier */
-    }
+  promote = !batch && !(op->flags & KVS_OPF_NO_PROMOTE) && !env->stopping;
+  memset(pr, 0, sizeof(*pr));
+  pr->cb = on_promoted;
+  pr->data = ds;
+  pr->r = r;
+  rc = tiers_lookup(env->tiers, env->core, r, op->tokens, op->ntokens,
+                    promote, pr, &below);
+  if (rc == 1) { /* the blocks are coming up: on_promoted answers */
+    ds->held = DISP_HELD_LOOKUP;
+    ds->held_code = KVS_OP_LOOKUP;
+    ds->held_req = op->req_id;
+    return;
   }
   if (rc == KVS_ESTATE) {
     ERR(rc, core_req_swap_state(r) ? "lookup of request %llu: it is swapped "
-            "out; SwapIn brings it back"
-            : "lookup of request %llu: it already holds blocks; look up a "
-              "new or preempted request",
-        (unsigned long long)l->req_id);
-    goto fail;
-  }
-  if (rc < 0) {
-    core_error(resp, a, rc, "lookup", l->req_id);
-    goto fail;
+        "out; SwapIn brings it back"
+        : "lookup of request %llu: it already holds blocks; look up a new or "
+          "preempted request",
+        (unsigned long long)op->req_id);
+  } else if (rc < 0) {
+    core_error(res, a, rc, "lookup", op->req_id);
+  } else {
+    lookup_result(ds, op->req_id, r, pr->hit_tokens, pr->promoted_tokens,
+                  below, res, a);
+    return;
   }
   if (created) {
-    rc = reqmap_put(&c->reqs, l->req_id, r);
-    if (rc < 0) {
-      core_error(resp, a, rc, "lookup", l->req_id);
-      goto fail;
-    }
-  }
-  if (c->promoting)
-    return; /* the reply is built when the blocks are up */
-  lookup_reply(c, l->req_id, r, hit, promoted, below, resp, a);
-  return;
-fail:
-  if (created) {
-    if (c->promoting)
-      c->promo.r = NULL; /* its promotion ends with no request */
-    core_req_free(cr, r);
+    reqmap_del(&ds->reqs, op->req_id, NULL);
+    core_req_free(env->core, r);
   }
 }
 
-static void do_alloc(sess *c, uint64_t id, uint32_t n, int append,
-                     int daemon_copy, Kvshare__Response *resp,
+/* ---- Allocate, Append, Commit, Fork, Free, Preempt ----------------------- */
+
+static void do_alloc(disp_sess *ds, const kvs_op *op, kvs_op_result *res,
                      kvs__arena *a) {
-  const kvs_layout *l = &c->srv->layout;
-  core_req *r = get_req(c, id, 0, resp, a);
-  const char *op = append ? "append" : "allocate";
-  Kvshare__AllocResult *res;
+  const kvs_layout *l = &ds->env->layout;
+  int append = op->code == KVS_OP_APPEND;
+  const char *name = append ? "append" : "allocate";
+  core_req *r = get_req(ds, op->req_id, 0, res, a);
   core_cow cow = {KVS_BLOCK_NONE, KVS_BLOCK_NONE};
-  uint32_t before, after, i;
+  unsigned long long id = (unsigned long long)op->req_id;
+  uint32_t n = op->num_tokens, before, after, i;
   const uint32_t *t;
   int rc;
 
   if (!r)
     return;
   if (n == 0) {
-    ERR(KVS_EINVAL, "%s of request %llu: num_tokens is 0", op,
-        (unsigned long long)id);
+    ERR(KVS_EINVAL, "%s of request %llu: num_tokens is 0", name, id);
     return;
   }
   if ((uint64_t)core_req_num_slots(r) + n >
       (uint64_t)l->num_blocks * l->block_size) {
     ERR(KVS_ERANGE, "%s of request %llu: %u more tokens would exceed the "
-                    "whole pool (%u blocks of %u tokens)",
-        op, (unsigned long long)id, n, l->num_blocks, l->block_size);
+        "whole pool (%u blocks of %u tokens)", name, id, n, l->num_blocks,
+        l->block_size);
     return;
   }
-  if (over_budget(c, n, 0, op, id, resp, a))
+  if (over_budget(ds, n, 0, name, op->req_id, res, a))
     return;
   core_req_blocks(r, &before);
-  rc = append ? core_append(c->srv->core, r, n, &cow)
-              : core_allocate(c->srv->core, r, n, &cow);
+  rc = append ? core_append(ds->env->core, r, n, &cow)
+              : core_allocate(ds->env->core, r, n, &cow);
   if (rc == KVS_ENOSPC) {
-    ERR(rc, "%s of request %llu: no space for %u more tokens", op,
-        (unsigned long long)id, n);
+    ERR(rc, "%s of request %llu: no space for %u more tokens", name, id, n);
     return;
   }
   if (rc < 0) {
-    core_error(resp, a, rc, op, id);
+    core_error(res, a, rc, name, op->req_id);
     return;
   }
-  account(c, id, r);
-  res = kvs__arena_alloc(a, sizeof(*res));
-  if (!res) {
-    ERR(KVS_ENOMEM, "out of memory");
-    return;
-  }
-  kvshare__alloc_result__init(res);
-  res->first_index = before;
-  res->blocks = copy_table(r, before, &res->n_blocks, a);
+  account(ds, op->req_id, r);
+  res->status = 0;
+  res->u.alloc.first_index = before;
+  table_blocks(r, before, res, a);
   if (cow.src != KVS_BLOCK_NONE) {
     t = core_req_blocks(r, &after);
-    res->has_cow = 1;
-    res->cow_src = cow.src;
-    res->cow_dst = cow.dst;
-    res->cow_index = before ? before - 1 : 0;
+    res->u.alloc.has_cow = 1;
+    res->u.alloc.cow_src = cow.src;
+    res->u.alloc.cow_dst = cow.dst;
+    res->u.alloc.cow_index = before ? before - 1 : 0;
     for (i = after; i-- > 0;)
       if (t[i] == cow.dst) {
-        res->cow_index = i;
+        res->u.alloc.cow_index = i;
         break;
       }
     /* Asked to, the daemon copies before it replies; when it cannot (out
      * of memory, a block pinned 255 times) the worker copies as usual. */
-    if (daemon_copy && disp_copy_pair(c, cow.src, cow.dst) == 0)
-      res->cow_copied = 1;
+    if ((op->flags & KVS_OPF_DAEMON_COPY) &&
+        copy_pair(ds, cow.src, cow.dst) == 0)
+      res->u.alloc.cow_copied = 1;
   }
-  resp->result_case = KVSHARE__RESPONSE__RESULT_ALLOC;
-  resp->alloc = res;
-  ok(resp, a);
 }
 
-static void do_commit(sess *c, const Kvshare__Commit *m,
-                      Kvshare__Response *resp, kvs__arena *a) {
-  const kvs_layout *l = &c->srv->layout;
-  core_req *r = get_req(c, m->req_id, 0, resp, a);
-  unsigned long long id = (unsigned long long)m->req_id;
-  Kvshare__CommitResult *res;
-  uint32_t n, sealed = 0, ntable, first, i;
+static void do_commit(disp_sess *ds, const kvs_op *op, kvs_op_result *res,
+                      kvs__arena *a) {
+  const kvs_layout *l = &ds->env->layout;
+  core_req *r = get_req(ds, op->req_id, 0, res, a);
+  unsigned long long id = (unsigned long long)op->req_id;
+  uint32_t n, sealed = 0, ntable, first, i, start = op->start;
   const uint32_t *table;
   int rc;
 
   if (!r)
     return;
-  if (m->n_tokens > UINT32_MAX) {
-    ERR(KVS_EINVAL, "commit of request %llu: too many tokens", id);
-    return;
-  }
-  n = m->n_tokens ? (uint32_t)m->n_tokens : m->num_tokens;
-  if (m->n_tokens && m->num_tokens && m->num_tokens != m->n_tokens) {
-    ERR(KVS_EINVAL, "commit of request %llu: num_tokens %u but %zu tokens", id,
-        m->num_tokens, m->n_tokens);
+  n = op->ntokens ? op->ntokens : op->num_tokens;
+  if (op->ntokens && op->num_tokens && op->num_tokens != op->ntokens) {
+    ERR(KVS_EINVAL, "commit of request %llu: num_tokens %u but %u tokens", id,
+        op->num_tokens, op->ntokens);
     return;
   }
   if (n == 0) {
     ERR(KVS_EINVAL, "commit of request %llu: no tokens", id);
     return;
   }
-  if ((uint64_t)m->start + n > core_req_num_slots(r)) {
+  if ((uint64_t)start + n > core_req_num_slots(r)) {
     ERR(KVS_ERANGE, "commit of request %llu: positions [%u, %llu) were not "
-                    "allocated to it (it has %u slots)",
-        id, m->start, (unsigned long long)m->start + n, core_req_num_slots(r));
+        "allocated to it (it has %u slots)", id, start,
+        (unsigned long long)start + n, core_req_num_slots(r));
     return;
   }
-  if (m->start > core_req_num_written(r)) {
+  if (start > core_req_num_written(r)) {
     ERR(KVS_ERANGE, "commit of request %llu: start %u leaves a gap after the "
-                    "%u positions already written",
-        id, m->start, core_req_num_written(r));
+        "%u positions already written", id, start, core_req_num_written(r));
     return;
   }
-  if (m->n_blocks) {
-    uint32_t last = (m->start + n - 1) / l->block_size;
+  if (op->nblocks) {
+    uint32_t last = (start + n - 1) / l->block_size;
 
-    first = m->start / l->block_size;
+    first = start / l->block_size;
     table = core_req_blocks(r, &ntable);
-    if (m->n_blocks != (size_t)(last - first + 1)) {
-      ERR(KVS_EINVAL, "commit of request %llu names %zu blocks; positions "
-                      "[%u, %u) span %u",
-          id, m->n_blocks, m->start, m->start + n, last - first + 1);
+    if (op->nblocks != last - first + 1) {
+      ERR(KVS_EINVAL, "commit of request %llu names %u blocks; positions "
+          "[%u, %u) span %u", id, op->nblocks, start, start + n,
+          last - first + 1);
       return;
     }
-    for (i = 0; i < m->n_blocks; i++) {
-      uint32_t b = m->blocks[i];
+    for (i = 0; i < op->nblocks; i++) {
+      uint32_t b = op->blocks[i];
 
       if (b >= l->num_blocks) {
         ERR(KVS_ERANGE, "commit of request %llu: block id %u is out of range "
-                        "(the pool has %u blocks)",
-            id, b, l->num_blocks);
+            "(the pool has %u blocks)", id, b, l->num_blocks);
         return;
       }
       if (first + i >= ntable || table[first + i] != b) {
         ERR(KVS_EINVAL, "commit of request %llu: block %u is not the "
-                        "request's block at table index %u (that is %u): it "
-                        "was not written by this request",
-            id, b, first + i,
+            "request's block at table index %u (that is %u): it was not "
+            "written by this request", id, b, first + i,
             first + i < ntable ? table[first + i] : KVS_BLOCK_NONE);
         return;
       }
     }
   }
-  rc = core_commit(c->srv->core, r, m->start, m->n_tokens ? m->tokens : NULL,
+  rc = core_commit(ds->env->core, r, start, op->ntokens ? op->tokens : NULL,
                    n, &sealed);
   if (rc == KVS_EMISMATCH) {
     ERR(rc, "commit of request %llu: tokens in [%u, %u) do not match the "
-            "tokens the request already holds",
-        id, m->start, m->start + n);
+        "tokens the request already holds", id, start, start + n);
     return;
   }
   if (rc == KVS_EINVAL) {
     ERR(rc, "commit of request %llu: tokens missing for positions the "
-            "daemon does not know",
-        id);
+        "daemon does not know", id);
     return;
   }
   if (rc < 0) {
-    core_error(resp, a, rc, "commit", m->req_id);
+    core_error(res, a, rc, "commit", op->req_id);
     return;
   }
-  account(c, m->req_id, r);
-  res = kvs__arena_alloc(a, sizeof(*res));
-  if (!res) {
-    ERR(KVS_ENOMEM, "out of memory");
-    return;
-  }
-  kvshare__commit_result__init(res);
-  res->sealed = sealed;
-  resp->result_case = KVSHARE__RESPONSE__RESULT_COMMIT;
-  resp->commit = res;
-  ok(resp, a);
+  account(ds, op->req_id, r);
+  res->status = 0;
+  res->u.commit.sealed = sealed;
 }
 
-static void do_fork(sess *c, const Kvshare__Fork *f, Kvshare__Response *resp,
+static void do_fork(disp_sess *ds, const kvs_op *op, kvs_op_result *res,
                     kvs__arena *a) {
-  core_req *r = get_req(c, f->req_id, 0, resp, a), *child;
+  core_req *r = get_req(ds, op->req_id, 0, res, a), *child;
   int rc;
 
   if (!r)
     return;
-  if (reqmap_get(&c->reqs, f->child_id)) {
+  if (reqmap_get(&ds->reqs, op->child_id)) {
     ERR(KVS_EEXIST, "fork of request %llu: child id %llu is already in use",
-        (unsigned long long)f->req_id, (unsigned long long)f->child_id);
+        (unsigned long long)op->req_id, (unsigned long long)op->child_id);
     return;
   }
-  if (!room_for_request(c, resp, a))
+  if (!room_for_request(ds, res, a))
     return;
-  if (over_budget(c, req_cost(r), 0, "fork", f->req_id, resp, a))
+  if (over_budget(ds, req_cost(r), 0, "fork", op->req_id, res, a))
     return;
-  rc = core_fork(c->srv->core, r, &child);
+  rc = core_fork(ds->env->core, r, &child);
   if (rc == KVS_ESTATE) {
     ERR(rc, "fork of request %llu: it has %u slots but only %u are "
-            "committed; commit the rest before forking",
-        (unsigned long long)f->req_id, core_req_num_slots(r),
+        "committed; commit the rest before forking",
+        (unsigned long long)op->req_id, core_req_num_slots(r),
         core_req_num_written(r));
     return;
   }
   if (rc < 0) {
-    core_error(resp, a, rc, "fork", f->req_id);
+    core_error(res, a, rc, "fork", op->req_id);
     return;
   }
-  rc = reqmap_put(&c->reqs, f->child_id, child);
+  rc = reqmap_put(&ds->reqs, op->child_id, child);
   if (rc < 0) {
-    core_req_free(c->srv->core, child);
-    core_error(resp, a, rc, "fork", f->req_id);
+    core_req_free(ds->env->core, child);
+    core_error(res, a, rc, "fork", op->req_id);
     return;
   }
-  account(c, f->child_id, child);
-  ok(resp, a);
+  account(ds, op->child_id, child);
+  res->status = 0;
 }
 
-static void do_free(sess *c, uint64_t id, Kvshare__Response *resp,
+static void do_free(disp_sess *ds, const kvs_op *op, kvs_op_result *res,
                     kvs__arena *a) {
   uint64_t cost = 0;
-  core_req *r = reqmap_del(&c->reqs, id, &cost);
+  core_req *r = reqmap_del(&ds->reqs, op->req_id, &cost);
 
   if (!r) {
     ERR(KVS_ENOENT, "free of request %llu: no such request in this session "
-                    "(never created, or already freed)",
-        (unsigned long long)id);
+        "(never created, or already freed)", (unsigned long long)op->req_id);
     return;
   }
-  c->tokens_held -= cost;
-  core_req_free(c->srv->core, r);
-  ok(resp, a);
+  ds->tokens_held -= cost;
+  core_req_free(ds->env->core, r);
+  res->status = 0;
 }
 
-static void do_preempt(sess *c, uint64_t id, Kvshare__Response *resp,
+static void do_preempt(disp_sess *ds, const kvs_op *op, kvs_op_result *res,
                        kvs__arena *a) {
-  core_req *r = get_req(c, id, 0, resp, a);
+  core_req *r = get_req(ds, op->req_id, 0, res, a);
   int rc;
 
   if (!r)
     return;
-  rc = core_preempt(c->srv->core, r);
+  rc = core_preempt(ds->env->core, r);
   if (rc < 0) {
-    core_error(resp, a, rc, "preempt", id);
+    core_error(res, a, rc, "preempt", op->req_id);
     return;
   }
-  account(c, id, r);
-  ok(resp, a);
+  account(ds, op->req_id, r);
+  res->status = 0;
 }
 
-/* ---- swap ------------------------------------------------------------------ */
+/* ---- SwapOut, SwapIn ------------------------------------------------------- */
 
-static void swap_reply(sess *c, const tier_swap *sw, Kvshare__Response *resp,
-                       kvs__arena *a) {
-  const char *op = sw->in ? "swap-in" : "swap-out";
-  Kvshare__SwapResult *res;
+static void swap_result(disp_sess *ds, uint64_t id, const tier_swap *sw,
+                        kvs_op_result *res, kvs__arena *a) {
+  const char *name = sw->in ? "swap-in" : "swap-out";
 
   if (!sw->r) {
     ERR(KVS_ECLOSED, "%s of request %llu: the session closed while its "
-        "blocks moved", op, (unsigned long long)sw->req_id);
+        "blocks moved", name, (unsigned long long)id);
     return;
   }
-  account(c, sw->req_id, sw->r);
+  account(ds, id, sw->r);
   if (sw->status < 0) {
     ERR(sw->status, "%s of request %llu: a copy below failed (%s); the "
-        "request keeps its blocks, as before", op,
-        (unsigned long long)sw->req_id, kvs_strerror(sw->status));
+        "request keeps its blocks, as before", name, (unsigned long long)id,
+        kvs_strerror(sw->status));
     return;
   }
-  res = kvs__arena_alloc(a, sizeof(*res));
-  if (!res) {
-    ERR(KVS_ENOMEM, "out of memory");
-    return;
-  }
-  kvshare__swap_result__init(res);
-  res->copied_blocks = sw->copied;
+  res->status = 0;
+  res->u.swap.copied_blocks = sw->copied;
   if (sw->in) {
-    res->tokens = sw->tokens;
-    res->lost_tokens = sw->before - sw->tokens;
-    res->blocks = copy_table(sw->r, 0, &res->n_blocks, a);
+    res->u.swap.tokens = sw->tokens;
+    res->u.swap.lost_tokens = sw->before - sw->tokens;
+    table_blocks(sw->r, 0, res, a);
   } else {
-    res->tokens = sw->before;
+    res->u.swap.tokens = sw->before;
   }
-  resp->result_case = KVSHARE__RESPONSE__RESULT_SWAP;
-  resp->swap = res;
-  ok(resp, a);
 }
 
-void disp_swap_done(sess *c, Kvshare__Response *resp, kvs__arena *a) {
-  swap_reply(c, &c->swap, resp, a);
+/* On the loop: the held swap's bytes have moved. */
+static void on_swapped(tier_swap *sw) {
+  disp_sess *ds = sw->data;
+
+  ds->held_cb(ds);
 }
 
-static void do_swap(sess *c, uint64_t id, int in, Kvshare__Response *resp,
-                    kvs__arena *a) {
-  srv *s = c->srv;
-  core *cr = s->core;
-  const char *op = in ? "swap-in" : "swap-out";
-  core_req *r = get_req(c, id, 1, resp, a);
-  tier_swap *sw = &c->swap;
+static void do_swap(disp_sess *ds, const kvs_op *op, int batch,
+                    kvs_op_result *res, kvs__arena *a) {
+  disp_env *env = ds->env;
+  int in = op->code == KVS_OP_SWAP_IN;
+  const char *name = in ? "swap-in" : "swap-out";
+  core_req *r = get_req(ds, op->req_id, 1, res, a);
+  unsigned long long id = (unsigned long long)op->req_id;
+  tier_swap *sw = &ds->swap;
   uint32_t n, nitems = 0;
   void *items;
   int rc;
 
   if (!r)
     return;
-  if (c->in_batch) {
+  if (batch) {
     ERR(KVS_ENOTSUP, "%s of request %llu: not inside a Batch (its reply "
-        "waits for the copies); send it on its own", op,
-        (unsigned long long)id);
+        "waits for the copies); send it on its own", name, id);
     return;
   }
-  if (!s->tiers) {
+  if (!tiers_can_swap(env->tiers)) {
     ERR(KVS_ENOTSUP, "%s of request %llu: the daemon has no tier below the "
-        "pool (host_tier_bytes, disk_tier)", op, (unsigned long long)id);
+        "pool (host_tier_bytes, disk_tier)", name, id);
     return;
   }
-  if (s->stopping) {
-    ERR(KVS_ECLOSED, "%s of request %llu: the daemon is shutting down", op,
-        (unsigned long long)id);
+  if (env->stopping) {
+    ERR(KVS_ECLOSED, "%s of request %llu: the daemon is shutting down", name,
+        id);
     return;
   }
   if (in)
@@ -675,20 +525,19 @@ static void do_swap(sess *c, uint64_t id, int in, Kvshare__Response *resp,
     return;
   }
   memset(sw, 0, sizeof(*sw));
-  sw->cb = sess_swapped;
-  sw->data = c;
+  sw->cb = on_swapped;
+  sw->data = ds;
   sw->r = r;
-  sw->req_id = id;
   sw->in = in;
   if (in) {
     sw->before = core_req_swap_written(r);
-    rc = core_swap_in(cr, r, items, n, &nitems);
+    rc = core_swap_in(env->core, r, items, n, &nitems);
   } else {
     sw->before = core_req_num_written(r);
-    rc = core_swap_out(cr, r, items, n, &nitems);
+    rc = core_swap_out(env->core, r, items, n, &nitems);
   }
   if (rc == KVS_ESTATE) {
-    ERR(rc, "%s of request %llu: it is %s", op, (unsigned long long)id,
+    ERR(rc, "%s of request %llu: it is %s", name, id,
         in ? "not swapped out" : "swapped out already");
     return;
   }
@@ -696,229 +545,236 @@ static void do_swap(sess *c, uint64_t id, int in, Kvshare__Response *resp,
     ERR(rc, in ? "swap-in of request %llu: not enough free blocks in the "
                  "pool (the reserve kept); try again when some are"
                : "swap-out of request %llu: no room below the pool (the "
-                 "tiers are full of swapped requests' blocks)",
-        (unsigned long long)id);
+                 "tiers are full of swapped requests' blocks)", id);
     return;
   }
   if (rc < 0) {
-    core_error(resp, a, rc, op, id);
+    core_error(res, a, rc, name, op->req_id);
     return;
   }
   if (nitems > 0) {
-    rc = in ? tiers_swap_in(s->tiers, sw, items, nitems)
-            : tiers_swap_out(s->tiers, sw, items, nitems);
-    if (rc == 0) {
-      c->swapping = 1; /* the reply waits: handle_request sees it */
+    rc = in ? tiers_swap_in(env->tiers, sw, items, nitems)
+            : tiers_swap_out(env->tiers, sw, items, nitems);
+    if (rc == 0) { /* the bytes are moving: on_swapped answers */
+      ds->held = DISP_HELD_SWAP;
+      ds->held_code = op->code;
+      ds->held_req = op->req_id;
       return;
     }
   }
   if (nitems == 0 || rc < 0) { /* nothing to copy, or nothing started */
     if (in)
-      sw->tokens = core_swap_in_finish(cr, r, items, nitems, NULL);
+      sw->tokens = core_swap_in_finish(env->core, r, items, nitems, NULL);
     else
-      sw->status = core_swap_out_finish(cr, r, items, nitems, NULL);
+      sw->status = core_swap_out_finish(env->core, r, items, nitems, NULL);
   }
-  swap_reply(c, sw, resp, a);
+  swap_result(ds, op->req_id, sw, res, a);
 }
 
-static void do_stats(sess *c, const Kvshare__Stats *q, Kvshare__Response *resp,
+/* ---- Stats, Ping ----------------------------------------------------------- */
+
+static void do_stats(disp_sess *ds, const kvs_op *op, kvs_op_result *res,
                      kvs__arena *a) {
-  srv *s = c->srv;
-  Kvshare__StatsResult *res = kvs__arena_alloc(a, sizeof(*res));
+  disp_env *env = ds->env;
+  const disp_counts *cnt = env->counts;
+  kvs_op_stats *s = kvs__arena_alloc(a, sizeof(*s));
+  tiers_stats ts[TIERS_MAX];
+  kvs_op_tier *ot;
+  uint32_t nt = 0;
   core_stats st;
 
-  if (!res) {
+  if (!s) {
     ERR(KVS_ENOMEM, "out of memory");
     return;
   }
   /* The check walks the whole pool: once per frame, so that a Batch of
    * Stats{check} cannot stall the loop for max_batch_ops walks. */
-  if (q->check && s->check_frame == s->frames_in) {
+  if ((op->flags & KVS_OPF_CHECK) && env->check_frame == cnt->frames_in) {
     ERR(KVS_ELIMIT, "one Stats with check per frame; this one did not run");
     return;
   }
-  core_get_stats(s->core, &st);
-  kvshare__stats_result__init(res);
-  res->num_blocks = st.num_blocks;
-  res->free_blocks = st.free_blocks;
-  res->cached_blocks = st.cached_blocks;
-  res->used_blocks = st.used_blocks;
-  res->num_requests = st.num_requests;
-  res->lookups = st.lookups;
-  res->query_tokens = st.query_tokens;
-  res->hit_tokens = st.hit_tokens;
-  res->hit_blocks = st.hit_blocks;
-  res->miss_blocks = st.miss_blocks;
-  res->allocated_blocks = st.allocated_blocks;
-  res->evictions = st.evictions;
-  res->cow_copies = st.cow_copies;
-  res->sealed_blocks = st.sealed_blocks;
-  res->no_space = st.no_space;
-  res->sessions = s->nsessions;
-  res->frames_in = s->frames_in;
-  res->compact_frames = s->compact_frames;
-  res->protocol_errors = s->protocol_errors;
-  res->queued_bytes = s->queued;
-  res->backend = (char *)s->pool->ex.backend;
-  res->gpu_uuid = (char *)s->pool->ex.gpu_uuid;
-  res->pool_bytes = s->pool->ex.size;
-  res->daemon_copies = s->copy.jobs;
-  res->daemon_copy_blocks = s->copy.blocks;
-  res->copy_errors = s->copy.errors;
-  res->tier_lost = st.tier_lost;
-  res->swapped_requests = st.swapped_requests;
-  res->swap_outs = st.swap_outs;
-  res->swap_ins = st.swap_ins;
-  res->swap_failures = st.swap_failures;
-  res->swap_out_blocks = st.swap_out_blocks;
-  res->swap_kept_blocks = st.swap_kept_blocks;
-  res->swap_in_blocks = st.swap_in_blocks;
-  res->swap_resident_blocks = st.swap_resident_blocks;
-  res->indexed_blocks = st.indexed_blocks;
-  {
-    tiers_stats ts[SRV_TIERS];
-    uint32_t nt = 0;
-
-    srv_tiers_stats(s, ts, &nt);
-    Kvshare__TierStats *ms = nt ? kvs__arena_alloc(a, nt * sizeof(*ms)) : NULL;
-    Kvshare__TierStats **mp = nt ? kvs__arena_alloc(a, nt * sizeof(*mp)) : NULL;
-    if (nt && ms && mp) {
-      for (uint32_t i = 0; i < nt; i++) {
-        kvshare__tier_stats__init(&ms[i]);
-        ms[i].name = (char *)ts[i].name;
-        ms[i].capacity_bytes = ts[i].capacity_bytes;
-        ms[i].slots = ts[i].core.slots;
-        ms[i].used = ts[i].core.used;
-        ms[i].demotions = ts[i].core.demotions;
-        ms[i].promotions = ts[i].core.promotions;
-        ms[i].hit_blocks = ts[i].core.hit_blocks;
-        ms[i].drops = ts[i].core.drops;
-        ms[i].failures = ts[i].core.failures;
-        ms[i].bytes_in = ts[i].bytes_in;
-        ms[i].bytes_out = ts[i].bytes_out;
-        ms[i].io_errors = ts[i].io_errors;
-        ms[i].checksum_failures = ts[i].checksum_failures;
-        ms[i].held = ts[i].core.held;
-        mp[i] = &ms[i];
-      }
-      res->n_tiers = nt;
-      res->tiers = mp;
+  memset(s, 0, sizeof(*s));
+  core_get_stats(env->core, &st);
+  s->num_blocks = st.num_blocks;
+  s->free_blocks = st.free_blocks;
+  s->cached_blocks = st.cached_blocks;
+  s->used_blocks = st.used_blocks;
+  s->num_requests = st.num_requests;
+  s->lookups = st.lookups;
+  s->query_tokens = st.query_tokens;
+  s->hit_tokens = st.hit_tokens;
+  s->hit_blocks = st.hit_blocks;
+  s->miss_blocks = st.miss_blocks;
+  s->allocated_blocks = st.allocated_blocks;
+  s->evictions = st.evictions;
+  s->cow_copies = st.cow_copies;
+  s->sealed_blocks = st.sealed_blocks;
+  s->no_space = st.no_space;
+  s->tier_lost = st.tier_lost;
+  s->swapped_requests = st.swapped_requests;
+  s->swap_outs = st.swap_outs;
+  s->swap_ins = st.swap_ins;
+  s->swap_failures = st.swap_failures;
+  s->swap_out_blocks = st.swap_out_blocks;
+  s->swap_kept_blocks = st.swap_kept_blocks;
+  s->swap_in_blocks = st.swap_in_blocks;
+  s->swap_resident_blocks = st.swap_resident_blocks;
+  s->indexed_blocks = st.indexed_blocks;
+  s->sessions = cnt->sessions;
+  s->frames_in = cnt->frames_in;
+  s->compact_frames = cnt->compact_frames;
+  s->protocol_errors = cnt->protocol_errors;
+  s->queued_bytes = cnt->queued_bytes;
+  s->backend = env->pool->ex.backend;
+  s->gpu_uuid = env->pool->ex.gpu_uuid;
+  s->pool_bytes = env->pool->ex.size;
+  s->daemon_copies = env->copy->jobs;
+  s->daemon_copy_blocks = env->copy->blocks;
+  s->copy_errors = env->copy->errors;
+  s->check_message = "";
+  tiers_get_stats(env->tiers, ts, &nt);
+  if (nt && (ot = kvs__arena_alloc(a, nt * sizeof(*ot)))) {
+    for (uint32_t i = 0; i < nt; i++) {
+      memset(&ot[i], 0, sizeof(ot[i]));
+      ot[i].name = ts[i].name;
+      ot[i].capacity_bytes = ts[i].capacity_bytes;
+      ot[i].slots = ts[i].core.slots;
+      ot[i].used = ts[i].core.used;
+      ot[i].held = ts[i].core.held;
+      ot[i].demotions = ts[i].core.demotions;
+      ot[i].promotions = ts[i].core.promotions;
+      ot[i].hit_blocks = ts[i].core.hit_blocks;
+      ot[i].drops = ts[i].core.drops;
+      ot[i].failures = ts[i].core.failures;
+      ot[i].bytes_in = ts[i].bytes_in;
+      ot[i].bytes_out = ts[i].bytes_out;
+      ot[i].io_errors = ts[i].io_errors;
+      ot[i].checksum_failures = ts[i].checksum_failures;
     }
+    s->tiers = ot;
+    s->ntiers = nt;
   }
-  if (q->check) {
+  if (op->flags & KVS_OPF_CHECK) {
     char *msg = kvs__arena_alloc(a, 512);
 
-    s->check_frame = s->frames_in;
-
+    env->check_frame = cnt->frames_in;
     if (!msg) {
       ERR(KVS_ENOMEM, "out of memory");
       return;
     }
     msg[0] = '\0';
-    res->check = core_check(s->core, msg, 512);
-    res->check_message = msg;
-    if (res->check < 0)
+    s->check = core_check(env->core, msg, 512);
+    s->check_message = msg;
+    if (s->check < 0)
       log_error(0, "pool invariant check failed: %s", msg);
   }
-  resp->result_case = KVSHARE__RESPONSE__RESULT_STATS;
-  resp->stats = res;
-  ok(resp, a);
+  res->status = 0;
+  res->u.stats = s;
 }
 
-static void do_batch(sess *c, const Kvshare__Batch *b, Kvshare__Response *resp,
-                     kvs__arena *a) {
-  Kvshare__BatchResult *res = kvs__arena_alloc(a, sizeof(*res));
-  Kvshare__Response **replies = NULL;
-  size_t i, failed = 0;
+/* ---- the ops of a frame ---------------------------------------------------- */
 
-  if (b->n_ops > c->srv->cfg->max_batch_ops) {
-    ERR(KVS_ELIMIT, "batch of %zu ops is over max_batch_ops (%u); none ran",
-        b->n_ops, c->srv->cfg->max_batch_ops);
-    return;
-  }
-  if (b->n_ops)
-    replies = kvs__arena_alloc(a, b->n_ops * sizeof(*replies));
-  if (!res || (b->n_ops && !replies)) {
-    ERR(KVS_ENOMEM, "out of memory");
-    return;
-  }
-  kvshare__batch_result__init(res);
-  c->in_batch = 1;
-  for (i = 0; i < b->n_ops; i++) {
-    Kvshare__Response *r = kvs__arena_alloc(a, sizeof(*r));
-
-    if (!r) {
-      c->in_batch = 0;
-      ERR(KVS_ENOMEM, "out of memory after %zu of %zu ops", i, b->n_ops);
-      return;
-    }
-    kvshare__response__init(r);
-    if (b->ops[i]->op_case == KVSHARE__REQUEST__OP_BATCH)
-      disp_status(r, a, KVS_EINVAL, "op %zu: a batch inside a batch", i);
-    else
-      disp_request(c, b->ops[i], r, a);
-    disp_batch_trim(r, &failed);
-    replies[i] = r;
-  }
-  c->in_batch = 0;
-  res->n_replies = b->n_ops;
-  res->replies = replies;
-  resp->result_case = KVSHARE__RESPONSE__RESULT_BATCH;
-  resp->batch = res;
-  ok(resp, a);
-}
-
-void disp_request(sess *c, const Kvshare__Request *req,
-                  Kvshare__Response *resp, kvs__arena *a) {
-  switch (req->op_case) {
-  case KVSHARE__REQUEST__OP_LOOKUP:
-    do_lookup(c, req->lookup, resp, a);
+static void run_op(disp_sess *ds, const kvs_op *op, int batch,
+                   kvs_op_result *res, kvs__arena *a) {
+  switch (op->code) {
+  case KVS_OP_NONE: /* refused by the codec: its result says why */
     break;
-  case KVSHARE__REQUEST__OP_ALLOCATE:
-    do_alloc(c, req->allocate->req_id, req->allocate->num_tokens, 0,
-             req->allocate->daemon_copy, resp, a);
+  case KVS_OP_LOOKUP:
+    do_lookup(ds, op, batch, res, a);
     break;
-  case KVSHARE__REQUEST__OP_APPEND:
-    do_alloc(c, req->append->req_id, req->append->num_tokens, 1,
-             req->append->daemon_copy, resp, a);
+  case KVS_OP_ALLOCATE:
+  case KVS_OP_APPEND:
+    do_alloc(ds, op, res, a);
     break;
-  case KVSHARE__REQUEST__OP_COMMIT:
-    do_commit(c, req->commit, resp, a);
+  case KVS_OP_COMMIT:
+    do_commit(ds, op, res, a);
     break;
-  case KVSHARE__REQUEST__OP_FORK:
-    do_fork(c, req->fork, resp, a);
+  case KVS_OP_FORK:
+    do_fork(ds, op, res, a);
     break;
-  case KVSHARE__REQUEST__OP_FREE:
-    do_free(c, req->free->req_id, resp, a);
+  case KVS_OP_FREE:
+    do_free(ds, op, res, a);
     break;
-  case KVSHARE__REQUEST__OP_PREEMPT:
-    do_preempt(c, req->preempt->req_id, resp, a);
+  case KVS_OP_PREEMPT:
+    do_preempt(ds, op, res, a);
     break;
-  case KVSHARE__REQUEST__OP_STATS:
-    do_stats(c, req->stats, resp, a);
+  case KVS_OP_SWAP_OUT:
+  case KVS_OP_SWAP_IN:
+    do_swap(ds, op, batch, res, a);
     break;
-  case KVSHARE__REQUEST__OP_BATCH:
-    do_batch(c, req->batch, resp, a);
+  case KVS_OP_STATS:
+    do_stats(ds, op, res, a);
     break;
-  case KVSHARE__REQUEST__OP_PACKED_BATCH:
-    if (c->in_batch)
-      ERR(KVS_EINVAL, "a packed batch inside a batch");
-    else
-      disp_packed_batch(c, req->packed_batch, resp, a);
-    break;
-  case KVSHARE__REQUEST__OP_SWAP_OUT:
-    do_swap(c, req->swap_out->req_id, 0, resp, a);
-    break;
-  case KVSHARE__REQUEST__OP_SWAP_IN:
-    do_swap(c, req->swap_in->req_id, 1, resp, a);
-    break;
-  case KVSHARE__REQUEST__OP_PING:
-    resp->result_case = KVSHARE__RESPONSE__RESULT_PONG;
-    resp->pong = req->ping->payload; /* lives as long as the request */
-    ok(resp, a);
+  case KVS_OP_PING:
+    res->status = 0;
+    res->u.pong.data = op->bytes; /* lives as long as the op */
+    res->u.pong.len = op->nbytes;
     break;
   default:
-    ERR(KVS_EUNKNOWN, "unknown or empty request op (%d)", (int)req->op_case);
+    ERR(KVS_EUNKNOWN, "unknown or empty request op (%u)", (unsigned)op->code);
     break;
   }
+}
+
+int disp_run(disp_sess *ds, const kvs_op *ops, kvs_op_result *res,
+             uint32_t n, int batch, kvs__arena *a) {
+  uint32_t failed = 0;
+
+  for (uint32_t i = 0; i < n; i++) {
+    run_op(ds, &ops[i], batch, &res[i], a);
+    if (ds->held != DISP_HELD_NONE) /* (never in a batch) */
+      return DISP_HELD;
+    /* In a batch only the first failures keep their message. */
+    if (batch && res[i].status != 0 && ++failed > KVS_BATCH_MESSAGES)
+      res[i].message = "";
+  }
+  return DISP_DONE;
+}
+
+void disp_held_result(disp_sess *ds, kvs_op_result *res, kvs__arena *a) {
+  tier_promo *pr = &ds->promo;
+  disp_held held = ds->held;
+
+  memset(res, 0, sizeof(*res));
+  ds->held = DISP_HELD_NONE;
+  if (held == DISP_HELD_SWAP) {
+    swap_result(ds, ds->held_req, &ds->swap, res, a);
+    return;
+  }
+  if (!pr->r) {
+    ERR(KVS_ECLOSED, "lookup of request %llu: the session closed while its "
+        "blocks came up", (unsigned long long)ds->held_req);
+    return;
+  }
+  lookup_result(ds, ds->held_req, pr->r, pr->hit_tokens, pr->promoted_tokens,
+                0, res, a);
+}
+
+/* ---- the session ----------------------------------------------------------- */
+
+void disp_sess_init(disp_sess *ds, disp_env *env,
+                    void (*held_cb)(disp_sess *ds), void *owner) {
+  memset(ds, 0, sizeof(*ds));
+  ds->env = env;
+  ds->held_cb = held_cb;
+  ds->owner = owner;
+  reqmap_init(&ds->reqs);
+}
+
+static void free_one(core_req *r, void *arg) { core_req_free(arg, r); }
+
+void disp_sess_free_requests(disp_sess *ds) {
+  if (ds->held == DISP_HELD_LOOKUP)
+    ds->promo.r = NULL; /* freed below; the promotion ends without it */
+  else if (ds->held == DISP_HELD_SWAP)
+    ds->swap.r = NULL;
+  reqmap_drain(&ds->reqs, free_one, ds->env->core);
+  ds->tokens_held = 0;
+}
+
+void disp_sess_destroy(disp_sess *ds) {
+  reqmap_destroy(&ds->reqs);
+  free(ds->copy_pairs);
+  ds->copy_pairs = NULL;
+  ds->ncopy = ds->copy_cap = 0;
 }

@@ -1,17 +1,21 @@
 /*
- * session.c — one connection = one session.
+ * session.c — one connection = one session (session.h).
  *
  * Life: accept -> SO_PEERCRED check and the connection limit (a refused peer
  * gets an error Welcome, then the close) -> frames in, parsed incrementally
  * from a per-session buffer -> Hello answered by a Welcome sent with the pool
- * fds in one sendmsg -> Requests answered in order -> close.  On close (EOF,
+ * fds in one sendmsg -> requests answered in order -> close.  On close (EOF,
  * reset, kill -9 of the peer, a protocol error, or shutdown) every request
  * of the session is freed at once.
+ *
+ * A frame: read -> decoded by its codec into a call (proto/kvs_codec.h) ->
+ * its ops run by dispatch -> its reply encoded by the same codec -> written
+ * (or held while a copy or an op's bytes move).
  *
  * Errors in a frame header (magic, version, flags, length over the limit)
  * leave the stream impossible to resynchronise: the peer gets one error
  * reply and the connection closes.  A well-framed payload that does not
- * decode gets an EPROTO Response (ELIMIT when decoding it would take more
+ * decode gets an EPROTO reply (ELIMIT when decoding it would take more
  * memory than any frame the daemon accepts needs), with the frame's seq
  * when it could be read, and the connection goes on.  Before the
  * handshake, anything but a good Hello is answered by an error Welcome and
@@ -25,9 +29,10 @@
 #include <sys/socket.h>
 
 #include "daemon/log.h"
-#include "daemon/observe/metrics.h"
-#include "daemon/net/server.h"
-#include "kvs_packed.h"
+#include "daemon/net/session.h"
+#include "kvs_codec.h"
+#include "kvs_compact.h"
+#include "kvs_frame.h"
 #include "kvs_shm.h"
 
 #define RBUF_MIN (64u << 10)
@@ -40,98 +45,160 @@
  * near max_queued_bytes however many sessions stop reading. */
 #define WRITE_QUEUE_PRESSED (1u << 20)
 
+typedef enum sess_life {
+  SESS_NEW,     /* accepted; no Welcome sent yet */
+  SESS_OPEN,    /* Welcome sent: requests are answered */
+  SESS_CLOSING, /* no more input; queued replies are written */
+  SESS_CLOSED,  /* uv_close called */
+  SESS_GONE,    /* the handle closed; freed when its hold ends */
+} sess_life;
+
+typedef enum sess_hold {
+  SESS_READY,   /* the next frame may be read */
+  SESS_COPYING, /* the daemon's copy job holds the frame's reply */
+  SESS_WAITING, /* an op's promotion or swap holds the frame's reply */
+} sess_hold;
+
+struct sess {
+  uv_pipe_t pipe; /* first: the handle's address is the session's */
+  sess_hub *hub;
+  sess *prev, *next;
+  uint64_t id;
+  pid_t pid;
+  uid_t uid;
+  gid_t gid;
+  sess_life life;
+  sess_hold hold;
+  int counted;    /* counts against max_connections */
+  int reading;    /* uv_read_start'ed */
+  uint64_t accepted_ms; /* uv_now at accept */
+  uint64_t progress_ms; /* uv_now at the last bytes read, or when the
+                           daemon last stopped waiting on them */
+  char name[64];  /* Hello.client_name, for the log */
+  uint8_t *rbuf;  /* bytes received, not yet parsed */
+  size_t rlen, rcap;
+  size_t writes;  /* uv_write requests in flight */
+  disp_sess ds;   /* its requests, copies and held op */
+  copy_job job;   /* the daemon's copies for the frame being answered */
+  struct wreq *held; /* the reply the copy job holds back */
+  /* The frame whose reply an op holds back (SESS_WAITING). */
+  uint64_t held_seq;
+  uint8_t held_shape;
+  /* With metrics on: when the request being answered was taken up
+   * (uv_hrtime; 0: none pending) and its kind, for the latency histogram. */
+  uint64_t req_t0;
+  int req_op;
+  /* The session's request ring; NULL: none.  ring_cur: the frame being
+   * answered came through it, so its reply goes back through it. */
+  sring *ring;
+  int ring_cur;
+};
+
+static int closing(const sess *c) { return c->life >= SESS_CLOSING; }
+
 /* Should a session with q bytes queued stop being read?  And may a paused
  * one be read again? */
 static int too_much_queued(const sess *c, size_t q) {
-  return q > WRITE_QUEUE_MAX ||
-         (c->srv->queued > c->srv->cfg->max_queued_bytes &&
-          q > WRITE_QUEUE_PRESSED);
+  const sess_hub *h = c->hub;
+
+  return q > WRITE_QUEUE_MAX || (h->counts.queued_bytes >
+                                     h->cfg->max_queued_bytes &&
+                                 q > WRITE_QUEUE_PRESSED);
 }
 
 static int may_resume(const sess *c, size_t q) {
+  const sess_hub *h = c->hub;
+
   return q < WRITE_QUEUE_MAX / 2 &&
-         (c->srv->queued <= c->srv->cfg->max_queued_bytes / 2 ||
+         (h->counts.queued_bytes <= h->cfg->max_queued_bytes / 2 ||
           q < WRITE_QUEUE_PRESSED / 2);
+}
+
+static size_t write_queue(sess *c) {
+  return uv_stream_get_write_queue_size((uv_stream_t *)&c->pipe);
 }
 
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf);
 static void process_input(sess *c);
 
-static void link_session(srv *s, sess *c) {
-  c->next = s->sessions;
-  c->prev = NULL;
-  if (s->sessions)
-    s->sessions->prev = c;
-  s->sessions = c;
+static void start_reading(sess *c) {
+  if (!c->reading &&
+      uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read) == 0)
+    c->reading = 1;
 }
 
-static void unlink_session(srv *s, sess *c) {
+static void stop_reading(sess *c) {
+  if (c->reading) {
+    uv_read_stop((uv_stream_t *)&c->pipe);
+    c->reading = 0;
+  }
+}
+
+static void link_session(sess_hub *h, sess *c) {
+  c->next = h->sessions;
+  c->prev = NULL;
+  if (h->sessions)
+    h->sessions->prev = c;
+  h->sessions = c;
+}
+
+static void unlink_session(sess_hub *h, sess *c) {
   if (c->prev)
     c->prev->next = c->next;
   else
-    s->sessions = c->next;
+    h->sessions = c->next;
   if (c->next)
     c->next->prev = c->prev;
   c->prev = c->next = NULL;
 }
 
-static void free_one(core_req *r, void *arg) { core_req_free(arg, r); }
-
 /* Frees every request of the session (idempotent). */
 static void free_requests(sess *c) {
-  if (c->reqs.count)
+  if (c->ds.reqs.count)
     log_debug(0, "session %llu: freeing %zu requests",
-              (unsigned long long)c->id, c->reqs.count);
-  if (c->promoting)
-    c->promo.r = NULL; /* freed below; the promotion ends without it */
-  if (c->swapping)
-    c->swap.r = NULL;
-  reqmap_drain(&c->reqs, free_one, c->srv->core);
-  c->tokens_held = 0;
+              (unsigned long long)c->id, c->ds.reqs.count);
+  disp_sess_free_requests(&c->ds);
 }
 
-/* The last of the session: its handle is closed and no copy of its is in
+/* The last of the session: its handle is closed and nothing of its is in
  * flight. */
 static void reap(sess *c) {
-  srv *s = c->srv;
+  sess_hub *h = c->hub;
 
-  reqmap_destroy(&c->reqs);
-  ring_free(c);
-  free(c->copy_pairs);
+  disp_sess_destroy(&c->ds);
+  ring_free(c->ring);
   free(c->rbuf);
   free(c);
-  srv_session_closed(s);
+  if (h->on_gone)
+    h->on_gone(h->data);
 }
 
-static void on_closed(uv_handle_t *h) {
-  sess *c = (sess *)h;
+static void on_closed(uv_handle_t *handle) {
+  sess *c = (sess *)handle;
 
-  if (c->copying) { /* the job points at c: on_copied reaps it */
-    c->reaped = 1;
-    return;
-  }
-  reap(c);
+  c->life = SESS_GONE;
+  if (c->hold == SESS_READY)
+    reap(c); /* else the hold's end reaps it: the job points at c */
 }
 
 static void close_now(sess *c) {
-  srv *s = c->srv;
+  sess_hub *h = c->hub;
 
-  if (c->closed)
+  if (c->life >= SESS_CLOSED)
     return;
-  c->closed = 1;
-  c->closing = 1;
+  c->life = SESS_CLOSED;
   free_requests(c);
-  unlink_session(s, c);
+  unlink_session(h, c);
   if (c->counted) {
     char ring[96] = "";
 
     if (c->ring != NULL) {
       ring[0] = ';';
       ring[1] = ' ';
-      ring_describe(c, ring + 2, sizeof(ring) - 2);
+      ring_describe(c->ring, ring + 2, sizeof(ring) - 2);
     }
-    s->nsessions--;
+    h->counts.sessions--;
     log_info(0, "session %llu closed (pid %d%s%s%s)", (unsigned long long)c->id,
              (int)c->pid, c->name[0] ? ", " : "", c->name, ring);
   }
@@ -139,26 +206,35 @@ static void close_now(sess *c) {
 }
 
 void sess_shutdown(sess *c, int force) {
-  c->closing = 1;
+  if (c->life < SESS_CLOSING)
+    c->life = SESS_CLOSING;
   free_requests(c);
-  if (c->reading) {
-    uv_read_stop((uv_stream_t *)&c->pipe);
-    c->reading = 0;
-  }
-  /* (A copy in flight holds a reply: on_copied sends it, then closes.) */
-  if (force || (c->writes == 0 && !c->copying))
+  stop_reading(c);
+  /* (A held reply goes first: its hold's end sends it, then closes.) */
+  if (force || (c->writes == 0 && c->hold == SESS_READY))
     close_now(c);
   /* else on_write closes it when the last reply is out */
+}
+
+void sess_shutdown_all(sess_hub *h, int force) {
+  sess *c, *next;
+
+  for (c = h->sessions; c; c = next) {
+    next = c->next; /* (shutting c down closes only c) */
+    sess_shutdown(c, force);
+  }
 }
 
 /* Closes after the replies queued so far are written. */
 static void close_after_writes(sess *c) { sess_shutdown(c, 0); }
 
+/* ---- writes ---------------------------------------------------------------- */
+
 struct wreq {
   uv_write_t req;
   sess *c;
   size_t len;
-  size_t queued; /* bytes of it counted in srv->queued */
+  size_t queued; /* bytes of it counted in the hub's queued_bytes */
   size_t cap;    /* bytes of data */
   struct wreq *next_spare;
   uint8_t data[];
@@ -169,13 +245,13 @@ struct wreq {
 #define WREQ_SMALL 1024u
 #define WREQ_SPARES 16u
 
-static struct wreq *wreq_new(srv *s, size_t len) {
+static struct wreq *wreq_new(sess_hub *h, size_t len) {
   struct wreq *w;
 
-  if (len <= WREQ_SMALL && s->wspare) {
-    w = s->wspare;
-    s->wspare = w->next_spare;
-    s->nwspare--;
+  if (len <= WREQ_SMALL && h->wspare) {
+    w = h->wspare;
+    h->wspare = w->next_spare;
+    h->nwspare--;
     return w;
   }
   w = malloc(sizeof(*w) + (len < WREQ_SMALL ? WREQ_SMALL : len));
@@ -184,67 +260,73 @@ static struct wreq *wreq_new(srv *s, size_t len) {
   return w;
 }
 
-static void wreq_free(srv *s, struct wreq *w) {
-  if (w->cap == WREQ_SMALL && s->nwspare < WREQ_SPARES) {
-    w->next_spare = s->wspare;
-    s->wspare = w;
-    s->nwspare++;
+static void wreq_free(sess_hub *h, struct wreq *w) {
+  if (w->cap == WREQ_SMALL && h->nwspare < WREQ_SPARES) {
+    w->next_spare = h->wspare;
+    h->wspare = w;
+    h->nwspare++;
     return;
   }
   free(w);
 }
 
-void sess_spares_free(srv *s) {
-  while (s->wspare) {
-    struct wreq *w = s->wspare;
+void sess_hub_free(sess_hub *h) {
+  while (h->wspare) {
+    struct wreq *w = h->wspare;
 
-    s->wspare = w->next_spare;
+    h->wspare = w->next_spare;
     free(w);
   }
-  s->nwspare = 0;
+  h->nwspare = 0;
+  kvs__arena_destroy(&h->arena);
+}
+
+/* The session may be read again (its held reply sent, its replies read):
+ * frames buffered meanwhile, and a request posted on its ring. */
+static void resume(sess *c) {
+  process_input(c);
+  if (c->life < SESS_CLOSED)
+    ring_resume(c->ring);
 }
 
 static void on_write(uv_write_t *req, int status) {
   struct wreq *w = (struct wreq *)req;
   sess *c = w->c;
 
-  c->srv->queued -= w->queued;
-  wreq_free(c->srv, w);
+  c->hub->counts.queued_bytes -= w->queued;
+  wreq_free(c->hub, w);
   c->writes--;
-  if (c->closed)
+  if (c->life >= SESS_CLOSED)
     return;
   if (status < 0) {
     log_debug(status, "session %llu: write", (unsigned long long)c->id);
     close_now(c);
     return;
   }
-  if (c->closing) {
-    if (c->writes == 0)
+  if (closing(c)) {
+    if (c->writes == 0 && c->hold == SESS_READY)
       close_now(c);
     return;
   }
   /* A peer that had stopped reading its replies is reading again. */
-  if (!c->reading && !c->copying &&
-      may_resume(c, uv_stream_get_write_queue_size((uv_stream_t *)&c->pipe))) {
-    if (uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read) == 0)
-      c->reading = 1;
-    process_input(c);
-    if (!c->closed)
-      ring_resume(c);
+  if (!c->reading && c->hold == SESS_READY && may_resume(c, write_queue(c))) {
+    start_reading(c);
+    resume(c);
   }
 }
 
 /* Sends bytes[off, len) of an already framed reply: at once when nothing
  * is queued before it and the socket takes it all (no uv_write_t, no
- * callback), else the rest is queued. */
+ * callback), else the rest is queued.  The reply to a frame that came
+ * through the ring goes back through it when it fits. */
 static int queue_bytes(sess *c, struct wreq *w, size_t off) {
   uv_buf_t b;
   int rc;
 
-  if (c->ring_cur) { /* the reply to a frame that came through the ring */
+  if (c->ring_cur) {
     c->ring_cur = 0;
-    if (ring_reply(c, w->data + off, w->len - off) == 0) {
-      wreq_free(c->srv, w);
+    if (ring_reply(c->ring, w->data + off, w->len - off) == 0) {
+      wreq_free(c->hub, w);
       return 0;
     }
     /* too big for the ring, which now says so: on the socket */
@@ -253,13 +335,13 @@ static int queue_bytes(sess *c, struct wreq *w, size_t off) {
     b = uv_buf_init((char *)w->data + off, (unsigned)(w->len - off));
     rc = uv_try_write((uv_stream_t *)&c->pipe, &b, 1);
     if (rc >= 0 && (size_t)rc == w->len - off) {
-      wreq_free(c->srv, w);
+      wreq_free(c->hub, w);
       return 0;
     }
     if (rc >= 0) {
       off += (size_t)rc;
     } else if (rc != UV_EAGAIN) {
-      wreq_free(c->srv, w);
+      wreq_free(c->hub, w);
       log_debug(rc, "session %llu: write", (unsigned long long)c->id);
       close_now(c);
       return rc;
@@ -270,96 +352,73 @@ static int queue_bytes(sess *c, struct wreq *w, size_t off) {
   w->queued = w->len - off;
   rc = uv_write(&w->req, (uv_stream_t *)&c->pipe, &b, 1, on_write);
   if (rc < 0) {
-    wreq_free(c->srv, w);
+    wreq_free(c->hub, w);
     log_debug(rc, "session %llu: write", (unsigned long long)c->id);
     close_now(c);
     return rc;
   }
-  c->srv->queued += w->queued;
+  c->hub->counts.queued_bytes += w->queued;
   c->writes++;
   return 0;
 }
 
-static struct wreq *frame(sess *c, const Kvshare__Envelope *env) {
-  size_t len = kvs_frame_size(env);
-  struct wreq *w = wreq_new(c->srv, len);
-  long n;
+/* The reply to call, encoded: ETOOBIG in its place when it is over
+ * max_frame (its ops ran; only their results cannot go back).  NULL
+ * (logged) when out of memory. */
+static struct wreq *encode_reply(sess *c, kvs_call *call) {
+  sess_hub *h = c->hub;
+  kvs_reply rep;
+  struct wreq *w;
+  size_t len = kvs_reply_size(&rep, call, &h->arena);
 
-  if (!w)
-    return NULL;
-  /* Our own replies may exceed the peer's max_frame only if the peer sent a
-   * huge batch; the client limit is the same default. */
-  n = kvs_frame_pack_into(env, UINT32_MAX, w->data, len);
-  if (n < 0) {
-    wreq_free(c->srv, w);
+  if (len && len - KVS_FRAME_HEADER_SIZE > h->cfg->max_frame) {
+    kvs_call_refuse(call, &h->arena, KVS_ETOOBIG, "the reply (%zu bytes) is "
+                    "over max_frame; split the batch", len);
+    len = kvs_reply_size(&rep, call, &h->arena);
+  }
+  if (len == 0 || !(w = wreq_new(h, len))) {
+    log_error(KVS_ENOMEM, "session %llu: reply of %zu bytes",
+              (unsigned long long)c->id, len);
     return NULL;
   }
-  w->len = (size_t)n;
+  kvs_reply_encode(&rep, w->data);
+  w->len = len;
   return w;
 }
 
-int sess_send(sess *c, const Kvshare__Envelope *env) {
-  struct wreq *w;
-
-  if (c->closed)
-    return KVS_ECLOSED;
-  w = frame(c, env);
-  if (!w) {
-    log_error(KVS_ENOMEM, "session %llu: reply of %zu bytes",
-              (unsigned long long)c->id, kvs_frame_size(env));
-    close_now(c);
-    return KVS_ENOMEM;
-  }
-  return queue_bytes(c, w, 0);
-}
-
-/* An error Welcome (before the handshake) or Response (after), seq given,
- * framed; NULL when out of memory. */
-static struct wreq *error_frame(sess *c, uint64_t seq, int code,
-                                const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static struct wreq *error_frame(sess *c, uint64_t seq, int code,
-                                const char *fmt, ...) {
-  Kvshare__Envelope env;
-  Kvshare__Welcome w;
-  Kvshare__Response r;
-  Kvshare__Status st;
-  char msg[256];
-  va_list ap;
-
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof(msg), fmt, ap);
-  va_end(ap);
-  kvshare__envelope__init(&env);
-  kvshare__status__init(&st);
-  st.code = code;
-  st.message = msg;
-  env.seq = seq;
-  if (!c->handshaken) {
-    kvshare__welcome__init(&w);
-    w.status = &st;
-    w.version = KVS_PROTO_VERSION;
-    w.max_frame = (uint32_t)c->srv->cfg->max_frame;
-    w.max_batch_ops = c->srv->cfg->max_batch_ops;
-    env.body_case = KVSHARE__ENVELOPE__BODY_WELCOME;
-    env.welcome = &w;
-  } else {
-    kvshare__response__init(&r);
-    r.status = &st;
-    env.body_case = KVSHARE__ENVELOPE__BODY_RESPONSE;
-    env.response = &r;
-  }
-  return frame(c, &env);
-}
-
-/* Queues an error reply (see error_frame). */
+/* An error reply, seq given: a Welcome carrying the status before the
+ * handshake, a Response after it. */
 static void send_error(sess *c, uint64_t seq, int code, const char *what) {
-  struct wreq *w;
+  sess_hub *h = c->hub;
+  struct wreq *w = NULL;
 
-  if (c->closed)
+  if (c->life >= SESS_CLOSED)
     return;
-  w = error_frame(c, seq, code, "%s", what);
+  if (c->life == SESS_NEW) {
+    kvs_welcome wel;
+    size_t len;
+
+    memset(&wel, 0, sizeof(wel));
+    wel.status = code;
+    wel.message = what;
+    wel.version = KVS_PROTO_VERSION;
+    wel.max_frame = (uint32_t)h->cfg->max_frame;
+    wel.max_batch_ops = h->cfg->max_batch_ops;
+    len = kvs_welcome_frame_size(&wel, seq);
+    if ((w = wreq_new(h, len))) {
+      kvs_welcome_frame_encode(&wel, seq, w->data, len);
+      w->len = len;
+    }
+  } else {
+    kvs_call call;
+
+    memset(&call, 0, sizeof(call));
+    call.seq = seq;
+    call.shape = KVS_SHAPE_OP;
+    call.status = code;
+    call.message = what;
+    w = encode_reply(c, &call);
+  }
   if (!w) {
     log_error(KVS_ENOMEM, "session %llu: error reply",
               (unsigned long long)c->id);
@@ -372,7 +431,7 @@ static void send_error(sess *c, uint64_t seq, int code, const char *what) {
 /* A protocol error is counted and logged (closing: the session is). */
 static void note_protocol_error(sess *c, int close, int code,
                                 const char *what) {
-  c->srv->protocol_errors++;
+  c->hub->counts.protocol_errors++;
   log_warn(0, "session %llu (pid %d): %s: %s%s", (unsigned long long)c->id,
            (int)c->pid, kvs_status_name(code), what,
            close ? "; closing" : "");
@@ -387,63 +446,57 @@ static void protocol_error(sess *c, uint64_t seq, int close, int code,
     close_after_writes(c);
 }
 
-static void handle_hello(sess *c, uint64_t seq, const Kvshare__Hello *h) {
-  srv *s = c->srv;
-  Kvshare__Envelope env;
-  Kvshare__Welcome w;
-  Kvshare__Status st;
-  Kvshare__Layout lay;
-  Kvshare__PoolExport pe;
-  const backend_export *ex = &s->pool->ex;
+/* ---- the handshake --------------------------------------------------------- */
+
+static void handle_hello(sess *c, uint64_t seq, const kvs_hello *hello) {
+  sess_hub *h = c->hub;
+  const backend_export *ex = &h->pool->ex;
+  const kvs_layout *l = &h->pool->layout;
+  kvs_welcome wel;
   struct wreq *wr;
   uv_os_fd_t fd;
   ssize_t n;
+  size_t len;
   int fds[KVS_SHM_MAX_FDS];
   int nfds = ex->nfds;
 
-  if (h->version != KVS_PROTO_VERSION) {
+  if (hello->version != KVS_PROTO_VERSION) {
     char what[96];
 
     snprintf(what, sizeof(what), "protocol version %u not supported (the "
-             "daemon speaks %u)", h->version, KVS_PROTO_VERSION);
+             "daemon speaks %u)", hello->version, KVS_PROTO_VERSION);
     protocol_error(c, seq, 1, KVS_EVERSION, what);
     return;
   }
-  snprintf(c->name, sizeof(c->name), "%s", h->client_name ? h->client_name : "");
+  snprintf(c->name, sizeof(c->name), "%s", hello->client_name);
   /* The name goes into log lines: no control characters (a newline would
    * let a client forge a line of the daemon's log). */
   for (char *p = c->name; *p; p++)
     if ((unsigned char)*p < 0x20 || *p == 0x7f)
       *p = '?';
-  kvshare__envelope__init(&env);
-  kvshare__welcome__init(&w);
-  kvshare__status__init(&st);
-  kvshare__layout__init(&lay);
-  kvshare__pool_export__init(&pe);
-  lay.block_size = s->layout.block_size;
-  lay.num_layers = s->layout.num_layers;
-  lay.num_kv_heads = s->layout.num_kv_heads;
-  lay.head_dim = s->layout.head_dim;
-  lay.dtype = s->layout.dtype;
-  lay.num_blocks = s->layout.num_blocks;
-  lay.block_stride = s->layout.block_stride;
-  pe.backend = (char *)ex->backend;
-  pe.size = ex->size;
-  pe.num_fds = (uint32_t)ex->nfds;
-  pe.chunk_size = ex->chunk_size;
-  pe.gpu_uuid = (char *)ex->gpu_uuid;
-  w.status = &st;
-  w.version = KVS_PROTO_VERSION;
-  w.layout = &lay;
-  w.pool = &pe;
-  w.session_id = c->id;
-  w.model_id = (char *)s->cfg->model_id;
-  w.max_frame = (uint32_t)s->cfg->max_frame;
-  w.max_batch_ops = s->cfg->max_batch_ops;
-  w.features = KVS_FEATURE_PACKED_BATCH | KVS_FEATURE_COMPACT;
+  memset(&wel, 0, sizeof(wel));
+  wel.version = KVS_PROTO_VERSION;
+  wel.has_layout = wel.has_pool = 1;
+  wel.block_size = l->block_size;
+  wel.num_layers = l->num_layers;
+  wel.num_kv_heads = l->num_kv_heads;
+  wel.head_dim = l->head_dim;
+  wel.dtype = l->dtype;
+  wel.num_blocks = l->num_blocks;
+  wel.block_stride = l->block_stride;
+  wel.backend = ex->backend;
+  wel.pool_size = ex->size;
+  wel.num_fds = (uint32_t)ex->nfds;
+  wel.chunk_size = ex->chunk_size;
+  wel.gpu_uuid = ex->gpu_uuid;
+  wel.session_id = c->id;
+  wel.model_id = h->cfg->model_id;
+  wel.max_frame = (uint32_t)h->cfg->max_frame;
+  wel.max_batch_ops = h->cfg->max_batch_ops;
+  wel.features = KVS_FEATURE_PACKED_BATCH | KVS_FEATURE_COMPACT;
   memcpy(fds, ex->fds, (size_t)ex->nfds * sizeof(int));
-  if (h->ring && s->rings != NULL && nfds + 2 <= KVS_SHM_MAX_FDS) {
-    int rc = ring_open(c, fds + nfds, &w.ring_bytes);
+  if (hello->ring && h->rings != NULL && nfds + 2 <= KVS_SHM_MAX_FDS) {
+    int rc = ring_open(h->rings, c, fds + nfds, &wel.ring_bytes, &c->ring);
 
     if (rc == 0)
       nfds += 2;
@@ -451,72 +504,98 @@ static void handle_hello(sess *c, uint64_t seq, const Kvshare__Hello *h) {
       log_warn(rc, "session %llu: no request ring (the session goes on "
                "without one)", (unsigned long long)c->id);
   }
-  env.seq = seq;
-  env.body_case = KVSHARE__ENVELOPE__BODY_WELCOME;
-  env.welcome = &w;
-
-  wr = frame(c, &env);
+  len = kvs_welcome_frame_size(&wel, seq);
+  wr = wreq_new(h, len);
   if (!wr) {
     log_error(KVS_ENOMEM, "session %llu: welcome", (unsigned long long)c->id);
     close_now(c);
     return;
   }
+  kvs_welcome_frame_encode(&wel, seq, wr->data, len);
+  wr->len = len;
   /* libuv cannot pass fds on a pipe it did not open with ipc: send the
    * Welcome and the fds with one sendmsg on the raw socket.  Nothing else is
    * queued yet (Hello is the first frame), so the order holds. */
   if (uv_fileno((uv_handle_t *)&c->pipe, &fd) < 0 || c->writes != 0) {
-    free(wr);
+    wreq_free(h, wr);
     log_error(0, "session %llu: cannot send the welcome",
               (unsigned long long)c->id);
     close_now(c);
     return;
   }
   n = kvs_send_fds(fd, wr->data, wr->len, fds, nfds);
-  ring_handed(c); /* the client's end of the wake channel went (or not) */
+  ring_handed(c->ring); /* the client's end of the wake channel went (or
+                           not) */
   if (n < 0) {
-    free(wr);
+    wreq_free(h, wr);
     log_warn((int)n, "session %llu: sending the welcome",
              (unsigned long long)c->id);
     close_now(c);
     return;
   }
-  c->handshaken = 1;
+  c->life = SESS_OPEN;
   log_info(0, "session %llu: pid %d uid %d '%s' connected%s",
            (unsigned long long)c->id, (int)c->pid, (int)c->uid, c->name,
            c->ring ? " (request ring)" : "");
   if ((size_t)n < wr->len) /* the fds went with the first byte */
     queue_bytes(c, wr, (size_t)n);
   else
-    free(wr);
+    wreq_free(h, wr);
 }
 
-/* ---- the daemon's copies for a session ------------------------------------ */
+/* ---- requests, and the replies they hold back ----------------------------- */
+
+/* The kind of request a call is, for the latency histogram. */
+static int request_kind(const kvs_call *call) {
+  switch (call->shape) {
+  case KVS_SHAPE_BATCH:
+    return METRICS_BATCH;
+  case KVS_SHAPE_PACKED:
+  case KVS_SHAPE_COMPACT_BATCH:
+    return METRICS_PACKED_BATCH;
+  default:
+    return call->nops ? call->ops[0].code : 0;
+  }
+}
 
 /* The request's reply is queued: its latency (metrics on). */
 static void request_answered(sess *c) {
-  if (c->req_t0 && c->srv->metrics)
-    metrics_request(c->srv->metrics, c->req_op, uv_hrtime() - c->req_t0);
+  if (c->req_t0 && c->hub->metrics)
+    metrics_request(c->hub->metrics, c->req_op, uv_hrtime() - c->req_t0);
   c->req_t0 = 0;
 }
 
-/* The reply a copy or a promotion held back goes; reading resumes. */
+/* A reply the hold kept back goes (w NULL: none could be made); reading
+ * resumes. */
 static void send_held(sess *c, struct wreq *w) {
+  c->hold = SESS_READY;
+  if (c->life == SESS_GONE) { /* the peer went away meanwhile */
+    if (w)
+      wreq_free(c->hub, w);
+    reap(c);
+    return;
+  }
+  if (c->life >= SESS_CLOSED) { /* (on_closed reaps it) */
+    if (w)
+      wreq_free(c->hub, w);
+    return;
+  }
+  if (!w) {
+    close_now(c);
+    return;
+  }
   queue_bytes(c, w, 0);
   request_answered(c);
-  if (c->closed)
+  if (c->life >= SESS_CLOSED)
     return;
-  if (c->closing) {
+  if (closing(c)) {
     if (c->writes == 0)
       close_now(c);
     return;
   }
-  if (!c->reading &&
-      may_resume(c, uv_stream_get_write_queue_size((uv_stream_t *)&c->pipe)) &&
-      uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read) == 0)
-    c->reading = 1;
-  process_input(c);
-  if (!c->closed)
-    ring_resume(c);
+  if (may_resume(c, write_queue(c)))
+    start_reading(c);
+  resume(c);
 }
 
 /* On the loop, when the session's copy job is back. */
@@ -525,209 +604,128 @@ static void on_copied(copy_job *j) {
   struct wreq *w = c->held;
 
   c->held = NULL;
-  c->copying = 0;
-  disp_copies_done(c);
-  if (c->closed) { /* the peer went away meanwhile */
-    wreq_free(c->srv, w);
-    if (c->reaped)
-      reap(c);
-    return;
-  }
-  if (j->status < 0) {
+  disp_copies_done(&c->ds);
+  if (j->status < 0 && c->life < SESS_CLOSED) {
     /* The reply promised copied blocks it does not have: the session's
      * requests cannot be trusted any more.  (Only a failing GPU gets here.) */
     log_error(j->status, "session %llu (pid %d): the daemon's copy failed; "
               "closing the session", (unsigned long long)c->id, (int)c->pid);
-    wreq_free(c->srv, w);
+    wreq_free(c->hub, w);
+    c->hold = SESS_READY;
     close_now(c);
     return;
   }
   send_held(c, w);
 }
 
-/* The framed reply resp (in the server's arena) to frame seq: ETOOBIG in
- * its place when it is over max_frame.  Compact when the frame was
- * (c->compact).  NULL (logged) when out of memory. */
-static struct wreq *encode_reply(sess *c, uint64_t seq,
-                                 const Kvshare__Response *resp) {
-  disp_reply r;
-  struct wreq *w;
-  size_t len = c->compact
-                   ? compact_reply_size(c->compact, resp)
-                   : disp_reply_size(&r, &c->srv->arena, seq, resp);
+/* A held op is over: its reply is built (in the hub's arena: no frame is
+ * being handled now) and goes. */
+static void on_held(disp_sess *ds) {
+  sess *c = ds->owner;
+  sess_hub *h = c->hub;
+  kvs_op op;
+  kvs_op_result res;
+  kvs_call call;
+  struct wreq *w = NULL;
 
-  if (len - KVS_FRAME_HEADER_SIZE > c->srv->cfg->max_frame) {
-    /* The ops ran; only their results are too big to send back. */
-    if (c->compact) {
-      Kvshare__Response e;
-
-      kvshare__response__init(&e);
-      disp_status(&e, &c->srv->arena, KVS_ETOOBIG, "the reply (%zu bytes) "
-                  "is over max_frame; split the batch", len);
-      return encode_reply(c, seq, &e);
-    }
-    w = error_frame(c, seq, KVS_ETOOBIG, "the reply (%zu bytes) is over "
-                    "max_frame; split the batch", len);
-  } else if ((w = wreq_new(c->srv, len))) {
-    if (c->compact)
-      compact_reply_encode(c->compact, seq, resp, w->data, len);
-    else
-      disp_reply_encode(&r, w->data);
-    w->len = len;
-  }
-  if (!w)
-    log_error(KVS_ENOMEM, "session %llu: reply of %zu bytes",
-              (unsigned long long)c->id, len);
-  return w;
-}
-
-/* A copy or a promotion holds the frame's reply back: the frames after it
- * wait, so replies stay in order. */
-static void hold_input(sess *c) {
-  c->copying = 1;
-  if (c->reading) {
-    uv_read_stop((uv_stream_t *)&c->pipe);
-    c->reading = 0;
-  }
-}
-
-/* A held reply (a promotion's, a swap's) is ready: build() writes it. */
-static void send_async_reply(sess *c, uint64_t seq,
-                             void (*build)(sess *, Kvshare__Response *,
-                                           kvs__arena *)) {
-  kvs__arena *a = &c->srv->arena;
-  Kvshare__Response resp;
-  struct wreq *w;
-
-  c->copying = 0;
-  if (c->closed) {
-    if (c->reaped)
-      reap(c);
-    return;
-  }
-  /* (No frame is being handled now: the server's arena is free.) */
-  kvshare__response__init(&resp);
-  build(c, &resp, a);
-  w = encode_reply(c, seq, &resp);
-  kvs__arena_reset(a);
-  if (!w) {
-    close_now(c);
-    return;
-  }
+  memset(&op, 0, sizeof(op));
+  memset(&call, 0, sizeof(call));
+  op.code = (uint8_t)ds->held_code;
+  disp_held_result(ds, &res, &h->arena);
+  call.seq = c->held_seq;
+  call.shape = c->held_shape;
+  call.nops = 1;
+  call.ops = &op;
+  call.res = &res;
+  if (c->life < SESS_CLOSED)
+    w = encode_reply(c, &call);
+  kvs__arena_reset(&h->arena);
   send_held(c, w);
 }
 
-/* On the loop, when the Lookup's blocks are up (or failed). */
-void sess_promoted(tier_promo *pr) {
-  sess *c = pr->data;
-
-  c->promoting = 0;
-  send_async_reply(c, pr->seq, disp_lookup_promoted);
-}
-
-/* On the loop, when a SwapOut's or SwapIn's blocks have moved. */
-void sess_swapped(tier_swap *sw) {
-  sess *c = sw->data;
-
-  c->swapping = 0;
-  send_async_reply(c, sw->seq, disp_swap_done);
+/* The held frame's reply stops reading until it goes. */
+static void hold(sess *c, sess_hold why) {
+  c->hold = why;
+  stop_reading(c);
 }
 
 /* Sends w now, or, when the frame asked for copies, once they are done. */
 static void reply_after_copies(sess *c, struct wreq *w) {
+  disp_sess *ds = &c->ds;
   int rc;
 
-  if (c->ncopy == 0) {
+  if (ds->ncopy == 0) {
     queue_bytes(c, w, 0);
     return;
   }
   memset(&c->job, 0, sizeof(c->job));
   c->job.kind = COPY_POOL;
-  c->job.blocks = c->copy_pairs;
-  c->job.n = c->ncopy;
+  c->job.blocks = ds->copy_pairs;
+  c->job.n = ds->ncopy;
   c->job.cb = on_copied;
   c->job.data = c;
-  rc = copy_submit(&c->srv->copy, &c->job);
+  rc = copy_submit(c->hub->disp->copy, &c->job);
   if (rc < 0) {
     log_error(rc, "session %llu: the daemon's copy of %u blocks could not "
               "start; closing the session", (unsigned long long)c->id,
-              c->ncopy);
-    disp_copies_done(c);
-    wreq_free(c->srv, w);
+              ds->ncopy);
+    disp_copies_done(ds);
+    wreq_free(c->hub, w);
     close_now(c);
     return;
   }
   c->held = w;
-  hold_input(c);
+  hold(c, SESS_COPYING);
 }
 
-/* The reply lives in the server's arena (reset by handle_frame). */
-static void handle_request(sess *c, uint64_t seq, const Kvshare__Request *req) {
-  kvs__arena *a = &c->srv->arena;
+/* Runs a call (its ops and results in the hub's arena) and answers it. */
+static void run_call(sess *c, kvs_call *call) {
+  sess_hub *h = c->hub;
+  const kvs_layout *l = &h->disp->layout;
   int mutates;
-  size_t bound =
-      disp_reply_bound(c, req, &mutates) - KVS_FRAME_HEADER_SIZE;
-  Kvshare__Response resp;
+  size_t bound = kvs_reply_bound(call, l->block_size, l->num_blocks,
+                                 &mutates) -
+                 KVS_FRAME_HEADER_SIZE;
   struct wreq *w;
 
-  if (c->srv->metrics) {
+  if (h->metrics) {
     c->req_t0 = uv_hrtime();
-    c->req_op = (int)req->op_case;
-    if (req->op_case == KVSHARE__REQUEST__OP_BATCH)
-      metrics_batch(c->srv->metrics, req->batch->n_ops);
-    else if (req->op_case == KVSHARE__REQUEST__OP_PACKED_BATCH)
-      metrics_batch(c->srv->metrics,
-                    req->packed_batch->ops.len / KVS_PACKED_OP_SIZE);
+    c->req_op = request_kind(call);
+    if (kvs_shape_is_batch(call->shape) && !call->status)
+      metrics_batch(h->metrics, call->nops);
   }
-  kvshare__response__init(&resp);
   /* Refused before it runs when its reply might not fit a frame: ops that
    * ran and could not be answered would be lost to the client.  (Stats and
    * Pings run: encode_reply answers ETOOBIG if they do not fit.) */
-  if (mutates && bound > c->srv->cfg->max_frame)
-    disp_status(&resp, a, KVS_ETOOBIG, "the reply to this request could "
-                "take %zu bytes, over max_frame (%zu); none of it ran: split "
-                "it", bound, c->srv->cfg->max_frame);
-  else
-    disp_request(c, req, &resp, a);
-  if (c->promoting || c->swapping) { /* its blocks are on the move:
-                                         sess_promoted, sess_swapped */
-    c->promo.seq = c->swap.seq = seq;
-    hold_input(c);
+  if (call->status == 0 && mutates && bound > h->cfg->max_frame)
+    kvs_call_refuse(call, &h->arena, KVS_ETOOBIG, "the reply to this "
+                    "request could take %zu bytes, over max_frame (%zu); "
+                    "none of it ran: split it", bound, h->cfg->max_frame);
+  if (call->status == 0 &&
+      disp_run(&c->ds, call->ops, call->res, call->nops,
+               kvs_shape_is_batch(call->shape), &h->arena) == DISP_HELD) {
+    /* its bytes are on the move: on_held answers */
+    c->held_seq = call->seq;
+    c->held_shape = call->shape;
+    hold(c, SESS_WAITING);
     return;
   }
-  w = encode_reply(c, seq, &resp);
+  w = encode_reply(c, call);
   if (!w) {
-    disp_copies_done(c);
+    disp_copies_done(&c->ds);
     close_now(c);
     return;
   }
   reply_after_copies(c, w);
-  if (!c->copying && !c->closed) /* (closed: the copies could not start) */
+  if (c->hold == SESS_READY && c->life < SESS_CLOSED)
     request_answered(c);
 }
 
-/* A compact frame (compact.c): the Request it stands for runs as any
- * other; a frame that does not add up is answered (compactly) and the
- * session goes on. */
-static void handle_compact(sess *c, const uint8_t *payload, size_t len) {
-  srv *s = c->srv;
-  Kvshare__Response resp;
-  struct wreq *w;
-  compact_in in;
-  int rc;
+/* A frame refused as a whole (its call's status set): answered in its own
+ * shape, the session goes on. */
+static void answer_refusal(sess *c, kvs_call *call) {
+  struct wreq *w = encode_reply(c, call);
 
-  kvshare__response__init(&resp);
-  rc = compact_parse(c, payload, len, &in, &resp, &s->arena);
-  c->compact = in.kind ? in.kind : COMPACT_REFUSAL;
-  if (rc == 0) {
-    handle_request(c, in.seq, &in.req);
-    return;
-  }
-  if (rc == KVS_EPROTO)
-    note_protocol_error(c, 0, rc, resp.status && resp.status->message
-                                      ? resp.status->message
-                                      : "");
-  w = encode_reply(c, in.seq, &resp);
   if (!w) {
     close_now(c);
     return;
@@ -738,79 +736,87 @@ static void handle_compact(sess *c, const uint8_t *payload, size_t len) {
 /* One frame's payload (len bytes; flags from its header). */
 static void handle_frame(sess *c, unsigned flags, const uint8_t *payload,
                          size_t len) {
-  srv *s = c->srv;
-  size_t limit = KVS_UNPACK_LIMIT(len, s->cfg->max_batch_ops);
-  kvs_payload_scan scan;
-  Kvshare__Envelope *env;
+  sess_hub *h = c->hub;
+  uint32_t max_ops = h->cfg->max_batch_ops;
+  kvs_hello hello;
+  kvs_call call;
+  char what[320];
   int rc;
 
-  s->frames_in++;
-  c->compact = 0;
+  h->counts.frames_in++;
   if (flags & KVS_FRAME_COMPACT) {
-    if (!c->handshaken) {
+    if (c->life == SESS_NEW) {
       protocol_error(c, 0, 1, KVS_EPROTO, "a compact frame before the "
                      "handshake; expected Hello");
       return;
     }
-    s->compact_frames++;
-    handle_compact(c, payload, len);
-    kvs__arena_reset(&s->arena);
+    h->counts.compact_frames++;
+    rc = kvs_compact_decode_request(payload, len, max_ops, &h->arena, &call);
+    if (rc == 0) {
+      run_call(c, &call);
+    } else {
+      if (rc == KVS_EPROTO)
+        note_protocol_error(c, 0, rc, call.message ? call.message : "");
+      answer_refusal(c, &call);
+    }
+    kvs__arena_reset(&h->arena);
     return;
   }
-  /* The envelope and the reply live in s->arena until the reset below. */
-  rc = kvs__arena_unpack(&s->arena, payload, len, limit, &scan, &env);
-  if (rc < 0) {
-    char what[200];
-
-    kvs__arena_reset(&s->arena);
+  switch (kvs_env_decode(payload, len, max_ops, &h->arena, &call, &hello)) {
+  case KVS_ENV_BAD:
     /* Answered in the frame's place when its seq could be read: the
      * client's call fails, its session goes on. */
-    if (rc == KVS_ELIMIT)
-      snprintf(what, sizeof(what), "decoding this %zu-byte message would "
-               "take %zu bytes, over the %zu allowed for it (max_batch_ops "
-               "%u)", len, scan.alloc_bound, limit, s->cfg->max_batch_ops);
+    snprintf(what, sizeof(what), "%s%s", call.message,
+             call.status == KVS_EPROTO && c->life == SESS_NEW
+                 ? "; expected Hello"
+                 : "");
+    protocol_error(c, call.seq, c->life == SESS_NEW, call.status, what);
+    break;
+  case KVS_ENV_HELLO:
+    if (c->life == SESS_NEW)
+      handle_hello(c, call.seq, &hello);
     else
-      snprintf(what, sizeof(what), "undecodable message%s",
-               c->handshaken ? "" : "; expected Hello");
-    protocol_error(c, scan.seq, !c->handshaken, rc, what);
-    return;
-  }
-  if (!c->handshaken) {
-    if (env->body_case == KVSHARE__ENVELOPE__BODY_HELLO)
-      handle_hello(c, env->seq, env->hello);
-    else
-      protocol_error(c, env->seq, 1, KVS_EPROTO,
+      protocol_error(c, call.seq, 0, KVS_EPROTO, "Hello after the handshake");
+    break;
+  case KVS_ENV_REQUEST:
+    if (c->life == SESS_NEW)
+      protocol_error(c, call.seq, 1, KVS_EPROTO,
                      "the first message must be Hello");
-    kvs__arena_reset(&s->arena);
-    return;
-  }
-  switch (env->body_case) {
-  case KVSHARE__ENVELOPE__BODY_REQUEST:
-    handle_request(c, env->seq, env->request);
+    else
+      run_call(c, &call);
     break;
-  case KVSHARE__ENVELOPE__BODY_HELLO:
-    protocol_error(c, env->seq, 0, KVS_EPROTO, "Hello after the handshake");
-    break;
-  case KVSHARE__ENVELOPE__BODY_WELCOME:
-  case KVSHARE__ENVELOPE__BODY_RESPONSE:
-    protocol_error(c, env->seq, 0, KVS_EPROTO,
-                   "Welcome and Response go from the daemon to clients");
+  case KVS_ENV_REPLY:
+    if (c->life == SESS_NEW)
+      protocol_error(c, call.seq, 1, KVS_EPROTO,
+                     "the first message must be Hello");
+    else
+      protocol_error(c, call.seq, 0, KVS_EPROTO,
+                     "Welcome and Response go from the daemon to clients");
     break;
   default:
-    protocol_error(c, env->seq, 0, KVS_EUNKNOWN, "unknown message type");
+    if (c->life == SESS_NEW)
+      protocol_error(c, call.seq, 1, KVS_EPROTO,
+                     "the first message must be Hello");
+    else
+      protocol_error(c, call.seq, 0, KVS_EUNKNOWN, "unknown message type");
     break;
   }
-  kvs__arena_reset(&s->arena);
+  kvs__arena_reset(&h->arena);
 }
 
-int sess_ring_ready(const sess *c) {
+/* ---- the request ring ------------------------------------------------------ */
+
+static int ring_ready(void *owner) {
+  const sess *c = owner;
+
   /* reading: not paused by a held reply, nor by replies piling up unread
    * (a reply too big for the ring queues on the socket) */
-  return c->handshaken && c->reading && !c->closing && !c->copying &&
-         !c->promoting && !c->swapping && !c->ring_cur;
+  return c->life == SESS_OPEN && c->reading && c->hold == SESS_READY &&
+         !c->ring_cur;
 }
 
-void sess_ring_frame(sess *c, const uint8_t *frame, size_t len) {
+static void ring_frame(void *owner, const uint8_t *frame, size_t len) {
+  sess *c = owner;
   size_t flen = 0;
   int rc;
   char what[128];
@@ -822,7 +828,7 @@ void sess_ring_frame(sess *c, const uint8_t *frame, size_t len) {
     protocol_error(c, 0, 1, KVS_EPROTO, what);
     return;
   }
-  rc = kvs_frame_parse(frame, len, (uint32_t)c->srv->cfg->max_frame, &flen);
+  rc = kvs_frame_parse(frame, len, (uint32_t)c->hub->cfg->max_frame, &flen);
   if (rc != 1 || flen != len) {
     snprintf(what, sizeof(what), "a ring request of %zu bytes that is not "
              "one whole frame (%s)", len,
@@ -832,17 +838,28 @@ void sess_ring_frame(sess *c, const uint8_t *frame, size_t len) {
   }
   handle_frame(c, kvs_frame_flags(frame), frame + KVS_FRAME_HEADER_SIZE,
                len - KVS_FRAME_HEADER_SIZE);
-  tiers_kick(c->srv->tiers);
+  tiers_kick(c->hub->disp->tiers);
   /* Back-pressure, as for socket frames: replies too big for the ring
    * queue on the socket; a peer that does not read them is paused (ring
    * and socket) until it does (on_write, then ring_resume). */
-  if (!c->closed && c->reading &&
-      too_much_queued(c, uv_stream_get_write_queue_size(
-                             (uv_stream_t *)&c->pipe))) {
-    uv_read_stop((uv_stream_t *)&c->pipe);
-    c->reading = 0;
-  }
+  if (c->life < SESS_CLOSED && c->reading &&
+      too_much_queued(c, write_queue(c)))
+    stop_reading(c);
 }
+
+static void ring_gone(void *owner, const char *why) {
+  sess *c = owner;
+
+  if (closing(c))
+    return;
+  log_warn(0, "session %llu (pid %d): %s; closing the session",
+           (unsigned long long)c->id, (int)c->pid, why);
+  sess_shutdown(c, 1);
+}
+
+const ring_owner_ops sess_ring_ops = {ring_ready, ring_frame, ring_gone};
+
+/* ---- reading --------------------------------------------------------------- */
 
 static int reserve(sess *c, size_t need) {
   uint8_t *p;
@@ -863,27 +880,27 @@ static int reserve(sess *c, size_t need) {
 
 /* Parses and handles every whole frame buffered. */
 static void process_input(sess *c) {
-  uint32_t max = (uint32_t)c->srv->cfg->max_frame;
+  uint32_t max = (uint32_t)c->hub->cfg->max_frame;
   size_t pos = 0, flen;
 
-  while (!c->closing && !c->copying && pos < c->rlen) {
+  while (!closing(c) && c->hold == SESS_READY && pos < c->rlen) {
     int rc = kvs_frame_parse(c->rbuf + pos, c->rlen - pos, max, &flen);
 
     if (rc < 0) {
-      kvs_frame_header h;
+      kvs_frame_header hd;
       char what[128];
 
-      kvs_frame_header_decode(c->rbuf + pos, max, &h);
+      kvs_frame_header_decode(c->rbuf + pos, max, &hd);
       if (rc == KVS_ETOOBIG)
         snprintf(what, sizeof(what), "frame of %u bytes is over the %u-byte "
-                 "limit", h.length, max);
+                 "limit", hd.length, max);
       else if (rc == KVS_EVERSION)
         snprintf(what, sizeof(what), "frame version %u (the daemon speaks %u)",
-                 h.version, KVS_PROTO_VERSION);
-      else if (h.magic != KVS_FRAME_MAGIC)
-        snprintf(what, sizeof(what), "bad frame magic 0x%08x", h.magic);
+                 hd.version, KVS_PROTO_VERSION);
+      else if (hd.magic != KVS_FRAME_MAGIC)
+        snprintf(what, sizeof(what), "bad frame magic 0x%08x", hd.magic);
       else
-        snprintf(what, sizeof(what), "unknown frame flags 0x%04x", h.flags);
+        snprintf(what, sizeof(what), "unknown frame flags 0x%04x", hd.flags);
       protocol_error(c, 0, 1, rc, what);
       break;
     }
@@ -899,19 +916,17 @@ static void process_input(sess *c) {
     handle_frame(c, kvs_frame_flags(c->rbuf + pos),
                  c->rbuf + pos + KVS_FRAME_HEADER_SIZE,
                  flen - KVS_FRAME_HEADER_SIZE);
-    tiers_kick(c->srv->tiers);
+    tiers_kick(c->hub->disp->tiers);
     pos += flen;
-    if (c->closed)
+    if (c->life >= SESS_CLOSED)
       return;
     /* Back-pressure: a peer that pipelines without reading its replies. */
-    if (c->reading && too_much_queued(c, uv_stream_get_write_queue_size(
-                                             (uv_stream_t *)&c->pipe))) {
-      uv_read_stop((uv_stream_t *)&c->pipe);
-      c->reading = 0;
+    if (c->reading && too_much_queued(c, write_queue(c))) {
+      stop_reading(c);
       break;
     }
   }
-  if (c->closed)
+  if (c->life >= SESS_CLOSED)
     return;
   if (pos) {
     memmove(c->rbuf, c->rbuf + pos, c->rlen - pos);
@@ -928,8 +943,8 @@ static void process_input(sess *c) {
   }
 }
 
-static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
-  sess *c = (sess *)h;
+static void on_alloc(uv_handle_t *handle, size_t suggested, uv_buf_t *buf) {
+  sess *c = (sess *)handle;
 
   (void)suggested;
   if (c->rcap - c->rlen < 4096 && reserve(c, c->rlen + RBUF_MIN) < 0) {
@@ -952,24 +967,26 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
     close_now(c);
     return;
   }
-  if (nread == 0 || c->closing)
+  if (nread == 0 || closing(c))
     return;
   c->rlen += (size_t)nread;
-  c->progress_ms = uv_now(c->srv->loop);
+  c->progress_ms = uv_now(c->hub->loop);
   process_input(c);
 }
 
-void sess_sweep(srv *s) {
-  uint64_t now = uv_now(s->loop), hello = s->cfg->handshake_timeout_ms,
-           frame = s->cfg->frame_timeout_ms;
+/* ---- the hub's side -------------------------------------------------------- */
+
+void sess_sweep(sess_hub *h) {
+  uint64_t now = uv_now(h->loop), hello = h->cfg->handshake_timeout_ms,
+           frame = h->cfg->frame_timeout_ms;
   sess *c, *next;
   char what[128];
 
-  for (c = s->sessions; c; c = next) {
+  for (c = h->sessions; c; c = next) {
     next = c->next;
-    if (c->closing || !c->counted)
+    if (closing(c) || !c->counted)
       continue;
-    if (!c->handshaken) {
+    if (c->life == SESS_NEW) {
       if (!hello || now - c->accepted_ms < hello)
         continue;
       snprintf(what, sizeof(what), "no Hello within %llu ms of connecting",
@@ -977,7 +994,7 @@ void sess_sweep(srv *s) {
       protocol_error(c, 0, 1, KVS_EPROTO, what);
       continue;
     }
-    if (!c->reading || c->copying || c->rlen == 0) {
+    if (!c->reading || c->hold != SESS_READY || c->rlen == 0) {
       /* Not waiting on the peer: the window starts when we are. */
       c->progress_ms = now;
       continue;
@@ -991,8 +1008,8 @@ void sess_sweep(srv *s) {
   }
 }
 
-void sess_accept(srv *s) {
-  const cfg *cf = s->cfg;
+void sess_accept(sess_hub *h, uv_stream_t *listener) {
+  const cfg *cf = h->cfg;
   struct ucred cred;
   socklen_t clen = sizeof(cred);
   uv_os_fd_t fd;
@@ -1004,18 +1021,18 @@ void sess_accept(srv *s) {
     log_error(KVS_ENOMEM, "accepting a connection");
     return;
   }
-  c->srv = s;
-  reqmap_init(&c->reqs);
-  uv_pipe_init(s->loop, &c->pipe, 0);
-  link_session(s, c);
-  rc = uv_accept((uv_stream_t *)&s->listener, (uv_stream_t *)&c->pipe);
+  c->hub = h;
+  disp_sess_init(&c->ds, h->disp, on_held, c);
+  uv_pipe_init(h->loop, &c->pipe, 0);
+  link_session(h, c);
+  rc = uv_accept(listener, (uv_stream_t *)&c->pipe);
   if (rc < 0) {
     log_warn(rc, "accept");
     close_now(c);
     return;
   }
-  c->id = ++s->next_session_id;
-  c->accepted_ms = uv_now(s->loop);
+  c->id = ++h->next_session_id;
+  c->accepted_ms = uv_now(h->loop);
   if (uv_fileno((uv_handle_t *)&c->pipe, &fd) < 0 ||
       getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0) {
     log_warn(errno, "SO_PEERCRED");
@@ -1025,7 +1042,7 @@ void sess_accept(srv *s) {
   c->pid = cred.pid;
   c->uid = cred.uid;
   c->gid = cred.gid;
-  if (!cfg_peer_allowed(cf, cred.uid, cred.gid, s->self_uid)) {
+  if (!cfg_peer_allowed(cf, cred.uid, cred.gid, h->self_uid)) {
     char what[128];
 
     snprintf(what, sizeof(what), "uid %d gid %d is not allowed to connect",
@@ -1033,7 +1050,7 @@ void sess_accept(srv *s) {
     protocol_error(c, 0, 1, KVS_EPERM, what);
     return;
   }
-  if (s->nsessions >= cf->max_connections) {
+  if (h->counts.sessions >= cf->max_connections) {
     char what[128];
 
     snprintf(what, sizeof(what), "too many connections (max_connections %u)",
@@ -1042,14 +1059,13 @@ void sess_accept(srv *s) {
     return;
   }
   c->counted = 1;
-  s->nsessions++;
-  rc = uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read);
-  if (rc < 0) {
-    log_warn(rc, "session %llu: read", (unsigned long long)c->id);
+  h->counts.sessions++;
+  start_reading(c);
+  if (!c->reading) {
+    log_warn(0, "session %llu: cannot read", (unsigned long long)c->id);
     close_now(c);
     return;
   }
-  c->reading = 1;
   log_debug(0, "session %llu: accepted pid %d uid %d",
             (unsigned long long)c->id, (int)c->pid, (int)c->uid);
 }

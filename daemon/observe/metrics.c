@@ -18,11 +18,9 @@
 #include <sys/socket.h>
 #include <time.h>
 
-#include "daemon/observe/events.h"
 #include "daemon/log.h"
 #include "daemon/observe/metrics.h"
-#include "daemon/tiers/remote.h"
-#include "daemon/net/server.h"
+#include "kvs_op.h"
 
 #define SCRAPE_WAIT_MS 1000
 
@@ -34,13 +32,19 @@ static const double lat_le[] = {5e-6,   1e-5,  2.5e-5, 5e-5, 1e-4, 2.5e-4,
 /* Ops per batch: 1, 2, 4, ... 16384 (the default max_batch_ops); +Inf. */
 #define BAT_N 15
 
-static const char *const op_names[METRICS_OPS] = {
-    NULL,      "lookup", "allocate", "append", "commit",  "fork",    "free",
-    "preempt", "stats",  "batch",    "ping",   "swap_out", "swap_in",
-    "packed_batch"};
+/* The label of a request kind. */
+static const char *op_label(int op) {
+  if (op == METRICS_BATCH)
+    return "batch";
+  if (op == METRICS_PACKED_BATCH)
+    return "packed_batch";
+  return kvs_op_name((unsigned)op);
+}
 
-_Static_assert(METRICS_OPS == KVSHARE__REQUEST__OP_PACKED_BATCH + 1,
-               "op_names must name every Request op");
+_Static_assert(METRICS_OPS == KVS_OP_CODES + 1 &&
+                   METRICS_PACKED_BATCH == KVS_OP_CODES &&
+                   METRICS_BATCH < KVS_OP_CODES,
+               "the request kinds are the op codes and two batch kinds");
 
 typedef struct hist {
   uint64_t lat[METRICS_OPS][LAT_N + 1];
@@ -49,29 +53,16 @@ typedef struct hist {
   uint64_t bat_sum;
 } hist;
 
-/* One scrape's numbers. */
+/* One scrape's numbers: the daemon's, and the histograms. */
 typedef struct msnap {
-  core_stats core;
-  tiers_stats tiers[SRV_TIERS];
-  uint32_t ntiers;
-  int events_on;
-  int remote_on;
-  remote_stats rs;
-  events_stats ev;
-  uint32_t sessions;
-  uint64_t frames_in, compact_frames, protocol_errors, queued;
-  int rings_on;
-  uint64_t ring_requests, ring_socket_replies, ring_wakeups;
-  uint64_t copies, copy_blocks, copy_errors;
-  uint64_t pool_bytes;
-  uint32_t block_size;
-  char backend[16], gpu_uuid[64], policy[32], model_id[128];
+  metrics_snap d;
   double start_time;
   hist h;
 } msnap;
 
 struct metrics {
-  srv *s;
+  metrics_snapshot_fn snapshot;
+  void *snapshot_arg;
   struct MHD_Daemon *httpd;
   uv_async_t async;
   hist h;              /* the loop's */
@@ -108,33 +99,8 @@ void metrics_batch(metrics *m, uint64_t n) {
 }
 
 static void take_snapshot(metrics *m, msnap *o) {
-  srv *s = m->s;
-
   memset(o, 0, sizeof(*o));
-  core_get_stats(s->core, &o->core);
-  srv_tiers_stats(s, o->tiers, &o->ntiers);
-  o->events_on = s->events != NULL;
-  o->remote_on = s->remote != NULL;
-  if (s->remote)
-    rmoves_get_stats(s->remote, &o->rs);
-  events_get_stats(s->events, &o->ev);
-  o->sessions = s->nsessions;
-  o->frames_in = s->frames_in;
-  o->compact_frames = s->compact_frames;
-  o->protocol_errors = s->protocol_errors;
-  o->queued = s->queued;
-  o->rings_on = s->rings != NULL;
-  ring_counts(s, &o->ring_requests, &o->ring_socket_replies,
-              &o->ring_wakeups);
-  o->copies = s->copy.jobs;
-  o->copy_blocks = s->copy.blocks;
-  o->copy_errors = s->copy.errors;
-  o->pool_bytes = s->pool->ex.size;
-  o->block_size = s->layout.block_size;
-  snprintf(o->backend, sizeof(o->backend), "%s", s->pool->ex.backend);
-  snprintf(o->gpu_uuid, sizeof(o->gpu_uuid), "%s", s->pool->ex.gpu_uuid);
-  snprintf(o->policy, sizeof(o->policy), "%s", s->cfg->policy);
-  snprintf(o->model_id, sizeof(o->model_id), "%s", s->cfg->model_id);
+  m->snapshot(m->snapshot_arg, &o->d);
   o->start_time = m->start_time;
   o->h = m->h;
 }
@@ -269,9 +235,9 @@ static const struct tier_fam {
 
 static void tier_family(FILE *f, const msnap *sn, const struct tier_fam *t) {
   family(f, t->name, t->type, t->help);
-  for (uint32_t i = 0; i < sn->ntiers; i++)
-    fprintf(f, "%s{tier=\"%s\"} %llu\n", t->name, sn->tiers[i].name,
-            (unsigned long long)tier_value(&sn->tiers[i], t->field));
+  for (uint32_t i = 0; i < sn->d.ntiers; i++)
+    fprintf(f, "%s{tier=\"%s\"} %llu\n", t->name, sn->d.tiers[i].name,
+            (unsigned long long)tier_value(&sn->d.tiers[i], t->field));
 }
 
 static void render_hist(FILE *f, const msnap *sn) {
@@ -285,16 +251,16 @@ static void render_hist(FILE *f, const msnap *sn) {
       cum += sn->h.lat[op][i];
       if (i < LAT_N)
         fprintf(f, "kvshare_request_duration_seconds_bucket{op=\"%s\","
-                "le=\"%g\"} %llu\n", op_names[op], lat_le[i],
+                "le=\"%g\"} %llu\n", op_label(op), lat_le[i],
                 (unsigned long long)cum);
       else
         fprintf(f, "kvshare_request_duration_seconds_bucket{op=\"%s\","
-                "le=\"+Inf\"} %llu\n", op_names[op], (unsigned long long)cum);
+                "le=\"+Inf\"} %llu\n", op_label(op), (unsigned long long)cum);
     }
     fprintf(f, "kvshare_request_duration_seconds_sum{op=\"%s\"} %.9f\n",
-            op_names[op], (double)sn->h.lat_sum_ns[op] * 1e-9);
+            op_label(op), (double)sn->h.lat_sum_ns[op] * 1e-9);
     fprintf(f, "kvshare_request_duration_seconds_count{op=\"%s\"} %llu\n",
-            op_names[op], (unsigned long long)cum);
+            op_label(op), (unsigned long long)cum);
   }
   family(f, "kvshare_batch_ops", "histogram",
          "Ops per Batch or PackedBatch request.");
@@ -317,18 +283,18 @@ static void render_hist(FILE *f, const msnap *sn) {
 }
 
 static void render(FILE *f, const msnap *sn) {
-  const core_stats *c = &sn->core;
+  const core_stats *c = &sn->d.core;
 
   family(f, "kvshare_info", "gauge",
          "The daemon and its pool (labels); always 1.");
   fputs("kvshare_info{backend=\"", f);
-  put_label(f, sn->backend);
+  put_label(f, sn->d.backend);
   fputs("\",gpu_uuid=\"", f);
-  put_label(f, sn->gpu_uuid);
+  put_label(f, sn->d.gpu_uuid);
   fputs("\",policy=\"", f);
-  put_label(f, sn->policy);
+  put_label(f, sn->d.policy);
   fputs("\",model_id=\"", f);
-  put_label(f, sn->model_id);
+  put_label(f, sn->d.model_id);
   fputs("\"} 1\n", f);
   family(f, "kvshare_start_time_seconds", "gauge",
          "When the daemon started, seconds since the epoch.");
@@ -341,9 +307,9 @@ static void render(FILE *f, const msnap *sn) {
   one(f, "kvshare_pool_size_blocks", "gauge", "Blocks in the pool.",
       c->num_blocks);
   one(f, "kvshare_pool_bytes", "gauge", "Bytes of the pool's memory.",
-      sn->pool_bytes);
+      sn->d.pool_bytes);
   one(f, "kvshare_block_size_tokens", "gauge", "Tokens per block.",
-      sn->block_size);
+      sn->d.block_size);
   one(f, "kvshare_indexed_blocks", "gauge",
       "Hashes in the prefix index (cached blocks, and sealed ones in use).",
       c->indexed_blocks);
@@ -373,33 +339,33 @@ static void render(FILE *f, const msnap *sn) {
   one(f, "kvshare_no_space_total", "counter",
       "Allocations refused for want of blocks (ENOSPC).", c->no_space);
 
-  one(f, "kvshare_sessions", "gauge", "Open sessions.", sn->sessions);
+  one(f, "kvshare_sessions", "gauge", "Open sessions.", sn->d.sessions);
   one(f, "kvshare_frames_total", "counter", "Frames received.",
-      sn->frames_in);
+      sn->d.frames_in);
   one(f, "kvshare_compact_frames_total", "counter",
       "Of the frames received, those in the compact encoding.",
-      sn->compact_frames);
+      sn->d.compact_frames);
   one(f, "kvshare_protocol_errors_total", "counter",
-      "Frames refused as malformed or out of place.", sn->protocol_errors);
+      "Frames refused as malformed or out of place.", sn->d.protocol_errors);
   one(f, "kvshare_queued_bytes", "gauge",
-      "Reply bytes queued for all sessions, not yet written.", sn->queued);
-  if (sn->rings_on) {
+      "Reply bytes queued for all sessions, not yet written.", sn->d.queued);
+  if (sn->d.rings_on) {
     one(f, "kvshare_ring_requests_total", "counter",
         "Requests taken from request rings (KVS_RING=1 sessions).",
-        sn->ring_requests);
+        sn->d.ring_requests);
     one(f, "kvshare_ring_socket_replies_total", "counter",
         "Replies to ring requests too big for the ring, sent on the socket.",
-        sn->ring_socket_replies);
+        sn->d.ring_socket_replies);
     one(f, "kvshare_ring_wakeups_total", "counter",
         "Times a client woke the daemon from its sleep (past ring_poll_us).",
-        sn->ring_wakeups);
+        sn->d.ring_wakeups);
   }
   one(f, "kvshare_daemon_copies_total", "counter",
-      "Copy jobs the daemon's copy engine ran.", sn->copies);
+      "Copy jobs the daemon's copy engine ran.", sn->d.copies);
   one(f, "kvshare_daemon_copy_blocks_total", "counter",
-      "Blocks the daemon's copy engine copied.", sn->copy_blocks);
+      "Blocks the daemon's copy engine copied.", sn->d.copy_blocks);
   one(f, "kvshare_copy_errors_total", "counter",
-      "Copy jobs that failed (their sessions closed).", sn->copy_errors);
+      "Copy jobs that failed (their sessions closed).", sn->d.copy_errors);
 
   one(f, "kvshare_tier_lost_total", "counter",
       "Cached blocks evicted with no copy below (demotion did not keep up).",
@@ -417,29 +383,29 @@ static void render(FILE *f, const msnap *sn) {
   one(f, "kvshare_swap_in_blocks_total", "counter",
       "Blocks copied up by SwapIns.", c->swap_in_blocks);
 
-  if (sn->events_on) {
+  if (sn->d.events_on) {
     one(f, "kvshare_kv_event_batches_total", "counter",
-        "KV event batches published.", sn->ev.batches);
+        "KV event batches published.", sn->d.ev.batches);
     family(f, "kvshare_kv_event_blocks_total", "counter",
            "Blocks in published KV events, by event.");
     fprintf(f, "kvshare_kv_event_blocks_total{event=\"stored\"} %llu\n",
-            (unsigned long long)sn->ev.stored);
+            (unsigned long long)sn->d.ev.stored);
     fprintf(f, "kvshare_kv_event_blocks_total{event=\"removed\"} %llu\n",
-            (unsigned long long)sn->ev.removed);
+            (unsigned long long)sn->d.ev.removed);
     one(f, "kvshare_kv_event_dropped_total", "counter",
         "KV event batches lost to memory (drops per subscriber are not seen).",
-        sn->ev.dropped);
+        sn->d.ev.dropped);
     one(f, "kvshare_kv_event_replays_total", "counter",
-        "Replay requests answered.", sn->ev.replays);
+        "Replay requests answered.", sn->d.ev.replays);
     one(f, "kvshare_kv_event_bad_requests_total", "counter",
-        "Malformed replay requests.", sn->ev.bad_requests);
+        "Malformed replay requests.", sn->d.ev.bad_requests);
     one(f, "kvshare_kv_event_kept_batches", "gauge",
-        "KV event batches kept for replay.", sn->ev.kept);
+        "KV event batches kept for replay.", sn->d.ev.kept);
     one(f, "kvshare_kv_event_kept_bytes", "gauge",
-        "Bytes of the KV event batches kept for replay.", sn->ev.kept_bytes);
+        "Bytes of the KV event batches kept for replay.", sn->d.ev.kept_bytes);
   }
-  if (sn->remote_on) {
-    const remote_stats *r = &sn->rs;
+  if (sn->d.remote_on) {
+    const tier_remote_stats *r = &sn->d.rs;
     one(f, "kvshare_remote_nodes", "gauge",
         "Servers of the remote tier (cluster masters).", r->nodes);
     one(f, "kvshare_remote_nodes_up", "gauge",
@@ -623,7 +589,8 @@ static void on_async_closed(uv_handle_t *h) {
   free(m);
 }
 
-int metrics_start(srv *s, char *err, size_t len) {
+int metrics_start(uv_loop_t *loop, const cfg *c, metrics_snapshot_fn snapshot,
+                  void *arg, metrics **out, char *err, size_t len) {
   struct sockaddr_storage ss;
   const union MHD_DaemonInfo *info;
   pthread_condattr_t ca;
@@ -633,17 +600,18 @@ int metrics_start(srv *s, char *err, size_t len) {
   socklen_t sl = 0;
   metrics *m;
 
-  s->metrics = NULL;
-  if (!s->cfg->metrics_listen[0])
+  *out = NULL;
+  if (!c->metrics_listen[0])
     return 0;
-  if (parse_listen(s->cfg->metrics_listen, &ss, &sl, err, len) < 0)
+  if (parse_listen(c->metrics_listen, &ss, &sl, err, len) < 0)
     return -1;
   m = calloc(1, sizeof(*m));
   if (m == NULL) {
     snprintf(err, len, "out of memory");
     return -1;
   }
-  m->s = s;
+  m->snapshot = snapshot;
+  m->snapshot_arg = arg;
   clock_gettime(CLOCK_REALTIME, &now);
   m->start_time = (double)now.tv_sec + (double)now.tv_nsec * 1e-9;
   pthread_mutex_init(&m->mu, NULL);
@@ -651,7 +619,7 @@ int metrics_start(srv *s, char *err, size_t len) {
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_cond_init(&m->cv, &ca);
   pthread_condattr_destroy(&ca);
-  if (uv_async_init(s->loop, &m->async, on_async) < 0) {
+  if (uv_async_init(loop, &m->async, on_async) < 0) {
     snprintf(err, len, "uv_async_init failed");
     pthread_cond_destroy(&m->cv);
     pthread_mutex_destroy(&m->mu);
@@ -679,7 +647,7 @@ int metrics_start(srv *s, char *err, size_t len) {
   }
   if (m->httpd == NULL) {
     snprintf(err, len, "cannot serve metrics on %s (address in use, or not "
-             "this machine's?)", s->cfg->metrics_listen);
+             "this machine's?)", c->metrics_listen);
     uv_close((uv_handle_t *)&m->async, on_async_closed);
     return -1;
   }
@@ -697,16 +665,13 @@ int metrics_start(srv *s, char *err, size_t len) {
   }
   log_info(0, "metrics: http://%s:%u/metrics", addr,
            info ? (unsigned)info->port : 0u);
-  s->metrics = m;
+  *out = m;
   return 0;
 }
 
-void metrics_stop(srv *s) {
-  metrics *m = s->metrics;
-
+void metrics_stop(metrics *m) {
   if (m == NULL)
     return;
-  s->metrics = NULL;
   pthread_mutex_lock(&m->mu);
   m->closing = 1;
   pthread_cond_broadcast(&m->cv);

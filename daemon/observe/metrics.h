@@ -14,17 +14,50 @@
 #define KVS_DAEMON_METRICS_H
 
 #include <stdint.h>
+#include <uv.h>
 
-typedef struct srv srv;
+#include "daemon/config.h"
+#include "daemon/core/core.h"
+#include "daemon/observe/events.h"
+#include "daemon/tiers/tiers.h"
+
 typedef struct metrics metrics;
 
-/* Starts serving c->metrics_listen; s->metrics stays NULL when it is
- * empty.  0, or -1 with a reason in err. */
-int metrics_start(srv *s, char *err, size_t len);
-/* Stops the HTTP thread (a scrape in progress gets 503) and frees. */
-void metrics_stop(srv *s);
+/* One scrape's numbers, as the daemon hands them over (snapshot_fn). */
+typedef struct metrics_snap {
+  core_stats core;
+  tiers_stats tiers[TIERS_MAX];
+  uint32_t ntiers;
+  int events_on;
+  events_stats ev;
+  int remote_on;
+  tier_remote_stats rs;
+  uint32_t sessions;
+  uint64_t frames_in, compact_frames, protocol_errors, queued;
+  int rings_on;
+  uint64_t ring_requests, ring_socket_replies, ring_wakeups;
+  uint64_t copies, copy_blocks, copy_errors;
+  uint64_t pool_bytes;
+  uint32_t block_size;
+  char backend[16], gpu_uuid[64], policy[32], model_id[128];
+} metrics_snap;
 
-/* Request op numbers are Kvshare__Request's op cases (1..13). */
+/* Fills *out from the daemon's modules, on the loop thread. */
+typedef void (*metrics_snapshot_fn)(void *arg, metrics_snap *out);
+
+/* Starts serving c->metrics_listen, taking each scrape's numbers from
+ * snapshot(arg) on the loop; *out stays NULL when it is empty.  0, or -1
+ * with a reason in err. */
+int metrics_start(uv_loop_t *loop, const cfg *c, metrics_snapshot_fn snapshot,
+                  void *arg, metrics **out, char *err, size_t len);
+/* Stops the HTTP thread (a scrape in progress gets 503) and frees.  NULL:
+ * nothing. */
+void metrics_stop(metrics *m);
+
+/* The kinds of request timed: the op codes (proto/kvs_op.h), and two
+ * batch kinds. */
+#define METRICS_BATCH 9         /* a Batch of Envelopes */
+#define METRICS_PACKED_BATCH 13 /* records: a PackedBatch, a compact batch */
 #define METRICS_OPS 14
 /* A request of kind op was answered ns after its frame was taken up. */
 void metrics_request(metrics *m, int op, uint64_t ns);

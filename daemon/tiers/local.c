@@ -1,8 +1,8 @@
 /*
- * tiers.c — demotion and promotion between the pool and the tiers below it
- * (tiers.h).
+ * local.c — the moves of the local tiers, host and disk (tiers.h):
+ * demotion between the pool and them, promotion, swap.
  */
-#include "daemon/tiers/tiers.h"
+#include "daemon/tiers/tiers_int.h"
 
 #include <sched.h>
 #include <stdio.h>
@@ -19,7 +19,7 @@
 #define STAGE_YIELD_BYTES (256u << 10) /* stage_work's CPU given up */
 #define STAGING 512     /* disk staging buffers */
 
-struct tiers {
+struct local {
   uv_loop_t *loop;
   core *core;
   backend *pool;
@@ -32,7 +32,7 @@ struct tiers {
   uv_timer_t tick;
   uv_check_t kick;    /* a plan at the end of a loop turn that had frames */
   int stopped, kicked;
-  int handles;        /* uv handles left to close (tiers_close) */
+  int handles;        /* uv handles left to close (local_close) */
   uint32_t moves, promos, swaps; /* in flight */
   tier_swap *waiting, **waiting_tail; /* swaps waiting for staging buffers */
   uint64_t host_in, host_out;
@@ -42,7 +42,7 @@ struct tiers {
 
 /* A batch of moves: those one tick started, or a chunk of a SwapOut's. */
 typedef struct mbatch {
-  tiers *t;
+  local *t;
   tier_swap *sw;           /* a SwapOut's chunk: its moves from sw->next */
   uint32_t n, pending;
   core_move *mv;
@@ -55,14 +55,14 @@ typedef struct mbatch {
   int staging_off_loop;    /* stage_work runs on a thread of the pool */
 } mbatch;
 
-static void swaps_retry(tiers *t);
+static void swaps_retry(local *t);
 
-static void maybe_idle(tiers *t) {
-  if (t->idle_cb && tiers_idle(t))
+static void maybe_idle(local *t) {
+  if (t->idle_cb && local_idle(t))
     t->idle_cb(t->idle_data);
 }
 
-void tiers_set_idle_cb(tiers *t, void (*cb)(void *), void *data) {
+void local_set_idle_cb(local *t, void (*cb)(void *), void *data) {
   t->idle_cb = cb;
   t->idle_data = data;
 }
@@ -72,7 +72,7 @@ void tiers_set_idle_cb(tiers *t, void (*cb)(void *), void *data) {
 static void swap_chunk_done(tier_swap *sw, const int *ok, uint32_t n);
 
 static void batch_end(mbatch *b) {
-  tiers *t = b->t;
+  local *t = b->t;
   tier_swap *sw = b->sw;
 
   for (uint32_t i = 0; i < b->n; i++) {
@@ -127,7 +127,7 @@ static void write_staged(mbatch *b) {
  * buffers and the host slots its moves hold busy. */
 static void stage_work(uv_work_t *w) {
   mbatch *b = w->data;
-  tiers *t = b->t;
+  local *t = b->t;
   uint64_t since = 0;
 
   for (uint32_t i = 0; i < b->n; i++) {
@@ -190,7 +190,7 @@ static void on_moved_down(copy_job *j) {
 }
 
 /* A batch for up to room moves (mv to be filled by the caller). */
-static mbatch *batch_new(tiers *t, uint32_t room) {
+static mbatch *batch_new(local *t, uint32_t room) {
   size_t sz = sizeof(mbatch) +
               room * (sizeof(core_move) + 2 * sizeof(uint32_t) +
                       sizeof(void *) + sizeof(int) + sizeof(disk_io));
@@ -213,7 +213,7 @@ static mbatch *batch_new(tiers *t, uint32_t room) {
  * writes.  A staging buffer for each move to disk is free (the caller
  * checked). */
 static void batch_start(mbatch *b, uint32_t n) {
-  tiers *t = b->t;
+  local *t = b->t;
   uint32_t nj = 0;
 
   b->n = n;
@@ -253,7 +253,7 @@ static void batch_start(mbatch *b, uint32_t n) {
 }
 
 static void on_tick(uv_timer_t *h) {
-  tiers *t = h->data;
+  local *t = h->data;
   uint32_t room = MOVES_MAX - t->moves, n;
   mbatch *b;
 
@@ -272,14 +272,14 @@ static void on_tick(uv_timer_t *h) {
 }
 
 static void on_kick(uv_check_t *h) {
-  tiers *t = h->data;
+  local *t = h->data;
 
   t->kicked = 0;
   uv_check_stop(h);
   on_tick(&t->tick);
 }
 
-void tiers_kick(tiers *t) {
+void local_kick(local *t) {
   if (!t || t->stopped || t->kicked)
     return;
   t->kicked = 1;
@@ -288,7 +288,7 @@ void tiers_kick(tiers *t) {
 
 /* ---- promotion ------------------------------------------------------------- */
 
-uint32_t tiers_promote_room(const tiers *t) {
+uint32_t local_promote_room(const local *t) {
   uint32_t room = t->cfg->tier_promote_max;
 
   if (t->disk && tier_disk_bufs_free(t->disk) < room)
@@ -297,7 +297,7 @@ uint32_t tiers_promote_room(const tiers *t) {
 }
 
 static void promo_end(tier_promo *pr) {
-  tiers *t = pr->t;
+  local *t = pr->t;
   uint32_t good = 0;
 
   for (uint32_t i = 0; i < pr->n; i++) {
@@ -320,11 +320,11 @@ static void promo_end(tier_promo *pr) {
   pr->p = NULL;
   pr->ios = NULL;
   t->promos--;
-  if (pr->starting) { /* inside tiers_promote: it tells the caller */
+  if (pr->starting) { /* inside local_promote: it tells the caller */
     pr->early = 1;
     return;
   }
-  pr->cb(pr);
+  pr->stage_cb(pr);
   swaps_retry(t);
   maybe_idle(t);
 }
@@ -340,7 +340,7 @@ static void on_promo_copied(copy_job *j) {
 
 /* Every disk read is back: one job brings up whatever is good. */
 static void promo_copy(tier_promo *pr) {
-  tiers *t = pr->t;
+  local *t = pr->t;
   uint32_t nj = 0;
 
   for (uint32_t i = 0; i < pr->n; i++) {
@@ -377,12 +377,13 @@ static void on_promo_read(disk_io *io) {
     promo_copy(pr);
 }
 
-int tiers_promote(tiers *t, tier_promo *pr, const core_promo *p, uint32_t n) {
+int local_promote(local *t, tier_promo *pr, const core_promo *p,
+                  uint32_t n) {
   size_t sz = n * (sizeof(core_promo) + sizeof(int) + 2 * sizeof(uint32_t) +
                    sizeof(void *) + sizeof(disk_io));
   uint8_t *mem;
 
-  if (n == 0 || n > tiers_promote_room(t))
+  if (n == 0 || n > local_promote_room(t))
     return KVS_EINVAL;
   mem = malloc(sz);
   if (!mem)
@@ -430,10 +431,10 @@ int tiers_promote(tiers *t, tier_promo *pr, const core_promo *p, uint32_t n) {
 
 static void swap_step(tier_swap *sw);
 
-/* Ends sw: the core's finish, then (unless still inside tiers_swap_*)
+/* Ends sw: the core's finish, then (unless still inside local_swap_*)
  * the owner's callback. */
 static void swap_end(tier_swap *sw) {
-  tiers *t = sw->t;
+  local *t = sw->t;
 
   for (uint32_t i = 0; i < sw->n; i++)
     sw->copied += (uint32_t)(sw->ok[i] != 0);
@@ -447,7 +448,7 @@ static void swap_end(tier_swap *sw) {
   sw->mv = NULL;
   sw->p = NULL;
   t->swaps--;
-  if (sw->starting) { /* inside tiers_swap_*: it tells the caller */
+  if (sw->starting) { /* inside local_swap_*: it tells the caller */
     sw->starting = 0;
     return;
   }
@@ -470,13 +471,13 @@ static void on_swap_fill(tier_promo *pr) {
 
 /* The staging buffers a chunk of sw from sw->next may use: 0 means wait. */
 static uint32_t swap_room(const tier_swap *sw) {
-  const tiers *t = sw->t;
+  const local *t = sw->t;
   uint32_t room = sw->n - sw->next, need = 0, free_bufs;
 
   if (room > SWAP_CHUNK)
     room = SWAP_CHUNK;
-  if (sw->in && room > tiers_promote_room(t))
-    room = tiers_promote_room(t);
+  if (sw->in && room > local_promote_room(t))
+    room = local_promote_room(t);
   if (!t->disk)
     return room;
   free_bufs = tier_disk_bufs_free(t->disk);
@@ -492,7 +493,7 @@ static uint32_t swap_room(const tier_swap *sw) {
 /* Starts sw's next chunk, ends it when none is left, or queues it to wait
  * for staging buffers. */
 static void swap_step(tier_swap *sw) {
-  tiers *t = sw->t;
+  local *t = sw->t;
   uint32_t k;
 
   if (sw->next == sw->n) {
@@ -522,10 +523,10 @@ static void swap_step(tier_swap *sw) {
     return;
   }
   memset(&sw->fill, 0, sizeof(sw->fill));
-  sw->fill.cb = on_swap_fill;
+  sw->fill.stage_cb = on_swap_fill;
   sw->fill.data = sw;
   sw->fill.ok_out = sw->ok + sw->next;
-  int rc = tiers_promote(t, &sw->fill, sw->p + sw->next, k);
+  int rc = local_promote(t, &sw->fill, sw->p + sw->next, k);
   if (rc < 0) {
     /* Nothing of this chunk started (out of memory): the request ends
      * before it, so the chunks after it are not worth trying either.  (It
@@ -540,7 +541,7 @@ static void swap_step(tier_swap *sw) {
     on_swap_fill(&sw->fill);
 }
 
-static void swaps_retry(tiers *t) {
+static void swaps_retry(local *t) {
   tier_swap *list = t->waiting;
 
   t->waiting = NULL;
@@ -553,7 +554,7 @@ static void swaps_retry(tiers *t) {
   }
 }
 
-static int swap_start(tiers *t, tier_swap *sw, const void *items,
+static int swap_start(local *t, tier_swap *sw, const void *items,
                       size_t item_size, uint32_t n) {
   /* One allocation: the items first (they hold 64-bit fields), then ok. */
   uint8_t *mem = malloc(n * (item_size + sizeof(int)));
@@ -580,19 +581,19 @@ static int swap_start(tiers *t, tier_swap *sw, const void *items,
   return 0;
 }
 
-int tiers_swap_out(tiers *t, tier_swap *sw, const core_move *mv, uint32_t n) {
+int local_swap_out(local *t, tier_swap *sw, const core_move *mv, uint32_t n) {
   sw->in = 0;
   return swap_start(t, sw, mv, sizeof(*mv), n);
 }
 
-int tiers_swap_in(tiers *t, tier_swap *sw, const core_promo *p, uint32_t n) {
+int local_swap_in(local *t, tier_swap *sw, const core_promo *p, uint32_t n) {
   sw->in = 1;
   return swap_start(t, sw, p, sizeof(*p), n);
 }
 
 /* ---- set-up ---------------------------------------------------------------- */
 
-int tiers_slots(const cfg *c, const kvs_layout *l, const backend *pool,
+int local_slots(const cfg *c, const kvs_layout *l, const backend *pool,
                 uint32_t slots[CORE_TIERS], char *err, size_t err_len) {
   uint64_t h = c->host_tier_bytes / l->block_stride;
 
@@ -644,7 +645,7 @@ static void on_scanned(void *arg, uint32_t slot, uint64_t gen, kvs_hash128 h,
 
 /* A kept disk tier: its slot headers back into the core's books.  Only a
  * ring that fails is an error: the daemon does not start. */
-static int restore_disk(tiers *t, const cfg *c, char *err, size_t err_len) {
+static int restore_disk(local *t, const cfg *c, char *err, size_t err_len) {
   restore_ctx x = {t->core, 0, 0, 0, 0};
   tier_disk_scan_stats st;
   struct timespec t0, t1;
@@ -692,7 +693,7 @@ static int restore_disk(tiers *t, const cfg *c, char *err, size_t err_len) {
 /* On a GPU pool the disk tier's bytes go between the device and the
  * staging buffers by DMA, from pinned memory (pageable memory would make
  * the driver copy synchronously, on the loop). */
-static int pin_staging(tiers *t, char *err, size_t err_len) {
+static int pin_staging(local *t, char *err, size_t err_len) {
   void *p;
   size_t len;
   int rc;
@@ -713,15 +714,15 @@ static int pin_staging(tiers *t, char *err, size_t err_len) {
   return 0;
 }
 
-static void unpin_staging(tiers *t) {
+static void unpin_staging(local *t) {
   if (t->pinned_bufs)
     t->pool->ops->host_unregister(t->pool, t->pinned_bufs);
   t->pinned_bufs = NULL;
 }
 
-int tiers_open(uv_loop_t *loop, const cfg *c, core *cr, backend *pool,
-               copy_engine *copy, tiers **out, char *err, size_t err_len) {
-  tiers *t;
+int local_open(uv_loop_t *loop, const cfg *c, core *cr, backend *pool,
+               copy_engine *copy, local **out, char *err, size_t err_len) {
+  local *t;
   int rc;
 
   *out = NULL;
@@ -791,7 +792,7 @@ int tiers_open(uv_loop_t *loop, const cfg *c, core *cr, backend *pool,
   return 0;
 }
 
-void tiers_stop(tiers *t) {
+void local_stop(local *t) {
   if (!t || t->stopped)
     return;
   t->stopped = 1;
@@ -799,13 +800,13 @@ void tiers_stop(tiers *t) {
   uv_check_stop(&t->kick);
 }
 
-int tiers_idle(const tiers *t) {
+int local_idle(const local *t) {
   return !t || (t->moves == 0 && t->promos == 0 && t->swaps == 0 &&
                 (!t->disk || tier_disk_idle(t->disk)));
 }
 
 static void on_tick_closed(uv_handle_t *h) {
-  tiers *t = h->data;
+  local *t = h->data;
 
   if (--t->handles > 0)
     return;
@@ -813,10 +814,10 @@ static void on_tick_closed(uv_handle_t *h) {
   free(t);
 }
 
-void tiers_close(tiers *t) {
+void local_close(local *t) {
   if (!t)
     return;
-  tiers_stop(t);
+  local_stop(t);
   if (t->disk && t->cfg->disk_tier_persist) {
     /* Every write has completed (the daemon drained): make them durable
      * for the next start. */
@@ -838,7 +839,7 @@ void tiers_close(tiers *t) {
   uv_close((uv_handle_t *)&t->kick, on_tick_closed);
 }
 
-void tiers_get_stats(const tiers *t, tiers_stats st[CORE_TIERS],
+void local_get_stats(const local *t, tiers_stats st[CORE_TIERS],
                      uint32_t *n) {
   core_tier_stats cs[CORE_TIERS];
 

@@ -1,8 +1,9 @@
 /*
- * remote_moves.c — blocks between the pool and the remote tier
- * (remote_moves.h).
+ * remote.c — the moves of the remote tier (tiers_int.h): blocks written
+ * through from the pool to the store, and a Lookup's chain brought up
+ * from it.
  */
-#include "daemon/tiers/remote.h"
+#include "daemon/tiers/tiers_int.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,7 +11,6 @@
 #include <sys/mman.h>
 
 #include "daemon/log.h"
-#include "daemon/tiers/tier_host.h"
 #include "kvs_status.h"
 
 #define QUEUE_MAX 65536u /* sealed blocks waiting to be written */
@@ -23,13 +23,13 @@ typedef struct wq_ent {
   uint32_t b;
 } wq_ent;
 
-struct rmoves {
+struct remote {
   uv_loop_t *loop;
   core *core;
   backend *pool;
   copy_engine *copy;
   const cfg *cfg;
-  remote *store;
+  tier_remote *store;
   uint64_t stride;
   tier_host stage;     /* staging buffers (pinned on a GPU pool) */
   uint32_t *free_stage, nfree;
@@ -60,7 +60,7 @@ struct rmoves {
 };
 
 typedef struct wjob {
-  rmoves *m;
+  remote *m;
   uint32_t n;
   copy_job job;
   uint32_t blocks[JOB_MAX];
@@ -70,10 +70,10 @@ typedef struct wjob {
 } wjob;
 
 typedef struct rpromo {
-  rmoves *m;
+  remote *m;
   tier_promo *pr;
   void (*done)(tier_promo *pr);
-  remote_get *g;
+  tier_remote_get *g;
   uint32_t n, base, np;
   kvs_hash128 *hashes;
   core_promo *p;
@@ -83,12 +83,12 @@ typedef struct rpromo {
   copy_job job;
 } rpromo;
 
-static void maybe_idle(rmoves *m) {
-  if (m->idle_cb && rmoves_idle(m))
+static void maybe_idle(remote *m) {
+  if (m->idle_cb && remote_idle(m))
     m->idle_cb(m->idle_data);
 }
 
-static void *stage_ptr(rmoves *m, uint32_t s) {
+static void *stage_ptr(remote *m, uint32_t s) {
   return tier_host_slot(&m->stage, s);
 }
 
@@ -96,13 +96,13 @@ static void *stage_ptr(rmoves *m, uint32_t s) {
 
 static void drain_cb(uv_check_t *h);
 
-static void wake(rmoves *m);
+static void wake(remote *m);
 
 /* A write was answered: ready copies may go (at the end of this turn). */
 static void on_room(void *arg) { wake(arg); }
 
 static void on_sealed(void *arg, kvs_hash128 h, uint32_t b) {
-  rmoves *m = arg;
+  remote *m = arg;
 
   if (m->stopped || !m->write)
     return;
@@ -114,7 +114,7 @@ static void on_sealed(void *arg, kvs_hash128 h, uint32_t b) {
   wake(m);
 }
 
-static void wake(rmoves *m) {
+static void wake(remote *m) {
   if ((m->qlen || m->rlen) && !m->draining && !m->stopped) {
     m->draining = 1;
     uv_check_start(&m->drain, drain_cb);
@@ -123,7 +123,7 @@ static void wake(rmoves *m) {
 
 /* Block b (hash h) is copied into staging buffer s: on the ready list,
  * with its token ids (b must still hold them). */
-static void stage_ready(rmoves *m, uint32_t s, kvs_hash128 h, uint32_t b) {
+static void stage_ready(remote *m, uint32_t s, kvs_hash128 h, uint32_t b) {
   const uint32_t bs = m->pool->layout.block_size;
   const uint32_t *tok = core_block_tokens(m->core, b);
   uint32_t at = (m->rhead + m->rlen++) % m->nstage;
@@ -137,7 +137,7 @@ static void stage_ready(rmoves *m, uint32_t s, kvs_hash128 h, uint32_t b) {
 
 static void on_written(copy_job *j) {
   wjob *w = j->data;
-  rmoves *m = w->m;
+  remote *m = w->m;
 
   for (uint32_t i = 0; i < w->n; i++) {
     if (j->status != 0 || m->stopped) {
@@ -156,7 +156,7 @@ static void on_written(copy_job *j) {
 }
 
 /* Every block queued or copied out and not sent is let go (counted). */
-static void drop_queued(rmoves *m) {
+static void drop_queued(remote *m) {
   m->dropped += m->qlen + m->rlen;
   m->qlen = 0;
   while (m->rlen) {
@@ -169,14 +169,14 @@ static void drop_queued(rmoves *m) {
 /* Ready copies go to the store while its write window has room.  One the
  * store refuses with room left (its server down: a cluster node) is let
  * go, so that it does not hold back the others. */
-static void send_ready(rmoves *m) {
+static void send_ready(remote *m) {
   const uint32_t bs = m->pool->layout.block_size;
-  uint32_t room = remote_put_room(m->store);
+  uint32_t room = tier_remote_put_room(m->store);
 
   while (m->rlen && room) {
     uint32_t s = m->ready[m->rhead];
 
-    if (remote_put(m->store, stage_ptr(m, s), m->rhash[m->rhead],
+    if (tier_remote_put(m->store, stage_ptr(m, s), m->rhash[m->rhead],
                    m->rtok[m->rhead] ? m->stok + (size_t)s * bs : NULL) == 0)
       room--; /* (a refusal is counted by the store: puts_skipped) */
     m->rhead = (m->rhead + 1) % m->nstage;
@@ -185,17 +185,17 @@ static void send_ready(rmoves *m) {
   }
 }
 
-static void start_copies(rmoves *m);
+static void start_copies(remote *m);
 
 /* End of a loop turn with blocks to write: ready copies are sent, then
  * the newly sealed blocks are copied out, as many as there are staging
  * buffers (on the host pool here and now, and sent; on a GPU pool by
  * start_copies). */
 static void drain_cb(uv_check_t *h) {
-  rmoves *m = h->data;
-  remote_stats st;
+  remote *m = h->data;
+  tier_remote_stats st;
 
-  remote_get_stats(m->store, &st);
+  tier_remote_get_stats(m->store, &st);
   if (m->stopped || st.nodes_up == 0) /* nothing to write to: let go */
     drop_queued(m);
   send_ready(m);
@@ -213,7 +213,7 @@ static void drain_cb(uv_check_t *h) {
         continue;
       }
       s = m->free_stage[--m->nfree];
-      memcpy((char *)stage_ptr(m, s) + remote_put_offset(m->store),
+      memcpy((char *)stage_ptr(m, s) + tier_remote_put_offset(m->store),
              (const char *)m->pool->base + (uint64_t)e.b * m->stride,
              m->stride);
       stage_ready(m, s, e.h, e.b);
@@ -225,7 +225,7 @@ static void drain_cb(uv_check_t *h) {
   /* Sleep until an answer (room in the window) or a copy (a buffer back)
    * or a new sealed block wakes it. */
   if ((m->qlen == 0 || m->nfree <= m->keep || m->pinned >= m->max_pins) &&
-      (m->rlen == 0 || remote_put_room(m->store) == 0)) {
+      (m->rlen == 0 || tier_remote_put_room(m->store) == 0)) {
     m->draining = 0;
     uv_check_stop(&m->drain);
   }
@@ -234,7 +234,7 @@ static void drain_cb(uv_check_t *h) {
 /* The queued blocks still held by their requests, pinned and copied out
  * by the copy engine into staging (on_written puts them on the ready
  * list). */
-static void start_copies(rmoves *m) {
+static void start_copies(remote *m) {
   while (m->qlen && m->nfree > m->keep && m->pinned < m->max_pins) {
     wjob *w = malloc(sizeof(*w));
 
@@ -260,7 +260,7 @@ static void start_copies(rmoves *m) {
       w->h[w->n] = e.h;
       w->stage[w->n] = m->free_stage[--m->nfree];
       w->host[w->n] = (char *)stage_ptr(m, w->stage[w->n]) +
-                      remote_put_offset(m->store);
+                      tier_remote_put_offset(m->store);
       w->n++;
     }
     if (w->n == 0) {
@@ -285,11 +285,11 @@ static void start_copies(rmoves *m) {
 /* ---- promotion ----------------------------------------------------------- */
 
 static void promo_end(rpromo *x) {
-  rmoves *m = x->m;
+  remote *m = x->m;
   tier_promo *pr = x->pr;
 
   if (x->g)
-    remote_get_release(x->g);
+    tier_remote_get_release(x->g);
   if (x->stage)
     for (uint32_t i = 0; i < x->np; i++)
       if (x->stage[i] != KVS_BLOCK_NONE)
@@ -304,7 +304,7 @@ static void promo_end(rpromo *x) {
 
 static void on_filled(copy_job *j) {
   rpromo *x = j->data;
-  rmoves *m = x->m;
+  remote *m = x->m;
   tier_promo *pr = x->pr;
   const uint32_t bs = m->pool->layout.block_size;
   uint32_t good = 0;
@@ -323,9 +323,9 @@ static void on_filled(copy_job *j) {
   promo_end(x);
 }
 
-static void on_got(remote_get *g) {
+static void on_got(tier_remote_get *g) {
   rpromo *x = g->data;
-  rmoves *m = x->m;
+  remote *m = x->m;
   tier_promo *pr = x->pr;
   const uint32_t bs = m->pool->layout.block_size;
   uint32_t taken = 0, nj = 0;
@@ -359,7 +359,7 @@ static void on_got(remote_get *g) {
     return;
   }
   for (uint32_t i = 0; i < x->np; i++) {
-    const void *src = remote_get_data(g, x->p[i].pos - x->base);
+    const void *src = tier_remote_get_data(g, x->p[i].pos - x->base);
 
     x->ok[i] = 1;
     x->stage[i] = KVS_BLOCK_NONE;
@@ -392,7 +392,7 @@ static void on_got(remote_get *g) {
   }
 }
 
-int rmoves_promote(rmoves *m, tier_promo *pr, void (*done)(tier_promo *pr)) {
+int remote_promote(remote *m, tier_promo *pr, void (*done)(tier_promo *pr)) {
   uint32_t max = m->cfg->tier_promote_max, n;
   const uint32_t bs = m->pool->layout.block_size;
   rpromo *x;
@@ -410,7 +410,7 @@ int rmoves_promote(rmoves *m, tier_promo *pr, void (*done)(tier_promo *pr)) {
   n = core_req_next_hashes(m->core, pr->r, x->hashes, max);
   x->base = core_req_num_sealed(pr->r);
   if (n == 0 ||
-      remote_get_start(m->store, x->hashes, n,
+      tier_remote_get_start(m->store, x->hashes, n,
                        m->cfg->verify_tokens
                            ? core_req_tokens(pr->r) + (size_t)x->base * bs
                            : NULL,
@@ -429,13 +429,13 @@ int rmoves_promote(rmoves *m, tier_promo *pr, void (*done)(tier_promo *pr)) {
 
 /* ---- set-up -------------------------------------------------------------- */
 
-void rmoves_close(rmoves *m);
+void remote_close(remote *m);
 
-int rmoves_open(uv_loop_t *loop, const cfg *c, core *cr, backend *pool,
-                copy_engine *copy, rmoves **out, char *err, size_t err_len) {
-  remote_config rc;
+int remote_open(uv_loop_t *loop, const cfg *c, core *cr, backend *pool,
+                copy_engine *copy, remote **out, char *err, size_t err_len) {
+  tier_remote_config rc;
   core_observer obs;
-  rmoves *m;
+  remote *m;
   uint64_t n;
   int rcode;
 
@@ -467,16 +467,16 @@ int rmoves_open(uv_loop_t *loop, const cfg *c, core *cr, backend *pool,
   rc.block_bytes = m->stride;
   rc.block_size = pool->layout.block_size;
   rc.root = core_root_hash(&pool->layout, c->model_id);
-  rcode = remote_open(loop, &rc, &m->store, err, err_len);
+  rcode = tier_remote_open(loop, &rc, &m->store, err, err_len);
   if (rcode < 0) {
     free(m);
     return rcode;
   }
   /* Staging: a quarter of the in-flight bound, 16 to 1024 buffers. */
-  n = c->remote_tier_inflight_bytes / 4 / remote_put_size(m->store);
+  n = c->remote_tier_inflight_bytes / 4 / tier_remote_put_size(m->store);
   n = n < STAGE_MIN ? STAGE_MIN : n > STAGE_MAX ? STAGE_MAX : n;
-  rcode = tier_host_open(&m->stage, pool, n * remote_put_size(m->store),
-                         remote_put_size(m->store), err, err_len);
+  rcode = tier_host_open(&m->stage, pool, n * tier_remote_put_size(m->store),
+                         tier_remote_put_size(m->store), err, err_len);
   m->nstage = (uint32_t)n;
   m->free_stage = malloc(n * sizeof(uint32_t));
   m->ready = malloc(n * sizeof(uint32_t));
@@ -495,7 +495,7 @@ int rmoves_open(uv_loop_t *loop, const cfg *c, core *cr, backend *pool,
     free(m->rtok);
     free(m->stok);
     free(m->q);
-    remote_close(m->store);
+    tier_remote_close(m->store);
     free(m);
     return rcode < 0 ? rcode : KVS_ENOMEM;
   }
@@ -515,47 +515,47 @@ int rmoves_open(uv_loop_t *loop, const cfg *c, core *cr, backend *pool,
                                                       : c->tier_promote_max);
   uv_check_init(loop, &m->drain);
   m->drain.data = m;
-  remote_set_room_cb(m->store, on_room, m);
+  tier_remote_set_room_cb(m->store, on_room, m);
   memset(&obs, 0, sizeof(obs));
   obs.sealed = on_sealed;
   obs.arg = m;
   rcode = core_add_observer(cr, &obs);
   if (rcode < 0) {
     snprintf(err, err_len, "remote tier: %s", kvs_strerror(rcode));
-    rmoves_close(m); /* its handles close on the loop */
+    remote_close(m); /* its handles close on the loop */
     return rcode;
   }
   log_info(0, "remote tier: %s; writes %s, reads wait %u ms at most, %u "
-           "staging buffers", remote_describe(m->store),
+           "staging buffers", tier_remote_describe(m->store),
            m->write ? "on" : "off", c->remote_tier_timeout_ms,
            (uint32_t)n);
   *out = m;
   return 0;
 }
 
-void rmoves_set_idle_cb(rmoves *m, void (*cb)(void *), void *data) {
+void remote_set_idle_cb(remote *m, void (*cb)(void *), void *data) {
   m->idle_cb = cb;
   m->idle_data = data;
 }
 
-void rmoves_stop(rmoves *m) {
+void remote_stop(remote *m) {
   if (!m || m->stopped)
     return;
   m->stopped = 1;
   /* Blocks not sent yet are let go (a server that hangs must not hold the
-   * shutdown); writes already sent are flushed by remote_close. */
+   * shutdown); writes already sent are flushed by tier_remote_close. */
   drop_queued(m);
   m->draining = 0;
   uv_check_stop(&m->drain);
   core_remove_observer(m->core, m);
 }
 
-int rmoves_idle(const rmoves *m) {
+int remote_idle(const remote *m) {
   return !m || (m->jobs == 0 && m->reads == 0);
 }
 
 static void on_drain_closed(uv_handle_t *h) {
-  rmoves *m = h->data;
+  remote *m = h->data;
 
   tier_host_close(&m->stage);
   free(m->free_stage);
@@ -567,13 +567,13 @@ static void on_drain_closed(uv_handle_t *h) {
   free(m);
 }
 
-void rmoves_close(rmoves *m) {
-  remote_stats st;
+void remote_close(remote *m) {
+  tier_remote_stats st;
 
   if (!m)
     return;
-  rmoves_stop(m);
-  remote_get_stats(m->store, &st);
+  remote_stop(m);
+  tier_remote_get_stats(m->store, &st);
   log_info(0, "remote tier: %llu blocks written (%llu skipped, %llu "
            "refused), %llu brought up, %llu bad values refused",
            (unsigned long long)st.puts,
@@ -581,19 +581,19 @@ void rmoves_close(rmoves *m) {
            (unsigned long long)st.put_errors,
            (unsigned long long)m->promoted,
            (unsigned long long)st.bad_blocks);
-  remote_close(m->store);
+  tier_remote_close(m->store);
   m->store = NULL;
   uv_close((uv_handle_t *)&m->drain, on_drain_closed);
 }
 
-void rmoves_get_stats(const rmoves *m, remote_stats *st) {
-  remote_get_stats(m->store, st);
+void remote_get_stats(const remote *m, tier_remote_stats *st) {
+  tier_remote_get_stats(m->store, st);
 }
 
-void rmoves_tier_stats(const rmoves *m, tiers_stats *s) {
-  remote_stats st;
+void remote_tier_stats(const remote *m, tiers_stats *s) {
+  tier_remote_stats st;
 
-  remote_get_stats(m->store, &st);
+  tier_remote_get_stats(m->store, &st);
   memset(s, 0, sizeof(*s));
   s->name = "remote";
   s->core.demotions = st.puts;

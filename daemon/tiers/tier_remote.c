@@ -50,7 +50,7 @@ _Static_assert(sizeof(rhdr) == HDR_FIXED, "value header is 80 bytes");
 enum { RN_DOWN = 0, RN_RESOLVING, RN_CONNECTING, RN_UP, RN_CLOSED };
 
 typedef struct rnode {
-  remote *rm;
+  tier_remote *rm;
   char host[256];   /* "" for a Unix socket */
   char path[108];
   int port;
@@ -80,8 +80,8 @@ typedef struct gitem {
 enum { GI_WAIT = 0, GI_OK, GI_MISS, GI_BAD, GI_ERR };
 
 typedef struct rget {
-  remote_get pub;
-  remote *rm;
+  tier_remote_get pub;
+  tier_remote *rm;
   uint32_t pending;
   int cb_done, released, in_cb;
   uint64_t reserved;
@@ -93,9 +93,9 @@ typedef struct rget {
   gitem items[];
 } rget;
 
-struct remote {
+struct tier_remote {
   uv_loop_t *loop;
-  remote_config cfg;
+  tier_remote_config cfg;
   char url[512], prefix[64], user[128], pass[256];
   int db, cluster;
   rnode *nodes[MAX_NODES];
@@ -113,7 +113,7 @@ struct remote {
   uint64_t write_inflight, write_window;
   void (*room_cb)(void *);
   void *room_data;
-  remote_stats st;
+  tier_remote_stats st;
   int closing, started, grace_closed;
   uint32_t handles;      /* open uv handles, name lookups, hiredis contexts */
   uint32_t contexts;     /* hiredis contexts */
@@ -121,7 +121,7 @@ struct remote {
   char desc[600];
 };
 
-static uint64_t now_ms(const remote *rm) { return uv_now(rm->loop); }
+static uint64_t now_ms(const tier_remote *rm) { return uv_now(rm->loop); }
 
 /* ---- hiredis on the loop ---------------------------------------------------
  * hiredis's own libuv adapter restarts its uv_poll on every read (two
@@ -250,14 +250,14 @@ static uint16_t key_slot(const char *key, size_t len) {
   return crc16(key, len) & (NSLOTS - 1);
 }
 
-static size_t make_key(const remote *rm, kvs_hash128 h, char *out) {
+static size_t make_key(const tier_remote *rm, kvs_hash128 h, char *out) {
   return (size_t)snprintf(out, KEY_MAX, "%s:%016" PRIx64 ":%016" PRIx64
                           "%016" PRIx64, rm->prefix, rm->cfg.root.lo, h.hi,
                           h.lo);
 }
 
 /* The connection to key's server for reads (writer 0) or writes (1). */
-static rnode *node_for(remote *rm, const char *key, size_t len, int writer) {
+static rnode *node_for(tier_remote *rm, const char *key, size_t len, int writer) {
   uint16_t i;
 
   if (!rm->cluster)
@@ -271,9 +271,9 @@ static rnode *node_for(remote *rm, const char *key, size_t len, int writer) {
 /* ---- connections ---------------------------------------------------------- */
 
 static void node_connect(rnode *n);
-static void refresh_map(remote *rm);
+static void refresh_map(tier_remote *rm);
 
-static void remote_free(remote *rm) {
+static void store_free(tier_remote *rm) {
   for (uint32_t i = 0; i < rm->nnodes; i++)
     free(rm->nodes[i]);
   free(rm->slots);
@@ -282,15 +282,15 @@ static void remote_free(remote *rm) {
 
 /* One of rm's handles (a uv handle, a name lookup, a hiredis context) is
  * gone; the last one, while closing, frees rm. */
-static void unref(remote *rm) {
+static void unref(tier_remote *rm) {
   if (--rm->handles == 0 && rm->closing)
-    remote_free(rm);
+    store_free(rm);
 }
 
 static void handle_closed(uv_handle_t *h) { unref(h->data); }
 
 /* A hiredis context is gone. */
-static void context_gone(remote *rm) {
+static void context_gone(tier_remote *rm) {
   if (--rm->contexts == 0 && rm->closing && !rm->grace_closed) {
     rm->grace_closed = 1;
     uv_close((uv_handle_t *)&rm->grace, handle_closed);
@@ -306,7 +306,7 @@ static void on_retry(uv_timer_t *t) {
 }
 
 static void node_down(rnode *n, const char *why) {
-  remote *rm = n->rm;
+  tier_remote *rm = n->rm;
 
   n->state = RN_DOWN;
   n->connected = 0;
@@ -334,7 +334,7 @@ static void node_down(rnode *n, const char *why) {
 
 static void on_connect(const redisAsyncContext *ac, int status) {
   rnode *n = ac->data;
-  remote *rm = n->rm;
+  tier_remote *rm = n->rm;
 
   if (status != REDIS_OK) {
     char why[200];
@@ -353,7 +353,7 @@ static void on_connect(const redisAsyncContext *ac, int status) {
 
 /* The set-up commands of n's connection came back good. */
 static void node_good(rnode *n) {
-  remote *rm = n->rm;
+  tier_remote *rm = n->rm;
 
   n->state = RN_UP;
   n->backoff_ms = 0;
@@ -372,7 +372,7 @@ static void node_good(rnode *n) {
 
 static void on_disconnect(const redisAsyncContext *ac, int status) {
   rnode *n = ac->data;
-  remote *rm = n->rm;
+  tier_remote *rm = n->rm;
   char why[200];
 
   snprintf(why, sizeof(why), "connection lost (%s)",
@@ -400,7 +400,7 @@ static void on_setup_reply(redisAsyncContext *ac, void *r, void *priv) {
 }
 
 static void start_context(rnode *n, const char *ip) {
-  remote *rm = n->rm;
+  tier_remote *rm = n->rm;
   redisAsyncContext *ac = ip ? redisAsyncConnect(ip, n->port)
                              : redisAsyncConnectUnix(n->path);
   char why[200];
@@ -481,7 +481,7 @@ static void on_resolved(uv_getaddrinfo_t *req, int status,
 }
 
 static void node_connect(rnode *n) {
-  remote *rm = n->rm;
+  tier_remote *rm = n->rm;
   struct addrinfo hints;
 
   if (!n->host[0]) {
@@ -502,7 +502,7 @@ static void node_connect(rnode *n) {
 }
 
 /* A connection to host:port or path (its retry timer once rm started). */
-static rnode *node_new(remote *rm, const char *host, int port,
+static rnode *node_new(tier_remote *rm, const char *host, int port,
                        const char *path) {
   rnode *n = calloc(1, sizeof(*n));
 
@@ -525,7 +525,7 @@ static rnode *node_new(remote *rm, const char *host, int port,
  * writes, so that a Lookup's reads never wait behind a window of large
  * writes (the server serves its connections in turn).  Returns the
  * reader. */
-static rnode *node_add(remote *rm, const char *host, int port,
+static rnode *node_add(tier_remote *rm, const char *host, int port,
                        const char *path) {
   rnode *r, *w;
 
@@ -565,7 +565,7 @@ static int node_up(const rnode *n) {
 
 static void on_slots(redisAsyncContext *ac, void *r, void *priv) {
   rnode *from = ac->data;
-  remote *rm = priv;
+  tier_remote *rm = priv;
   redisReply *reply = r;
   uint32_t mapped = 0;
 
@@ -624,7 +624,7 @@ static void on_slots(redisAsyncContext *ac, void *r, void *priv) {
            mapped, NSLOTS, rm->nnodes / 2);
 }
 
-static void refresh_map(remote *rm) {
+static void refresh_map(tier_remote *rm) {
   uint64_t now = now_ms(rm);
 
   /* (A reload still unanswered after REFRESH_MIN_MS does not hold the
@@ -649,7 +649,7 @@ static void refresh_map(remote *rm) {
 /* ---- reads ---------------------------------------------------------------- */
 
 static void tlist_remove(rget *g) {
-  remote *rm = g->rm;
+  tier_remote *rm = g->rm;
 
   if (!g->on_tlist)
     return;
@@ -665,7 +665,7 @@ static void tlist_remove(rget *g) {
 }
 
 static void get_free(rget *g) {
-  remote *rm = g->rm;
+  tier_remote *rm = g->rm;
 
   for (uint32_t i = 0; i < g->pub.n; i++)
     free(g->items[i].buf);
@@ -699,7 +699,7 @@ static uint64_t hdr_sum(const rhdr *h, const void *tokens, size_t len) {
 
 /* Is value v (len bytes) block i's? */
 static int value_good(const rget *g, uint32_t i, const char *v, size_t len) {
-  const remote *rm = g->rm;
+  const tier_remote *rm = g->rm;
   rhdr h;
   uint64_t sum;
 
@@ -729,7 +729,7 @@ static int value_good(const rget *g, uint32_t i, const char *v, size_t len) {
 static void on_get_reply(redisAsyncContext *ac, void *r, void *priv) {
   gitem *it = priv;
   rget *g = it->g;
-  remote *rm = g->rm;
+  tier_remote *rm = g->rm;
   rnode *n = ac->data;
   redisReply *reply = r;
   uint32_t i = (uint32_t)(it - g->items);
@@ -774,7 +774,7 @@ static void on_get_reply(redisAsyncContext *ac, void *r, void *priv) {
 }
 
 static void on_tick(uv_timer_t *t) {
-  remote *rm = t->data;
+  tier_remote *rm = t->data;
   uint64_t now = now_ms(rm);
 
   while (rm->thead && rm->thead->deadline <= now)
@@ -785,9 +785,9 @@ static void on_tick(uv_timer_t *t) {
     refresh_map(rm);
 }
 
-int remote_get_start(remote *rm, const kvs_hash128 *hashes, uint32_t n,
-                     const uint32_t *tokens, remote_get_cb cb, void *data,
-                     remote_get **out) {
+int tier_remote_get_start(tier_remote *rm, const kvs_hash128 *hashes, uint32_t n,
+                     const uint32_t *tokens, tier_remote_get_cb cb, void *data,
+                     tier_remote_get **out) {
   const uint64_t per = rm->value_len + 64;
   uint64_t room = rm->st.inflight_bytes < rm->cfg.inflight_bytes
                       ? (rm->cfg.inflight_bytes - rm->st.inflight_bytes) / per
@@ -869,13 +869,13 @@ int remote_get_start(remote *rm, const kvs_hash128 *hashes, uint32_t n,
   return 0;
 }
 
-const void *remote_get_data(const remote_get *pg, uint32_t i) {
+const void *tier_remote_get_data(const tier_remote_get *pg, uint32_t i) {
   const rget *g = (const rget *)pg;
 
   return g->items[i].buf + g->rm->hdr_len;
 }
 
-void remote_get_release(remote_get *pg) {
+void tier_remote_get_release(tier_remote_get *pg) {
   rget *g = (rget *)pg;
 
   tlist_remove(g);
@@ -891,12 +891,12 @@ void remote_get_release(remote_get *pg) {
 
 /* ---- writes --------------------------------------------------------------- */
 
-size_t remote_put_size(const remote *rm) { return rm->put_size; }
-size_t remote_put_offset(const remote *rm) {
+size_t tier_remote_put_size(const tier_remote *rm) { return rm->put_size; }
+size_t tier_remote_put_offset(const tier_remote *rm) {
   return rm->put_pfx + rm->hdr_len;
 }
 
-uint32_t remote_put_room(const remote *rm) {
+uint32_t tier_remote_put_room(const tier_remote *rm) {
   uint64_t left, window;
 
   if (rm->closing || (rm->cluster ? !rm->have_map : !node_up(rm->nodes[1])))
@@ -911,14 +911,14 @@ uint32_t remote_put_room(const remote *rm) {
   return left > UINT32_MAX ? UINT32_MAX : (uint32_t)left;
 }
 
-void remote_set_room_cb(remote *rm, void (*cb)(void *), void *data) {
+void tier_remote_set_room_cb(tier_remote *rm, void (*cb)(void *), void *data) {
   rm->room_cb = cb;
   rm->room_data = data;
 }
 
 static void on_put_reply(redisAsyncContext *ac, void *r, void *priv) {
   rnode *n = ac->data;
-  remote *rm = priv;
+  tier_remote *rm = priv;
   redisReply *reply = r;
 
   if (n->pending)
@@ -944,14 +944,14 @@ static void on_put_reply(redisAsyncContext *ac, void *r, void *priv) {
   }
 }
 
-int remote_put(remote *rm, void *buf, kvs_hash128 h, const uint32_t *tokens) {
+int tier_remote_put(tier_remote *rm, void *buf, kvs_hash128 h, const uint32_t *tokens) {
   char *p = buf, key[KEY_MAX], *v;
   size_t klen = make_key(rm, h, key);
   rnode *nd = node_for(rm, key, klen, 1);
   rhdr hd;
   size_t off;
 
-  if (!node_up(nd) || remote_put_room(rm) == 0) {
+  if (!node_up(nd) || tier_remote_put_room(rm) == 0) {
     rm->st.puts_skipped++;
     return KVS_ELIMIT;
   }
@@ -1048,7 +1048,7 @@ static int parse_hostport(const char *s, size_t len, char *host, int *port) {
 }
 
 /* "[USER[:PASS]@]" at the front of s: consumed, into rm. */
-static const char *parse_userinfo(remote *rm, const char *s) {
+static const char *parse_userinfo(tier_remote *rm, const char *s) {
   const char *at = strchr(s, '@'), *slash = strchr(s, '/');
   const char *colon;
 
@@ -1065,7 +1065,7 @@ static const char *parse_userinfo(remote *rm, const char *s) {
   return at + 1;
 }
 
-static int parse_url(remote *rm, char *err, size_t len) {
+static int parse_url(tier_remote *rm, char *err, size_t len) {
   const char *u = rm->url, *p;
   char host[256];
   int port;
@@ -1132,7 +1132,7 @@ static int parse_url(remote *rm, char *err, size_t len) {
               "redis-cluster://", u);
 }
 
-static int read_password(remote *rm, const char *path, char *err,
+static int read_password(tier_remote *rm, const char *path, char *err,
                          size_t len) {
   FILE *f = fopen(path, "r");
   char line[512], *sp;
@@ -1172,9 +1172,9 @@ static int read_password(remote *rm, const char *path, char *err,
   return 0;
 }
 
-int remote_open(uv_loop_t *loop, const remote_config *rc, remote **out,
+int tier_remote_open(uv_loop_t *loop, const tier_remote_config *rc, tier_remote **out,
                 char *err, size_t err_len) {
-  remote *rm = calloc(1, sizeof(*rm));
+  tier_remote *rm = calloc(1, sizeof(*rm));
   size_t klen;
   int rcode;
   char pfx[64];
@@ -1201,7 +1201,7 @@ int remote_open(uv_loop_t *loop, const remote_config *rc, remote **out,
   if (rcode < 0) {
     if (rcode == KVS_ENOMEM)
       snprintf(err, err_len, "out of memory");
-    remote_free(rm);
+    store_free(rm);
     return rcode;
   }
   rm->hdr_len = HDR_FIXED + (uint64_t)rc->block_size * sizeof(uint32_t);
@@ -1249,7 +1249,7 @@ int remote_open(uv_loop_t *loop, const remote_config *rc, remote **out,
 }
 
 static void on_grace(uv_timer_t *t) {
-  remote *rm = t->data;
+  tier_remote *rm = t->data;
 
   /* Writes not flushed by now are lost (counted): the server is gone.  A
    * context freed here calls its callbacks and on_disconnect. */
@@ -1258,7 +1258,7 @@ static void on_grace(uv_timer_t *t) {
       redisAsyncFree(rm->nodes[i]->ac);
 }
 
-void remote_close(remote *rm) {
+void tier_remote_close(tier_remote *rm) {
   if (!rm)
     return;
   rm->closing = 1;
@@ -1295,7 +1295,7 @@ void remote_close(remote *rm) {
   unref(rm);
 }
 
-void remote_get_stats(const remote *rm, remote_stats *st) {
+void tier_remote_get_stats(const tier_remote *rm, tier_remote_stats *st) {
   *st = rm->st;
   st->nodes = rm->nnodes / 2;
   st->nodes_up = 0;
@@ -1304,4 +1304,4 @@ void remote_get_stats(const remote *rm, remote_stats *st) {
                                node_up(rm->nodes[i + 1]));
 }
 
-const char *remote_describe(const remote *rm) { return rm->desc; }
+const char *tier_remote_describe(const tier_remote *rm) { return rm->desc; }

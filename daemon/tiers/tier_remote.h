@@ -48,10 +48,10 @@
 
 #include "daemon/core/core.h"
 
-typedef struct remote remote;
-typedef struct remote_get remote_get;
+typedef struct tier_remote tier_remote;
+typedef struct tier_remote_get tier_remote_get;
 
-typedef struct remote_config {
+typedef struct tier_remote_config {
   const char *url;        /* redis://, unix://, redis-cluster:// */
   const char *password_file; /* "" or NULL: none (else overrides the URL's) */
   const char *prefix;     /* key prefix */
@@ -61,27 +61,27 @@ typedef struct remote_config {
   uint64_t block_bytes;   /* the pool's block_stride */
   uint32_t block_size;    /* tokens per block */
   kvs_hash128 root;       /* core_root_hash(layout, model id) */
-} remote_config;
+} tier_remote_config;
 
 /* Parses the URL and starts connecting (the first connection may come up
  * later: until then reads miss).  KVS_EINVAL with a reason for a bad URL
  * or password file, KVS_ENOMEM. */
-int remote_open(uv_loop_t *loop, const remote_config *rc, remote **out,
+int tier_remote_open(uv_loop_t *loop, const tier_remote_config *rc, tier_remote **out,
                 char *err, size_t err_len);
 /* Disconnects: writes already sent are flushed (up to 2 s), reads in
  * flight end as misses; the handles close on the loop, then rm is freed. */
-void remote_close(remote *rm);
+void tier_remote_close(tier_remote *rm);
 
 /* ---- reads ---------------------------------------------------------------- */
 
-typedef void (*remote_get_cb)(remote_get *g);
+typedef void (*tier_remote_get_cb)(tier_remote_get *g);
 
 /* A read of the values of n consecutive blocks of a chain (one pipelined
  * round trip).  cb runs once, on the loop, when every answer is in or the
  * timeout passes; then found = the blocks from the first that came back
  * good, in a row. */
-struct remote_get {
-  remote_get_cb cb;
+struct tier_remote_get {
+  tier_remote_get_cb cb;
   void *data;
   uint32_t n;
   uint32_t found;
@@ -91,37 +91,37 @@ struct remote_get {
  * check against the values', or NULL).  0 and *out; KVS_ELIMIT when the
  * store is not connected or the in-flight bound is reached (nothing sent:
  * a miss), KVS_ENOMEM. */
-int remote_get_start(remote *rm, const kvs_hash128 *hashes, uint32_t n,
-                     const uint32_t *tokens, remote_get_cb cb, void *data,
-                     remote_get **out);
+int tier_remote_get_start(tier_remote *rm, const kvs_hash128 *hashes, uint32_t n,
+                     const uint32_t *tokens, tier_remote_get_cb cb, void *data,
+                     tier_remote_get **out);
 /* Block i's bytes (i < found): block_bytes of them, valid until release. */
-const void *remote_get_data(const remote_get *g, uint32_t i);
+const void *tier_remote_get_data(const tier_remote_get *g, uint32_t i);
 /* The owner is done with g (after cb, or before it: cb is then never
  * called).  Its memory goes when the last answer is in. */
-void remote_get_release(remote_get *g);
+void tier_remote_get_release(tier_remote_get *g);
 
 /* ---- writes --------------------------------------------------------------- */
 
-/* A write is built in a buffer of remote_put_size bytes whose block bytes
- * go at remote_put_offset (so the copy engine can fill it in place). */
-size_t remote_put_size(const remote *rm);
-size_t remote_put_offset(const remote *rm);
+/* A write is built in a buffer of tier_remote_put_size bytes whose block bytes
+ * go at tier_remote_put_offset (so the copy engine can fill it in place). */
+size_t tier_remote_put_size(const tier_remote *rm);
+size_t tier_remote_put_offset(const tier_remote *rm);
 /* How many writes may go now (0 when not connected): within the in-flight
  * bound, and within the write window (1 MiB, at least two writes, waiting
  * for answers), so that a Lookup's reads never queue behind more than
  * that on a connection. */
-uint32_t remote_put_room(const remote *rm);
+uint32_t tier_remote_put_room(const tier_remote *rm);
 /* cb(data) when a write is answered (room for another).  cb must not call
- * remote_put from inside: it schedules the writes. */
-void remote_set_room_cb(remote *rm, void (*cb)(void *), void *data);
+ * tier_remote_put from inside: it schedules the writes. */
+void tier_remote_set_room_cb(tier_remote *rm, void (*cb)(void *), void *data);
 /* Sends the write of block hash h (tokens: its block_size token ids, or
- * NULL) whose bytes are at buf + remote_put_offset; buf may be reused on
+ * NULL) whose bytes are at buf + tier_remote_put_offset; buf may be reused on
  * return.  0, or KVS_ELIMIT (not connected, or no room: skipped). */
-int remote_put(remote *rm, void *buf, kvs_hash128 h, const uint32_t *tokens);
+int tier_remote_put(tier_remote *rm, void *buf, kvs_hash128 h, const uint32_t *tokens);
 
 /* ---- state ---------------------------------------------------------------- */
 
-typedef struct remote_stats {
+typedef struct tier_remote_stats {
   uint32_t nodes, nodes_up;
   uint64_t inflight_bytes;
   uint64_t gets;              /* reads started */
@@ -139,10 +139,10 @@ typedef struct remote_stats {
   uint64_t bytes_read;        /* value bytes that came back good */
   uint64_t reconnects;        /* connections made again after a loss */
   uint64_t slot_refreshes;    /* cluster slot map reloads */
-} remote_stats;
+} tier_remote_stats;
 
-void remote_get_stats(const remote *rm, remote_stats *st);
+void tier_remote_get_stats(const tier_remote *rm, tier_remote_stats *st);
 /* A one-line description for the log (no password). */
-const char *remote_describe(const remote *rm);
+const char *tier_remote_describe(const tier_remote *rm);
 
 #endif

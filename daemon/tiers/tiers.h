@@ -1,8 +1,20 @@
 /*
- * tiers.h — the tiers below the pool, as the daemon runs them: the host
- * tier's memory (tier_host.c), the disk tier's I/O (tier_disk.c), and the
- * moves between them and the pool.  The core (daemon/core/tierbook.c) keeps the
- * books and says what to move; this moves the bytes and reports back.
+ * tiers.h — the tiers below the pool, as one front: the host tier, the
+ * disk tier and the remote tier, and every move between them and the
+ * pool.  The core keeps the books of the host and disk tiers
+ * (daemon/core/tierbook.c) and says what to move; the tiers move the bytes
+ * and report back.
+ *
+ * Inside, by naming scheme:
+ *   tiers.c        tiers_       this front: open, close, the promotion
+ *                               chain of a Lookup, swaps, stats
+ *   local.c        local_       the moves of the host and disk tiers:
+ *                               demotion (write-back), promotion, swap
+ *   remote.c       remote_      the moves of the remote tier:
+ *                               write-through, promotion
+ *   tier_host.c    tier_host_   the stores: the host tier's memory,
+ *   tier_disk.c    tier_disk_   the disk tier's slots (io_uring,
+ *   tier_remote.c  tier_remote_ O_DIRECT), the remote tier's Redis
  *
  * Demotion: every TIERS_TICK_MS a timer asks the core for the moves to
  * start (core_tier_plan: cached blocks near the cold end of the pool with no
@@ -10,19 +22,22 @@
  * them: pool -> host slots as one copy-engine job (memcpy, or the daemon's
  * CUDA stream), host -> disk and pool -> disk through staging buffers and
  * io_uring.  So an allocation under pressure evicts blocks whose bytes are
- * already below, and never waits for I/O.
+ * already below, and never waits for I/O.  Sealed blocks are written
+ * through to the remote tier as they are committed.
  *
- * Promotion: a Lookup's blocks found below (core_lookup_promote) are read
- * (disk slots into staging buffers, checked), then copied into their pool
- * blocks as one copy-engine job; then core_promote_finish, and the
- * owner's callback sends the Lookup's reply.  A failed read or copy makes
- * that block (and the rest of the prefix after it) a miss.
+ * Promotion (tiers_lookup): a Lookup's blocks found in the host or disk
+ * tier (core_lookup_promote) are read (disk slots into staging buffers,
+ * checked), then copied into their pool blocks as one copy-engine job;
+ * then core_promote_finish; then the rest of the chain is asked of the
+ * remote tier.  A failed read or copy makes that block (and the rest of
+ * the prefix after it) a miss.  The owner's callback runs once, at the end
+ * of the chain.
  *
  * Swap: a SwapOut's moves (core_swap_out) and a SwapIn's fills
- * (core_swap_in) run the same way, in chunks that fit the staging buffers
- * (a chunk that finds none waits for the next batch or promotion to give
- * some back); after the last one, core_swap_out_finish or
- * core_swap_in_finish, and the owner's callback sends the reply.
+ * (core_swap_in) run through the host and disk tiers the same way, in
+ * chunks that fit the staging buffers (a chunk that finds none waits for
+ * the next batch or promotion to give some back); after the last one,
+ * core_swap_out_finish or core_swap_in_finish, and the owner's callback.
  *
  * Restart (disk_tier_persist): tiers_open reads the disk tier's slot
  * headers (tier_disk_scan) and gives the good ones to the core
@@ -35,30 +50,34 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "daemon/pool/backend.h"
 #include "daemon/config.h"
-#include "daemon/pool/copy.h"
 #include "daemon/core/core.h"
+#include "daemon/pool/backend.h"
+#include "daemon/pool/copy.h"
 #include "daemon/tiers/tier_disk.h"
-#include "daemon/tiers/tier_host.h"
+#include "daemon/tiers/tier_remote.h"
 
 #define TIERS_TICK_MS 5
+/* The tiers there can be, top first: host, disk, remote. */
+#define TIERS_MAX (CORE_TIERS + 1)
 
 typedef struct tiers tiers;
+typedef struct local local;
 typedef struct tier_promo tier_promo;
 typedef void (*tier_promo_cb)(tier_promo *pr);
 
 struct tier_promo {
-  /* the owner's: set before tiers_promote */
+  /* the owner's: set before tiers_lookup */
   tier_promo_cb cb;
   void *data;
   core_req *r;   /* the request; set to NULL when it is freed meanwhile */
-  uint64_t req_id, seq;
   /* the result, for cb */
   uint32_t hit_tokens;      /* the request's hit after the promotion */
   uint32_t promoted_tokens; /* of which brought up */
-  /* tiers.c's */
-  tiers *t;
+  /* the tiers' own */
+  tiers *front;
+  tier_promo_cb stage_cb;   /* the end of the host/disk stage */
+  local *t;
   core_promo *p;
   int *ok;
   uint32_t n, reads;
@@ -80,15 +99,14 @@ struct tier_swap {
   tier_swap_cb cb;
   void *data;
   core_req *r;   /* the request; set to NULL when it is freed meanwhile */
-  uint64_t req_id, seq;
   uint32_t before;  /* written tokens before (for the reply) */
   /* the result, for cb */
   int in;           /* a SwapIn (else a SwapOut) */
   int status;       /* SwapOut: 0 or KVS_EIO */
   uint32_t copied;  /* blocks whose bytes moved */
   uint32_t tokens;  /* SwapIn: written tokens after it */
-  /* tiers.c's */
-  tiers *t;
+  /* the tiers' own */
+  local *t;
   core_move *mv;    /* SwapOut */
   core_promo *p;    /* SwapIn */
   int *ok;
@@ -99,23 +117,30 @@ struct tier_swap {
 };
 
 /* Opens the tiers cfg asks for (none: *out = NULL, 0) over the core, which
- * must have been created with the matching tier_slots (tiers_slots). */
+ * must have been created with the matching tier_slots (tiers_slots).  0,
+ * or a negative status with a reason. */
 int tiers_open(uv_loop_t *loop, const cfg *c, core *cr, backend *pool,
                copy_engine *copy, tiers **out, char *err, size_t err_len);
-/* The slots of each tier cfg asks for (for the core's config); 0, or a
- * negative status with a reason. */
+/* The slots of the host and disk tiers cfg asks for (for the core's
+ * config); 0, or a negative status with a reason. */
 int tiers_slots(const cfg *c, const kvs_layout *l, const backend *pool,
                 uint32_t slots[CORE_TIERS], char *err, size_t err_len);
 
-/* Most blocks a promotion may bring up now. */
-uint32_t tiers_promote_room(const tiers *t);
-/* Starts the promotion of p[0..n) (from core_lookup_promote) for pr.  0:
- * pr->cb runs later, after core_promote_finish.  1: it ended at once (the
- * copy could not start: every block failed), finished, pr's results set,
- * cb not called.  Negative: nothing started; the caller ends it with
- * core_promote_finish (ok NULL: none was tried; the copies below stay). */
-int tiers_promote(tiers *t, tier_promo *pr, const core_promo *p, uint32_t n);
+/*
+ * A Lookup of tokens[0..n) for request r, the whole chain: the blocks
+ * resident in the pool (core_lookup_promote), then, when promote and t
+ * (which may be NULL: no tier), those found in the host or disk tier
+ * brought up, then the rest asked of the remote tier.  pr->cb, data and r
+ * are the caller's.  A core error: returned, nothing done.  0: done,
+ * pr->hit_tokens and pr->promoted_tokens set, and *below the cached tokens
+ * found below and not taken (no promotion).  1: under way; pr->cb runs
+ * later, once, with both set.
+ */
+int tiers_lookup(tiers *t, core *cr, core_req *r, const uint32_t *tokens,
+                 uint32_t n, int promote, tier_promo *pr, uint32_t *below);
 
+/* Is there a tier a SwapOut can go to (host or disk)? */
+int tiers_can_swap(const tiers *t);
 /* Runs a SwapOut's moves mv[0..n) (n > 0; copied) for sw.  0: sw->cb runs
  * later, after core_swap_out_finish.  1: it ended at once (the copies could
  * not start), finished, sw's results set, cb not called.  KVS_ENOMEM:
@@ -129,23 +154,28 @@ int tiers_swap_in(tiers *t, tier_swap *sw, const core_promo *p, uint32_t n);
 void tiers_set_idle_cb(tiers *t, void (*cb)(void *), void *data);
 
 /* Frames were handled (allocations may have taken blocks): plan
- * demotions at the end of this loop turn too, not only on the timer. */
+ * demotions at the end of this loop turn too, not only on the timer.
+ * NULL: nothing. */
 void tiers_kick(tiers *t);
 
-/* Stops starting demotions (shutdown). */
+/* Stops starting moves (shutdown): demotions, writes to the remote tier,
+ * promotions. */
 void tiers_stop(tiers *t);
-/* 1 when no move or promotion is in flight. */
+/* 1 when no move or promotion is in flight (or t is NULL). */
 int tiers_idle(const tiers *t);
-/* Every move and promotion must be done. */
+/* Every move and promotion must be done.  NULL: nothing. */
 void tiers_close(tiers *t);
 
 typedef struct tiers_stats {
-  const char *name;
+  const char *name;     /* "host", "disk", "remote" */
   uint64_t capacity_bytes;
   core_tier_stats core;
   uint64_t bytes_in, bytes_out, io_errors, checksum_failures;
 } tiers_stats;
-/* The tiers that exist, top first, into st[0..*n). */
-void tiers_get_stats(const tiers *t, tiers_stats st[CORE_TIERS], uint32_t *n);
+/* The tiers that exist, top first (the remote tier last), into
+ * st[0..*n). */
+void tiers_get_stats(const tiers *t, tiers_stats st[TIERS_MAX], uint32_t *n);
+/* The remote tier's store counters; 0, or KVS_ENOENT with none. */
+int tiers_remote_stats(const tiers *t, tier_remote_stats *st);
 
 #endif

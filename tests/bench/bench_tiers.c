@@ -1,7 +1,7 @@
 /*
  * bench_tiers — the tiers' byte movers against their baselines, same run.
  *
- * 1. Disk tier (daemon/tier_disk.c: io_uring, registered buffers and file,
+ * 1. Disk tier (daemon/tiers/tier_disk.c: io_uring, registered buffers and file,
  *    O_DIRECT, a 4 KiB header and an XXH3 checksum per slot): write then
  *    read every slot of a file, queue depth QD, at block sizes 64-512 KiB,
  *    against fio (ioengine io_uring, direct=1, the same file, the same

@@ -1,7 +1,7 @@
 # tests/fuzz/: protocol fuzzing of the daemon's input path.
 #
-#   test_fuzz_dispatch  (make test) the in-process target: frames -> decode
-#                       -> dispatch -> core, deterministic inputs
+#   test_fuzz_dispatch  (make test) the in-process target: frames -> codecs
+#                       -> dispatch -> core -> codecs, deterministic inputs
 #   test_fuzz_daemon    (make test) a real kvshared under thousands of mutated
 #                       and garbage frames from several connections, beside
 #                       well-behaved clients whose results are checked
@@ -9,9 +9,9 @@
 #                       for FUZZ_TIME seconds (default 60); not part of test
 MOD_CFLAGS_tests_fuzz_ = $(call DEP_CFLAGS,libuv libprotobuf-c)
 
-FUZZ_TARGET_SRCS := tests/fuzz/fuzz_dispatch.c daemon/dispatch/dispatch.c daemon/net/reply.c \
-                    daemon/net/packed.c daemon/net/compact.c \
-                    daemon/dispatch/reqmap.c daemon/log.c daemon/config.c
+FUZZ_TARGET_SRCS := tests/fuzz/fuzz_dispatch.c daemon/dispatch/dispatch.c \
+                    daemon/dispatch/reqmap.c daemon/tiers/tiers.c \
+                    daemon/log.c daemon/config.c
 FUZZ_TARGET_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(FUZZ_TARGET_SRCS))
 FUZZ_GEN_OBJS := $(BUILD)/tests/fuzz/fuzz_gen.o
 $(FUZZ_GEN_OBJS) $(BUILD)/tests/fuzz/fuzz_dispatch.o \
@@ -36,8 +36,9 @@ $(BUILD)/tests/fuzz/test_fuzz_daemon: $(BUILD)/tests/fuzz/test_fuzz_daemon.o \
 FUZZ_CC   ?= clang-14
 FUZZ_TIME ?= 60
 FUZZ_DIR  := $(BUILD)/fuzz
-FUZZ_SRCS := $(FUZZ_TARGET_SRCS) $(wildcard daemon/core/*.c) proto/kvs_frame.c \
-             proto/kvs_status.c $(PROTO_GEN_C)
+FUZZ_SRCS := $(FUZZ_TARGET_SRCS) $(wildcard daemon/core/*.c) \
+             $(filter-out %.pb-c.c,$(patsubst $(BUILD)/%.o,%.c,$(PROTO_OBJS))) \
+             $(PROTO_GEN_C)
 .PHONY: fuzz fuzz-build
 fuzz-build: $(FUZZ_DIR)/fuzz_dispatch
 $(FUZZ_DIR)/fuzz_dispatch: $(FUZZ_SRCS) $(wildcard daemon/*.h daemon/*/*.h \

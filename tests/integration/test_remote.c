@@ -7,7 +7,7 @@
  * their directory and logs behind) and speaks RESP to them itself to look
  * at and corrupt what the daemons stored (keys PREFIX:ROOT:HASH, values: an
  * 80-byte header, the block's token ids, the block's bytes:
- * daemon/tier_remote.h); redis-cli only creates the cluster of case 8.
+ * daemon/tiers/tier_remote.h); redis-cli only creates the cluster of case 8.
  *
  * 1. Share: daemon A computes prompts (some sharing prefixes), writing
  *    recognisable bytes; once A's remote tier has answered every write

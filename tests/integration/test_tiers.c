@@ -208,7 +208,7 @@ static void test_faults(void) {
                         "--tier-fault",
                         "flip:1,read-eio:2,short:3,write-eio:5,write-enospc:7",
                         NULL};
-  /* (The daemon's words, daemon/tier_disk.c.) */
+  /* (The daemon's words, daemon/tiers/tier_disk.c.) */
   const char *io_line = "(counted as a miss; logged once)";
   const char *sum_line = "failed its header or checksum check";
 
