@@ -176,7 +176,8 @@ static int encode_call(kvs_client *c, kvs_call *call, size_t *flen) {
   size_t len;
   int rc;
 
-  kvs__arena_reset(&c->scratch);
+  if (!kvs_shape_is_compact(call->shape)) /* (compact ones use none) */
+    kvs__arena_reset(&c->scratch);
   len = kvs_request_size(&rq, call, &c->scratch);
   if (len == 0)
     return kvs_shape_is_compact(call->shape) ? KVS_ETOOBIG : KVS_ENOMEM;

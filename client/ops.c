@@ -35,9 +35,8 @@ void kvs__alloc_result(const kvs_op_result *r, kvs_alloc_result *res) {
 
 /* Runs one op; its result in *r until the client's next call. */
 static int call1(kvs_client *c, const kvs_op *op, kvs_op_result *r) {
-  kvs_call call;
+  kvs_call call; /* (its one-op storage unused: op and r are the caller's) */
 
-  memset(&call, 0, sizeof call);
   memset(r, 0, sizeof *r);
   if (!c)
     return KVS_EINVAL;

@@ -66,6 +66,14 @@ int kvs_call_alloc(kvs_call *call, uint32_t n, kvs__arena *a) {
   size_t no = (n ? n : 1) * sizeof(kvs_op), nr = (n ? n : 1) *
                                                    sizeof(kvs_op_result);
 
+  if (n == 1) {
+    memset(&call->op1, 0, sizeof(call->op1));
+    memset(&call->res1, 0, sizeof(call->res1));
+    call->ops = &call->op1;
+    call->res = &call->res1;
+    call->nops = 1;
+    return 0;
+  }
   call->nops = 0;
   call->ops = kvs__arena_alloc(a, no);
   call->res = kvs__arena_alloc(a, nr);
@@ -136,21 +144,31 @@ static int op_mutates(const kvs_op *op) {
   }
 }
 
+/* compact: block ids are u32s, else varints of up to nb - 1. */
 static size_t op_bound(const kvs_op *op, uint32_t bs, uint32_t nb,
-                       size_t per_block) {
+                       int compact) {
+  uint64_t k;
+
   if (op->code == KVS_OP_STATS)
     return BOUND_STATS;
   if (op->code == KVS_OP_PING)
     return BOUND_OP + op->nbytes;
-  return BOUND_OP + (size_t)op_blocks(op, bs, nb) * per_block;
+  k = op_blocks(op, bs, nb);
+  return BOUND_OP + (size_t)k * (compact || k == 0
+                                     ? 4
+                                     : kvs__varint_size(nb ? nb - 1 : 0));
 }
 
 size_t kvs_reply_bound(const kvs_call *call, uint32_t bs, uint32_t nb,
                        int *mutates) {
   size_t n = BOUND_ENVELOPE + BOUND_OP + BOUND_MSG, i, msgs, blocks = 0;
   /* a varint each in an Envelope, a u32 each in a record */
-  size_t vb = kvs__varint_size(nb ? nb - 1 : 0);
+  int compact = call->shape != KVS_SHAPE_OP && call->shape != KVS_SHAPE_BATCH;
 
+  if (call->nops == 1 && !kvs_shape_is_batch(call->shape)) { /* (most) */
+    *mutates = op_mutates(&call->ops[0]);
+    return n + op_bound(&call->ops[0], bs, nb, compact);
+  }
   *mutates = 0;
   for (i = 0; i < call->nops; i++)
     *mutates |= op_mutates(&call->ops[i]);
@@ -159,13 +177,10 @@ size_t kvs_reply_bound(const kvs_call *call, uint32_t bs, uint32_t nb,
   case KVS_SHAPE_OP:
   case KVS_SHAPE_COMPACT_OP:
   case KVS_SHAPE_COMPACT_PING:
-    if (call->nops == 0)
-      return n + BOUND_OP;
-    return n + op_bound(&call->ops[0], bs, nb,
-                        call->shape == KVS_SHAPE_OP ? vb : 4);
+    return n + BOUND_OP; /* (no op: refused by the codec) */
   case KVS_SHAPE_BATCH:
     for (i = 0; i < call->nops; i++) /* + the reply's tag and length */
-      n += 1 + 4 + op_bound(&call->ops[i], bs, nb, vb);
+      n += 1 + 4 + op_bound(&call->ops[i], bs, nb, compact);
     return n + msgs * BOUND_MSG;
   case KVS_SHAPE_PACKED:
   case KVS_SHAPE_COMPACT_BATCH:

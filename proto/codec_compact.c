@@ -34,7 +34,12 @@ int kvs_compact_decode_request(const uint8_t *payload, size_t len,
   kvs_compact_req h;
   char what[160];
 
-  memset(call, 0, sizeof(*call));
+  call->seq = 0;
+  call->nops = 0;
+  call->ops = NULL;
+  call->res = NULL;
+  call->status = 0;
+  call->message = NULL;
   call->shape = KVS_SHAPE_COMPACT_BAD;
   if (len >= 8)
     memcpy(&call->seq, payload, 8);

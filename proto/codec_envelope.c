@@ -22,7 +22,7 @@
 static void request_to_op(const Kvshare__Request *req, int in_batch,
                           size_t i, kvs_op *op, kvs_op_result *res,
                           kvs__arena *a) {
-  memset(op, 0, sizeof(*op));
+  /* (op and res come zeroed: kvs_call_alloc) */
   switch (req->op_case) {
   case KVSHARE__REQUEST__OP_LOOKUP: {
     const Kvshare__Lookup *l = req->lookup;
@@ -156,8 +156,12 @@ kvs_env_kind kvs_env_decode(const uint8_t *payload, size_t len,
   Kvshare__Envelope *env;
   int rc;
 
-  memset(call, 0, sizeof(*call));
   call->shape = KVS_SHAPE_OP;
+  call->nops = 0;
+  call->ops = NULL;
+  call->res = NULL;
+  call->status = 0;
+  call->message = NULL;
   rc = kvs__arena_unpack(a, payload, len, limit, &scan, &env);
   call->seq = scan.seq;
   if (rc == KVS_ELIMIT) {
@@ -471,16 +475,17 @@ static int batch_response(kvs_reply *rep, const kvs_call *call,
   return 0;
 }
 
+_Static_assert(sizeof(Kvshare__Response) <= sizeof(((kvs_reply *)0)->store),
+               "kvs_reply.store holds a Response");
+
 size_t kvs__env_reply_size(kvs_reply *rep, const kvs_call *call,
                            kvs__arena *a) {
-  Kvshare__Response *r = kvs__arena_alloc(a, sizeof(*r));
+  Kvshare__Response *r = (Kvshare__Response *)(void *)rep->store;
   int rc = 0;
 
   rep->call = call;
   rep->sizes = NULL;
   rep->resp = r;
-  if (!r)
-    return 0;
   kvshare__response__init(r);
   if (call->status) {
     r->status = status_of(call->status, call->message, a);
@@ -784,26 +789,32 @@ static void op_to_request(const kvs_op *op, Kvshare__Request *req,
   }
 }
 
+/* A one-op Envelope, built in kvs_request.store. */
+typedef struct one_request {
+  Kvshare__Envelope env;
+  Kvshare__Request req;
+  op_msg m;
+} one_request;
+_Static_assert(sizeof(one_request) <= sizeof(((kvs_request *)0)->store),
+               "kvs_request.store holds a one-op Envelope");
+
 size_t kvs__env_request_size(kvs_request *rq, const kvs_call *call,
                              kvs__arena *a) {
-  Kvshare__Envelope *env = kvs__arena_alloc(a, sizeof(*env));
-  Kvshare__Request *req = kvs__arena_alloc(a, sizeof(*req));
+  one_request *one = (one_request *)(void *)rq->store;
+  Kvshare__Envelope *env = &one->env;
+  Kvshare__Request *req = &one->req;
   size_t n = call->nops, len;
 
   rq->call = call;
   rq->env = env;
-  if (!env || !req)
-    return 0;
   kvshare__envelope__init(env);
   env->seq = call->seq;
   env->body_case = KVSHARE__ENVELOPE__BODY_REQUEST;
   env->request = req;
   if (call->shape == KVS_SHAPE_OP) {
-    op_msg *m = kvs__arena_alloc(a, sizeof(*m));
-
-    if (!m || n != 1)
+    if (n != 1)
       return 0;
-    op_to_request(&call->ops[0], req, m);
+    op_to_request(&call->ops[0], req, &one->m);
   } else if (call->shape == KVS_SHAPE_BATCH) {
     Kvshare__Batch *b = kvs__arena_alloc(a, sizeof(*b));
     Kvshare__Request *reqs = n ? kvs__arena_alloc(a, n * sizeof(*reqs)) : NULL;
@@ -946,7 +957,7 @@ static int response_to_result(unsigned code, const Kvshare__Response *r,
                               kvs_op_result *x, kvs__arena *a) {
   Kvshare__Response__ResultCase want;
 
-  memset(x, 0, sizeof(*x));
+  /* (x comes zeroed: kvs_reply_decode) */
   if (r->status) {
     if (r->status->code > 0)
       return KVS_EPROTO;

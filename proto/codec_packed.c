@@ -19,8 +19,7 @@ void kvs__record_decode(const uint8_t *rec, size_t i, const uint32_t *data,
   kvs_pop o;
   int has_tokens;
 
-  kvs_pop_get(rec, &o);
-  memset(op, 0, sizeof(*op));
+  kvs_pop_get(rec, &o); /* (op and res come zeroed: kvs_call_alloc) */
   has_tokens = o.op == KVS_OP_LOOKUP ||
                (o.op == KVS_OP_COMMIT && (o.flags & KVS_POP_HAS_TOKENS));
   if ((has_tokens && !kvs_packed_in(o.tok_off, o.tok_n, words)) ||

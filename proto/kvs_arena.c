@@ -48,6 +48,8 @@ void *kvs__arena_alloc(kvs__arena *a, size_t size) {
 void kvs__arena_reset(kvs__arena *a) {
   kvs__chunk *c = a->head;
 
+  if (a->total == 0 && a->limit == 0)
+    return; /* nothing handed out since the last reset */
   /* Free every chunk but the oldest, and that one too when it is big. */
   while (c && (c->next || c->size > CHUNK_KEEP)) {
     kvs__chunk *next = c->next;

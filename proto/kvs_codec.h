@@ -65,14 +65,18 @@ typedef struct kvs_call {
    * not fit.  For the one-op shapes this is op 0's status. */
   int32_t status;
   const char *message;
+  /* Where a call of one op keeps it and its result (kvs_call_alloc): no
+   * allocation for the commonest call. */
+  kvs_op op1;
+  kvs_op_result res1;
 } kvs_call;
 
 /* Writes "fmt ..." into the arena as call's refusal (code, message). */
 void kvs_call_refuse(kvs_call *call, kvs__arena *a, int code,
                      const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
-/* call's ops and results for n ops, zeroed, in the arena; 0 or
- * KVS_ENOMEM. */
+/* call's ops and results for n ops, zeroed, in the arena (one op: in the
+ * call itself); 0 or KVS_ENOMEM. */
 int kvs_call_alloc(kvs_call *call, uint32_t n, kvs__arena *a);
 
 /* ---- the handshake -------------------------------------------------------- */
@@ -153,6 +157,7 @@ typedef struct kvs_reply {
   const void *resp;        /* the Kvshare__Response built from the results */
   size_t *sizes;           /* a Batch's replies' sizes, or NULL */
   size_t resp_size, batch_size, payload;
+  uint64_t store[8];       /* where resp is (no allocation per reply) */
 } kvs_reply;
 
 /* The framed size of the reply to call (results in call->res, or its
@@ -196,8 +201,8 @@ typedef struct kvs_request {
   const kvs_call *call;
   size_t len;
   const void *env;       /* the Kvshare__Envelope (Envelope shapes) */
-  const uint8_t *records; /* packed shapes: the records, built by size */
-  size_t nwords;         /* packed shapes: u32 words of data */
+  size_t nwords;         /* compact shapes: u32 words of data */
+  uint64_t store[32];    /* where a one-op Envelope is built */
 } kvs_request;
 size_t kvs_request_size(kvs_request *r, const kvs_call *call,
                         kvs__arena *a);
