@@ -84,7 +84,9 @@ $(CLIENT_BENCHES:%=%.o): CPPFLAGS += $(CLIENT_CFLAGS)
 $(BUILD)/tests/bench/bench_rtt: $(BUILD)/libkvscore.a
 $(BUILD)/tests/bench/bench_rtt: BENCH_CORE = $(CORE_LIBS) $(call DEP_LIBS,libuv)
 $(BUILD)/tests/bench/bench_rtt.o: CPPFLAGS += $(call DEP_CFLAGS,libxxhash libuv)
-BENCHES += $(CLIENT_BENCHES)
+# (bench_client_remote is a client bench_remote.py runs with its
+# arguments, not a benchmark of its own.)
+BENCHES += $(filter-out %/bench_client_remote,$(CLIENT_BENCHES))
 all: $(CLIENT_BENCHES)
 
 # test_gpu_pool, test_gpu_tiers and bench_gpu_pool link the client and
