@@ -226,8 +226,8 @@ KVS_INLINE void axpy_tile(float *restrict y, uint32_t ys, uint32_t R,
 /* Software prefetch of the next tile (portable body) or block (vector
  * bodies) in the attention passes: 0 off, 1 into L2, 2 into L1; -1 (the
  * default) each body's own choice, the faster one where it was measured
- * (docs/benchmarks.md): L2 for the portable and AVX2 bodies (L1 evicts the
- * block in use), L1 for the AVX-512 one. */
+ * (git show b994ecf:docs/benchmarks.md): L2 for the portable and AVX2
+ * bodies (L1 evicts the block in use), L1 for the AVX-512 one. */
 int kvs__cpu_prefetch = -1;
 
 static inline int prefetch_mode(int own) {
