@@ -164,20 +164,12 @@ static int roundtrip(kvs_client *c, size_t flen, const uint8_t **frame,
  * (Token ids are 4 bytes each there, 1 to 5 as varints: a batch of small
  * ids near max_frame may fit only as a Batch.) */
 static int packable(const kvs_client *c, const kvs_call *call) {
-  uint64_t words = 0;
+  uint64_t bytes;
 
   if (!c->packed_batch || call->nops == 0)
     return 0;
-  for (uint32_t i = 0; i < call->nops; i++) {
-    const kvs_op *op = &call->ops[i];
-
-    if (!kvs_op_has_record(op))
-      return 0;
-    words += op->code == KVS_OP_LOOKUP ? op->ntokens
-                                       : op->ntokens + op->nblocks;
-  }
-  return (uint64_t)call->nops * KVS_PACKED_OP_SIZE + words * 4 + 64 <=
-         c->max_frame;
+  bytes = kvs_records_size(call);
+  return bytes && bytes + 64 <= c->max_frame;
 }
 
 /* The call as a frame in c->wbuf, in its shape: *flen its bytes.

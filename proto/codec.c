@@ -34,18 +34,25 @@ static const char *vformat(kvs__arena *a, const char *fmt, va_list ap) {
   return msg;
 }
 
+/* *status, *message = code, the message formatted into the arena (ENOMEM,
+ * "out of memory" when it cannot hold it). */
+static void set_error(int32_t *status, const char **message, kvs__arena *a,
+                      int code, const char *fmt, va_list ap) {
+  *message = vformat(a, fmt, ap);
+  *status = code;
+  if (!*message) {
+    *status = KVS_ENOMEM;
+    *message = nomem_msg;
+  }
+}
+
 void kvs_call_refuse(kvs_call *call, kvs__arena *a, int code,
                      const char *fmt, ...) {
   va_list ap;
 
   va_start(ap, fmt);
-  call->message = vformat(a, fmt, ap);
+  set_error(&call->status, &call->message, a, code, fmt, ap);
   va_end(ap);
-  call->status = code;
-  if (!call->message) { /* (as the daemon always answered then) */
-    call->status = KVS_ENOMEM;
-    call->message = nomem_msg;
-  }
 }
 
 void kvs_result_error(kvs_op_result *r, kvs__arena *a, int code,
@@ -53,13 +60,8 @@ void kvs_result_error(kvs_op_result *r, kvs__arena *a, int code,
   va_list ap;
 
   va_start(ap, fmt);
-  r->message = vformat(a, fmt, ap);
+  set_error(&r->status, &r->message, a, code, fmt, ap);
   va_end(ap);
-  r->status = code;
-  if (!r->message) {
-    r->status = KVS_ENOMEM;
-    r->message = nomem_msg;
-  }
 }
 
 int kvs_call_alloc(kvs_call *call, uint32_t n, kvs__arena *a) {

@@ -118,13 +118,15 @@ size_t kvs__compact_request_size(kvs_request *r, const kvs_call *call) {
       return 0;
     len += call->ops[0].nbytes;
   } else {
-    if (call->shape == KVS_SHAPE_COMPACT_OP && call->nops != 1)
+    uint64_t recs = kvs_records_size(call);
+
+    if ((call->shape == KVS_SHAPE_COMPACT_OP && call->nops != 1) ||
+        (call->nops && recs == 0))
       return 0;
-    for (uint32_t i = 0; i < call->nops; i++)
-      words += kvs__record_words(&call->ops[i]);
+    words = (recs - (uint64_t)call->nops * KVS_PACKED_OP_SIZE) / 4;
     if (words > UINT32_MAX)
       return 0;
-    len += (uint64_t)call->nops * KVS_PACKED_OP_SIZE + words * 4;
+    len += recs;
   }
   if (len > UINT32_MAX)
     return 0;

@@ -96,6 +96,17 @@ uint32_t kvs__record_words(const kvs_op *op) {
   return 0;
 }
 
+uint64_t kvs_records_size(const kvs_call *call) {
+  uint64_t words = 0;
+
+  for (uint32_t i = 0; i < call->nops; i++) {
+    if (!kvs_op_has_record(&call->ops[i]))
+      return 0;
+    words += kvs__record_words(&call->ops[i]);
+  }
+  return (uint64_t)call->nops * KVS_PACKED_OP_SIZE + words * 4;
+}
+
 void kvs__record_encode(const kvs_op *op, uint8_t *rec, uint8_t *data,
                         uint32_t *nd) {
   kvs_pop p;

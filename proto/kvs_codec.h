@@ -189,6 +189,9 @@ int kvs_welcome_decode(const uint8_t *frame, size_t flen,
 
 /* Can op travel as a packed record (a Lookup only without a salt)? */
 int kvs_op_has_record(const kvs_op *op);
+/* The bytes call's ops take as packed records and their data words; 0
+ * when one of them has no record form. */
+uint64_t kvs_records_size(const kvs_call *call);
 
 /*
  * The request frame of call (shape set by the caller: a one-op shape with

@@ -386,6 +386,27 @@ static struct wreq *encode_reply(sess *c, kvs_call *call) {
   return w;
 }
 
+/* What every Welcome says, the refusals' too. */
+static void welcome_init(const sess_hub *h, kvs_welcome *wel) {
+  memset(wel, 0, sizeof(*wel));
+  wel->version = KVS_PROTO_VERSION;
+  wel->max_frame = (uint32_t)h->cfg->max_frame;
+  wel->max_batch_ops = h->cfg->max_batch_ops;
+}
+
+/* The Welcome wel, framed (seq given); NULL when out of memory. */
+static struct wreq *welcome_frame(sess_hub *h, const kvs_welcome *wel,
+                                  uint64_t seq) {
+  size_t len = kvs_welcome_frame_size(wel, seq);
+  struct wreq *w = wreq_new(h, len);
+
+  if (w) {
+    kvs_welcome_frame_encode(wel, seq, w->data, len);
+    w->len = len;
+  }
+  return w;
+}
+
 /* An error reply, seq given: a Welcome carrying the status before the
  * handshake, a Response after it. */
 static void send_error(sess *c, uint64_t seq, int code, const char *what) {
@@ -396,19 +417,11 @@ static void send_error(sess *c, uint64_t seq, int code, const char *what) {
     return;
   if (c->life == SESS_NEW) {
     kvs_welcome wel;
-    size_t len;
 
-    memset(&wel, 0, sizeof(wel));
+    welcome_init(h, &wel);
     wel.status = code;
     wel.message = what;
-    wel.version = KVS_PROTO_VERSION;
-    wel.max_frame = (uint32_t)h->cfg->max_frame;
-    wel.max_batch_ops = h->cfg->max_batch_ops;
-    len = kvs_welcome_frame_size(&wel, seq);
-    if ((w = wreq_new(h, len))) {
-      kvs_welcome_frame_encode(&wel, seq, w->data, len);
-      w->len = len;
-    }
+    w = welcome_frame(h, &wel, seq);
   } else {
     kvs_call call;
 
@@ -456,7 +469,6 @@ static void handle_hello(sess *c, uint64_t seq, const kvs_hello *hello) {
   struct wreq *wr;
   uv_os_fd_t fd;
   ssize_t n;
-  size_t len;
   int fds[KVS_SHM_MAX_FDS];
   int nfds = ex->nfds;
 
@@ -474,8 +486,7 @@ static void handle_hello(sess *c, uint64_t seq, const kvs_hello *hello) {
   for (char *p = c->name; *p; p++)
     if ((unsigned char)*p < 0x20 || *p == 0x7f)
       *p = '?';
-  memset(&wel, 0, sizeof(wel));
-  wel.version = KVS_PROTO_VERSION;
+  welcome_init(h, &wel);
   wel.has_layout = wel.has_pool = 1;
   wel.block_size = l->block_size;
   wel.num_layers = l->num_layers;
@@ -491,8 +502,6 @@ static void handle_hello(sess *c, uint64_t seq, const kvs_hello *hello) {
   wel.gpu_uuid = ex->gpu_uuid;
   wel.session_id = c->id;
   wel.model_id = h->cfg->model_id;
-  wel.max_frame = (uint32_t)h->cfg->max_frame;
-  wel.max_batch_ops = h->cfg->max_batch_ops;
   wel.features = KVS_FEATURE_PACKED_BATCH | KVS_FEATURE_COMPACT;
   memcpy(fds, ex->fds, (size_t)ex->nfds * sizeof(int));
   if (hello->ring && h->rings != NULL && nfds + 2 <= KVS_SHM_MAX_FDS) {
@@ -504,15 +513,12 @@ static void handle_hello(sess *c, uint64_t seq, const kvs_hello *hello) {
       log_warn(rc, "session %llu: no request ring (the session goes on "
                "without one)", (unsigned long long)c->id);
   }
-  len = kvs_welcome_frame_size(&wel, seq);
-  wr = wreq_new(h, len);
+  wr = welcome_frame(h, &wel, seq);
   if (!wr) {
     log_error(KVS_ENOMEM, "session %llu: welcome", (unsigned long long)c->id);
     close_now(c);
     return;
   }
-  kvs_welcome_frame_encode(&wel, seq, wr->data, len);
-  wr->len = len;
   /* libuv cannot pass fds on a pipe it did not open with ipc: send the
    * Welcome and the fds with one sendmsg on the raw socket.  Nothing else is
    * queued yet (Hello is the first frame), so the order holds. */
@@ -738,6 +744,7 @@ static void handle_frame(sess *c, unsigned flags, const uint8_t *payload,
                          size_t len) {
   sess_hub *h = c->hub;
   uint32_t max_ops = h->cfg->max_batch_ops;
+  kvs_env_kind kind;
   kvs_hello hello;
   kvs_call call;
   char what[320];
@@ -762,8 +769,8 @@ static void handle_frame(sess *c, unsigned flags, const uint8_t *payload,
     kvs__arena_reset(&h->arena);
     return;
   }
-  switch (kvs_env_decode(payload, len, max_ops, &h->arena, &call, &hello)) {
-  case KVS_ENV_BAD:
+  kind = kvs_env_decode(payload, len, max_ops, &h->arena, &call, &hello);
+  if (kind == KVS_ENV_BAD) {
     /* Answered in the frame's place when its seq could be read: the
      * client's call fails, its session goes on. */
     snprintf(what, sizeof(what), "%s%s", call.message,
@@ -771,35 +778,21 @@ static void handle_frame(sess *c, unsigned flags, const uint8_t *payload,
                  ? "; expected Hello"
                  : "");
     protocol_error(c, call.seq, c->life == SESS_NEW, call.status, what);
-    break;
-  case KVS_ENV_HELLO:
-    if (c->life == SESS_NEW)
+  } else if (c->life == SESS_NEW) {
+    if (kind == KVS_ENV_HELLO)
       handle_hello(c, call.seq, &hello);
     else
-      protocol_error(c, call.seq, 0, KVS_EPROTO, "Hello after the handshake");
-    break;
-  case KVS_ENV_REQUEST:
-    if (c->life == SESS_NEW)
       protocol_error(c, call.seq, 1, KVS_EPROTO,
                      "the first message must be Hello");
-    else
-      run_call(c, &call);
-    break;
-  case KVS_ENV_REPLY:
-    if (c->life == SESS_NEW)
-      protocol_error(c, call.seq, 1, KVS_EPROTO,
-                     "the first message must be Hello");
-    else
-      protocol_error(c, call.seq, 0, KVS_EPROTO,
-                     "Welcome and Response go from the daemon to clients");
-    break;
-  default:
-    if (c->life == SESS_NEW)
-      protocol_error(c, call.seq, 1, KVS_EPROTO,
-                     "the first message must be Hello");
-    else
-      protocol_error(c, call.seq, 0, KVS_EUNKNOWN, "unknown message type");
-    break;
+  } else if (kind == KVS_ENV_REQUEST) {
+    run_call(c, &call);
+  } else if (kind == KVS_ENV_HELLO) {
+    protocol_error(c, call.seq, 0, KVS_EPROTO, "Hello after the handshake");
+  } else if (kind == KVS_ENV_REPLY) {
+    protocol_error(c, call.seq, 0, KVS_EPROTO,
+                   "Welcome and Response go from the daemon to clients");
+  } else {
+    protocol_error(c, call.seq, 0, KVS_EUNKNOWN, "unknown message type");
   }
   kvs__arena_reset(&h->arena);
 }

@@ -431,6 +431,18 @@ int remote_promote(remote *m, tier_promo *pr, void (*done)(tier_promo *pr)) {
 
 void remote_close(remote *m);
 
+/* Frees m, its staging and its arrays (its store is closed). */
+static void release(remote *m) {
+  tier_host_close(&m->stage);
+  free(m->free_stage);
+  free(m->ready);
+  free(m->rhash);
+  free(m->rtok);
+  free(m->stok);
+  free(m->q);
+  free(m);
+}
+
 int remote_open(uv_loop_t *loop, const cfg *c, core *cr, backend *pool,
                 copy_engine *copy, remote **out, char *err, size_t err_len) {
   tier_remote_config rc;
@@ -488,15 +500,8 @@ int remote_open(uv_loop_t *loop, const cfg *c, core *cr, backend *pool,
       !m->rtok || !m->stok) {
     if (rcode == 0)
       snprintf(err, err_len, "out of memory");
-    tier_host_close(&m->stage);
-    free(m->free_stage);
-    free(m->ready);
-    free(m->rhash);
-    free(m->rtok);
-    free(m->stok);
-    free(m->q);
     tier_remote_close(m->store);
-    free(m);
+    release(m);
     return rcode < 0 ? rcode : KVS_ENOMEM;
   }
   /* Faulted in now, not by the first copies: a block stays pinned while
@@ -554,18 +559,7 @@ int remote_idle(const remote *m) {
   return !m || (m->jobs == 0 && m->reads == 0);
 }
 
-static void on_drain_closed(uv_handle_t *h) {
-  remote *m = h->data;
-
-  tier_host_close(&m->stage);
-  free(m->free_stage);
-  free(m->ready);
-  free(m->rhash);
-  free(m->rtok);
-  free(m->stok);
-  free(m->q);
-  free(m);
-}
+static void on_drain_closed(uv_handle_t *h) { release(h->data); }
 
 void remote_close(remote *m) {
   tier_remote_stats st;
