@@ -22,10 +22,16 @@
  * - the pool invariant and each session's token charges hold.
  *
  * An input is one of:
- *   byte 0 even: chunks [u8 session][u16 length LE][payload], each payload
- *                framed with a valid header (two sessions, to check that
- *                neither can reach the other's requests; the session
- *                byte's top bit marks the payload compact);
+ *   byte 0 = 0 mod 4: chunks [u8 session][u16 length LE][payload], each
+ *                payload framed with a valid header (two sessions, to
+ *                check that neither can reach the other's requests; the
+ *                session byte's top bit marks the payload compact);
+ *   byte 0 = 2 mod 4: ring requests [u8 session][u16 length LE][bytes]:
+ *                what a client posts on its request ring, the length it
+ *                claims and the bytes in the request area, taken as
+ *                net/session.c takes them (over the area, or not exactly
+ *                one whole frame: a protocol error, and the session
+ *                reads nothing more);
  *   byte 0 odd:  a raw byte stream for session 0, framed or not.
  * At the end of the input both sessions are closed (their requests freed,
  * as on a disconnect) and every block must be back.  Any violation aborts.
@@ -46,7 +52,7 @@
 
 static cfg fz_cfg;
 static unsigned long n_frames, n_undecodable, n_too_big, n_requests, n_ok,
-    n_err, n_compact, n_compact_refused;
+    n_err, n_compact, n_compact_refused, n_ring, n_ring_refused;
 static unsigned long n_by_op[16], n_copies;
 static disp_env fz_env;
 static disp_counts fz_counts;
@@ -145,7 +151,7 @@ static void setup(void) {
       {"pool_blocks", "48"},  {"block_size", "4"},     {"num_layers", "1"},
       {"num_kv_heads", "1"},  {"head_dim", "8"},       {"max_requests", "6"},
       {"max_batch_ops", "20"}, {"reserve_blocks", "2"}, {"max_frame", "64K"},
-      {"max_session_tokens", "300"},
+      {"max_session_tokens", "300"}, {"ring_bytes", "16K"},
       {"socket", "/nonexistent/fuzz.sock"}};
   core_config cc;
   char err[256];
@@ -508,6 +514,25 @@ static void one_compact(disp_sess *ds, const uint8_t *payload, size_t len) {
 
 /* The session's read buffer: whole frames are handled, a bad header or a
  * cut frame ends the connection. */
+/* A ring request as net/session.c's ring_frame takes it: 0 when it ends
+ * the session (the daemon answers a protocol error and closes). */
+static int ring_request(disp_sess *ds, const uint8_t *p, size_t len) {
+  size_t flen = 0;
+
+  n_ring++;
+  if (len > fz_cfg.ring_bytes ||
+      kvs_frame_parse(p, len, (uint32_t)fz_cfg.max_frame, &flen) != 1 ||
+      flen != len) {
+    n_ring_refused++;
+    return 0;
+  }
+  if (kvs_frame_flags(p) & KVS_FRAME_COMPACT)
+    one_compact(ds, p + KVS_FRAME_HEADER_SIZE, len - KVS_FRAME_HEADER_SIZE);
+  else
+    one_frame(ds, p + KVS_FRAME_HEADER_SIZE, len - KVS_FRAME_HEADER_SIZE);
+  return 1;
+}
+
 static void stream(disp_sess *ds, const uint8_t *p, size_t n) {
   uint32_t max = (uint32_t)fz_cfg.max_frame;
   size_t flen;
@@ -540,7 +565,8 @@ void fuzz_dispatch_report(FILE *out) {
   for (i = 0; i < 16; i++)
     if (n_by_op[i])
       fprintf(out, " %u:%lu", i, n_by_op[i]);
-  fprintf(out, "\n%lu daemon copies\n", n_copies);
+  fprintf(out, "\n%lu ring requests (%lu refused), %lu daemon copies\n",
+          n_ring, n_ring_refused, n_copies);
   fprintf(out, "core: %llu lookups, %llu hit blocks, %llu allocated, %llu "
           "evictions, %llu cow, %llu sealed, %llu duplicates, %llu no_space\n",
           (unsigned long long)st.lookups, (unsigned long long)st.hit_blocks,
@@ -564,6 +590,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     return 0;
   if (data[0] & 1) {
     stream(&fz_sess[0], data + 1, size - 1);
+  } else if (data[0] & 2) {
+    size_t pos = 1;
+    int open[NSESS] = {1, 1};
+
+    while (size - pos >= 3) {
+      unsigned k = (data[pos] & 0x7f) % NSESS;
+      size_t len = (size_t)data[pos + 1] | (size_t)data[pos + 2] << 8;
+
+      pos += 3;
+      if (len > size - pos)
+        len = size - pos;
+      if (open[k])
+        open[k] = ring_request(&fz_sess[k], data + pos, len);
+      pos += len;
+    }
   } else {
     size_t pos = 1;
 

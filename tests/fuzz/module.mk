@@ -5,6 +5,9 @@
 #   test_fuzz_daemon    (make test) a real kvshared under thousands of mutated
 #                       and garbage frames from several connections, beside
 #                       well-behaved clients whose results are checked
+#   test_fuzz_build.sh  (make test) fuzz_main: exactly the sources `make fuzz`
+#                       compiles (FUZZ_SRCS), linked as it links them, run
+#                       over a generated corpus with ring requests
 #   make fuzz           the same target under libFuzzer (clang, ASan, UBSan)
 #                       for FUZZ_TIME seconds (default 60); not part of test
 MOD_CFLAGS_tests_fuzz_ = $(call DEP_CFLAGS,libuv libprotobuf-c)
@@ -35,10 +38,27 @@ $(BUILD)/tests/fuzz/test_fuzz_daemon: $(BUILD)/tests/fuzz/test_fuzz_daemon.o \
 # deploy/install-deps.sh --fuzz (only for these targets).
 FUZZ_CC   ?= clang-14
 FUZZ_TIME ?= 60
+FUZZ_JOBS ?= 1
+# FUZZ_COV=-fno-sanitize-coverage=trace-cmp: about 2.5x the inputs a second
+# (no comparison tracing), for long campaigns seeded by the generator.
+FUZZ_COV  ?=
 FUZZ_DIR  := $(BUILD)/fuzz
 FUZZ_SRCS := $(FUZZ_TARGET_SRCS) $(wildcard daemon/core/*.c) \
              $(filter-out %.pb-c.c,$(patsubst $(BUILD)/%.o,%.c,$(PROTO_OBJS))) \
              $(PROTO_GEN_C)
+# fuzz_main: FUZZ_SRCS (below) built by this build's compiler and flags and
+# linked with the libraries the libFuzzer link names, so that a source
+# missing from the list fails `make test`, not the next campaign.
+FUZZ_MAIN_OBJS = $(patsubst %.c,$(BUILD)/%.o,$(filter-out $(BUILD)/%,$(FUZZ_SRCS))) \
+                 $(patsubst %.c,%.o,$(filter $(BUILD)/%,$(FUZZ_SRCS)))
+all: $(BUILD)/tests/fuzz/fuzz_main
+$(BUILD)/tests/fuzz/fuzz_main.o: | $(PROTO_GEN_H)
+$(BUILD)/tests/fuzz/fuzz_main: $(BUILD)/tests/fuzz/fuzz_main.o $(FUZZ_MAIN_OBJS)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ \
+	  $(call DEP_LIBS,libprotobuf-c libxxhash) -lm
+TEST_SCRIPTS += tests/fuzz/test_fuzz_build.sh
+
 .PHONY: fuzz fuzz-build
 fuzz-build: $(FUZZ_DIR)/fuzz_dispatch
 $(FUZZ_DIR)/fuzz_dispatch: $(FUZZ_SRCS) $(wildcard daemon/*.h daemon/*/*.h \
@@ -49,7 +69,7 @@ $(FUZZ_DIR)/fuzz_dispatch: $(FUZZ_SRCS) $(wildcard daemon/*.h daemon/*/*.h \
 	  >/dev/null 2>&1 || deploy/install-deps.sh --fuzz
 	@$(if $(Q),echo "  FUZZCC  $@")
 	$(Q)$(FUZZ_CC) -std=gnu11 -O1 -g -fno-omit-frame-pointer \
-	  -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
+	  -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $(FUZZ_COV) \
 	  $(CPPFLAGS) $(call DEP_CFLAGS,libuv libprotobuf-c libxxhash) -o $@ \
 	  $(FUZZ_SRCS) $(call DEP_LIBS,libprotobuf-c libxxhash) -lm
 

@@ -30,6 +30,23 @@ static size_t make_input(fz_rng *r, uint8_t *buf) {
       len += fz_frame(r, seq++, buf + len, INPUT_MAX - len, fz_below(r, 2));
     return len;
   }
+  if (fz_below(r, 4) == 0) { /* ring requests: whole frames, some cut,
+                                 some mutated, some over the ring's area */
+    buf[0] = 2;
+    for (k = 0; k < nframes && INPUT_MAX - len > (64u << 10) + 3; k++) {
+      size_t n = fz_frame(r, seq++, buf + len + 3, 65535, fz_below(r, 4));
+
+      if (fz_below(r, 8) == 0)
+        n = fz_mutate(r, buf + len + 3, n, 65535);
+      else if (fz_below(r, 16) == 0 && n > 1)
+        n -= 1 + fz_below(r, (uint32_t)n - 1);
+      buf[len] = (uint8_t)fz_below(r, 2);
+      buf[len + 1] = (uint8_t)n;
+      buf[len + 2] = (uint8_t)(n >> 8);
+      len += 3 + n;
+    }
+    return len;
+  }
   buf[0] = 0;
   for (k = 0; k < nframes && INPUT_MAX - len > (64u << 10); k++) {
     int compact = fz_below(r, 3) == 0; /* (the session byte's top bit) */
