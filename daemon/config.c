@@ -12,7 +12,7 @@
 #include "kvs_status.h"
 
 enum cfg_type {
-  T_U32,  /* decimal (or 0x hex) integer */
+  T_U32,  /* a decimal integer (a leading 0 is not octal, 0x is refused) */
   T_U64,
   T_SIZE, /* bytes; suffix K, M, G or T (powers of 1024) */
   T_INT,
@@ -286,6 +286,11 @@ static const cfg_option options[] = {
      "BOOL", "Process",
      "Stop (as on SIGTERM) when the process that started the daemon exits, "
      "so a test that dies never leaves a daemon behind."},
+    {"dumpable", T_BOOL, F(dumpable), 0, 1, "no", NULL, "BOOL", "Process",
+     "yes: leave the daemon dumpable, so that processes of its uid may read "
+     "/proc/PID/fd (the pool, the tier file, every session's ring), attach "
+     "a debugger and get a core dump.  For debugging only: with no, only "
+     "root may."},
     {"shutdown_timeout_ms", T_U32, F(shutdown_timeout_ms), 0, 600000, "2000",
      NULL, "MS", "Process",
      "On SIGTERM/SIGINT, how long replies still queued may take to drain "
@@ -337,7 +342,7 @@ static int parse_ull(const char *s, unsigned long long *v, int sized) {
   if (!isdigit((unsigned char)*s))
     return -1;
   errno = 0;
-  x = strtoull(s, &end, 0);
+  x = strtoull(s, &end, 10); /* decimal: "0100" is 100, "0x10" refused */
   if (errno)
     return -1;
   if (sized && *end) {
@@ -369,6 +374,42 @@ static int parse_ull(const char *s, unsigned long long *v, int sized) {
     return -1;
   *v = x * mul;
   return 0;
+}
+
+/* Is s UTF-8 (RFC 3629: shortest forms, no surrogates, up to U+10FFFF)
+ * without control characters (C0, DEL, C1)?  What lands in /metrics
+ * labels, events and logs must be. */
+static int utf8_text(const char *s) {
+  const unsigned char *p = (const unsigned char *)s;
+
+  while (*p) {
+    unsigned c = *p, n, cp;
+
+    if (c < 0x80) {
+      if (c < 0x20 || c == 0x7f)
+        return 0;
+      p++;
+      continue;
+    }
+    if (c >= 0xc2 && c <= 0xdf)
+      n = 1, cp = c & 0x1f;
+    else if (c >= 0xe0 && c <= 0xef)
+      n = 2, cp = c & 0x0f;
+    else if (c >= 0xf0 && c <= 0xf4)
+      n = 3, cp = c & 0x07;
+    else
+      return 0;
+    for (unsigned k = 1; k <= n; k++) {
+      if ((p[k] & 0xc0) != 0x80)
+        return 0;
+      cp = cp << 6 | (p[k] & 0x3f);
+    }
+    if ((n == 2 && cp < 0x800) || (n == 3 && (cp < 0x10000 || cp > 0x10ffff)) ||
+        (cp >= 0xd800 && cp <= 0xdfff) || (cp >= 0x80 && cp <= 0x9f))
+      return 0;
+    p += n + 1;
+  }
+  return 1;
 }
 
 static int choice_index(const char *choices, const char *v) {
@@ -416,8 +457,9 @@ static int set_option(cfg *c, const cfg_option *o, const char *v, char *err,
   case T_U64:
   case T_SIZE:
     if (parse_ull(v, &u, o->type == T_SIZE) < 0)
-      return fail(err, err_len, "%s: '%s' is not a%s number", o->name, v,
-                  o->type == T_SIZE ? " byte count (K, M, G, T allowed)" : "");
+      return fail(err, err_len, "%s: '%s' is not a decimal number%s", o->name,
+                  v, o->type == T_SIZE ? " of bytes (a K, M, G or T suffix "
+                                         "allowed)" : "");
     if (u < (unsigned long long)o->min || u > o->max)
       return fail(err, err_len, "%s: %s is out of range [%lld, %llu]",
                   o->name, v, o->min, o->max);
@@ -457,6 +499,10 @@ static int set_option(cfg *c, const cfg_option *o, const char *v, char *err,
     if (strlen(v) >= o->size)
       return fail(err, err_len, "%s: longer than %zu characters", o->name,
                   o->size - 1);
+    if ((field == c->model_id || field == c->kv_events_topic) &&
+        !utf8_text(v))
+      return fail(err, err_len, "%s: not UTF-8 text (control characters "
+                  "and invalid UTF-8 are refused)", o->name);
     memcpy(field, v, strlen(v) + 1);
     return 0;
   case T_ENUM: {
@@ -880,7 +926,12 @@ void cfg_print_help(FILE *out, const char *prog) {
           "exit\n"
           "  --print-example-config  print the annotated example config "
           "(deploy/kvshared.conf)\n"
-          "  --help, --version\n",
+          "  --help, --version\n"
+          "\n"
+          "N, MS, US and BYTES are decimal (a leading 0 is not octal; 0x is "
+          "refused);\nBYTES take a K, M, G or T suffix (powers of 1024). "
+          "--model-id and\n--kv-events-topic are UTF-8 text without control "
+          "characters.\n",
           prog, prog);
   for (i = 0; i < NOPTIONS; i++) {
     const cfg_option *o = &options[i];

@@ -86,6 +86,7 @@ typedef struct cfg {
   int log_level;          /* enum log_level */
   int ready_fd;           /* -1: none */
   int exit_with_parent;
+  int dumpable;          /* yes: PR_SET_DUMPABLE left at 1 */
   uint32_t shutdown_timeout_ms;
   uint32_t handshake_timeout_ms;
   uint32_t frame_timeout_ms;

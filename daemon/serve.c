@@ -728,6 +728,13 @@ int serve_main(int argc, char **argv) {
       return 1;
     }
   }
+  /* Not dumpable: /proc/PID/fd (the pool, tier files, rings), ptrace and
+   * core dumps are root's only, not every process of the daemon's uid
+   * (docs/operations.md, "Who is trusted with what"). */
+  if (!c.dumpable && prctl(PR_SET_DUMPABLE, 0) < 0) {
+    fprintf(stderr, "kvshared: prctl(PR_SET_DUMPABLE): %s\n", strerror(errno));
+    return 1;
+  }
   /* A peer that closes early must not kill the daemon with SIGPIPE. */
   signal(SIGPIPE, SIG_IGN);
   return run(&c);

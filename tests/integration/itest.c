@@ -170,6 +170,11 @@ int itest_daemon_try(itest_daemon *d, const char *const *extra) {
   argv[n++] = d->socket;
   argv[n++] = "--ready-fd";
   argv[n++] = readyfd;
+  if (geteuid() != 0) { /* the fd checks read /proc/PID/fd: root always
+                           may, another uid only while it is dumpable */
+    argv[n++] = "--dumpable";
+    argv[n++] = "yes";
+  }
   for (int i = 0; extra && extra[i] && n < 62; i++)
     argv[n++] = extra[i];
   argv[n] = NULL;

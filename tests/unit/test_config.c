@@ -119,11 +119,11 @@ static void test_file_errors(void **state) {
   expect_error("pool_blocks = 1\nno_such_option = 3\n", "bad.conf:2");
   expect_error("no_such_option = 3\n", "unknown option 'no_such_option'");
   expect_error("pool_blocks\n", "expected 'key = value'");
-  expect_error("pool_blocks = lots\n", "not a number");
+  expect_error("pool_blocks = lots\n", "not a decimal number");
   expect_error("pool_blocks = 0\n", "out of range");
-  expect_error("pool_blocks = -5\n", "not a number");
+  expect_error("pool_blocks = -5\n", "not a decimal number");
   expect_error("block_size = 99999\n", "out of range");
-  expect_error("max_frame = 12Q\n", "byte count");
+  expect_error("max_frame = 12Q\n", "decimal number of bytes");
   expect_error("max_frame = 100\n", "out of range");
   expect_error("dtype = fp64\n", "fp32|fp16|bf16");
   expect_error("backend = cuda9\n", "auto|host");
@@ -131,7 +131,7 @@ static void test_file_errors(void **state) {
   expect_error("allow_uids = 1,x\n", "numeric id");
   expect_error("log_level = loud\n", "error|warn|info|debug");
   expect_error("ready_fd = -2\n", "out of range");
-  expect_error("pool_blocks = 99999999999999999999999\n", "not a number");
+  expect_error("pool_blocks = 99999999999999999999999\n", "not a decimal number");
   {
     char big[300];
 
@@ -140,6 +140,54 @@ static void test_file_errors(void **state) {
     big[sizeof(big) - 1] = '\0';
     expect_error(big, "longer than");
   }
+}
+
+/* Numbers are decimal, whatever their leading zeros; model ids and topics
+ * are UTF-8 text. */
+static void test_numbers_and_text(void **state) {
+  static const char *bad_text[] = {
+      "a\xff",          /* not UTF-8 */
+      "\xc0\xaf",       /* an overlong '/' */
+      "\xe0\x80\xaf",   /* another */
+      "\xed\xa0\x80",   /* a surrogate */
+      "\xf4\x90\x80\x80", /* over U+10FFFF */
+      "\xe6\xa8",       /* cut short */
+      "red\x1b[31m",    /* C0: an escape sequence */
+      "tab\there",
+      "del\x7f",
+      "c1\xc2\x85",     /* C1: NEL */
+  };
+  char err[256];
+  cfg c;
+
+  (void)state;
+  cfg_init(&c);
+  assert_int_equal(cfg_set(&c, "pool_blocks", "0100", err, sizeof(err)), 0);
+  assert_int_equal(c.pool_blocks, 100);
+  assert_int_equal(cfg_set(&c, "max_frame", "010K", err, sizeof(err)), 0);
+  assert_int_equal(c.max_frame, 10u << 10);
+  assert_int_equal(cfg_set(&c, "pool_blocks", "0x10", err, sizeof(err)),
+                   KVS_EINVAL);
+  assert_string_equal(err, "pool_blocks: '0x10' is not a decimal number");
+  assert_int_equal(c.pool_blocks, 100);
+  assert_int_equal(cfg_set(&c, "max_frame", "0x10K", err, sizeof(err)),
+                   KVS_EINVAL);
+  assert_string_equal(err, "max_frame: '0x10K' is not a decimal number of "
+                           "bytes (a K, M, G or T suffix allowed)");
+  assert_int_equal(cfg_set(&c, "max_frame", "10X", err, sizeof(err)),
+                   KVS_EINVAL);
+  assert_int_equal(cfg_set(&c, "model_id", "Llama-3 \xc3\xbc \xe6\xa8\xa1"
+                           "\xf0\x9f\x98\x80", err, sizeof(err)), 0);
+  for (size_t i = 0; i < sizeof(bad_text) / sizeof(bad_text[0]); i++) {
+    err[0] = '\0';
+    if (cfg_set(&c, "model_id", bad_text[i], err, sizeof(err)) != KVS_EINVAL)
+      fail_msg("model id #%zu accepted", i);
+    assert_string_equal(err, "model_id: not UTF-8 text (control characters "
+                             "and invalid UTF-8 are refused)");
+    assert_int_equal(cfg_set(&c, "kv_events_topic", bad_text[i], err,
+                             sizeof(err)), KVS_EINVAL);
+  }
+  assert_string_equal(c.model_id, "Llama-3 \xc3\xbc \xe6\xa8\xa1\xf0\x9f\x98\x80");
 }
 
 static void test_args(void **state) {
@@ -499,6 +547,7 @@ int main(void) {
       cmocka_unit_test(test_default_socket),
       cmocka_unit_test(test_file_syntax),
       cmocka_unit_test(test_file_errors),
+      cmocka_unit_test(test_numbers_and_text),
       cmocka_unit_test(test_args),
       cmocka_unit_test(test_finish),
       cmocka_unit_test(test_gpu_options),
