@@ -436,6 +436,10 @@ static void render(FILE *f, const msnap *sn) {
     one(f, "kvshare_remote_reconnects_total", "counter",
         "Connections to the remote tier made again after a loss.",
         r->reconnects);
+    one(f, "kvshare_remote_dropped_total", "counter",
+        "Connections to the remote tier dropped for their replies (over a "
+        "bound, not RESP2, not asked for, or silent while owing answers).",
+        r->dropped);
   }
   render_hist(f, sn);
 }

@@ -18,6 +18,7 @@
 
 
 #include "daemon/log.h"
+#include "daemon/tiers/resp_gate.h"
 #include "kvs_status.h"
 
 /* hiredis exports it (redisAsyncHandleRead's second half) but its async.h
@@ -31,6 +32,12 @@ void redisProcessCallbacks(redisAsyncContext *ac);
 #define BACKOFF_MAX_MS 5000
 #define REFRESH_MIN_MS 1000
 #define CLOSE_GRACE_MS 2000
+#define STALL_MIN_MS 2000   /* a connection owing answers and silent this
+                               long (or 4 read timeouts) is dropped */
+#define PENALTY_MS 10000    /* a connection dropped for its replies after
+                               less time up than this keeps its back-off */
+#define READ_CHUNK (256u << 10)
+#define READS_PER_TURN 16
 #define WRITE_WINDOW (1u << 20) /* write bytes waiting for answers */
 #define KEY_MAX 160
 #define HDR_FIXED 80
@@ -69,6 +76,14 @@ typedef struct rnode {
                        connection counts as up (back-off reset, "connected"
                        logged) once they all came back good */
   char addr[300];   /* for the log */
+  resp_gate gate;   /* the replies' structure, checked before hiredis */
+  uint64_t last_rx; /* when a byte last came, or the first answer owed */
+  uint64_t up_since;
+  int dropped;      /* the last connection was dropped for its replies */
+  int drop_logged;  /* a drop was logged (once per server connection) */
+  int quiet;        /* down by a drop (logged once): no "lost" line */
+  int lost;         /* drop_why is an end or error read, not a drop */
+  char drop_why[120]; /* set by drop(), for on_disconnect's log line */
 } rnode;
 
 typedef struct gitem {
@@ -134,36 +149,86 @@ typedef struct uvpoll {
   int events;
 } uvpoll;
 
+static void drop(rnode *n, const char *why);
+static void lost(rnode *n, const char *why);
+
+/* Reads what n's server sent, passing it through n's gate before hiredis's
+ * parser: hiredis's reader would take any size, any count and any reply
+ * nobody asked for (resp_gate.h).  Up to READS_PER_TURN reads of
+ * READ_CHUNK a turn (a syscall and a wake-up of the server per 16 KiB, as
+ * hiredis reads, is slow for large values); the poll is level-triggered,
+ * so what is left comes next turn.  Then the callbacks of the replies
+ * completed.  The end of the stream, an error, or a reply the gate refuses
+ * drops the connection (drop: its callbacks see NULL, on_disconnect backs
+ * off). */
+static void read_replies(uvpoll *p) {
+  static char buf[READ_CHUNK];
+  redisAsyncContext *ac = p->ac;
+  rnode *n = ac->data;
+  uint32_t owed = n->pending;
+  const char *why = NULL;
+  char what[120];
+  int k = 0, fed = 0, gone = 0;
+
+  while (k++ < READS_PER_TURN) {
+    ssize_t got = read(ac->c.fd, buf, sizeof(buf));
+
+    if (got < 0 && errno == EINTR)
+      continue;
+    if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+      break;
+    if (got <= 0) {
+      snprintf(what, sizeof(what), "connection lost (%s)",
+               got == 0 ? "closed" : strerror(errno));
+      why = what;
+      gone = 1;
+      break;
+    }
+    n->last_rx = now_ms(n->rm);
+    if (resp_gate_scan(&n->gate, buf, (size_t)got) < 0) {
+      why = n->gate.why;
+      break;
+    }
+    if (n->gate.replies > owed) {
+      why = "a reply nobody asked for";
+      break;
+    }
+    if (redisReaderFeed(ac->c.reader, buf, (size_t)got) != REDIS_OK) {
+      why = "a reply hiredis cannot read";
+      break;
+    }
+    fed = 1;
+    if ((size_t)got < sizeof(buf))
+      break;
+  }
+  /* The replies fed go to their callbacks first, also when a later chunk
+   * was refused or the stream ended (a server that answered, then
+   * closed: its answers count). */
+  if (fed) {
+    n->gate.replies = 0;
+    redisProcessCallbacks(ac); /* may free it: p->ac NULL */
+  }
+  if (why && p->ac) {
+    if (gone)
+      lost(n, why);
+    else
+      drop(n, why);
+  }
+}
+
 static void on_poll(uv_poll_t *h, int status, int events) {
   uvpoll *p = h->data;
 
   if (status < 0) /* let hiredis see the error on the socket */
     events = p->events;
-  if (p->ac && (events & UV_READABLE)) {
-    /* hiredis reads 16 KiB at a time (a syscall, and a wake-up of the
-     * server, per 16 KiB of a value): read in big chunks here and feed its
-     * parser, up to 4 MiB a turn; then hiredis's own read (EAGAIN, or the
-     * end or error it must see) and its callbacks. */
-    static char buf[256 << 10];
-    ssize_t n;
-    int k = 0, fed = 0;
-
-    while (k++ < 16 && (n = read(p->ac->c.fd, buf, sizeof(buf))) > 0) {
-      fed = 1;
-      if (redisReaderFeed(p->ac->c.reader, buf, (size_t)n) != REDIS_OK)
-        break; /* its next read reports the parser's error */
-      if ((size_t)n < sizeof(buf))
-        break;
-    }
-    /* The answers fed first: when hiredis's read meets the end of the
-     * stream (a server that answered, then closed) it disconnects at once
-     * and calls every callback still waiting with NULL, answered or not. */
-    if (fed)
-      redisProcessCallbacks(p->ac); /* may free it: p->ac NULL */
-    if (p->ac)
-      redisAsyncHandleRead(p->ac);
-  }
-  if (p->ac && (events & UV_WRITABLE))
+  /* Not connected yet: hiredis's write handler finishes the connect (its
+   * read handler would also read, past the gate). */
+  if (p->ac && (events & (UV_READABLE | UV_WRITABLE)) &&
+      !(p->ac->c.flags & REDIS_CONNECTED))
+    redisAsyncHandleWrite(p->ac);
+  if (p->ac && (events & UV_READABLE) && (p->ac->c.flags & REDIS_CONNECTED))
+    read_replies(p);
+  if (p->ac && (events & UV_WRITABLE) && (p->ac->c.flags & REDIS_CONNECTED))
     redisAsyncHandleWrite(p->ac);
 }
 
@@ -307,7 +372,9 @@ static void on_retry(uv_timer_t *t) {
 
 static void node_down(rnode *n, const char *why) {
   tier_remote *rm = n->rm;
+  int quiet = n->quiet; /* a drop, logged once already */
 
+  n->quiet = 0;
   n->state = RN_DOWN;
   n->connected = 0;
   n->ac = NULL;
@@ -315,7 +382,7 @@ static void node_down(rnode *n, const char *why) {
     n->state = RN_CLOSED;
     return;
   }
-  if (!n->down_logged) {
+  if (!n->down_logged && !quiet) {
     log_warn(0, "remote tier %s: %s; reads miss and writes are skipped "
              "until it is back (retrying)", n->addr, why);
     n->down_logged = 1;
@@ -356,18 +423,30 @@ static void node_good(rnode *n) {
   tier_remote *rm = n->rm;
 
   n->state = RN_UP;
-  n->backoff_ms = 0;
+  n->up_since = now_ms(rm);
+  if (!n->dropped)
+    n->backoff_ms = 0;
+  n->dropped = 0;
   if (rm->cluster && !rm->have_map)
     refresh_map(rm);
-  if (n->was_up)
-    rm->st.reconnects++;
-  n->was_up = 1;
   if (n->down_logged) {
     log_info(0, "remote tier %s: connected again", n->addr);
     n->down_logged = 0;
-  } else {
+  } else if (!n->was_up) {
     log_info(0, "remote tier %s: connected", n->addr);
-  }
+  } /* (else: back after a drop, logged once) */
+  if (n->was_up)
+    rm->st.reconnects++;
+  n->was_up = 1;
+}
+
+static void watch_stalls(tier_remote *rm);
+
+/* n owes one more answer (a command went out on it). */
+static void owe(rnode *n) {
+  if (n->pending++ == 0)
+    n->last_rx = now_ms(n->rm); /* silence counts from here */
+  watch_stalls(n->rm);
 }
 
 static void on_disconnect(const redisAsyncContext *ac, int status) {
@@ -375,11 +454,48 @@ static void on_disconnect(const redisAsyncContext *ac, int status) {
   tier_remote *rm = n->rm;
   char why[200];
 
-  snprintf(why, sizeof(why), "connection lost (%s)",
-           status == REDIS_OK ? "closed" : ac->errstr);
+  if (n->lost) {
+    snprintf(why, sizeof(why), "%s", n->drop_why);
+  } else if (n->drop_why[0]) {
+    if (!n->drop_logged)
+      log_warn(0, "remote tier %s: %s; reconnecting with back-off (counted "
+               "in kvshare_remote_dropped_total; logged once)", n->addr,
+               n->drop_why);
+    n->drop_logged = 1;
+    n->quiet = 1;
+    snprintf(why, sizeof(why), "%s", n->drop_why);
+  } else {
+    n->quiet = 0;
+    snprintf(why, sizeof(why), "connection lost (%s)",
+             status == REDIS_OK ? "closed" : ac->errstr);
+  }
+  n->drop_why[0] = '\0';
+  n->lost = 0;
   n->pending = 0;
   node_down(n, why);
   context_gone(rm);
+}
+
+/* n's connection ended or failed under a read: gone as hiredis would have
+ * it go (its callbacks see NULL; on_disconnect logs why and backs off). */
+static void lost(rnode *n, const char *why) {
+  n->lost = 1;
+  snprintf(n->drop_why, sizeof(n->drop_why), "%s", why);
+  redisAsyncFree(n->ac);
+}
+
+/* Drops n's connection now (why: for the log and, when it is the server's
+ * doing, counted in dropped): every answer still owed is an error, and
+ * on_disconnect backs off before the next connection. */
+static void drop(rnode *n, const char *why) {
+  redisAsyncContext *ac = n->ac;
+
+  n->rm->st.dropped++;
+  snprintf(n->drop_why, sizeof(n->drop_why), "dropped: %s", why);
+  /* A server that answers badly soon after each connect is not tried
+   * again every BACKOFF_MIN_MS: node_good keeps the back-off. */
+  n->dropped = now_ms(n->rm) - n->up_since < PENALTY_MS;
+  redisAsyncFree(ac); /* callbacks with NULL, then on_disconnect */
 }
 
 static void on_setup_reply(redisAsyncContext *ac, void *r, void *priv) {
@@ -425,6 +541,9 @@ static void start_context(rnode *n, const char *ip) {
   n->state = RN_CONNECTING;
   n->pending = 0;
   n->setup = 0;
+  n->drop_why[0] = '\0';
+  n->lost = 0;
+  resp_gate_init(&n->gate, rm->value_len > 4096 ? rm->value_len : 4096);
   rm->handles++;
   rm->contexts++;
   if (rm->pass[0]) { /* AUTH [USER] PASSWORD, first in the pipeline */
@@ -436,18 +555,18 @@ static void start_context(rnode *n, const char *ip) {
     }
     redisAsyncCommandArgv(ac, on_setup_reply, (void *)"AUTH", argc, argv,
                           NULL);
-    n->pending++;
+    owe(n);
     n->setup++;
   }
   if (rm->db > 0) {
     redisAsyncCommand(ac, on_setup_reply, (void *)"SELECT", "SELECT %d",
                       rm->db);
-    n->pending++;
+    owe(n);
     n->setup++;
   }
   if (!n->setup) { /* an answer says the server takes commands */
     redisAsyncCommand(ac, on_setup_reply, (void *)"PING", "PING");
-    n->pending++;
+    owe(n);
     n->setup++;
   }
 }
@@ -639,7 +758,7 @@ static void refresh_map(tier_remote *rm) {
       continue;
     rm->refresh_next = i + 1;
     if (redisAsyncCommand(n->ac, on_slots, rm, "CLUSTER SLOTS") == REDIS_OK) {
-      n->pending++;
+      owe(n);
       rm->last_refresh = now;
     }
     return;
@@ -773,16 +892,56 @@ static void on_get_reply(redisAsyncContext *ac, void *r, void *priv) {
     get_free(g);
 }
 
+/* How long a connection owing answers may stay silent. */
+static uint64_t stall_ms(const tier_remote *rm) {
+  uint64_t t = (uint64_t)rm->cfg.timeout_ms * 4;
+
+  return t > STALL_MIN_MS ? t : STALL_MIN_MS;
+}
+
+/* Drops the connections that owe answers and have been silent for
+ * stall_ms (a server that stopped mid-reply would hold its connection,
+ * and every read queued behind, for ever); 1 when some still owe. */
+static int check_stalls(tier_remote *rm, uint64_t now) {
+  int owing = 0;
+
+  for (uint32_t i = 0; i < rm->nnodes; i++) {
+    rnode *n = rm->nodes[i];
+
+    if (!n->ac || !n->connected || n->pending == 0)
+      continue;
+    if (now - n->last_rx >= stall_ms(rm)) {
+      char why[80];
+      snprintf(why, sizeof(why), "no answer for %llu ms",
+               (unsigned long long)(now - n->last_rx));
+      drop(n, why);
+    } else {
+      owing = 1;
+    }
+  }
+  return owing;
+}
+
 static void on_tick(uv_timer_t *t) {
   tier_remote *rm = t->data;
-  uint64_t now = now_ms(rm);
+  uint64_t now = now_ms(rm), next = UINT64_MAX;
 
   while (rm->thead && rm->thead->deadline <= now)
     get_finish(rm->thead, 1);
-  if (rm->thead)
-    uv_timer_start(&rm->tick, on_tick, rm->thead->deadline - now, 0);
+  if (check_stalls(rm, now))
+    next = stall_ms(rm) / 4;
+  if (rm->thead && rm->thead->deadline - now < next)
+    next = rm->thead->deadline - now;
+  if (next != UINT64_MAX)
+    uv_timer_start(&rm->tick, on_tick, next, 0);
   if (rm->cluster && !rm->have_map)
     refresh_map(rm);
+}
+
+/* Something is owed: the tick looks for stalls (and read deadlines). */
+static void watch_stalls(tier_remote *rm) {
+  if (rm->started && !rm->closing && !uv_is_active((uv_handle_t *)&rm->tick))
+    uv_timer_start(&rm->tick, on_tick, stall_ms(rm) / 4, 0);
 }
 
 int tier_remote_get_start(tier_remote *rm, const kvs_hash128 *hashes, uint32_t n,
@@ -841,7 +1000,7 @@ int tier_remote_get_start(tier_remote *rm, const kvs_hash128 *hashes, uint32_t n
       g->pub.n = i + 1;
       break;
     }
-    nd->pending++;
+    owe(nd);
     g->pending++;
   }
   if (g->pending == 0) { /* nothing went out */
@@ -863,7 +1022,8 @@ int tier_remote_get_start(tier_remote *rm, const kvs_hash128 *hashes, uint32_t n
     rm->thead = g;
   rm->ttail = g;
   g->on_tlist = 1;
-  if (!uv_is_active((uv_handle_t *)&rm->tick))
+  if (!uv_is_active((uv_handle_t *)&rm->tick) ||
+      uv_timer_get_due_in(&rm->tick) > rm->cfg.timeout_ms)
     uv_timer_start(&rm->tick, on_tick, rm->cfg.timeout_ms, 0);
   *out = &g->pub;
   return 0;
@@ -996,7 +1156,7 @@ int tier_remote_put(tier_remote *rm, void *buf, kvs_hash128 h, const uint32_t *t
     rm->st.puts_skipped++;
     return KVS_ELIMIT;
   }
-  nd->pending++;
+  owe(nd);
   rm->st.inflight_bytes += rm->put_size;
   rm->write_inflight += rm->put_size;
   return 0;

@@ -138,6 +138,9 @@ typedef struct tier_remote_stats {
   uint64_t puts_skipped;      /* writes not sent: down or at the bound */
   uint64_t bytes_read;        /* value bytes that came back good */
   uint64_t reconnects;        /* connections made again after a loss */
+  uint64_t dropped;           /* connections dropped for their replies: over
+                                 a bound, not RESP2, unasked for, or silent
+                                 while owing answers (resp_gate.h) */
   uint64_t slot_refreshes;    /* cluster slot map reloads */
 } tier_remote_stats;
 
