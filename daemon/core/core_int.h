@@ -247,6 +247,9 @@ struct core {
   hidx tindex;                /* hash -> entry */
   uint32_t nbusy;             /* blocks on the free queue being copied
                                  down (allocation skips them) */
+  uint32_t ndown;             /* blocks being copied down, on the free
+                                 queue or not (a lookup may hold them):
+                                 at most tier_window */
   core_observer obs[CORE_OBSERVERS]; /* index events: obs[0..nobs) */
   uint32_t nobs;
   /* a restore (core_tier_restore_*) in progress: tier + 1 (0: none), the

@@ -417,8 +417,13 @@ uint32_t core_tier_plan(core *c, core_move *mv, uint32_t max) {
     return 0;
   if (c->tiers[CORE_TIER_HOST].nslots && c->tiers[CORE_TIER_DISK].nslots)
     n = plan_host_to_disk(c, mv, max / 2);
+  /* The window bounds the blocks being copied down, wherever they are: a
+   * lookup that hits one takes it off the queue's cold end, and when it is
+   * released at the warm end the window would otherwise start copies of
+   * the blocks now at the cold end, and so on until every free block is
+   * busy with a slow tier's writes and allocation refused. */
   for (uint32_t b = c->fq_head; b != NONE && seen < c->cfg.tier_window &&
-                                n < max;
+                                n < max && c->ndown < c->cfg.tier_window;
        b = c->blocks[b].next, seen++) {
     blk *x = &c->blocks[b];
     uint32_t e, s;
@@ -438,6 +443,7 @@ uint32_t core_tier_plan(core *c, core_move *mv, uint32_t max) {
     c->tents[e].busy++;
     x->busy = 1;
     c->nbusy++;
+    c->ndown++;
     mv[n].kind = CORE_MOVE_DOWN;
     mv[n].tier = (uint32_t)t;
     mv[n].block = b;
@@ -458,9 +464,10 @@ void core_tier_done(core *c, const core_move *m, int ok) {
   if (m->kind == CORE_MOVE_DOWN) {
     blk *b = &c->blocks[m->block];
 
-    assert(b->busy);
+    assert(b->busy && c->ndown > 0);
     b->busy = 0;
     c->nbusy -= b->on_queue;
+    c->ndown--;
   }
   if (ok) {
     x->valid[m->tier] = 1;
@@ -683,13 +690,18 @@ void tierbook_destroy(core *c) {
 
 int tierbook_check(const core *c, char *msg, size_t msg_len) {
   uint8_t *seen[CORE_TIERS] = {NULL, NULL};
-  uint32_t used = 0, nbusy = 0;
+  uint32_t used = 0, nbusy = 0, ndown = 0;
   int rc = 0;
 
   for (uint32_t b = 0; b < c->cfg.num_blocks; b++)
     nbusy += c->blocks[b].busy && c->blocks[b].on_queue;
   if (nbusy != c->nbusy)
     CHECK_FAIL("%u busy blocks queued, counter says %u", nbusy, c->nbusy);
+  for (uint32_t b = 0; b < c->cfg.num_blocks; b++)
+    ndown += c->blocks[b].busy;
+  if (ndown != c->ndown || ndown > c->cfg.tier_window)
+    CHECK_FAIL("%u blocks being copied down, counter says %u, window %u",
+               ndown, c->ndown, c->cfg.tier_window);
   if (c->restoring)
     CHECK_FAIL("a restore of tier %d is in progress", c->restoring - 1);
   if (!c->ntents)

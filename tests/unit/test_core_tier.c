@@ -963,12 +963,76 @@ static void test_restore(void **state) {
   core_destroy(c);
 }
 
+/* ==== 4. the window under lookups ======================================= */
+
+/* A slow tier (no copy down ever completes here) and lookups that hit the
+ * blocks being copied: each hit takes its block off the free queue's cold
+ * end, and its release puts it back at the warm end.  The blocks being
+ * copied down stay within the window wherever they are, so a pool that no
+ * request holds always has room: compute 40 prompts, look them all up,
+ * compute 40 more, planning moves after every step as the daemon does. */
+static void test_window_under_lookups(void **state) {
+  enum { POOL = 64, WINDOW = 16, PROMPTS = 56, LEN = BS + 1, LONG = 12 * BS };
+  core_move mv[POOL];
+  uint32_t tok[LONG];
+  uint32_t planned = 0, refused = 0;
+  char msg[256];
+  core_config cfg;
+  kvs_layout l = {BS, 1, 1, 1, KVS_DTYPE_FP32, POOL, 0};
+  core *c;
+
+  (void)state;
+  core_config_init(&cfg);
+  cfg.num_blocks = POOL;
+  cfg.block_size = BS;
+  cfg.root = core_root_hash(&l, "window-model");
+  cfg.tier_slots[CORE_TIER_DISK] = 4 * POOL;
+  cfg.tier_window = WINDOW;
+  assert_int_equal(core_create(&cfg, &c), 0);
+  for (int pass = 0; pass < 3; pass++)
+    for (uint32_t p = 0; p < PROMPTS; p++) {
+      core_req *r;
+      core_cow cow;
+      uint32_t hit;
+
+      uint32_t len = pass == 2 ? LONG : LEN; /* 12 blocks at once */
+
+      for (uint32_t i = 0; i < len; i++) /* pass 1 looks up pass 0's */
+        tok[i] = (pass == 2 ? 100000 : 0) + p * 1000 + i + 1;
+      assert_int_equal(core_req_create(c, NULL, 0, &r), 0);
+      assert_int_equal(core_lookup(c, r, tok, len, &hit), 0);
+      if (pass != 1) {
+        int rc = core_allocate(c, r, len - hit, &cow);
+
+        if (rc == KVS_ENOSPC)
+          refused++;
+        else
+          assert_int_equal(rc, 0);
+        if (rc == 0)
+          assert_int_equal(core_commit(c, r, hit, tok + hit, len - hit, NULL),
+                           0);
+      } else {
+        assert_int_equal(hit, BS); /* its sealed block */
+      }
+      core_req_free(c, r);
+      planned += core_tier_plan(c, mv, POOL); /* never done: a slow disk */
+      if (core_check(c, msg, sizeof(msg)) != 0)
+        fail_msg("pass %d prompt %u: %s", pass, p, msg);
+    }
+  print_message("%u copies down started (window %u), %u allocations "
+                "refused\n", planned, WINDOW, refused);
+  assert_int_equal(refused, 0);
+  assert_int_equal(planned, WINDOW);
+  core_destroy(c);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_restore),
       cmocka_unit_test(test_no_promote),
       cmocka_unit_test(test_sync_vs_model),
       cmocka_unit_test(test_async_bytes),
+      cmocka_unit_test(test_window_under_lookups),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
