@@ -200,7 +200,8 @@ static const cfg_option options[] = {
     {"tier_fault", T_STR, F(tier_fault), 0, 0, "", NULL, "SPEC", "Tiers",
      "For tests only: make the disk tier fail its Nth I/O of a kind, as "
      "KIND:N[,KIND:N...] with KIND read-eio, write-eio, write-enospc, short "
-     "or flip (a bit of the data).  Empty: none."},
+     "or flip (a bit of the data); write-slow:N makes every write take N "
+     "ms.  Empty: none."},
 
     {"remote_tier", T_STR, F(remote_tier), 0, 0, "", NULL, "URL",
      "Remote tier",

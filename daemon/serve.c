@@ -357,6 +357,17 @@ static void on_drain_timeout(uv_timer_t *t) {
   srv *s = t->data;
 
   if (!s->hub.sessions && !srv_io_idle(s)) {
+    if (copy_idle(&s->copy)) {
+      /* Only the tiers' own I/O is left: disk reads and writes of their
+       * staging buffers, remote answers.  None touches the pool; a slot
+       * left half written fails its checksum at the next start (counted
+       * torn).  A slow or failing disk must not turn a clean stop into a
+       * failure. */
+      log_warn(0, "shutdown: tier I/O still in flight %u ms after the "
+               "sessions closed (a slow disk or remote server); exiting "
+               "without it", s->cfg->shutdown_timeout_ms);
+      _exit(0);
+    }
     /* Sessions are gone and the copies have had a second timeout: only a
      * hung GPU gets here.  The pool cannot be released while the GPU may
      * still write it, and waiting could be forever: leave now (the driver

@@ -181,7 +181,7 @@ static void one(FILE *f, const char *name, const char *type, const char *help,
 enum tier_field {
   TF_CAPACITY, TF_SLOTS, TF_USED, TF_HELD, TF_DEMOTIONS, TF_PROMOTIONS,
   TF_HITS, TF_DROPS, TF_FAILURES, TF_BYTES_IN, TF_BYTES_OUT, TF_IO_ERRORS,
-  TF_CHECKSUMS
+  TF_CHECKSUMS, TF_BACKOFFS
 };
 
 static uint64_t tier_value(const tiers_stats *t, enum tier_field f) {
@@ -199,6 +199,7 @@ static uint64_t tier_value(const tiers_stats *t, enum tier_field f) {
   case TF_BYTES_OUT: return t->bytes_out;
   case TF_IO_ERRORS: return t->io_errors;
   case TF_CHECKSUMS: return t->checksum_failures;
+  case TF_BACKOFFS: return t->backoffs;
   }
   return 0;
 }
@@ -231,6 +232,9 @@ static const struct tier_fam {
      "Disk I/O errors (EIO, ENOSPC, short I/O).", TF_IO_ERRORS},
     {"kvshare_tier_checksum_failures_total", "counter",
      "Disk reads that failed their header or checksum.", TF_CHECKSUMS},
+    {"kvshare_tier_backoffs_total", "counter",
+     "Times demotion into the tier paused after failed writes (the pause "
+     "doubles from 10 ms to 5 s while writes keep failing).", TF_BACKOFFS},
 };
 
 static void tier_family(FILE *f, const msnap *sn, const struct tier_fam *t) {

@@ -36,6 +36,13 @@ struct local {
   uint32_t moves, promos, swaps; /* in flight */
   tier_swap *waiting, **waiting_tail; /* swaps waiting for staging buffers */
   uint64_t host_in, host_out;
+  /* Demotion backs off after a batch whose writes failed (a full or
+   * failing disk would otherwise be asked again every tick and every
+   * frame): no plan before resume_ns; the pause doubles from
+   * BACKOFF_MIN_MS up to BACKOFF_MAX_MS while batches keep failing. */
+  uint64_t resume_ns;
+  uint32_t backoff_ms;
+  uint64_t backoffs;
   void (*idle_cb)(void *);
   void *idle_data;
 };
@@ -57,6 +64,9 @@ typedef struct mbatch {
 
 static void swaps_retry(local *t);
 
+#define BACKOFF_MIN_MS 10
+#define BACKOFF_MAX_MS 5000
+
 static void maybe_idle(local *t) {
   if (t->idle_cb && local_idle(t))
     t->idle_cb(t->idle_data);
@@ -71,11 +81,26 @@ void local_set_idle_cb(local *t, void (*cb)(void *), void *data) {
 
 static void swap_chunk_done(tier_swap *sw, const int *ok, uint32_t n);
 
+/* A demotion batch ended with failed writes (failed: 1) or none. */
+static void note_writes(local *t, int failed) {
+  if (!failed) {
+    t->backoff_ms = 0;
+    return;
+  }
+  t->backoff_ms = t->backoff_ms ? t->backoff_ms * 2 : BACKOFF_MIN_MS;
+  if (t->backoff_ms > BACKOFF_MAX_MS)
+    t->backoff_ms = BACKOFF_MAX_MS;
+  t->resume_ns = uv_hrtime() + (uint64_t)t->backoff_ms * 1000000u;
+  t->backoffs++;
+}
+
 static void batch_end(mbatch *b) {
   local *t = b->t;
   tier_swap *sw = b->sw;
+  int failed = 0;
 
   for (uint32_t i = 0; i < b->n; i++) {
+    failed |= !b->ok[i];
     if (!sw)
       core_tier_done(t->core, &b->mv[i], b->ok[i]);
     if (b->ok[i] && b->mv[i].tier == CORE_TIER_HOST)
@@ -84,6 +109,8 @@ static void batch_end(mbatch *b) {
       tier_disk_buf_put(t->disk, b->bufs[i]);
   }
   t->moves -= b->n;
+  if (!sw)
+    note_writes(t, failed);
   if (sw)
     swap_chunk_done(sw, b->ok, b->n);
   free(b);
@@ -257,7 +284,8 @@ static void on_tick(uv_timer_t *h) {
   uint32_t room = MOVES_MAX - t->moves, n;
   mbatch *b;
 
-  if (t->stopped || t->moves >= MOVES_MAX)
+  if (t->stopped || t->moves >= MOVES_MAX ||
+      (t->backoff_ms && uv_hrtime() < t->resume_ns))
     return;
   if (t->disk && tier_disk_bufs_free(t->disk) / 2 < room)
     room = tier_disk_bufs_free(t->disk) / 2; /* half for promotions */
@@ -868,5 +896,6 @@ void local_get_stats(const local *t, tiers_stats st[CORE_TIERS],
     s->bytes_out = ds.bytes_read;
     s->io_errors = ds.io_errors;
     s->checksum_failures = ds.checksum_failures;
+    s->backoffs = t->backoffs;
   }
 }

@@ -55,10 +55,11 @@ _Static_assert(offsetof(slot_hdr, hdr_xxh3) == 48 &&
 _Static_assert(TOK_OFF + TIER_DISK_MAX_TOKENS * 4 <= HDR_BYTES,
                "token ids fit the header");
 
-enum { F_READ_EIO, F_WRITE_EIO, F_WRITE_ENOSPC, F_SHORT, F_FLIP, F_KINDS };
+enum { F_READ_EIO, F_WRITE_EIO, F_WRITE_ENOSPC, F_SHORT, F_FLIP, F_WRITE_SLOW,
+       F_KINDS };
 static const char *const fault_names[F_KINDS] = {"read-eio", "write-eio",
                                                  "write-enospc", "short",
-                                                 "flip"};
+                                                 "flip", "write-slow"};
 
 struct tier_disk {
   uv_loop_t *loop;
@@ -78,6 +79,9 @@ struct tier_disk {
   disk_io **waiting_tail;
   uint32_t unsubmitted, inflight;
   uint64_t fault_at[F_KINDS], fault_seen[F_KINDS];
+  /* write-slow:MS: every write's completion held MS ms (a slow disk) */
+  uv_timer_t slow;
+  disk_io *slow_head, *slow_tail;
   tier_disk_stats st;
   int warned_io, warned_sum;
   tier_disk_stamp stamp;
@@ -118,7 +122,9 @@ static int fault_parse(tier_disk *d, const char *spec, char *err,
   return 0;
 bad:
   snprintf(err, err_len, "tier_fault '%s': want KIND:N[,KIND:N...] with KIND "
-           "one of read-eio, write-eio, write-enospc, short, flip", spec);
+           "one of read-eio, write-eio, write-enospc, short, flip (the Nth "
+           "I/O of the kind fails), or write-slow (every write takes N ms)",
+           spec);
   return KVS_EINVAL;
 }
 
@@ -277,11 +283,17 @@ static void complete(tier_disk *d, disk_io *io, int res) {
   if (res != (int)d->slot_bytes) {
     io->status = KVS_EIO;
     d->st.io_errors++;
-    if (!d->warned_io++)
-      log_error(res < 0 ? -res : 0, "disk tier: %s of slot %u %s%d of %llu "
-                "bytes (counted as a miss; logged once)", what, io->slot,
-                res < 0 ? "failed" : "came back short: ", res < 0 ? 0 : res,
-                (unsigned long long)d->slot_bytes);
+    if (!d->warned_io++) {
+      if (res < 0)
+        log_error(-res, "disk tier: %s of slot %u failed (counted in "
+                  "io_errors%s; logged once)", what, io->slot,
+                  io->write ? "; demotion backs off" : " as a miss");
+      else
+        log_error(0, "disk tier: %s of slot %u came back short: %d of %llu "
+                  "bytes (counted in io_errors%s; logged once)", what,
+                  io->slot, res, (unsigned long long)d->slot_bytes,
+                  io->write ? "; demotion backs off" : " as a miss");
+    }
   } else if (!io->write && (io->status = verify(d, io)) != 0) {
     d->st.checksum_failures++;
     if (!d->warned_sum++)
@@ -293,6 +305,39 @@ static void complete(tier_disk *d, disk_io *io, int res) {
     d->st.bytes_read += d->data_len;
   }
   io->cb(io);
+}
+
+/* write-slow: the writes held back, in order (each due N ms after it
+ * completed; io->status holds its result meanwhile). */
+static void on_slow(uv_timer_t *t) {
+  tier_disk *d = t->data;
+  uint64_t now = uv_now(d->loop);
+
+  while (d->slow_head && d->slow_head->due_ms <= now) {
+    disk_io *io = d->slow_head;
+
+    d->slow_head = io->next;
+    if (!d->slow_head)
+      d->slow_tail = NULL;
+    complete(d, io, io->status);
+  }
+  if (d->slow_head)
+    uv_timer_start(&d->slow, on_slow, d->slow_head->due_ms - now, 0);
+  if (d->unsubmitted)
+    flush(d);
+}
+
+static void hold_slow(tier_disk *d, disk_io *io, int res) {
+  io->status = res;
+  io->due_ms = uv_now(d->loop) + d->fault_at[F_WRITE_SLOW];
+  io->next = NULL;
+  if (d->slow_tail)
+    d->slow_tail->next = io;
+  else
+    d->slow_head = io;
+  d->slow_tail = io;
+  if (!uv_is_active((uv_handle_t *)&d->slow))
+    uv_timer_start(&d->slow, on_slow, d->fault_at[F_WRITE_SLOW], 0);
 }
 
 static void on_poll(uv_poll_t *h, int status, int events) {
@@ -320,6 +365,10 @@ static void on_poll(uv_poll_t *h, int status, int events) {
       break;
     io_uring_cq_advance(&d->ring, k);
     for (unsigned i = 0; i < k; i++) {
+      if (d->fault_at[F_WRITE_SLOW] && batch[i]->write) {
+        hold_slow(d, batch[i], res[i]);
+        continue;
+      }
       complete(d, batch[i], res[i]);
       /* What the callbacks queued goes in now and then, not only at the
        * end of the turn: checking a batch of big blocks takes a while, and
@@ -458,8 +507,9 @@ int tier_disk_open(uv_loop_t *loop, const char *path, uint64_t bytes,
   uv_poll_init(loop, &d->poll, d->efd);
   uv_check_init(loop, &d->check);
   uv_prepare_init(loop, &d->prepare);
-  d->poll.data = d->check.data = d->prepare.data = d;
-  d->handles = 3;
+  uv_timer_init(loop, &d->slow);
+  d->poll.data = d->check.data = d->prepare.data = d->slow.data = d;
+  d->handles = 4;
   uv_poll_start(&d->poll, UV_READABLE, on_poll);
   *out = d;
   return 0;
@@ -498,6 +548,7 @@ void tier_disk_close(tier_disk *d) {
   uv_close((uv_handle_t *)&d->poll, on_handle_closed);
   uv_close((uv_handle_t *)&d->check, on_handle_closed);
   uv_close((uv_handle_t *)&d->prepare, on_handle_closed);
+  uv_close((uv_handle_t *)&d->slow, on_handle_closed);
 }
 
 uint32_t tier_disk_slots(const tier_disk *d) { return d->nslots; }

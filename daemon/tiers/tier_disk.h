@@ -69,6 +69,7 @@ struct disk_io {
   disk_cb cb;       /* on the loop thread, once */
   void *data;
   disk_io *next;    /* the tier's */
+  uint64_t due_ms;  /* the tier's (its write-slow fault) */
 };
 
 typedef struct tier_disk_stats {

@@ -171,6 +171,7 @@ typedef struct tiers_stats {
   uint64_t capacity_bytes;
   core_tier_stats core;
   uint64_t bytes_in, bytes_out, io_errors, checksum_failures;
+  uint64_t backoffs;    /* demotion paused after failed writes */
 } tiers_stats;
 /* The tiers that exist, top first (the remote tier last), into
  * st[0..*n). */

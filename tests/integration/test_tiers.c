@@ -209,7 +209,7 @@ static void test_faults(void) {
                         "flip:1,read-eio:2,short:3,write-eio:5,write-enospc:7",
                         NULL};
   /* (The daemon's words, daemon/tiers/tier_disk.c.) */
-  const char *io_line = "(counted as a miss; logged once)";
+  const char *io_line = "(counted in io_errors";
   const char *sum_line = "failed its header or checksum check";
 
   snprintf(disk, sizeof disk, "%s/disk-fault-%d", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)getpid());
