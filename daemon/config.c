@@ -255,18 +255,24 @@ static const cfg_option options[] = {
      "tiers, lookups and hits, evictions, sessions, protocol errors, "
      "request latency and batch size histograms; docs/operations.md).  "
      "ADDR is an IPv4 or IPv6 address ([::1]:9400) or * for every "
-     "interface.  Empty: off."},
+     "interface.  At most 16 connections, each closed after 10 s idle.  "
+     "Empty: off."},
     {"kv_events_endpoint", T_STR, F(kv_events_endpoint), 0, 0, "", NULL,
      "ENDPOINT", "Observability",
      "Publish the prefix index's changes (BlockStored, BlockRemoved, "
      "AllBlocksCleared; msgpack, as vLLM's KV events) on a ZMQ PUB socket "
      "bound here: tcp://*:5557, ipc:///run/kvshare/events.  For KV-aware "
-     "routers.  Empty: off."},
+     "routers.  Bounds per peer: messages of 256 bytes at most (longer: "
+     "dropped), 64 of them queued, a handshake within 5 s; a subscription "
+     "that is not a prefix of the topic is ignored, and a connection that "
+     "sends 1024 such is dropped.  libzmq sets no limit on connections "
+     "(each takes a descriptor): bind to a trusted network.  Empty: off."},
     {"kv_events_replay_endpoint", T_STR, F(kv_events_replay_endpoint), 0, 0,
      "", NULL, "ENDPOINT", "Observability",
      "A ZMQ ROUTER socket bound here answers a late subscriber's request "
      "(an 8-byte big-endian sequence number) with every kept event batch "
-     "from that number on, then an end marker.  Empty: no replay."},
+     "from that number on, then an end marker.  A peer's requests are 256 "
+     "bytes at most, 64 of them queued.  Empty: no replay."},
     {"kv_events_topic", T_STR, F(kv_events_topic), 0, 0, "", NULL, "TOPIC",
      "Observability",
      "Topic (the first frame of each published message)."},

@@ -1,15 +1,31 @@
 /*
  * events.c — the KV event stream (events.h): the core's index events, in
- * runs, into one msgpack batch per loop iteration, published on a ZMQ PUB
- * socket, kept for replay on a ZMQ ROUTER socket.
+ * runs, into one msgpack batch per loop iteration, published on a ZMQ XPUB
+ * socket (a PUB to its subscribers), kept for replay on a ZMQ ROUTER
+ * socket.
  *
  * Everything runs on the loop thread.  The batch is sent from a uv_prepare
  * callback (after the iteration's frames, before the loop sleeps); the
- * ROUTER socket's ZMQ_FD is watched by a uv_poll (it signals a change, the
- * socket's ZMQ_EVENTS says what is ready).
+ * ROUTER's and the XPUB's ZMQ_FD are watched by uv_polls (it signals a
+ * change, the socket's ZMQ_EVENTS says what is ready).
+ *
+ * What a peer can make the daemon hold is bounded.  No message it sends may
+ * be over EV_MSG_MAX (ZMQ_MAXMSGSIZE: libzmq drops the connection; a
+ * subscription longer than the topic can never match anyway).
+ * Subscriptions are the daemon's to take (ZMQ_XPUB_MANUAL): only those
+ * that can match the topic (a prefix of it) are, which bounds the trie the
+ * messages go out by.  libzmq still remembers every subscription of a
+ * manual XPUB, per connection, to undo it when the peer goes: a connection
+ * that sends EV_REFUSED_MAX subscriptions that could never match is shut
+ * down (its descriptor comes with each message, ZMQ_SRCFD), which frees
+ * what libzmq kept for it.  A well-behaved subscriber never sends one.
  */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <msgpack.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +40,15 @@
 #define EV_KEEP_BYTES (64ull << 20)
 #define EV_LINGER_MS 500
 #define EV_ID_MAX 256              /* ROUTER peer identity */
+#define EV_MSG_MAX 256             /* a message from a peer: a subscription
+                                      (1 + a topic of 63 at most), a
+                                      replay request, a peer identity */
+#define EV_REFUSED_MAX 1024        /* subscriptions that cannot match, before
+                                      the connection is dropped */
+#define EV_PEERS 256               /* connections counted at once (by fd) */
+#define EV_RCV_HWM 64              /* of them waiting, per peer */
+#define EV_HANDSHAKE_MS 5000       /* a peer silent this long after it
+                                      connects is dropped */
 
 enum { RUN_NONE = 0, RUN_STORED, RUN_REMOVED };
 
@@ -36,6 +61,11 @@ typedef struct ev_blob {
   uint8_t data[];
 } ev_blob;
 
+typedef struct ev_peer {
+  int fd;
+  uint32_t refused;
+} ev_peer;
+
 typedef struct ev_kept {
   uint64_t seq;
   ev_blob *blob;
@@ -44,7 +74,11 @@ typedef struct ev_kept {
 struct events {
   uv_loop_t *loop;
   void *zctx, *pub, *router;
-  uv_poll_t rpoll;
+  uv_poll_t rpoll, ppoll;
+  char pub_ep[300];        /* as bound (ZMQ_LAST_ENDPOINT) */
+  int pub_port;            /* its TCP port (0: not TCP) */
+  ev_peer peers[EV_PEERS]; /* refused subscriptions, by connection */
+  int drop_logged;
   uv_prepare_t prep;
   int open_handles;
   char topic[64];
@@ -72,6 +106,9 @@ struct events {
   uint64_t next_seq;
   events_stats st;
 };
+
+static void take_subscriptions(events *e);
+static void refused(events *e, int fd);
 
 /* ---- building a batch -------------------------------------------------- */
 
@@ -223,6 +260,7 @@ static void flush(events *e) {
       e->st.dropped++;
     else
       e->st.batches++;
+    take_subscriptions(e);
     keep(e, seq, b);
   }
   msgpack_sbuffer_destroy(&hdr);
@@ -367,6 +405,101 @@ static void serve_replay(events *e, uint8_t frames[3][EV_ID_MAX],
     log_debug(zmq_errno(), "kv events: a replay was cut short");
 }
 
+/* Subscriptions (XPUB_MANUAL): each taken when it can match the topic,
+ * counted and ignored when not.  Also after every send: libzmq's ZMQ_FD
+ * signals edges, which a send may consume. */
+static void take_subscriptions(events *e) {
+  for (;;) {
+    zmq_msg_t m;
+    const uint8_t *buf;
+    int zev = 0, n, fd;
+    size_t sz = sizeof(zev);
+
+    /* (zmq_recv looks at libzmq's commands every 100 calls, ZMQ_EVENTS at
+     * every one: ZMQ_EVENTS is asked only when zmq_recv finds nothing) */
+    zmq_msg_init(&m);
+    n = zmq_msg_recv(&m, e->pub, ZMQ_DONTWAIT);
+    if (n < 0) {
+      zmq_msg_close(&m);
+      if (zmq_errno() == EINTR)
+        continue;
+      if (zmq_errno() == EAGAIN &&
+          zmq_getsockopt(e->pub, ZMQ_EVENTS, &zev, &sz) == 0 &&
+          (zev & ZMQ_POLLIN))
+        continue;
+      return;
+    }
+    buf = zmq_msg_data(&m);
+    fd = zmq_msg_get(&m, ZMQ_SRCFD); /* the connection's (-1: none) */
+    if (n >= 1 && (buf[0] == 0 || buf[0] == 1) &&
+        (size_t)n - 1 <= e->topic_len &&
+        memcmp(buf + 1, e->topic, (size_t)n - 1) == 0) {
+      /* (to the peer whose message this was) */
+      zmq_setsockopt(e->pub, buf[0] ? ZMQ_SUBSCRIBE : ZMQ_UNSUBSCRIBE,
+                     buf + 1, (size_t)n - 1);
+      if (buf[0])
+        e->st.subscriptions++;
+    } else if (n >= 1 && buf[0] == 1) {
+      refused(e, fd);
+    } /* (an unsubscription that cannot match: nothing to undo) */
+    zmq_msg_close(&m);
+  }
+}
+
+/* Is fd one of the connections the events endpoint accepted?  (It came
+ * with a message a moment ago; libzmq's thread could have closed it since,
+ * and the number been reused: then it is still one of ours, or nothing is
+ * done.) */
+static int ours(const events *e, int fd) {
+  struct sockaddr_storage a;
+  socklen_t al = sizeof(a);
+
+  if (getsockname(fd, (struct sockaddr *)&a, &al) != 0)
+    return 0;
+  if (a.ss_family == AF_UNIX)
+    return strncmp(e->pub_ep, "ipc://", 6) == 0 &&
+           strncmp(((struct sockaddr_un *)&a)->sun_path, e->pub_ep + 6,
+                   sizeof(((struct sockaddr_un *)&a)->sun_path)) == 0;
+  if (a.ss_family == AF_INET)
+    return ntohs(((struct sockaddr_in *)&a)->sin_port) == e->pub_port;
+  if (a.ss_family == AF_INET6)
+    return ntohs(((struct sockaddr_in6 *)&a)->sin6_port) == e->pub_port;
+  return 0;
+}
+
+/* A subscription from connection fd (-1: libzmq's own) could never match:
+ * the connection goes after EV_REFUSED_MAX of them (above). */
+static void refused(events *e, int fd) {
+  ev_peer *p;
+
+  e->st.refused_subscriptions++;
+  if (fd < 0)
+    return;
+  p = &e->peers[(unsigned)fd % EV_PEERS];
+  if (p->fd != fd) {
+    p->fd = fd;
+    p->refused = 0;
+  }
+  if (++p->refused < EV_REFUSED_MAX)
+    return;
+  p->fd = -1;
+  if (!ours(e, fd) || shutdown(fd, SHUT_RDWR) != 0)
+    return;
+  e->st.subscriber_drops++;
+  log_at(e->drop_logged ? LOG_DEBUG : LOG_WARN, 0,
+         "kv events: a peer of %s sent %u subscriptions that cannot match "
+         "topic '%s': its connection dropped (counted in "
+         "kvshare_kv_event_subscriber_drops_total; logged once)", e->pub_ep,
+         EV_REFUSED_MAX, e->topic);
+  e->drop_logged = 1;
+}
+
+static void on_pub(uv_poll_t *h, int status, int revents) {
+  (void)status;
+  (void)revents;
+  take_subscriptions(h->data);
+}
+
 static void on_router(uv_poll_t *h, int status, int revents) {
   events *e = h->data;
   uint8_t frames[3][EV_ID_MAX];
@@ -430,8 +563,21 @@ static void *bind_socket(events *e, int type, const char *ep, int hwm,
     snprintf(err, len, "zmq_socket: %s", zmq_strerror(zmq_errno()));
     return NULL;
   }
+  int64_t maxmsg = EV_MSG_MAX;
+  int rcvhwm = EV_RCV_HWM, hs = EV_HANDSHAKE_MS, manual = 1;
+
   zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof(linger));
   zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof(hwm));
+  /* Bounds on what a peer makes the daemon hold (above). */
+  if (zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg)) < 0 ||
+      zmq_setsockopt(s, ZMQ_RCVHWM, &rcvhwm, sizeof(rcvhwm)) < 0 ||
+      zmq_setsockopt(s, ZMQ_HANDSHAKE_IVL, &hs, sizeof(hs)) < 0 ||
+      (type == ZMQ_XPUB &&
+       zmq_setsockopt(s, ZMQ_XPUB_MANUAL, &manual, sizeof(manual)) < 0)) {
+    snprintf(err, len, "zmq_setsockopt: %s", zmq_strerror(zmq_errno()));
+    zmq_close(s);
+    return NULL;
+  }
   if (zmq_bind(s, ep) < 0) {
     snprintf(err, len, "cannot bind %s: %s", ep, zmq_strerror(zmq_errno()));
     zmq_close(s);
@@ -444,7 +590,7 @@ int events_open(uv_loop_t *loop, const cfg *c, core *cr, const char *medium,
                 uint32_t block_size, events **out, char *err, size_t len) {
   core_observer obs;
   events *e;
-  int fd;
+  int fd, pfd = -1;
   size_t fsz = sizeof(fd);
 
   *out = NULL;
@@ -484,10 +630,27 @@ int events_open(uv_loop_t *loop, const cfg *c, core *cr, const char *medium,
     goto fail;
   }
   /* A subscriber's queue holds at most what the replay ring keeps. */
-  e->pub = bind_socket(e, ZMQ_PUB, c->kv_events_endpoint,
+  e->pub = bind_socket(e, ZMQ_XPUB, c->kv_events_endpoint,
                        (int)c->kv_events_buffer, err, len);
   if (e->pub == NULL)
     goto fail;
+  if (zmq_getsockopt(e->pub, ZMQ_FD, &pfd, &fsz) < 0) {
+    snprintf(err, len, "ZMQ_FD: %s", zmq_strerror(zmq_errno()));
+    goto fail;
+  }
+  {
+    size_t eplen = sizeof(e->pub_ep) - 1;
+
+    const char *colon;
+
+    if (zmq_getsockopt(e->pub, ZMQ_LAST_ENDPOINT, e->pub_ep, &eplen) < 0)
+      e->pub_ep[0] = '\0'; /* (then no drop: the endpoint is unknown) */
+    colon = strrchr(e->pub_ep, ':');
+    if (strncmp(e->pub_ep, "tcp://", 6) == 0 && colon)
+      e->pub_port = atoi(colon + 1);
+    for (uint32_t i = 0; i < EV_PEERS; i++)
+      e->peers[i].fd = -1;
+  }
   if (c->kv_events_replay_endpoint[0]) {
     /* One whole replay fits a peer's queue. */
     int hwm = (int)(2 * (c->kv_events_buffer + 1) * 4);
@@ -508,6 +671,11 @@ int events_open(uv_loop_t *loop, const cfg *c, core *cr, const char *medium,
     uv_poll_start(&e->rpoll, UV_READABLE, on_router);
     e->open_handles++;
   }
+  /* (the last handles: nothing fails after them) */
+  uv_poll_init(loop, &e->ppoll, pfd);
+  e->ppoll.data = e;
+  uv_poll_start(&e->ppoll, UV_READABLE, on_pub);
+  e->open_handles++;
   uv_prepare_init(loop, &e->prep);
   e->prep.data = e;
   e->open_handles++;
@@ -548,6 +716,7 @@ void events_close(events *e, core *cr) {
     uv_close((uv_handle_t *)&e->rpoll, on_closed);
     zmq_close(e->router);
   }
+  uv_close((uv_handle_t *)&e->ppoll, on_closed);
   zmq_close(e->pub);
   zmq_ctx_term(e->zctx); /* up to the linger: the last batches go out */
   uv_close((uv_handle_t *)&e->prep, on_closed);

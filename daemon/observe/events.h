@@ -43,6 +43,9 @@ typedef struct events_stats {
                              memory) */
   uint64_t replays;       /* replay requests answered */
   uint64_t bad_requests;  /* malformed replay requests */
+  uint64_t subscriptions; /* taken (they can match the topic) */
+  uint64_t refused_subscriptions; /* that could never match: ignored */
+  uint64_t subscriber_drops; /* connections dropped for too many of them */
   uint32_t kept;          /* batches kept for replay */
   uint64_t kept_bytes;
 } events_stats;

@@ -403,6 +403,14 @@ static void render(FILE *f, const msnap *sn) {
         "Replay requests answered.", sn->d.ev.replays);
     one(f, "kvshare_kv_event_bad_requests_total", "counter",
         "Malformed replay requests.", sn->d.ev.bad_requests);
+    one(f, "kvshare_kv_event_subscriptions_total", "counter",
+        "Subscriptions taken (a prefix of the topic).", sn->d.ev.subscriptions);
+    one(f, "kvshare_kv_event_refused_subscriptions_total", "counter",
+        "Subscriptions that could never match the topic: ignored.",
+        sn->d.ev.refused_subscriptions);
+    one(f, "kvshare_kv_event_subscriber_drops_total", "counter",
+        "Event connections dropped for sending 1024 subscriptions that "
+        "could never match.", sn->d.ev.subscriber_drops);
     one(f, "kvshare_kv_event_kept_batches", "gauge",
         "KV event batches kept for replay.", sn->d.ev.kept);
     one(f, "kvshare_kv_event_kept_bytes", "gauge",
