@@ -8,20 +8,26 @@ test_disk_full.sh.
    not by hundreds a second (the pause doubles from 10 ms to 5 s).  The
    error is logged once, in words ("failed", then the reason).  Lookups
    still hit what the pool holds, the pool check passes, SIGTERM exits 0.
-2. A disk whose every write takes 3 s (--tier-fault write-slow:3000):
+2. A disk whose writes never finish in time (--tier-fault write-slow):
+   20 prompts of 3 blocks computed, all looked up twice (hitting blocks
+   being written), 20 of 12 blocks computed: every Allocate is granted
+   (kvs_drive stops at the first refusal), the pool check passes.
+3. A disk whose every write takes 3 s (--tier-fault write-slow:3000):
    SIGTERM while writes are in flight exits 0 once the shutdown timeout
-   has passed twice, saying that tier I/O was left behind (not "0 copies
+   has passed, saying that tier I/O was left behind (not "0 copies
    still in flight" and status 1).
 
 Usage: disk_full.py BUILD DIR   (exit 77: cannot mount a tmpfs)
 """
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kvs_testlib import drive as run_drive, free_port, metric as metric_of, \
+    start_daemon  # noqa: E402
 
 BUILD, DIR = sys.argv[1], sys.argv[2]
 BS = 16
@@ -34,51 +40,31 @@ def fail(msg, log=None):
     sys.exit(1)
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def start(name, *opts):
-    sock = os.path.join(DIR, name + ".sock")
-    log = os.path.join(DIR, name + ".log")
-    r, w = os.pipe()
-    p = subprocess.Popen(
-        [os.path.join(BUILD, "kvshared"), "serve", "--socket", sock,
-         "--ready-fd", str(w), "--exit-with-parent", "yes",
-         "--pool-blocks", "64", "--num-layers", "1", "--head-dim", "16"]
-        + list(opts), stdout=open(log, "w"), stderr=subprocess.STDOUT,
-        pass_fds=(w,))
-    os.close(w)
-    with os.fdopen(r) as f:
-        if "ready" not in f.read():
-            fail("daemon %s did not start" % name, log)
+    p, sock, log, ready = start_daemon(
+        BUILD, DIR, name, ["--pool-blocks", "64", "--num-layers", "1",
+                           "--head-dim", "16"] + list(opts))
+    if not ready:
+        fail("daemon %s did not start" % name, log)
     return p, sock, log
 
 
-def drive(sock, lines):
-    r = subprocess.run([os.path.join(BUILD, "tests/integration/kvs_drive"),
-                        sock], input="\n".join(lines + ["quit"]) + "\n",
-                       capture_output=True, text=True, timeout=120)
-    if r.returncode != 0:
-        fail("kvs_drive: %s" % r.stderr)
-    return [l.split() for l in r.stdout.splitlines()]
+def drive(sock, lines, log=None):
+    rc, out, err = run_drive(BUILD, sock, lines)
+    if rc != 0:
+        fail("kvs_drive: %s" % err, log)
+    return out
 
 
 def metric(port, name, tier="disk"):
-    body = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port,
-                                  timeout=10).read().decode()
-    m = re.search(r'^%s\{tier="%s"\} (\d+)$' % (name, tier), body, re.M)
-    if not m:
+    v = metric_of(port, name, '{tier="%s"}' % tier)
+    if v is None:
         fail("no %s{tier=\"%s\"} in /metrics" % (name, tier))
-    return int(m.group(1))
+    return v
 
 
-def prompt(k):
-    return " ".join(str(100000 * k + i + 1) for i in range(BS + 1))
+def prompt(k, blocks=1):
+    return " ".join(str(100000 * k + i + 1) for i in range(BS * blocks + 1))
 
 
 # ---- 1. a full file system ---------------------------------------------------
@@ -139,7 +125,29 @@ try:
 finally:
     subprocess.run(["umount", "-l", mnt])
 
-# ---- 2. a slow disk, and SIGTERM -----------------------------------------------
+# ---- 2. a slow disk and lookups: Allocate is never refused for nothing ------
+# (the issue's run: prompts computed, all looked up twice, more computed,
+# 12 blocks each, while no write down ever finishes; the lookups hit the
+# blocks being written)
+p, sock, log = start("window", "--disk-tier", os.path.join(DIR, "wtier"),
+                     "--disk-tier-bytes", "8M",
+                     "--tier-fault", "write-slow:60000")
+out = drive(sock, ["fill " + prompt(2000 + i, 3) for i in range(20)], log)
+for _ in range(2):
+    out = drive(sock, ["probe " + prompt(2000 + i, 3) for i in range(20)], log)
+hits = sum(1 for o in out if o[0] == "probe" and int(o[1]) > 0)
+out = drive(sock, ["fill " + prompt(3000 + i, 12) for i in range(20)], log)
+refused = open(log).read().count("ENOSPC")
+r = subprocess.run([os.path.join(BUILD, "kvshare"), "--socket", sock,
+                    "stats", "--check"], capture_output=True, text=True)
+print("slow disk, lookups between: %d of 20 looked up hit; 20 more of 12 "
+      "blocks computed, every Allocate granted" % hits)
+if r.returncode != 0 or refused:
+    fail("stats --check: %s %s" % (r.stdout, r.stderr), log)
+p.kill()
+p.wait()
+
+# ---- 3. a slow disk, and SIGTERM -----------------------------------------------
 p, sock, log = start("slow", "--disk-tier", os.path.join(DIR, "tier"),
                      "--disk-tier-bytes", "8M",
                      "--tier-fault", "write-slow:3000",

@@ -15,14 +15,16 @@ SIGTERM.
 Usage: events_flood.py BUILD DIR
 """
 import os
-import re
 import socket
 import subprocess
 import sys
 import time
-import urllib.request
 
 import zmq
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kvs_testlib import drive, free_port, metric as metric_of, rss, \
+    start_daemon  # noqa: E402
 
 BUILD, DIR = sys.argv[1], sys.argv[2]
 GROWTH = 16 << 20
@@ -30,34 +32,17 @@ GROWTH = 16 << 20
 
 def fail(msg):
     print("FAIL: " + msg, flush=True)
-    log = os.path.join(DIR, "log")
+    log = os.path.join(DIR, "d.log")
     if os.path.exists(log):
         print(open(log).read()[-4000:])
     sys.exit(1)
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def rss(pid):
-    for line in open("/proc/%d/status" % pid):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) << 10
-    return 0
-
-
 def metric(port, name):
-    body = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port,
-                                  timeout=10).read().decode()
-    m = re.search(r"^%s (\d+)$" % name, body, re.M)
-    if not m:
+    v = metric_of(port, name)
+    if v is None:
         fail("no %s in /metrics" % name)
-    return int(m.group(1))
+    return v
 
 
 # Under ASan the allocator keeps freed memory in quarantine (256 MiB by
@@ -74,20 +59,15 @@ if "libasan" in subprocess.run(["ldd", os.path.join(BUILD, "kvshared")],
                            ":quarantine_size_mb=1:thread_local_quarantine_size_kb=64")
     GROWTH = 64 << 20
 ev_port, mport = free_port(), free_port()
-sock = os.path.join(DIR, "d.sock")
-r, w = os.pipe()
-d = subprocess.Popen(
-    [os.path.join(BUILD, "kvshared"), "serve", "--socket", sock,
-     "--ready-fd", str(w), "--exit-with-parent", "yes", "--pool-blocks", "64",
+d, sock, _, ready = start_daemon(
+    BUILD, DIR, "d",
+    ["--pool-blocks", "64",
      "--kv-events-endpoint", "tcp://127.0.0.1:%d" % ev_port,
      "--kv-events-replay-endpoint", "ipc://" + os.path.join(DIR, "replay"),
      "--kv-events-topic", "kv", "--metrics-listen", "127.0.0.1:%d" % mport],
-    stdout=open(os.path.join(DIR, "log"), "w"), stderr=subprocess.STDOUT,
-    pass_fds=(w,), env=env)
-os.close(w)
-with os.fdopen(r) as f:
-    if "ready" not in f.read():
-        fail("the daemon did not start")
+    env=env)
+if not ready:
+    fail("the daemon did not start")
 
 ctx = zmq.Context()
 subs = {}
@@ -131,11 +111,9 @@ class RawSub:
 def fill(first, n):
     lines = ["fill " + " ".join(str(first + 100 * k + i + 1) for i in range(33))
              for k in range(n)]
-    out = subprocess.run([os.path.join(BUILD, "tests/integration/kvs_drive"),
-                          sock], input="\n".join(lines + ["quit"]) + "\n",
-                         capture_output=True, text=True, timeout=60)
-    if out.returncode != 0:
-        fail("kvs_drive: " + out.stderr)
+    rc, _, err = drive(BUILD, sock, lines, timeout=60)
+    if rc != 0:
+        fail("kvs_drive: " + err)
 
 
 def received(s, wait=2.0):

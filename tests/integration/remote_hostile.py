@@ -15,15 +15,14 @@ in-flight bound plus a constant.  At the end: one "dropped" line in B's log
 Usage: remote_hostile.py BUILD DIR
 """
 import os
-import re
-import socket
+import select
 import subprocess
 import sys
 import time
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fake_redis import FakeRedis  # noqa: E402
+from kvs_testlib import free_port, metric as metric_of, rss, start_daemon  # noqa: E402
 
 BUILD, DIR = sys.argv[1], sys.argv[2]
 BS = 16          # tokens a block
@@ -42,29 +41,14 @@ def fail(msg):
     sys.exit(1)
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def start(name, *opts):
-    sock = os.path.join(DIR, name + ".sock")
-    r, w = os.pipe()
-    log = open(os.path.join(DIR, name + ".log"), "w")
-    p = subprocess.Popen(
-        [os.path.join(BUILD, "kvshared"), "serve", "--socket", sock,
-         "--ready-fd", str(w), "--exit-with-parent", "yes",
-         "--pool-blocks", "256", "--num-layers", "1", "--head-dim", "16",
+    p, sock, log, ready = start_daemon(
+        BUILD, DIR, name,
+        ["--pool-blocks", "256", "--num-layers", "1", "--head-dim", "16",
          "--remote-tier", "unix://" + os.path.join(DIR, "redis.sock"),
-         "--remote-tier-inflight-bytes", str(INFLIGHT)] + list(opts),
-        stdout=log, stderr=log, pass_fds=(w,))
-    os.close(w)
-    with os.fdopen(r) as f:
-        if "ready" not in f.read():
-            fail("daemon %s did not start" % name)
+         "--remote-tier-inflight-bytes", str(INFLIGHT)] + list(opts))
+    if not ready:
+        fail("daemon %s did not start" % name)
     return p, sock
 
 
@@ -80,7 +64,6 @@ class Drive:
         self.p.stdin.write(line + "\n")
         self.p.stdin.flush()
         deadline = time.time() + wait
-        import select
         while time.time() < deadline:
             r, _, _ = select.select([self.p.stdout], [], [], 0.2)
             if r:
@@ -103,19 +86,10 @@ def prompt(k):
 
 
 def metric(port, name):
-    body = urllib.request.urlopen(
-        "http://127.0.0.1:%d/metrics" % port, timeout=10).read().decode()
-    m = re.search(r"^%s (\d+)$" % name, body, re.M)
-    if not m:
+    v = metric_of(port, name)
+    if v is None:
         fail("no %s in /metrics" % name)
-    return int(m.group(1))
-
-
-def rss(pid):
-    for line in open("/proc/%d/status" % pid):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) << 10
-    return 0
+    return v
 
 
 fake = FakeRedis(os.path.join(DIR, "redis.sock"))
