@@ -353,6 +353,8 @@ static int srv_io_idle(const srv *s) {
   return copy_idle(&s->copy) && tiers_idle(s->tiers);
 }
 
+static void stop_observers(srv *s);
+
 static void on_drain_timeout(uv_timer_t *t) {
   srv *s = t->data;
 
@@ -366,6 +368,11 @@ static void on_drain_timeout(uv_timer_t *t) {
       log_warn(0, "shutdown: tier I/O still in flight %u ms after the "
                "sessions closed (a slow disk or remote server); exiting "
                "without it", s->cfg->shutdown_timeout_ms);
+      /* What a clean stop does but wait: the last events (and
+       * AllBlocksCleared) go out, the writes that did complete are made
+       * durable. */
+      stop_observers(s);
+      tiers_abandon(s->tiers);
       _exit(0);
     }
     /* Sessions are gone and the copies have had a second timeout: only a

@@ -24,6 +24,7 @@
 #include <errno.h>
 #include <msgpack.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <stdatomic.h>
@@ -45,7 +46,11 @@
                                       replay request, a peer identity */
 #define EV_REFUSED_MAX 1024        /* subscriptions that cannot match, before
                                       the connection is dropped */
-#define EV_PEERS 256               /* connections counted at once (by fd) */
+#define EV_REFUSED_MS 10000        /* ... within this long (a subscriber of
+                                      several daemons sends each the
+                                      others' topics, again on a reconnect,
+                                      whose descriptor may be reused) */
+#define EV_PEERS_MAX 65536         /* connections counted, by descriptor */
 #define EV_RCV_HWM 64              /* of them waiting, per peer */
 #define EV_HANDSHAKE_MS 5000       /* a peer silent this long after it
                                       connects is dropped */
@@ -64,6 +69,7 @@ typedef struct ev_blob {
 typedef struct ev_peer {
   int fd;
   uint32_t refused;
+  uint64_t since_ms; /* the first of them */
 } ev_peer;
 
 typedef struct ev_kept {
@@ -77,7 +83,8 @@ struct events {
   uv_poll_t rpoll, ppoll;
   char pub_ep[300];        /* as bound (ZMQ_LAST_ENDPOINT) */
   int pub_port;            /* its TCP port (0: not TCP) */
-  ev_peer peers[EV_PEERS]; /* refused subscriptions, by connection */
+  ev_peer *peers;          /* refused subscriptions, by descriptor */
+  uint32_t npeers;
   int drop_logged;
   uv_prepare_t prep;
   int open_handles;
@@ -475,10 +482,12 @@ static void refused(events *e, int fd) {
   e->st.refused_subscriptions++;
   if (fd < 0)
     return;
-  p = &e->peers[(unsigned)fd % EV_PEERS];
-  if (p->fd != fd) {
+  p = &e->peers[(unsigned)fd % e->npeers]; /* (fd itself, below the
+                                              descriptor limit) */
+  if (p->fd != fd || uv_now(e->loop) - p->since_ms > EV_REFUSED_MS) {
     p->fd = fd;
     p->refused = 0;
+    p->since_ms = uv_now(e->loop);
   }
   if (++p->refused < EV_REFUSED_MAX)
     return;
@@ -548,6 +557,7 @@ static void on_closed(uv_handle_t *h) {
   for (uint32_t i = 0; i < e->count; i++)
     blob_unref(NULL, e->kept[(e->head + i) % e->cap].blob);
   free(e->kept);
+  free(e->peers);
   free(e->hashes);
   free(e->tokens);
   msgpack_sbuffer_destroy(&e->body);
@@ -648,7 +658,18 @@ int events_open(uv_loop_t *loop, const cfg *c, core *cr, const char *medium,
     colon = strrchr(e->pub_ep, ':');
     if (strncmp(e->pub_ep, "tcp://", 6) == 0 && colon)
       e->pub_port = atoi(colon + 1);
-    for (uint32_t i = 0; i < EV_PEERS; i++)
+  }
+  {
+    struct rlimit rl;
+
+    e->npeers = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < EV_PEERS_MAX
+                    ? (uint32_t)rl.rlim_cur
+                    : EV_PEERS_MAX;
+    if (e->npeers == 0 || !(e->peers = calloc(e->npeers, sizeof(ev_peer)))) {
+      snprintf(err, len, "out of memory");
+      goto fail;
+    }
+    for (uint32_t i = 0; i < e->npeers; i++)
       e->peers[i].fd = -1;
   }
   if (c->kv_events_replay_endpoint[0]) {
@@ -701,6 +722,7 @@ fail:
   if (e->zctx)
     zmq_ctx_term(e->zctx);
   free(e->kept);
+  free(e->peers);
   msgpack_sbuffer_destroy(&e->body);
   free(e);
   return -1;

@@ -40,7 +40,7 @@ struct local {
    * failing disk would otherwise be asked again every tick and every
    * frame): no plan before resume_ns; the pause doubles from
    * BACKOFF_MIN_MS up to BACKOFF_MAX_MS while batches keep failing. */
-  uint64_t resume_ns;
+  uint64_t resume_ns, fail_ns;
   uint32_t backoff_ms;
   uint64_t backoffs;
   void (*idle_cb)(void *);
@@ -60,6 +60,7 @@ typedef struct mbatch {
   copy_job job;
   uv_work_t work;          /* stage_work: host -> staging, checksums */
   int staging_off_loop;    /* stage_work runs on a thread of the pool */
+  uint64_t start_ns;
 } mbatch;
 
 static void swaps_retry(local *t);
@@ -81,12 +82,16 @@ void local_set_idle_cb(local *t, void (*cb)(void *), void *data) {
 
 static void swap_chunk_done(tier_swap *sw, const int *ok, uint32_t n);
 
-/* A demotion batch ended with failed writes (failed: 1) or none. */
-static void note_writes(local *t, int failed) {
+/* A demotion batch started at start_ns ended with failed disk writes
+ * (failed: 1) or with all of them good.  (A batch started before the last
+ * failure says nothing of the disk now.) */
+static void note_writes(local *t, int failed, uint64_t start_ns) {
   if (!failed) {
-    t->backoff_ms = 0;
+    if (start_ns > t->fail_ns)
+      t->backoff_ms = 0;
     return;
   }
+  t->fail_ns = uv_hrtime();
   t->backoff_ms = t->backoff_ms ? t->backoff_ms * 2 : BACKOFF_MIN_MS;
   if (t->backoff_ms > BACKOFF_MAX_MS)
     t->backoff_ms = BACKOFF_MAX_MS;
@@ -97,10 +102,11 @@ static void note_writes(local *t, int failed) {
 static void batch_end(mbatch *b) {
   local *t = b->t;
   tier_swap *sw = b->sw;
-  int failed = 0;
+  int failed = 0, wrote = 0;
 
   for (uint32_t i = 0; i < b->n; i++) {
-    failed |= !b->ok[i];
+    wrote |= b->mv[i].tier == CORE_TIER_DISK;
+    failed |= !b->ok[i] && b->mv[i].tier == CORE_TIER_DISK;
     if (!sw)
       core_tier_done(t->core, &b->mv[i], b->ok[i]);
     if (b->ok[i] && b->mv[i].tier == CORE_TIER_HOST)
@@ -109,8 +115,8 @@ static void batch_end(mbatch *b) {
       tier_disk_buf_put(t->disk, b->bufs[i]);
   }
   t->moves -= b->n;
-  if (!sw)
-    note_writes(t, failed);
+  if (!sw && wrote)
+    note_writes(t, failed, b->start_ns);
   if (sw)
     swap_chunk_done(sw, b->ok, b->n);
   free(b);
@@ -226,6 +232,7 @@ static mbatch *batch_new(local *t, uint32_t room) {
   if (!b)
     return NULL;
   b->t = t;
+  b->start_ns = uv_hrtime();
   b->ios = (disk_io *)(b + 1);
   b->mv = (core_move *)(b->ios + room);
   b->host = (void **)(b->mv + room);
@@ -842,13 +849,9 @@ static void on_tick_closed(uv_handle_t *h) {
   free(t);
 }
 
-void local_close(local *t) {
-  if (!t)
-    return;
-  local_stop(t);
+/* A persistent disk tier's completed writes made durable. */
+static void sync_disk(local *t) {
   if (t->disk && t->cfg->disk_tier_persist) {
-    /* Every write has completed (the daemon drained): make them durable
-     * for the next start. */
     int rc = tier_disk_sync(t->disk);
     core_tier_stats cs[CORE_TIERS];
 
@@ -859,6 +862,18 @@ void local_close(local *t) {
       log_info(0, "disk tier %s: synced for the next start (%u slots in "
                "use)", t->cfg->disk_tier, cs[CORE_TIER_DISK].used);
   }
+}
+
+void local_abandon(local *t) {
+  if (t)
+    sync_disk(t); /* (a slot still being written fails its check later) */
+}
+
+void local_close(local *t) {
+  if (!t)
+    return;
+  local_stop(t);
+  sync_disk(t); /* every write has completed (the daemon drained) */
   unpin_staging(t);
   tier_disk_close(t->disk);
   t->disk = NULL;

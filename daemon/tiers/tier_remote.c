@@ -399,6 +399,8 @@ static void node_down(rnode *n, const char *why) {
 }
 
 
+static void watch_stalls(tier_remote *rm);
+
 static void on_connect(const redisAsyncContext *ac, int status) {
   rnode *n = ac->data;
   tier_remote *rm = n->rm;
@@ -416,6 +418,10 @@ static void on_connect(const redisAsyncContext *ac, int status) {
    * accepts, then refuses (a wrong password, maxclients) is tried again
    * at the back-off's pace, not every 100 ms. */
   n->connected = 1;
+  if (n->pending) /* silence counts from the connect; the tick may have
+                     stopped while it took */
+    n->last_rx = now_ms(rm);
+  watch_stalls(rm);
 }
 
 /* The set-up commands of n's connection came back good. */
@@ -440,7 +446,6 @@ static void node_good(rnode *n) {
   n->was_up = 1;
 }
 
-static void watch_stalls(tier_remote *rm);
 
 /* n owes one more answer (a command went out on it). */
 static void owe(rnode *n) {
@@ -908,8 +913,12 @@ static int check_stalls(tier_remote *rm, uint64_t now) {
   for (uint32_t i = 0; i < rm->nnodes; i++) {
     rnode *n = rm->nodes[i];
 
-    if (!n->ac || !n->connected || n->pending == 0)
+    if (!n->ac || n->pending == 0)
       continue;
+    if (!n->connected) { /* (still connecting: looked at once it is) */
+      owing = 1;
+      continue;
+    }
     if (now - n->last_rx >= stall_ms(rm)) {
       char why[80];
       snprintf(why, sizeof(why), "no answer for %llu ms",

@@ -148,6 +148,11 @@ void tiers_stop(tiers *t) {
   remote_stop(t->remote);
 }
 
+void tiers_abandon(tiers *t) {
+  if (t)
+    local_abandon(t->local);
+}
+
 int tiers_idle(const tiers *t) {
   return !t || (local_idle(t->local) && remote_idle(t->remote));
 }

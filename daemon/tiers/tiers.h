@@ -161,6 +161,9 @@ void tiers_kick(tiers *t);
 /* Stops starting moves (shutdown): demotions, writes to the remote tier,
  * promotions. */
 void tiers_stop(tiers *t);
+/* The daemon leaves with tier I/O still in flight: the writes that
+ * completed are made durable (a persistent disk tier).  NULL: nothing. */
+void tiers_abandon(tiers *t);
 /* 1 when no move or promotion is in flight (or t is NULL). */
 int tiers_idle(const tiers *t);
 /* Every move and promotion must be done.  NULL: nothing. */

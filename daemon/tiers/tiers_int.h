@@ -45,6 +45,7 @@ int local_swap_in(local *t, tier_swap *sw, const core_promo *p, uint32_t n);
 void local_set_idle_cb(local *t, void (*cb)(void *), void *data);
 void local_kick(local *t);
 void local_stop(local *t);
+void local_abandon(local *t);
 int local_idle(const local *t);
 void local_close(local *t);
 void local_get_stats(const local *t, tiers_stats st[CORE_TIERS],

@@ -107,6 +107,7 @@ void local_set_idle_cb(local *t, void (*cb)(void *), void *data) {
 }
 void local_kick(local *t) { (void)t; }
 void local_stop(local *t) { (void)t; }
+void local_abandon(local *t) { (void)t; }
 int local_idle(const local *t) { return t == NULL; }
 void local_close(local *t) { (void)t; }
 void local_get_stats(const local *t, tiers_stats st[CORE_TIERS],

@@ -1481,7 +1481,11 @@ static void test_cluster(void) {
   for (int k = 0; k < 2; k++) {
     itest_daemon *d = k ? &K2 : &K1;
     wait_log(d, "cluster slot map: 16384 of 16384 slots over 3 nodes");
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 3; i++) { /* (each server's two connections:
+                                     the fds are counted after both) */
+      snprintf(what, sizeof what, "127.0.0.1:%d (writes): connected",
+               n[i].port);
+      wait_log(d, what);
       snprintf(what, sizeof what, "127.0.0.1:%d", n[i].port);
       wait_connected(d, what);
     }
