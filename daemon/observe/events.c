@@ -16,9 +16,10 @@
  * that can match the topic (a prefix of it) are, which bounds the trie the
  * messages go out by.  libzmq still remembers every subscription of a
  * manual XPUB, per connection, to undo it when the peer goes: a connection
- * that sends EV_REFUSED_MAX subscriptions that could never match is shut
- * down (its descriptor comes with each message, ZMQ_SRCFD), which frees
- * what libzmq kept for it.  A well-behaved subscriber never sends one.
+ * that sends EV_REFUSED_MAX subscriptions that could never match within
+ * EV_REFUSED_MS is shut down (its descriptor comes with each message,
+ * ZMQ_SRCFD), which frees what libzmq kept for it.  A subscriber of
+ * several daemons sends each the others' topics: a few, not 1024.
  */
 #include <arpa/inet.h>
 #include <errno.h>
