@@ -266,8 +266,8 @@ static const cfg_option options[] = {
      "dropped), 64 of them queued, a handshake within 5 s; a subscription "
      "that is not a prefix of the topic is ignored, and a connection that "
      "sends 1024 such within 10 s is dropped.  libzmq sets no limit on "
-     "connections "
-     "(each takes a descriptor): bind to a trusted network.  Empty: off."},
+     "connections (each takes a descriptor): bind to a trusted network.  "
+     "Empty: off."},
     {"kv_events_replay_endpoint", T_STR, F(kv_events_replay_endpoint), 0, 0,
      "", NULL, "ENDPOINT", "Observability",
      "A ZMQ ROUTER socket bound here answers a late subscriber's request "

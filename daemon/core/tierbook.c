@@ -693,12 +693,12 @@ int tierbook_check(const core *c, char *msg, size_t msg_len) {
   uint32_t used = 0, nbusy = 0, ndown = 0;
   int rc = 0;
 
-  for (uint32_t b = 0; b < c->cfg.num_blocks; b++)
+  for (uint32_t b = 0; b < c->cfg.num_blocks; b++) {
     nbusy += c->blocks[b].busy && c->blocks[b].on_queue;
+    ndown += c->blocks[b].busy;
+  }
   if (nbusy != c->nbusy)
     CHECK_FAIL("%u busy blocks queued, counter says %u", nbusy, c->nbusy);
-  for (uint32_t b = 0; b < c->cfg.num_blocks; b++)
-    ndown += c->blocks[b].busy;
   if (ndown != c->ndown || ndown > c->cfg.tier_window)
     CHECK_FAIL("%u blocks being copied down, counter says %u, window %u",
                ndown, c->ndown, c->cfg.tier_window);

@@ -568,15 +568,14 @@ static void on_closed(uv_handle_t *h) {
 static void *bind_socket(events *e, int type, const char *ep, int hwm,
                          char *err, size_t len) {
   void *s = zmq_socket(e->zctx, type);
-  int linger = EV_LINGER_MS;
+  int linger = EV_LINGER_MS, rcvhwm = EV_RCV_HWM, hs = EV_HANDSHAKE_MS;
+  int manual = 1;
+  int64_t maxmsg = EV_MSG_MAX;
 
   if (s == NULL) {
     snprintf(err, len, "zmq_socket: %s", zmq_strerror(zmq_errno()));
     return NULL;
   }
-  int64_t maxmsg = EV_MSG_MAX;
-  int rcvhwm = EV_RCV_HWM, hs = EV_HANDSHAKE_MS, manual = 1;
-
   zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof(linger));
   zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof(hwm));
   /* Bounds on what a peer makes the daemon hold (above). */
@@ -651,7 +650,6 @@ int events_open(uv_loop_t *loop, const cfg *c, core *cr, const char *medium,
   }
   {
     size_t eplen = sizeof(e->pub_ep) - 1;
-
     const char *colon;
 
     if (zmq_getsockopt(e->pub, ZMQ_LAST_ENDPOINT, e->pub_ep, &eplen) < 0)

@@ -284,15 +284,14 @@ static void complete(tier_disk *d, disk_io *io, int res) {
     io->status = KVS_EIO;
     d->st.io_errors++;
     if (!d->warned_io++) {
-      if (res < 0)
-        log_error(-res, "disk tier: %s of slot %u failed (counted in "
-                  "io_errors%s; logged once)", what, io->slot,
-                  io->write ? "; demotion backs off" : " as a miss");
-      else
-        log_error(0, "disk tier: %s of slot %u came back short: %d of %llu "
-                  "bytes (counted in io_errors%s; logged once)", what,
-                  io->slot, res, (unsigned long long)d->slot_bytes,
-                  io->write ? "; demotion backs off" : " as a miss");
+      char how[64] = "failed";
+
+      if (res >= 0)
+        snprintf(how, sizeof(how), "came back short: %d of %llu bytes", res,
+                 (unsigned long long)d->slot_bytes);
+      log_error(res < 0 ? -res : 0, "disk tier: %s of slot %u %s (counted "
+                "in io_errors%s; logged once)", what, io->slot, how,
+                io->write ? "; demotion backs off" : " as a miss");
     }
   } else if (!io->write && (io->status = verify(d, io)) != 0) {
     d->st.checksum_failures++;

@@ -81,9 +81,8 @@ typedef struct rnode {
   uint64_t up_since;
   int dropped;      /* the last connection was dropped for its replies */
   int drop_logged;  /* a drop was logged (once per server connection) */
-  int quiet;        /* down by a drop (logged once): no "lost" line */
-  int lost;         /* drop_why is an end or error read, not a drop */
-  char drop_why[120]; /* set by drop(), for on_disconnect's log line */
+  int fault;        /* end_conn ended it for the server's replies (a drop) */
+  char end_why[120]; /* set by end_conn, for on_disconnect's log line */
 } rnode;
 
 typedef struct gitem {
@@ -149,8 +148,7 @@ typedef struct uvpoll {
   int events;
 } uvpoll;
 
-static void drop(rnode *n, const char *why);
-static void lost(rnode *n, const char *why);
+static void end_conn(rnode *n, const char *why, int fault);
 
 /* Reads what n's server sent, passing it through n's gate before hiredis's
  * parser: hiredis's reader would take any size, any count and any reply
@@ -208,12 +206,8 @@ static void read_replies(uvpoll *p) {
     n->gate.replies = 0;
     redisProcessCallbacks(ac); /* may free it: p->ac NULL */
   }
-  if (why && p->ac) {
-    if (gone)
-      lost(n, why);
-    else
-      drop(n, why);
-  }
+  if (why && p->ac)
+    end_conn(n, why, !gone);
 }
 
 static void on_poll(uv_poll_t *h, int status, int events) {
@@ -370,11 +364,10 @@ static void on_retry(uv_timer_t *t) {
     node_connect(n);
 }
 
+/* n's connection is gone (why: for the log; NULL: logged already). */
 static void node_down(rnode *n, const char *why) {
   tier_remote *rm = n->rm;
-  int quiet = n->quiet; /* a drop, logged once already */
 
-  n->quiet = 0;
   n->state = RN_DOWN;
   n->connected = 0;
   n->ac = NULL;
@@ -382,7 +375,7 @@ static void node_down(rnode *n, const char *why) {
     n->state = RN_CLOSED;
     return;
   }
-  if (!n->down_logged && !quiet) {
+  if (!n->down_logged && why) {
     log_warn(0, "remote tier %s: %s; reads miss and writes are skipped "
              "until it is back (retrying)", n->addr, why);
     n->down_logged = 1;
@@ -459,48 +452,41 @@ static void on_disconnect(const redisAsyncContext *ac, int status) {
   tier_remote *rm = n->rm;
   char why[200];
 
-  if (n->lost) {
-    snprintf(why, sizeof(why), "%s", n->drop_why);
-  } else if (n->drop_why[0]) {
+  if (n->end_why[0])
+    snprintf(why, sizeof(why), "%s", n->end_why);
+  else
+    snprintf(why, sizeof(why), "connection lost (%s)",
+             status == REDIS_OK ? "closed" : ac->errstr);
+  if (n->fault) { /* a drop: logged here once, not as an outage */
     if (!n->drop_logged)
       log_warn(0, "remote tier %s: %s; reconnecting with back-off (counted "
                "in kvshare_remote_dropped_total; logged once)", n->addr,
-               n->drop_why);
+               why);
     n->drop_logged = 1;
-    n->quiet = 1;
-    snprintf(why, sizeof(why), "%s", n->drop_why);
-  } else {
-    n->quiet = 0;
-    snprintf(why, sizeof(why), "connection lost (%s)",
-             status == REDIS_OK ? "closed" : ac->errstr);
   }
-  n->drop_why[0] = '\0';
-  n->lost = 0;
   n->pending = 0;
-  node_down(n, why);
+  node_down(n, n->fault ? NULL : why);
+  n->end_why[0] = '\0';
+  n->fault = 0;
   context_gone(rm);
 }
 
-/* n's connection ended or failed under a read: gone as hiredis would have
- * it go (its callbacks see NULL; on_disconnect logs why and backs off). */
-static void lost(rnode *n, const char *why) {
-  n->lost = 1;
-  snprintf(n->drop_why, sizeof(n->drop_why), "%s", why);
-  redisAsyncFree(n->ac);
-}
-
-/* Drops n's connection now (why: for the log and, when it is the server's
- * doing, counted in dropped): every answer still owed is an error, and
- * on_disconnect backs off before the next connection. */
-static void drop(rnode *n, const char *why) {
-  redisAsyncContext *ac = n->ac;
-
-  n->rm->st.dropped++;
-  snprintf(n->drop_why, sizeof(n->drop_why), "dropped: %s", why);
-  /* A server that answers badly soon after each connect is not tried
-   * again every BACKOFF_MIN_MS: node_good keeps the back-off. */
-  n->dropped = now_ms(n->rm) - n->up_since < PENALTY_MS;
-  redisAsyncFree(ac); /* callbacks with NULL, then on_disconnect */
+/* Ends n's connection now: every answer still owed is an error, and
+ * on_disconnect logs why and backs off before the next connection.
+ * fault: the server misbehaved (a reply refused, silence): "dropped",
+ * counted; else its connection ended or failed under a read, as hiredis
+ * would have ended it. */
+static void end_conn(rnode *n, const char *why, int fault) {
+  snprintf(n->end_why, sizeof(n->end_why), "%s%s", fault ? "dropped: " : "",
+           why);
+  n->fault = fault;
+  if (fault) {
+    n->rm->st.dropped++;
+    /* A server that answers badly soon after each connect is not tried
+     * again every BACKOFF_MIN_MS: node_good keeps the back-off. */
+    n->dropped = now_ms(n->rm) - n->up_since < PENALTY_MS;
+  }
+  redisAsyncFree(n->ac); /* callbacks with NULL, then on_disconnect */
 }
 
 static void on_setup_reply(redisAsyncContext *ac, void *r, void *priv) {
@@ -546,8 +532,8 @@ static void start_context(rnode *n, const char *ip) {
   n->state = RN_CONNECTING;
   n->pending = 0;
   n->setup = 0;
-  n->drop_why[0] = '\0';
-  n->lost = 0;
+  n->end_why[0] = '\0';
+  n->fault = 0;
   resp_gate_init(&n->gate, rm->value_len > 4096 ? rm->value_len : 4096);
   rm->handles++;
   rm->contexts++;
@@ -923,7 +909,7 @@ static int check_stalls(tier_remote *rm, uint64_t now) {
       char why[80];
       snprintf(why, sizeof(why), "no answer for %llu ms",
                (unsigned long long)(now - n->last_rx));
-      drop(n, why);
+      end_conn(n, why, 1);
     } else {
       owing = 1;
     }
