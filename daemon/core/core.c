@@ -523,7 +523,7 @@ static uint32_t seal_blocks(core *c, core_req *r, uint32_t full) {
       hidx_insert(&c->index, h, b);
       x->indexed = 1;
       if (__builtin_expect(c->nobs != 0, 0))
-        obs_sealed(c, h, i ? &parent : NULL, t, b);
+        obs_sealed(c, h, i ? &parent : NULL, t, b, i);
     } else {
       c->st.duplicate_blocks++;
       if (c->btok != NULL &&

@@ -470,9 +470,17 @@ void core_get_stats(const core *c, core_stats *st);
  *   removed  h left the index.
  *   sealed   (after stored) h entered the index from a commit: the bytes
  *            a worker wrote are in block b (sealed: they never change until
- *            b is evicted).  Not called for blocks brought up from below
- *            (their bytes came from a copy that exists already): the
- *            remote tier's write-through (daemon/tiers/remote.c).
+ *            b is evicted), at index pos of its request's block table.
+ *            Not called for blocks brought up from below (their bytes came
+ *            from a copy that exists already): the remote tier's
+ *            write-through (daemon/tiers/remote.c).
+ *   tier     a copy of h in tier t (CORE_TIER_HOST, CORE_TIER_DISK,
+ *            CORE_TIER_REMOTE) became readable (present 1: a demotion or a
+ *            swap-out finished, a persisted slot was restored, a remote
+ *            write was acknowledged) or went (present 0: dropped for room,
+ *            failed, or a read found it bad).  Copies private to a swapped
+ *            request (unsealed blocks) are not told of; nor are remote
+ *            copies going (the server evicts on its own).
  * Any callback may be NULL.  Up to CORE_OBSERVERS observers, each told in
  * the order they were added.
  */
@@ -480,8 +488,9 @@ typedef struct core_observer {
   void (*stored)(void *arg, kvs_hash128 h, const kvs_hash128 *parent,
                  const uint32_t *tokens);
   void (*removed)(void *arg, kvs_hash128 h);
-  void (*sealed)(void *arg, kvs_hash128 h, uint32_t b);
+  void (*sealed)(void *arg, kvs_hash128 h, uint32_t b, uint32_t pos);
   void *arg;
+  void (*tier)(void *arg, kvs_hash128 h, int t, int present);
 } core_observer;
 #define CORE_OBSERVERS 4
 /* One more observer (the core keeps a copy): 0, or KVS_ELIMIT. */
@@ -508,6 +517,16 @@ void core_set_observer(core *c, const core_observer *obs);
  *                     only a miss: the core has no copy to drop).
  */
 enum { CORE_TIER_REMOTE = CORE_TIERS };
+
+/* A remote write of h was acknowledged: the observers hear of it (tier
+ * CORE_TIER_REMOTE, present 1). */
+void core_remote_stored(core *c, kvs_hash128 h);
+
+/* fn for every readable copy in the tiers below the pool (host, disk; not
+ * swapped requests' own), as an observer added late would have heard of
+ * it. */
+void core_tier_each(const core *c, void (*fn)(void *arg, kvs_hash128 h, int t),
+                    void *arg);
 
 /* The chained hashes of r's known full blocks after its block table, as a
  * lookup walks them (never the block of the last known token): up to max

@@ -179,6 +179,8 @@ void tierbook_busy(core *c, uint32_t e, int delta);
 /* Entry e's copy in tier t is bad: nobody reads it from now on, and its
  * slot goes back once no I/O uses it (at once when none does). */
 void tierbook_forget(core *c, uint32_t e, int t);
+/* e's copy in tier t is readable or not (observers told of changes). */
+void tierbook_valid(core *c, uint32_t e, int t, int v);
 static inline int tierbook_any(const core *c);
 /* For swap.c: a new entry (priv: not in the tier index); a free slot of
  * tier t, dropping its coldest entry that can go at once (NONE when none
@@ -382,7 +384,7 @@ static inline void btok_set(core *c, uint32_t b, const uint32_t *t) {
 
 /* The observers (core_add_observer) hear of a hash entering the index
  * (obs_stored; obs_sealed when a commit wrote it, in block b) or leaving
- * it. */
+ * it, and of copies below coming and going (obs_tier). */
 static inline void obs_stored(core *c, kvs_hash128 h, const kvs_hash128 *parent,
                               const uint32_t *tokens) {
   for (uint32_t i = 0; i < c->nobs; i++)
@@ -391,11 +393,17 @@ static inline void obs_stored(core *c, kvs_hash128 h, const kvs_hash128 *parent,
 }
 
 static inline void obs_sealed(core *c, kvs_hash128 h, const kvs_hash128 *parent,
-                              const uint32_t *tokens, uint32_t b) {
+                              const uint32_t *tokens, uint32_t b, uint32_t pos) {
   obs_stored(c, h, parent, tokens);
   for (uint32_t i = 0; i < c->nobs; i++)
     if (c->obs[i].sealed != NULL)
-      c->obs[i].sealed(c->obs[i].arg, h, b);
+      c->obs[i].sealed(c->obs[i].arg, h, b, pos);
+}
+
+static inline void obs_tier(core *c, kvs_hash128 h, int t, int present) {
+  for (uint32_t i = 0; i < c->nobs; i++)
+    if (c->obs[i].tier != NULL)
+      c->obs[i].tier(c->obs[i].arg, h, t, present);
 }
 
 static inline void obs_removed(core *c, kvs_hash128 h) {

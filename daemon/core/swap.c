@@ -149,7 +149,7 @@ int core_swap_out_finish(core *c, core_req *r, const core_move *mv,
 
     assert(mv[i].kind == CORE_MOVE_SWAP && x->used && x->busy > 0);
     if (ok != NULL && ok[i]) {
-      x->valid[mv[i].tier] = 1;
+      tierbook_valid(c, mv[i].entry, (int)mv[i].tier, 1);
       q->st.demotions++;
       c->st.swap_out_blocks++;
     } else {

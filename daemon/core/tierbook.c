@@ -63,6 +63,32 @@ static void ent_maybe_free(core *c, uint32_t e) {
   c->tent_free = e;
 }
 
+/* Entry e's copy in tier t is readable (v 1) or not: the observers hear
+ * of each change (not of a swapped request's own copy). */
+void tierbook_valid(core *c, uint32_t e, int t, int v) {
+  tent *x = &c->tents[e];
+
+  if (x->valid[t] == (uint8_t)v)
+    return;
+  x->valid[t] = (uint8_t)v;
+  if (__builtin_expect(c->nobs != 0, 0) && !x->priv)
+    obs_tier(c, x->h, t, v);
+}
+
+void core_remote_stored(core *c, kvs_hash128 h) {
+  if (c->nobs != 0)
+    obs_tier(c, h, CORE_TIER_REMOTE, 1);
+}
+
+void core_tier_each(const core *c, void (*fn)(void *arg, kvs_hash128 h, int t),
+                    void *arg) {
+  for (uint32_t e = 0; e < c->ntents; e++)
+    for (int t = 0; t < CORE_TIERS; t++)
+      if (c->tents[e].used && !c->tents[e].priv &&
+          c->tents[e].slot[t] != NONE && c->tents[e].valid[t])
+        fn(arg, c->tents[e].h, t);
+}
+
 /* ---- slots and LRU ---------------------------------------------------------- */
 
 static void lru_unlink(core *c, int t, uint32_t e) {
@@ -98,7 +124,8 @@ void tierbook_slot_give(core *c, int t, uint32_t e, uint32_t s, int valid) {
   tent *x = &c->tents[e];
 
   x->slot[t] = s;
-  x->valid[t] = (uint8_t)valid;
+  x->valid[t] = 0;
+  tierbook_valid(c, e, t, valid);
   lru_push_tail(c, t, e);
   c->tiers[t].st.used++;
 }
@@ -120,15 +147,15 @@ static void tierbook_drop(core *c, uint32_t e, int t) {
     lru_unlink(c, t, e);
   q->free_slots[q->nfree++] = x->slot[t];
   q->st.used--;
+  tierbook_valid(c, e, t, 0);
   x->slot[t] = NONE;
-  x->valid[t] = 0;
   ent_maybe_free(c, e);
 }
 
 void tierbook_forget(core *c, uint32_t e, int t) {
   tent *x = &c->tents[e];
 
-  x->valid[t] = 0;
+  tierbook_valid(c, e, t, 0);
   if (x->busy)
     x->bad |= (uint8_t)(1u << t);
   else
@@ -470,7 +497,7 @@ void core_tier_done(core *c, const core_move *m, int ok) {
     c->ndown--;
   }
   if (ok) {
-    x->valid[m->tier] = 1;
+    tierbook_valid(c, m->entry, (int)m->tier, 1);
     q->st.demotions++;
     /* (A host copy now also on disk stays until the host tier needs its
      * slot: slot_take drops it at once then.) */

@@ -101,8 +101,9 @@ static void wake(remote *m);
 /* A write was answered: ready copies may go (at the end of this turn). */
 static void on_room(void *arg) { wake(arg); }
 
-static void on_sealed(void *arg, kvs_hash128 h, uint32_t b) {
+static void on_sealed(void *arg, kvs_hash128 h, uint32_t b, uint32_t pos) {
   remote *m = arg;
+  (void)pos;
 
   if (m->stopped || !m->write)
     return;

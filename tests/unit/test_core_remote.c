@@ -166,14 +166,15 @@ static void on_removed(void *arg, kvs_hash128 h) {
   ((evlog *)arg)->removed++;
 }
 
-static void on_sealed(void *arg, kvs_hash128 h, uint32_t b) {
+static void on_sealed(void *arg, kvs_hash128 h, uint32_t b, uint32_t pos) {
   ev *e = ev_push(arg, EV_SEALED, h);
+  (void)pos;
   ((evlog *)arg)->sealed++;
   e->b = b;
 }
 
 static void add_observers(core *c) {
-  core_observer o = {on_stored, on_removed, on_sealed, NULL};
+  core_observer o = {on_stored, on_removed, on_sealed, NULL, NULL};
   memset(logs, 0, sizeof(logs));
   for (int k = 0; k < 2; k++) {
     o.arg = &logs[k];
@@ -1103,8 +1104,8 @@ static void test_observers(void **state) {
 
   /* Up to CORE_OBSERVERS: logs[1] + 3 more; a fifth is refused.  One of
    * them has only a removed callback. */
-  core_observer o = {on_stored, on_removed, on_sealed, &logs[0]};
-  core_observer ro = {NULL, on_removed_only, NULL, &n_removed_only};
+  core_observer o = {on_stored, on_removed, on_sealed, &logs[0], NULL};
+  core_observer ro = {NULL, on_removed_only, NULL, &n_removed_only, NULL};
   assert_int_equal(core_add_observer(c, &o), 0);
   assert_int_equal(core_add_observer(c, &o), 0); /* logs[0] twice */
   assert_int_equal(core_add_observer(c, &ro), 0);

@@ -561,8 +561,51 @@ static void ev_on_removed(void *arg, kvs_hash128 h) {
   ev_removed++;
 }
 
+/* Copies below, as the tier events tell them: each (hash, tier) comes
+ * once and goes once, and what they add up to is what the books hold. */
+static kvs_hash128 tv_h[AHOST + ADISK];
+static int tv_t[AHOST + ADISK];
+static uint32_t tv_n, tv_seen;
+static uint64_t tv_stored, tv_removed;
+
+static int tv_find(kvs_hash128 h, int t) {
+  for (uint32_t i = 0; i < tv_n; i++)
+    if (tv_t[i] == t && heq(tv_h[i], h))
+      return (int)i;
+  return -1;
+}
+
+static void ev_on_tier(void *arg, kvs_hash128 h, int t, int present) {
+  int i = tv_find(h, t);
+
+  (void)arg;
+  assert_true(t == CORE_TIER_HOST || t == CORE_TIER_DISK);
+  if (present) {
+    assert_true(i < 0);
+    assert_true(tv_n < AHOST + ADISK);
+    tv_h[tv_n] = h;
+    tv_t[tv_n++] = t;
+    tv_stored++;
+  } else {
+    assert_true(i >= 0);
+    tv_h[i] = tv_h[--tv_n];
+    tv_t[i] = tv_t[tv_n];
+    tv_removed++;
+  }
+}
+
+static void tv_each(void *arg, kvs_hash128 h, int t) {
+  (void)arg;
+  assert_true(tv_find(h, t) >= 0);
+  tv_seen++;
+}
+
 static void ev_compare(core *c) {
   uint32_t indexed = 0;
+
+  tv_seen = 0;
+  core_tier_each(c, tv_each, NULL);
+  assert_int_equal(tv_seen, tv_n);
 
   for (uint32_t b = 0; b < ANB; b++) {
     core_block_info bi;
@@ -580,7 +623,7 @@ static void test_async_bytes(void **state) {
   core *c = make_core(ANB, 2, AHOST, ADISK, 0);
   uint64_t ops = nops();
   kvs_layout l = {BS, 1, 1, 1, KVS_DTYPE_FP32, ANB, 0};
-  core_observer obs = {ev_on_stored, ev_on_removed, NULL, &ev_n};
+  core_observer obs = {ev_on_stored, ev_on_removed, NULL, &ev_n, ev_on_tier};
 
   ev_root = core_root_hash(&l, "tier-model");
   core_set_observer(c, &obs);
@@ -650,6 +693,11 @@ static void test_async_bytes(void **state) {
                 (unsigned long long)ev_stored, (unsigned long long)ev_removed,
                 ev_n);
   assert_true(ev_stored > 1000 && ev_removed > 1000);
+  print_message("tier events: %llu stored, %llu removed, %u present\n",
+                (unsigned long long)tv_stored, (unsigned long long)tv_removed,
+                tv_n);
+  assert_true(tv_stored > 1000 && tv_removed > 1000);
+  assert_true(tv_stored == moved); /* one per copy down that landed */
   for (uint32_t b = 0; b < ANB; b++) {
     core_block_info bi;
     core_block_get(c, b, &bi);

@@ -283,8 +283,10 @@ struct replay_runner {
 };
 
 /* The `sealed` observer: write-through of every block a commit seals. */
-static void replay_sealed(void *arg, kvs_hash128 h, uint32_t b) {
+static void replay_sealed(void *arg, kvs_hash128 h, uint32_t b,
+                          uint32_t pos) {
   (void)b;
+  (void)pos;
   replay_store_put(arg, h);
 }
 
