@@ -18,6 +18,8 @@
 typedef struct bref {
   size_t tok_off, blk_off;     /* in the u32 pool */
   size_t bytes_off;            /* in the byte pool (salt, ping payload) */
+  kvs_op_keys *keys;           /* a Commit's engine keys (its own
+                                  allocation), or NULL */
 } bref;
 
 struct kvs_batch {
@@ -42,6 +44,14 @@ int kvs_batch_new(kvs_batch **out) {
   return *out ? 0 : KVS_ENOMEM;
 }
 
+/* The ops' engine keys go (their ops are being dropped). */
+static void drop_keys(kvs_batch *b) {
+  for (uint32_t i = 0; i < b->n; i++) {
+    free(b->refs[i].keys);
+    b->refs[i].keys = NULL;
+  }
+}
+
 /* Frees the last reply (its results become invalid). */
 static void drop_reply(kvs_batch *b) {
   kvs__arena_reset(&b->arena);
@@ -51,6 +61,7 @@ static void drop_reply(kvs_batch *b) {
 void kvs_batch_free(kvs_batch *b) {
   if (!b)
     return;
+  drop_keys(b);
   kvs__arena_destroy(&b->arena);
   free(b->ops);
   free(b->refs);
@@ -64,6 +75,7 @@ void kvs_batch_reset(kvs_batch *b) {
   if (!b)
     return;
   drop_reply(b);
+  drop_keys(b);
   b->n = 0;
   b->nu32 = 0;
   b->nbytes = 0;
@@ -91,6 +103,7 @@ static int grow(void **p, size_t *cap, size_t need, size_t elem) {
 static kvs_op *add(kvs_batch *b, uint8_t code) {
   if (b->submitted) {
     b->submitted = 0;
+    drop_keys(b);
     b->n = 0;
     b->nu32 = 0;
     b->nbytes = 0;
@@ -184,6 +197,17 @@ int kvs_batch_preempt(kvs_batch *b, uint64_t req_id) {
 int kvs_batch_commit(kvs_batch *b, uint64_t req_id, uint32_t start,
                      const uint32_t *tokens, uint32_t n,
                      const uint32_t *blocks, uint32_t nblocks) {
+  return kvs_batch_commit_keys(b, req_id, start, tokens, n, blocks, nblocks,
+                               NULL);
+}
+
+int kvs_batch_commit_keys(kvs_batch *b, uint64_t req_id, uint32_t start,
+                          const uint32_t *tokens, uint32_t n,
+                          const uint32_t *blocks, uint32_t nblocks,
+                          const kvs_block_keys *keys) {
+  kvs_op_keys *k = NULL;
+  int rc;
+
   if (!b || (nblocks && !blocks))
     return KVS_EINVAL;
   kvs_op *o = add(b, KVS_OP_COMMIT);
@@ -198,6 +222,10 @@ int kvs_batch_commit(kvs_batch *b, uint64_t req_id, uint32_t start,
   if (put_u32(b, tokens, tokens ? n : 0, &f->tok_off) ||
       put_u32(b, blocks, nblocks, &f->blk_off))
     return KVS_ENOMEM;
+  if (keys && (k = kvs__keys_copy(keys, &rc)) == NULL)
+    return rc; /* (the op is not counted: the next add takes its place) */
+  f->keys = k;
+  o->keys = k;
   return commit_op(b);
 }
 

@@ -109,4 +109,8 @@ void kvs__take_reply(kvs_client *c, kvs__arena *keep);
 /* Copies src (NULL: "") into dst[cap], cut to fit, always terminated. */
 void kvs__copy_str(char *dst, size_t cap, const char *src);
 
+/* A kvs_block_keys as one allocation (free() it) holding the op's keys;
+ * NULL with *rc set (KVS_EINVAL: not well formed, KVS_ENOMEM). */
+kvs_op_keys *kvs__keys_copy(const kvs_block_keys *k, int *rc);
+
 #endif /* KVS_CLIENT_INT_H */

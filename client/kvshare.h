@@ -283,6 +283,37 @@ int kvs_commit(kvs_client *c, uint64_t req_id, uint32_t start,
                uint32_t nblocks, uint32_t *sealed);
 
 /*
+ * Since 0.7.  The engine's own keys of the blocks a commit completes
+ * (block-table indexes start / block_size .. (start + n) / block_size - 1:
+ * nblocks of them), for the daemon's KV events: with them, those blocks are
+ * published (stored, moved, removed) under the engine's hashes, so that a
+ * router that hashes prompts the engine's way matches them
+ * (docs/operations.md, "Engine block hashes").  One of hashes (integers)
+ * or hash_bytes (nblocks * hash_len bytes, hash_len 1 to 32: vLLM's
+ * 32-byte block hashes) is set.  lora_name (NULL: none) goes with each
+ * BlockStored; extra (NULL: none) holds one msgpack object per block, back
+ * to back, extra_len[i] bytes each (0: none; at most 1024), published as
+ * vLLM's extra_keys.  The daemon refuses keys whose count is not the
+ * number of blocks the commit completes (KVS_EINVAL, with why).
+ */
+typedef struct kvs_block_keys {
+  uint32_t nblocks;
+  const uint64_t *hashes;
+  const uint8_t *hash_bytes;
+  uint32_t hash_len;
+  const char *lora_name;
+  const uint8_t *extra;
+  const uint32_t *extra_len;
+} kvs_block_keys;
+
+/* kvs_commit with the engine's block keys (NULL: as kvs_commit).  Since
+ * 0.7. */
+int kvs_commit_keys(kvs_client *c, uint64_t req_id, uint32_t start,
+                    const uint32_t *tokens, uint32_t n, const uint32_t *blocks,
+                    uint32_t nblocks, const kvs_block_keys *keys,
+                    uint32_t *sealed);
+
+/*
  * Copies block pairs[2i] into block pairs[2i+1] for i < n (whole blocks,
  * every layer), in this process, on the pool's memory: on a cuda pool one
  * asynchronous device-to-device copy per pair on `stream` (a CUstream of
@@ -456,6 +487,12 @@ int kvs_batch_lookup_result(const kvs_batch *b, uint32_t i,
 int kvs_batch_alloc_result(const kvs_batch *b, uint32_t i,
                            kvs_alloc_result *res);
 int kvs_batch_commit_result(const kvs_batch *b, uint32_t i, uint32_t *sealed);
+/* kvs_batch_commit with the engine's block keys (kvs_commit_keys; copied).
+ * Since 0.7. */
+int kvs_batch_commit_keys(kvs_batch *b, uint64_t req_id, uint32_t start,
+                          const uint32_t *tokens, uint32_t n,
+                          const uint32_t *blocks, uint32_t nblocks,
+                          const kvs_block_keys *keys);
 
 #ifdef __cplusplus
 }

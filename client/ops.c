@@ -4,6 +4,7 @@
  * result is read back into the public struct.
  */
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "client/client_int.h"
@@ -101,16 +102,80 @@ int kvs_append(kvs_client *c, uint64_t req_id, uint32_t num_tokens,
   return alloc_op(c, 1, req_id, num_tokens, res);
 }
 
+kvs_op_keys *kvs__keys_copy(const kvs_block_keys *k, int *rc) {
+  size_t n = k->nblocks, hb = k->hash_bytes ? n * k->hash_len : 0;
+  size_t lora = k->lora_name ? strlen(k->lora_name) + 1 : 0, xb = 0, size;
+  kvs_op_keys *o;
+  kvs_op_bytes *bytes;
+  uint8_t *p;
+
+  *rc = KVS_EINVAL;
+  if (n == 0 || !k->hashes == !k->hash_bytes ||
+      (k->hash_bytes && (k->hash_len == 0 || k->hash_len > 32)) ||
+      (k->extra && !k->extra_len) || n > UINT32_MAX / 64)
+    return NULL;
+  for (size_t i = 0; k->extra && i < n; i++)
+    xb += k->extra_len[i];
+  size = sizeof(*o) + (k->hash_bytes ? n : 0) * sizeof(kvs_op_bytes) +
+         (k->extra ? n : 0) * sizeof(kvs_op_bytes) +
+         (k->hashes ? n * sizeof(uint64_t) : 0) + hb + xb + lora;
+  *rc = KVS_ENOMEM;
+  if ((o = calloc(1, size)) == NULL)
+    return NULL;
+  bytes = (kvs_op_bytes *)(o + 1);
+  p = (uint8_t *)(bytes + (k->hash_bytes ? n : 0) + (k->extra ? n : 0));
+  o->nblocks = (uint32_t)n;
+  if (k->hashes) {
+    memcpy(p, k->hashes, n * sizeof(uint64_t));
+    o->hashes = (const uint64_t *)(void *)p;
+    p += n * sizeof(uint64_t);
+  } else {
+    memcpy(p, k->hash_bytes, hb);
+    for (size_t i = 0; i < n; i++)
+      bytes[i] = (kvs_op_bytes){k->hash_len, p + i * k->hash_len};
+    o->hash_bytes = bytes;
+    bytes += n;
+    p += hb;
+  }
+  if (k->extra) {
+    memcpy(p, k->extra, xb);
+    for (size_t i = 0, off = 0; i < n; off += k->extra_len[i++])
+      bytes[i] = (kvs_op_bytes){k->extra_len[i], p + off};
+    o->extra = bytes;
+    o->nextra = (uint32_t)n;
+    p += xb;
+  }
+  if (lora) {
+    memcpy(p, k->lora_name, lora);
+    o->lora_name = (const char *)p;
+  }
+  *rc = 0;
+  return o;
+}
+
 int kvs_commit(kvs_client *c, uint64_t req_id, uint32_t start,
                const uint32_t *tokens, uint32_t n, const uint32_t *blocks,
                uint32_t nblocks, uint32_t *sealed) {
+  return kvs_commit_keys(c, req_id, start, tokens, n, blocks, nblocks, NULL,
+                         sealed);
+}
+
+int kvs_commit_keys(kvs_client *c, uint64_t req_id, uint32_t start,
+                    const uint32_t *tokens, uint32_t n, const uint32_t *blocks,
+                    uint32_t nblocks, const kvs_block_keys *keys,
+                    uint32_t *sealed) {
   kvs_op op = {0};
   kvs_op_result r;
+  kvs_op_keys *k = NULL;
+  int rc;
 
   if (sealed)
     *sealed = 0;
   if (nblocks && !blocks)
     return KVS_EINVAL;
+  if (keys && (k = kvs__keys_copy(keys, &rc)) == NULL)
+    return rc;
+  op.keys = k;
   op.code = KVS_OP_COMMIT;
   op.req_id = req_id;
   op.start = start;
@@ -121,7 +186,8 @@ int kvs_commit(kvs_client *c, uint64_t req_id, uint32_t start,
   }
   op.blocks = nblocks ? blocks : NULL;
   op.nblocks = nblocks;
-  int rc = call1(c, &op, &r);
+  rc = call1(c, &op, &r);
+  free(k);
   if (rc == 0 && sealed)
     *sealed = r.u.commit.sealed;
   return rc;

@@ -281,6 +281,12 @@ static const cfg_option options[] = {
      NULL, "N", "Observability",
      "Event batches kept for replay (the oldest go first; at most 64 MiB "
      "of them)."},
+    {"kv_events_format", T_ENUM, F(kv_events_format), 0, 0, "map",
+     "map|array", "FORMAT", "Observability",
+     "How events are encoded: map (current vLLM: an EventBatch and each "
+     "event a msgpack map, events tagged by a \"type\" key) or array (older "
+     "vLLM: msgpack arrays, the event's name first).  The fields are listed "
+     "in docs/operations.md."},
 
     {"log_level", T_ENUM, F(log_level), 0, 0, "info",
      "error|warn|info|debug", "LEVEL", "Process",

@@ -82,6 +82,7 @@ typedef struct cfg {
   char kv_events_replay_endpoint[256];
   char kv_events_topic[64];
   uint32_t kv_events_buffer;  /* event batches kept for replay */
+  uint32_t kv_events_format;  /* 0 map (vLLM now), 1 array (older vLLM) */
   /* process */
   int log_level;          /* enum log_level */
   int ready_fd;           /* -1: none */

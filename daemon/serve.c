@@ -422,6 +422,13 @@ static void snapshot(void *arg, metrics_snap *o) {
   snprintf(o->model_id, sizeof(o->model_id), "%s", s->cfg->model_id);
 }
 
+static int keys_begin(void *arg, const kvs_op *op, uint32_t first, char *err,
+                      size_t len) {
+  return events_keys_begin(((srv *)arg)->events, op, first, err, len);
+}
+
+static void keys_end(void *arg) { events_keys_end(((srv *)arg)->events); }
+
 /* The KV event stream and /metrics, before the listening socket (no session
  * can change the index before AllBlocksCleared goes out; a failure leaves
  * no socket behind). */
@@ -440,6 +447,11 @@ static int start_observers(srv *s) {
     return KVS_EINVAL;
   }
   s->hub.metrics = s->metrics;
+  if (s->events) {
+    s->disp.keys_begin = keys_begin;
+    s->disp.keys_end = keys_end;
+    s->disp.keys_arg = s;
+  }
   return 0;
 }
 

@@ -17,6 +17,42 @@
 
 /* ---- a Request, as ops (the daemon's side) -------------------------------- */
 
+_Static_assert(sizeof(kvs_op_bytes) == sizeof(ProtobufCBinaryData) &&
+                   offsetof(kvs_op_bytes, len) ==
+                       offsetof(ProtobufCBinaryData, len) &&
+                   offsetof(kvs_op_bytes, data) ==
+                       offsetof(ProtobufCBinaryData, data),
+               "kvs_op_bytes is laid out as ProtobufCBinaryData");
+
+/* A Commit's engine keys (fields 6 to 9) as op->keys; their counts are the
+ * dispatcher's to check against the blocks the commit completes. */
+static void commit_keys(const Kvshare__Commit *m, kvs_op *op,
+                        kvs_op_result *res, kvs__arena *a) {
+  kvs_op_keys *k;
+
+  if (m->n_engine_hashes && m->n_engine_hash_bytes) {
+    kvs_result_error(res, a, KVS_EINVAL, "commit of request %llu: "
+                     "engine_hashes and engine_hash_bytes are both set",
+                     (unsigned long long)m->req_id);
+    return;
+  }
+  k = kvs__arena_alloc(a, sizeof(*k));
+  if (k == NULL) {
+    kvs_result_error(res, a, KVS_ENOMEM, "out of memory");
+    return;
+  }
+  memset(k, 0, sizeof(*k));
+  k->nblocks = (uint32_t)(m->n_engine_hashes + m->n_engine_hash_bytes);
+  k->hashes = m->n_engine_hashes ? m->engine_hashes : NULL;
+  k->hash_bytes = m->n_engine_hash_bytes
+                      ? (const kvs_op_bytes *)m->engine_hash_bytes
+                      : NULL;
+  k->lora_name = m->lora_name && m->lora_name[0] ? m->lora_name : NULL;
+  k->extra = m->n_extra_keys ? (const kvs_op_bytes *)m->extra_keys : NULL;
+  k->nextra = (uint32_t)m->n_extra_keys;
+  op->keys = k;
+}
+
 /* Request req (the i'th of a batch when in_batch) as op; res set when it is
  * not one (a Batch in a Batch, an unknown op). */
 static void request_to_op(const Kvshare__Request *req, int in_batch,
@@ -65,6 +101,9 @@ static void request_to_op(const Kvshare__Request *req, int in_batch,
     op->ntokens = (uint32_t)m->n_tokens;
     op->blocks = m->n_blocks ? m->blocks : NULL;
     op->nblocks = (uint32_t)m->n_blocks;
+    if (m->n_engine_hashes || m->n_engine_hash_bytes || m->n_extra_keys ||
+        (m->lora_name && m->lora_name[0]))
+      commit_keys(m, op, res, a);
     break;
   }
   case KVSHARE__REQUEST__OP_FORK:
@@ -744,6 +783,21 @@ static void op_to_request(const kvs_op *op, Kvshare__Request *req,
     }
     m->commit.n_blocks = op->nblocks;
     m->commit.blocks = (uint32_t *)op->blocks;
+    if (op->keys) {
+      const kvs_op_keys *k = op->keys;
+
+      if (k->hashes) {
+        m->commit.n_engine_hashes = k->nblocks;
+        m->commit.engine_hashes = (uint64_t *)k->hashes;
+      } else if (k->hash_bytes) {
+        m->commit.n_engine_hash_bytes = k->nblocks;
+        m->commit.engine_hash_bytes = (ProtobufCBinaryData *)k->hash_bytes;
+      }
+      if (k->lora_name)
+        m->commit.lora_name = (char *)k->lora_name;
+      m->commit.n_extra_keys = k->nextra;
+      m->commit.extra_keys = (ProtobufCBinaryData *)k->extra;
+    }
     req->commit = &m->commit;
     break;
   case KVS_OP_FORK:

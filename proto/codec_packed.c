@@ -76,9 +76,10 @@ int kvs_op_has_record(const kvs_op *op) {
   switch (op->code) {
   case KVS_OP_LOOKUP:
     return op->nbytes == 0; /* (its bytes are its salt) */
+  case KVS_OP_COMMIT:
+    return op->keys == NULL; /* (the engine's keys go in a Commit message) */
   case KVS_OP_ALLOCATE:
   case KVS_OP_APPEND:
-  case KVS_OP_COMMIT:
   case KVS_OP_FORK:
   case KVS_OP_FREE:
   case KVS_OP_PREEMPT:

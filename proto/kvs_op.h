@@ -66,6 +66,25 @@ const char *kvs_op_name(unsigned code);
 #define KVS_OPF_NO_PROMOTE 2u  /* Lookup: take only blocks in the pool */
 #define KVS_OPF_CHECK 4u       /* Stats: also run the pool invariant check */
 
+/* Bytes the op points at: an entry of a repeated bytes field (laid out as
+ * protobuf-c's ProtobufCBinaryData, which the codec checks, so that the
+ * arrays pass between them uncopied). */
+typedef struct kvs_op_bytes {
+  size_t len;
+  const uint8_t *data;
+} kvs_op_bytes;
+
+/* Commit: the engine's keys of the blocks the commit completes, one per
+ * block (kvshare.proto's Commit fields 6 to 9); nhashes 0: none. */
+typedef struct kvs_op_keys {
+  uint32_t nblocks;              /* of hashes or hash_bytes, and extra */
+  const uint64_t *hashes;        /* integers, or NULL */
+  const kvs_op_bytes *hash_bytes; /* or bytes (1 to 32 each), or NULL */
+  const char *lora_name;         /* NULL: none */
+  const kvs_op_bytes *extra;     /* msgpack objects (len 0: none), or NULL */
+  uint32_t nextra;               /* 0 or nblocks */
+} kvs_op_keys;
+
 typedef struct kvs_op {
   uint8_t code;         /* kvs_opcode */
   uint8_t flags;        /* KVS_OPF_* */
@@ -79,6 +98,7 @@ typedef struct kvs_op {
   uint32_t nblocks;
   const uint8_t *bytes; /* Lookup's salt; Ping's payload */
   uint32_t nbytes;
+  const kvs_op_keys *keys; /* Commit: the engine's block keys, or NULL */
 } kvs_op;
 
 /* One tier below the pool, in a Stats result (top first; the remote tier

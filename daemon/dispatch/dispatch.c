@@ -299,6 +299,59 @@ static void do_alloc(disp_sess *ds, const kvs_op *op, kvs_op_result *res,
   }
 }
 
+#define KEY_BYTES_MAX 32u
+#define EXTRA_BYTES_MAX 1024u
+#define LORA_NAME_MAX 255u
+
+/* A Commit's engine keys: one per block it completes, each well formed;
+ * then keys_begin.  -1 with res set when refused. */
+static int commit_keys(disp_sess *ds, const kvs_op *op, kvs_op_result *res,
+                       kvs__arena *a) {
+  const kvs_op_keys *k = op->keys;
+  const uint32_t bs = ds->env->layout.block_size;
+  unsigned long long id = (unsigned long long)op->req_id;
+  uint32_t n = op->ntokens ? op->ntokens : op->num_tokens;
+  uint32_t first = op->start / bs, done = (op->start + n) / bs - first;
+  char why[200];
+
+  if ((k->nblocks || k->nextra) &&
+      (k->nblocks != done || (k->nextra && k->nextra != done))) {
+    ERR(KVS_EINVAL, "commit of request %llu: %u engine hashes and %u extra "
+        "keys, but positions [%u, %llu) complete %u blocks (one each, or "
+        "none)", id, k->nblocks, k->nextra, op->start,
+        (unsigned long long)op->start + n, done);
+    return -1;
+  }
+  if (k->nextra && !k->nblocks) {
+    ERR(KVS_EINVAL, "commit of request %llu: extra keys without engine "
+        "hashes", id);
+    return -1;
+  }
+  for (uint32_t i = 0; k->hash_bytes && i < k->nblocks; i++)
+    if (k->hash_bytes[i].len == 0 || k->hash_bytes[i].len > KEY_BYTES_MAX) {
+      ERR(KVS_EINVAL, "commit of request %llu: engine hash %u has %zu bytes "
+          "(1 to %u)", id, i, k->hash_bytes[i].len, KEY_BYTES_MAX);
+      return -1;
+    }
+  for (uint32_t i = 0; i < k->nextra; i++)
+    if (k->extra[i].len > EXTRA_BYTES_MAX) {
+      ERR(KVS_EINVAL, "commit of request %llu: extra keys %u have %zu bytes "
+          "(at most %u)", id, i, k->extra[i].len, EXTRA_BYTES_MAX);
+      return -1;
+    }
+  if (k->lora_name && strlen(k->lora_name) > LORA_NAME_MAX) {
+    ERR(KVS_EINVAL, "commit of request %llu: a LoRA name of %zu bytes (at "
+        "most %u)", id, strlen(k->lora_name), LORA_NAME_MAX);
+    return -1;
+  }
+  if (ds->env->keys_begin &&
+      ds->env->keys_begin(ds->env->keys_arg, op, first, why, sizeof(why)) < 0) {
+    ERR(KVS_EINVAL, "commit of request %llu: %s", id, why);
+    return -1;
+  }
+  return 0;
+}
+
 static void do_commit(disp_sess *ds, const kvs_op *op, kvs_op_result *res,
                       kvs__arena *a) {
   const kvs_layout *l = &ds->env->layout;
@@ -359,8 +412,12 @@ static void do_commit(disp_sess *ds, const kvs_op *op, kvs_op_result *res,
       }
     }
   }
+  if (op->keys && commit_keys(ds, op, res, a) < 0)
+    return;
   rc = core_commit(ds->env->core, r, start, op->ntokens ? op->tokens : NULL,
                    n, &sealed);
+  if (op->keys && ds->env->keys_end)
+    ds->env->keys_end(ds->env->keys_arg);
   if (rc == KVS_EMISMATCH) {
     ERR(rc, "commit of request %llu: tokens in [%u, %u) do not match the "
         "tokens the request already holds", id, start, start + n);

@@ -55,6 +55,14 @@ typedef struct disp_env {
   int stopping;             /* the daemon is shutting down: nothing
                                starts moving bytes */
   uint64_t check_frame;     /* frames_in when Stats{check} last ran */
+  /* A Commit with the engine's block keys (kvs_op.keys, counts checked):
+   * keys_begin before the core seals its blocks (first: the block-table
+   * index of the first block it completes; -1 with a reason in err refuses
+   * the commit), keys_end after.  NULL: the keys are only checked. */
+  int (*keys_begin)(void *arg, const kvs_op *op, uint32_t first, char *err,
+                    size_t len);
+  void (*keys_end)(void *arg);
+  void *keys_arg;
 } disp_env;
 
 typedef struct disp_sess disp_sess;

@@ -56,7 +56,40 @@
 #define EV_HANDSHAKE_MS 5000       /* a peer silent this long after it
                                       connects is dropped */
 
+#define EV_LORAS_MAX 4096          /* LoRA names kept */
+
 enum { RUN_NONE = 0, RUN_STORED, RUN_REMOVED };
+enum { EV_FORMAT_MAP = 0, EV_FORMAT_ARRAY = 1 };
+/* Where a block is (the event's medium): the pool, then the tiers in
+ * core's order (EV_HOST + CORE_TIER_*). */
+enum { EV_POOL = 0, EV_HOST, EV_DISK, EV_REMOTE, EV_MEDIUMS };
+/* Places an engine key is kept for (the remote tier is not one: a block
+ * there outlives what this daemon knows of it). */
+enum { EV_IN_POOL = 1, EV_IN_HOST = 2, EV_IN_DISK = 4 };
+
+/* A key as published: the engine's (len 1 to 32: bytes, or an integer
+ * when is_int, its 8 bytes in host order), or none (len 0: the daemon's
+ * hash). */
+typedef struct ev_key {
+  uint8_t len, is_int;
+  uint8_t b[32];
+} ev_key;
+
+/* The engine's key of a hash, while the block is in one of places. */
+typedef struct ev_emap {
+  uint64_t h;
+  ev_key k;
+  uint16_t lora;   /* 0 or loras[lora - 1] */
+  uint8_t places;  /* EV_IN_* */
+  uint8_t used;
+} ev_emap;
+
+/* A block of the run being gathered. */
+typedef struct ev_ent {
+  uint64_t h;
+  ev_key k;
+  uint32_t xoff, xlen; /* its extra keys in xb (xlen 0: none) */
+} ev_ent;
 
 /* A published batch: shared by the replay ring and every message ZMQ
  * still queues with it (zero-copy), freed by the last of them (ZMQ's I/O
@@ -91,7 +124,8 @@ struct events {
   int open_handles;
   char topic[64];
   size_t topic_len;
-  const char *medium;
+  const char *mediums[EV_MEDIUMS];
+  uint32_t format;         /* EV_FORMAT_* */
   uint32_t bs;
   /* the batch being built: its events, packed */
   msgpack_sbuffer body;
@@ -100,13 +134,26 @@ struct events {
   int lost;                /* out of memory: this batch is incomplete */
   /* the run being gathered into one event */
   int run;
-  uint64_t *hashes;
+  int run_medium;          /* EV_POOL ... */
+  ev_ent *ents;
   uint32_t nh;
   uint32_t *tokens;        /* nh * bs when run_tokens */
   int run_tokens;
   int run_parent;
+  int run_extra;           /* some block has extra keys */
+  uint16_t run_lora;
   uint64_t parent;
+  ev_key parent_key;
   kvs_hash128 last;        /* the run's last hash: the next one's parent */
+  msgpack_sbuffer xb;      /* the run's extra keys */
+  /* the engine's keys: by hash, the commit's being sealed, LoRA names */
+  ev_emap *emap;
+  uint32_t emask, ecount;
+  const kvs_op_keys *keys;
+  uint32_t keys_first;
+  uint16_t keys_lora;
+  char *loras[EV_LORAS_MAX];
+  uint32_t nloras;
   /* kept for replay: a ring of cap */
   ev_kept *kept;
   uint32_t cap, head, count;
@@ -162,20 +209,209 @@ static void pack_str(msgpack_packer *pk, const char *s) {
   msgpack_pack_str_body(pk, s, n);
 }
 
+/* ---- the engine's keys ------------------------------------------------- */
+
+/* The key a hash is published as: the engine's (ekey_set), or none. */
+static ev_emap *emap_find(const events *e, uint64_t h) {
+  if (e->ecount == 0)
+    return NULL;
+  for (uint32_t i = (uint32_t)(h * 0x9e3779b97f4a7c15ull >> 32) & e->emask;;
+       i = (i + 1) & e->emask) {
+    ev_emap *m = &e->emap[i];
+
+    if (!m->used)
+      return NULL;
+    if (m->h == h)
+      return m;
+  }
+}
+
+static int emap_grow(events *e) {
+  uint32_t cap = e->emask ? (e->emask + 1) * 2 : 1024;
+  ev_emap *old = e->emap, *t = calloc(cap, sizeof(*t));
+  uint32_t omask = e->emask;
+
+  if (t == NULL)
+    return -1;
+  e->emap = t;
+  e->emask = cap - 1;
+  for (uint32_t i = 0; old && i <= omask; i++) {
+    if (!old[i].used)
+      continue;
+    uint32_t j = (uint32_t)(old[i].h * 0x9e3779b97f4a7c15ull >> 32) & e->emask;
+
+    while (t[j].used)
+      j = (j + 1) & e->emask;
+    t[j] = old[i];
+  }
+  free(old);
+  return 0;
+}
+
+/* h's entry, made (with no place yet) when it has none; NULL: no memory. */
+static ev_emap *emap_put(events *e, uint64_t h) {
+  ev_emap *m = emap_find(e, h);
+  uint32_t i;
+
+  if (m)
+    return m;
+  if ((e->ecount + 1) * 2 > e->emask + 1 && emap_grow(e) < 0)
+    return NULL;
+  for (i = (uint32_t)(h * 0x9e3779b97f4a7c15ull >> 32) & e->emask;
+       e->emap[i].used; i = (i + 1) & e->emask)
+    ;
+  m = &e->emap[i];
+  memset(m, 0, sizeof(*m));
+  m->used = 1;
+  m->h = h;
+  e->ecount++;
+  return m;
+}
+
+/* Entry m is out of every place: gone (backward-shift deletion). */
+static void emap_del(events *e, ev_emap *m) {
+  uint32_t i = (uint32_t)(m - e->emap), j = i;
+
+  for (;;) {
+    j = (j + 1) & e->emask;
+    if (!e->emap[j].used)
+      break;
+    uint32_t home = (uint32_t)(e->emap[j].h * 0x9e3779b97f4a7c15ull >> 32) &
+                    e->emask;
+    /* j's entry may move to i when its home is not in (i, j] */
+    if ((j > i && (home <= i || home > j)) || (j < i && home <= i && home > j)) {
+      e->emap[i] = e->emap[j];
+      i = j;
+    }
+  }
+  e->emap[i].used = 0;
+  e->ecount--;
+}
+
+/* h is in place p (EV_IN_*) now, or no longer. */
+static void emap_place(events *e, uint64_t h, uint8_t p, int in) {
+  ev_emap *m = emap_find(e, h);
+
+  if (m == NULL)
+    return;
+  if (in)
+    m->places |= p;
+  else if ((m->places &= (uint8_t)~p) == 0)
+    emap_del(e, m);
+}
+
+/* The LoRA name's number (1 up), interned; 0 for none, -1: no room. */
+static int lora_id(events *e, const char *name) {
+  if (name == NULL || !name[0])
+    return 0;
+  for (uint32_t i = 0; i < e->nloras; i++)
+    if (strcmp(e->loras[i], name) == 0)
+      return (int)i + 1;
+  if (e->nloras == EV_LORAS_MAX)
+    return -1;
+  if ((e->loras[e->nloras] = strdup(name)) == NULL)
+    return -1;
+  return (int)++e->nloras;
+}
+
+int events_keys_begin(events *e, const kvs_op *op, uint32_t first, char *err,
+                      size_t len) {
+  const kvs_op_keys *k = op->keys;
+  int lora;
+
+  if (e == NULL || k == NULL)
+    return 0;
+  for (uint32_t i = 0; i < k->nextra; i++) {
+    size_t off = 0;
+    msgpack_unpacked u;
+    msgpack_unpack_return rc;
+
+    if (k->extra[i].len == 0)
+      continue;
+    msgpack_unpacked_init(&u);
+    rc = msgpack_unpack_next(&u, (const char *)k->extra[i].data,
+                             k->extra[i].len, &off);
+    msgpack_unpacked_destroy(&u);
+    if (rc != MSGPACK_UNPACK_SUCCESS || off != k->extra[i].len) {
+      snprintf(err, len, "extra keys %u are not one msgpack object", i);
+      return -1;
+    }
+  }
+  if ((lora = lora_id(e, k->lora_name)) < 0) {
+    snprintf(err, len, "more than %u LoRA names", EV_LORAS_MAX);
+    return -1;
+  }
+  e->keys = k;
+  e->keys_first = first;
+  e->keys_lora = (uint16_t)lora;
+  return 0;
+}
+
+void events_keys_end(events *e) {
+  if (e)
+    e->keys = NULL;
+}
+
+/* ---- building a batch (2) ------------------------------------------------ */
+
+static void pack_key(msgpack_packer *pk, const ev_key *k, uint64_t h) {
+  if (k->len == 0) {
+    msgpack_pack_uint64(pk, h);
+  } else if (k->is_int) {
+    uint64_t v;
+
+    memcpy(&v, k->b, sizeof(v));
+    msgpack_pack_uint64(pk, v);
+  } else {
+    msgpack_pack_bin(pk, k->len);
+    msgpack_pack_bin_body(pk, k->b, k->len);
+  }
+}
+
+static void pack_kv(msgpack_packer *pk, const char *key) {
+  pack_str(pk, key);
+}
+
+static void pack_hashes(events *e) {
+  msgpack_pack_array(&e->pk, e->nh);
+  for (uint32_t i = 0; i < e->nh; i++)
+    pack_key(&e->pk, &e->ents[i].k, e->ents[i].h);
+}
+
+static void pack_lora(events *e) {
+  if (e->run_lora)
+    pack_str(&e->pk, e->loras[e->run_lora - 1]);
+  else
+    msgpack_pack_nil(&e->pk);
+}
+
 /* The gathered run becomes one event of the batch. */
 static void run_end(events *e) {
   msgpack_packer *pk = &e->pk;
+  const char *medium = e->mediums[e->run_medium];
+  int map = e->format == EV_FORMAT_MAP;
 
   if (e->run == RUN_STORED) {
-    msgpack_pack_array(pk, 7);
+    int extra = map && e->run_extra;
+
+    if (map) {
+      msgpack_pack_map(pk, 8 + extra);
+      pack_kv(pk, "type");
+    } else {
+      msgpack_pack_array(pk, 8);
+    }
     pack_str(pk, "BlockStored");
-    msgpack_pack_array(pk, e->nh);
-    for (uint32_t i = 0; i < e->nh; i++)
-      msgpack_pack_uint64(pk, e->hashes[i]);
+    if (map)
+      pack_kv(pk, "block_hashes");
+    pack_hashes(e);
+    if (map)
+      pack_kv(pk, "parent_block_hash");
     if (e->run_parent)
-      msgpack_pack_uint64(pk, e->parent);
+      pack_key(pk, &e->parent_key, e->parent);
     else
       msgpack_pack_nil(pk);
+    if (map)
+      pack_kv(pk, "token_ids");
     if (e->run_tokens) {
       size_t n = (size_t)e->nh * e->bs;
 
@@ -185,23 +421,54 @@ static void run_end(events *e) {
     } else {
       msgpack_pack_array(pk, 0);
     }
+    if (map)
+      pack_kv(pk, "block_size");
     msgpack_pack_uint32(pk, e->bs);
-    msgpack_pack_nil(pk); /* lora_id */
-    pack_str(pk, e->medium);
+    if (map)
+      pack_kv(pk, "lora_id");
+    msgpack_pack_nil(pk);
+    if (map)
+      pack_kv(pk, "medium");
+    pack_str(pk, medium);
+    if (map)
+      pack_kv(pk, "lora_name");
+    pack_lora(e);
+    if (extra) {
+      pack_kv(pk, "extra_keys");
+      msgpack_pack_array(pk, e->nh);
+      for (uint32_t i = 0; i < e->nh; i++) {
+        if (e->ents[i].xlen == 0)
+          msgpack_pack_nil(pk);
+        else
+          body_write(e, e->xb.data + e->ents[i].xoff, e->ents[i].xlen);
+      }
+    }
     e->st.stored += e->nh;
   } else if (e->run == RUN_REMOVED) {
-    msgpack_pack_array(pk, 3);
+    if (map) {
+      msgpack_pack_map(pk, 3);
+      pack_kv(pk, "type");
+    } else {
+      msgpack_pack_array(pk, 3);
+    }
     pack_str(pk, "BlockRemoved");
-    msgpack_pack_array(pk, e->nh);
-    for (uint32_t i = 0; i < e->nh; i++)
-      msgpack_pack_uint64(pk, e->hashes[i]);
-    pack_str(pk, e->medium);
+    if (map)
+      pack_kv(pk, "block_hashes");
+    pack_hashes(e);
+    if (map)
+      pack_kv(pk, "medium");
+    pack_str(pk, medium);
     e->st.removed += e->nh;
   }
-  if (e->run != RUN_NONE)
+  if (e->run != RUN_NONE) {
     e->nevents++;
+    if (e->run_medium != EV_POOL)
+      e->st.tier_blocks += e->nh;
+  }
   e->run = RUN_NONE;
   e->nh = 0;
+  e->run_extra = 0;
+  msgpack_sbuffer_clear(&e->xb);
 }
 
 /* The ring takes the caller's reference to b. */
@@ -245,8 +512,15 @@ static void flush(events *e) {
   msgpack_sbuffer_init(&hdr);
   msgpack_packer_init(&hp, &hdr, msgpack_sbuffer_write);
   clock_gettime(CLOCK_REALTIME, &ts);
-  msgpack_pack_array(&hp, 2);
+  if (e->format == EV_FORMAT_MAP) {
+    msgpack_pack_map(&hp, 2);
+    pack_kv(&hp, "ts");
+  } else {
+    msgpack_pack_array(&hp, 2);
+  }
   msgpack_pack_double(&hp, (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9);
+  if (e->format == EV_FORMAT_MAP)
+    pack_kv(&hp, "events");
   msgpack_pack_array(&hp, e->nevents);
   if (!e->lost && hdr.data)
     b = malloc(sizeof(*b) + hdr.size + e->body.size);
@@ -287,13 +561,13 @@ static void on_prepare(uv_prepare_t *h) {
 /* The run's arrays, allocated at the first event (run_end keeps nh below
  * EV_RUN_MAX). */
 static int run_room(events *e) {
-  if (e->hashes == NULL) {
-    e->hashes = malloc(EV_RUN_MAX * sizeof(*e->hashes));
+  if (e->ents == NULL) {
+    e->ents = malloc(EV_RUN_MAX * sizeof(*e->ents));
     e->tokens = malloc((size_t)EV_RUN_MAX * e->bs * sizeof(*e->tokens));
-    if (e->hashes == NULL || e->tokens == NULL) {
-      free(e->hashes);
+    if (e->ents == NULL || e->tokens == NULL) {
+      free(e->ents);
       free(e->tokens);
-      e->hashes = NULL;
+      e->ents = NULL;
       e->tokens = NULL;
       e->lost = 1;
       return -1;
@@ -302,50 +576,171 @@ static int run_room(events *e) {
   return 0;
 }
 
-static void after_event(events *e) {
+/* Before an event: a batch grown big goes at once (never in the middle of
+ * a block's events: on_sealed completes the entry on_stored adds). */
+static void before_event(events *e) {
   if (e->body.size >= EV_BATCH_FLUSH)
     flush(e);
   uv_prepare_start(&e->prep, on_prepare); /* no-op when started */
 }
 
+/* h's key, as published: the engine's when it gave one. */
+static void key_of(const events *e, uint64_t h, ev_key *k, uint16_t *lora) {
+  const ev_emap *m = emap_find(e, h);
+
+  if (m) {
+    *k = m->k;
+    *lora = m->lora;
+  } else {
+    k->len = 0;
+    *lora = 0;
+  }
+}
+
+/* A block of a stored run (medium md, parent: chained to the run's last,
+ * else it starts one). */
+static void add_stored(events *e, int md, uint64_t h, const kvs_hash128 *parent,
+                       const uint32_t *tokens, kvs_hash128 full) {
+  int tk = tokens != NULL;
+  ev_key k;
+  uint16_t lora;
+
+  key_of(e, h, &k, &lora);
+  if (e->keys && md == EV_POOL) /* (sealed by a commit with keys: on_sealed
+                                   gives it the engine's) */
+    lora = e->keys_lora;
+  before_event(e);
+  /* A pool run is a chain; a tier's is any blocks, none the parent of the
+   * next (as vLLM's offloading reports its copies). */
+  if (e->run != RUN_STORED || e->run_medium != md || tk != e->run_tokens ||
+      lora != e->run_lora || e->nh == EV_RUN_MAX ||
+      (md == EV_POOL
+           ? parent == NULL || parent->lo != e->last.lo ||
+                 parent->hi != e->last.hi
+           : parent != NULL || e->run_parent)) {
+    run_end(e);
+    e->run = RUN_STORED;
+    e->run_medium = md;
+    e->run_tokens = tk;
+    e->run_lora = lora;
+    e->run_parent = parent != NULL;
+    e->parent = parent ? parent->lo : 0;
+    if (parent)
+      key_of(e, parent->lo, &e->parent_key, &lora);
+  }
+  if (run_room(e) == 0) {
+    ev_ent *x = &e->ents[e->nh++];
+
+    if (tk)
+      memmove(e->tokens + (size_t)(e->nh - 1) * e->bs, tokens,
+              (size_t)e->bs * sizeof(*tokens));
+    x->h = h;
+    x->k = k;
+    x->xlen = 0;
+    e->last = full;
+  }
+}
+
+static void add_removed(events *e, int md, uint64_t h) {
+  ev_key k;
+  uint16_t lora;
+
+  key_of(e, h, &k, &lora);
+  before_event(e);
+  if (e->run != RUN_REMOVED || e->run_medium != md || e->nh == EV_RUN_MAX) {
+    run_end(e);
+    e->run = RUN_REMOVED;
+    e->run_medium = md;
+  }
+  if (run_room(e) == 0) {
+    e->ents[e->nh].h = h;
+    e->ents[e->nh++].k = k;
+  }
+}
+
 static void on_stored(void *arg, kvs_hash128 h, const kvs_hash128 *parent,
                       const uint32_t *tokens) {
   events *e = arg;
-  int tk = tokens != NULL;
 
-  if (e->run != RUN_STORED || parent == NULL || parent->lo != e->last.lo ||
-      parent->hi != e->last.hi || tk != e->run_tokens || e->nh == EV_RUN_MAX) {
-    run_end(e);
-    e->run = RUN_STORED;
-    e->run_tokens = tk;
-    e->run_parent = parent != NULL;
-    e->parent = parent ? parent->lo : 0;
+  emap_place(e, h.lo, EV_IN_POOL, 1);
+  add_stored(e, EV_POOL, h.lo, parent, tokens, h);
+}
+
+/* (right after on_stored for the same block) A commit sealed h at pos:
+ * with the engine's keys for it, they become h's. */
+static void on_sealed(void *arg, kvs_hash128 h, uint32_t b, uint32_t pos) {
+  events *e = arg;
+  const kvs_op_keys *k = e->keys;
+  uint32_t i;
+  ev_emap *m;
+  ev_ent *x;
+
+  (void)b;
+  if (k == NULL || pos < e->keys_first || (i = pos - e->keys_first) >= k->nblocks)
+    return;
+  if ((m = emap_put(e, h.lo)) == NULL) {
+    e->st.key_failures++;
+    return;
   }
-  if (run_room(e) == 0) {
-    if (tk)
-      memcpy(e->tokens + (size_t)e->nh * e->bs, tokens,
-             (size_t)e->bs * sizeof(*tokens));
-    e->hashes[e->nh++] = h.lo;
-    e->last = h;
+  if (k->hashes) {
+    m->k.is_int = 1;
+    m->k.len = 8;
+    memcpy(m->k.b, &k->hashes[i], 8);
+  } else {
+    m->k.is_int = 0;
+    m->k.len = (uint8_t)k->hash_bytes[i].len;
+    memcpy(m->k.b, k->hash_bytes[i].data, m->k.len);
   }
-  after_event(e);
+  m->lora = e->keys_lora;
+  m->places |= EV_IN_POOL;
+  if (e->run != RUN_STORED || e->nh == 0 || e->ents[e->nh - 1].h != h.lo)
+    return; /* (lost to memory) */
+  x = &e->ents[e->nh - 1]; /* (its run has the commit's LoRA name) */
+  x->k = m->k;
+  if (k->nextra && k->extra[i].len &&
+      msgpack_sbuffer_write(&e->xb, (const char *)k->extra[i].data,
+                            k->extra[i].len) == 0) {
+    x->xoff = (uint32_t)(e->xb.size - k->extra[i].len);
+    x->xlen = (uint32_t)k->extra[i].len;
+    e->run_extra = 1;
+  }
 }
 
 static void on_removed(void *arg, kvs_hash128 h) {
   events *e = arg;
 
-  if (e->run != RUN_REMOVED || e->nh == EV_RUN_MAX) {
-    run_end(e);
-    e->run = RUN_REMOVED;
+  add_removed(e, EV_POOL, h.lo);
+  emap_place(e, h.lo, EV_IN_POOL, 0);
+}
+
+static const uint8_t tier_place[] = {EV_IN_HOST, EV_IN_DISK, 0};
+
+static void on_tier(void *arg, kvs_hash128 h, int t, int present) {
+  events *e = arg;
+
+  if (t < 0 || t > CORE_TIER_REMOTE)
+    return;
+  if (present) {
+    emap_place(e, h.lo, tier_place[t], 1);
+    add_stored(e, EV_HOST + t, h.lo, NULL, NULL, h);
+  } else {
+    add_removed(e, EV_HOST + t, h.lo);
+    emap_place(e, h.lo, tier_place[t], 0);
   }
-  if (run_room(e) == 0)
-    e->hashes[e->nh++] = h.lo;
-  after_event(e);
+}
+
+static void tier_each(void *arg, kvs_hash128 h, int t) {
+  on_tier(arg, h, t, 1);
 }
 
 static void all_cleared(events *e) {
   run_end(e);
-  msgpack_pack_array(&e->pk, 1);
+  if (e->format == EV_FORMAT_MAP) {
+    msgpack_pack_map(&e->pk, 1);
+    pack_kv(&e->pk, "type");
+  } else {
+    msgpack_pack_array(&e->pk, 1);
+  }
   pack_str(&e->pk, "AllBlocksCleared");
   e->nevents++;
   flush(e);
@@ -559,9 +954,13 @@ static void on_closed(uv_handle_t *h) {
     blob_unref(NULL, e->kept[(e->head + i) % e->cap].blob);
   free(e->kept);
   free(e->peers);
-  free(e->hashes);
+  free(e->ents);
   free(e->tokens);
+  free(e->emap);
+  for (uint32_t i = 0; i < e->nloras; i++)
+    free(e->loras[i]);
   msgpack_sbuffer_destroy(&e->body);
+  msgpack_sbuffer_destroy(&e->xb);
   free(e);
 }
 
@@ -619,8 +1018,15 @@ int events_open(uv_loop_t *loop, const cfg *c, core *cr, const char *medium,
   }
   e->loop = loop;
   e->cap = c->kv_events_buffer;
-  e->medium = medium;
+  e->mediums[EV_POOL] = medium;
+  /* (under a host pool, whose medium is CPU, the host tier's is told
+   * apart) */
+  e->mediums[EV_HOST] = strcmp(medium, "CPU") == 0 ? "CPU_TIER" : "CPU";
+  e->mediums[EV_DISK] = "DISK";
+  e->mediums[EV_REMOTE] = "REMOTE";
+  e->format = c->kv_events_format;
   e->bs = block_size;
+  msgpack_sbuffer_init(&e->xb);
   snprintf(e->topic, sizeof(e->topic), "%s", c->kv_events_topic);
   e->topic_len = strlen(e->topic);
   msgpack_sbuffer_init(&e->body);
@@ -704,12 +1110,16 @@ int events_open(uv_loop_t *loop, const cfg *c, core *cr, const char *medium,
   memset(&obs, 0, sizeof(obs));
   obs.stored = on_stored;
   obs.removed = on_removed;
+  obs.sealed = on_sealed;
+  obs.tier = on_tier;
   obs.arg = e;
   core_add_observer(cr, &obs); /* (room for CORE_OBSERVERS: never full) */
-  log_info(0, "kv events: publishing on %s%s%s (topic '%s', medium %s)",
-           c->kv_events_endpoint,
+  core_tier_each(cr, tier_each, e); /* (a persisted tier, restored) */
+  log_info(0, "kv events: publishing on %s%s%s (topic '%s', medium %s, "
+           "%s encoding)", c->kv_events_endpoint,
            e->router ? ", replay on " : "",
-           e->router ? c->kv_events_replay_endpoint : "", e->topic, medium);
+           e->router ? c->kv_events_replay_endpoint : "", e->topic, medium,
+           e->format == EV_FORMAT_MAP ? "map" : "array");
   *out = e;
   return 0;
 
@@ -723,6 +1133,7 @@ fail:
   free(e->kept);
   free(e->peers);
   msgpack_sbuffer_destroy(&e->body);
+  msgpack_sbuffer_destroy(&e->xb);
   free(e);
   return -1;
 }

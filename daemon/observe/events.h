@@ -32,6 +32,7 @@
 
 #include "daemon/config.h"
 #include "daemon/core/core.h"
+#include "kvs_op.h"
 
 typedef struct events events;
 
@@ -46,6 +47,9 @@ typedef struct events_stats {
   uint64_t subscriptions; /* taken (they can match the topic) */
   uint64_t refused_subscriptions; /* that could never match: ignored */
   uint64_t subscriber_drops; /* connections dropped for too many of them */
+  uint64_t tier_blocks;   /* of stored + removed: copies below the pool */
+  uint64_t key_failures;  /* engine keys not kept (out of memory): those
+                             blocks go out with the daemon's hashes */
   uint32_t kept;          /* batches kept for replay */
   uint64_t kept_bytes;
 } events_stats;
@@ -62,5 +66,18 @@ int events_open(uv_loop_t *loop, const cfg *c, core *cr, const char *medium,
  * second to deliver).  NULL: nothing. */
 void events_close(events *e, core *cr);
 void events_get_stats(const events *e, events_stats *st);
+
+/*
+ * A Commit carrying the engine's block keys (op->keys, counts checked) is
+ * about to seal its blocks; first: the block-table index of the first block
+ * it completes.  The blocks it seals are published with the engine's keys
+ * (and LoRA name, extra keys), as are their later moves and removals.
+ * -1 with a reason in err: keys the events cannot carry (extra keys that
+ * are not one msgpack object; too many LoRA names).  events_keys_end after
+ * the commit.  e NULL: 0, nothing kept.
+ */
+int events_keys_begin(events *e, const kvs_op *op, uint32_t first, char *err,
+                      size_t len);
+void events_keys_end(events *e);
 
 #endif

@@ -98,8 +98,15 @@ static void drain_cb(uv_check_t *h);
 
 static void wake(remote *m);
 
-/* A write was answered: ready copies may go (at the end of this turn). */
-static void on_room(void *arg) { wake(arg); }
+/* A write was answered: ready copies may go (at the end of this turn); a
+ * stored block is told of (the KV events' REMOTE medium). */
+static void on_room(void *arg, kvs_hash128 h, int ok) {
+  remote *m = arg;
+
+  if (ok)
+    core_remote_stored(m->core, h);
+  wake(m);
+}
 
 static void on_sealed(void *arg, kvs_hash128 h, uint32_t b, uint32_t pos) {
   remote *m = arg;

@@ -125,7 +125,7 @@ struct tier_remote {
    * Lookup's reads queue behind them on the connection, so they are kept
    * to a small window (WRITE_WINDOW, at least two writes). */
   uint64_t write_inflight, write_window;
-  void (*room_cb)(void *);
+  void (*room_cb)(void *, kvs_hash128, int);
   void *room_data;
   tier_remote_stats st;
   int closing, started, grace_closed;
@@ -1066,28 +1066,42 @@ uint32_t tier_remote_put_room(const tier_remote *rm) {
   return left > UINT32_MAX ? UINT32_MAX : (uint32_t)left;
 }
 
-void tier_remote_set_room_cb(tier_remote *rm, void (*cb)(void *), void *data) {
+void tier_remote_set_room_cb(tier_remote *rm,
+                             void (*cb)(void *, kvs_hash128, int),
+                             void *data) {
   rm->room_cb = cb;
   rm->room_data = data;
 }
 
+/* A write in flight: what its answer is about. */
+typedef struct put_ctx {
+  tier_remote *rm;
+  kvs_hash128 h;
+} put_ctx;
+
 static void on_put_reply(redisAsyncContext *ac, void *r, void *priv) {
   rnode *n = ac->data;
-  tier_remote *rm = priv;
+  put_ctx pc = *(put_ctx *)priv;
+  tier_remote *rm = pc.rm;
   redisReply *reply = r;
+  int ok = reply && reply->type == REDIS_REPLY_STATUS;
 
+  free(priv);
   if (n->pending)
     n->pending--;
   rm->st.inflight_bytes -= rm->put_size;
   rm->write_inflight -= rm->put_size;
-  if (rm->room_cb && !rm->closing)
-    rm->room_cb(rm->room_data); /* (it writes later, not from here) */
-  if (reply && reply->type == REDIS_REPLY_STATUS) {
+  if (ok) {
     rm->st.puts++;
     rm->st.put_bytes += rm->cfg.block_bytes;
-    return;
+  } else {
+    rm->st.put_errors++;
   }
-  rm->st.put_errors++;
+  if (rm->room_cb && !rm->closing)
+    rm->room_cb(rm->room_data, pc.h, ok); /* (it writes later, not from
+                                             here) */
+  if (ok)
+    return;
   if (reply && reply->type == REDIS_REPLY_ERROR) {
     if (strncmp(reply->str, "MOVED", 5) == 0 ||
         strncmp(reply->str, "ASK", 3) == 0)
@@ -1103,6 +1117,7 @@ int tier_remote_put(tier_remote *rm, void *buf, kvs_hash128 h, const uint32_t *t
   char *p = buf, key[KEY_MAX], *v;
   size_t klen = make_key(rm, h, key);
   rnode *nd = node_for(rm, key, klen, 1);
+  put_ctx *pc;
   rhdr hd;
   size_t off;
 
@@ -1146,11 +1161,16 @@ int tier_remote_put(tier_remote *rm, void *buf, kvs_hash128 h, const uint32_t *t
     int tl = snprintf(ttl, sizeof(ttl), "%u", rm->cfg.ttl_ms);
     off += (size_t)sprintf(p + off, "$2\r\nPX\r\n$%d\r\n%s\r\n", tl, ttl);
   }
-  if (redisAsyncFormattedCommand(nd->ac, on_put_reply, rm, p, off) !=
-      REDIS_OK) {
+  pc = malloc(sizeof(*pc));
+  if (pc == NULL ||
+      redisAsyncFormattedCommand(nd->ac, on_put_reply, pc, p, off) !=
+          REDIS_OK) {
+    free(pc);
     rm->st.puts_skipped++;
     return KVS_ELIMIT;
   }
+  pc->rm = rm;
+  pc->h = h;
   owe(nd);
   rm->st.inflight_bytes += rm->put_size;
   rm->write_inflight += rm->put_size;

@@ -111,9 +111,12 @@ size_t tier_remote_put_offset(const tier_remote *rm);
  * for answers), so that a Lookup's reads never queue behind more than
  * that on a connection. */
 uint32_t tier_remote_put_room(const tier_remote *rm);
-/* cb(data) when a write is answered (room for another).  cb must not call
- * tier_remote_put from inside: it schedules the writes. */
-void tier_remote_set_room_cb(tier_remote *rm, void (*cb)(void *), void *data);
+/* cb(data, h, ok) when the write of h is answered (room for another; ok:
+ * the server stored it).  cb must not call tier_remote_put from inside: it
+ * schedules the writes. */
+void tier_remote_set_room_cb(tier_remote *rm,
+                             void (*cb)(void *, kvs_hash128, int),
+                             void *data);
 /* Sends the write of block hash h (tokens: its block_size token ids, or
  * NULL) whose bytes are at buf + tier_remote_put_offset; buf may be reused on
  * return.  0, or KVS_ELIMIT (not connected, or no room: skipped). */

@@ -116,6 +116,13 @@ class kvs_swap_stats(Structure):
                 ("resident_blocks", c_uint64)]
 
 
+class kvs_block_keys(Structure):
+    _fields_ = [("nblocks", c_uint32), ("hashes", POINTER(c_uint64)),
+                ("hash_bytes", c_void_p), ("hash_len", c_uint32),
+                ("lora_name", c_char_p), ("extra", c_void_p),
+                ("extra_len", POINTER(c_uint32))]
+
+
 _u32p = POINTER(c_uint32)
 _client = c_void_p  # kvs_client *
 _batch = c_void_p   # kvs_batch *
@@ -148,6 +155,9 @@ _FUNCS = {
                            POINTER(kvs_alloc_result)]),
     "kvs_commit": (c_int, [_client, c_uint64, c_uint32, _u32p, c_uint32,
                            _u32p, c_uint32, _u32p]),
+    "kvs_commit_keys": (c_int, [_client, c_uint64, c_uint32, _u32p, c_uint32,
+                                _u32p, c_uint32, POINTER(kvs_block_keys),
+                                _u32p]),
     "kvs_fork": (c_int, [_client, c_uint64, c_uint64]),
     "kvs_free": (c_int, [_client, c_uint64]),
     "kvs_preempt": (c_int, [_client, c_uint64]),
@@ -171,6 +181,9 @@ _FUNCS = {
     "kvs_batch_append": (c_int, [_batch, c_uint64, c_uint32]),
     "kvs_batch_commit": (c_int, [_batch, c_uint64, c_uint32, _u32p,
                                  c_uint32, _u32p, c_uint32]),
+    "kvs_batch_commit_keys": (c_int, [_batch, c_uint64, c_uint32, _u32p,
+                                      c_uint32, _u32p, c_uint32,
+                                      POINTER(kvs_block_keys)]),
     "kvs_batch_fork": (c_int, [_batch, c_uint64, c_uint64]),
     "kvs_batch_free_req": (c_int, [_batch, c_uint64]),
     "kvs_batch_preempt": (c_int, [_batch, c_uint64]),

@@ -21,8 +21,8 @@ import weakref
 from ctypes import byref, c_uint32, c_void_p
 
 from . import _lib
-from .client import (_alloc_result, _blocks, _commit_args, _req, _salt, _u32,
-                     _u32_ptr, LookupResult, as_u32_array)
+from .client import (_alloc_result, _block_keys, _blocks, _commit_args,
+                     _req, _salt, _u32, _u32_ptr, LookupResult, as_u32_array)
 from .errors import error_for
 
 
@@ -151,14 +151,17 @@ class Batch:
         return self._add("append", self._L.kvs_batch_append(
             b, _req(req_id), _u32(num_tokens, "num_tokens")))
 
-    def commit(self, req_id, start, tokens=None, *, n=None, blocks=None):
+    def commit(self, req_id, start, tokens=None, *, n=None, blocks=None,
+               engine_hashes=None, lora_name=None, extra_keys=None):
         b = self._bp()
         toks, n, blk = _commit_args(tokens, n, blocks)
-        return self._add("commit", self._L.kvs_batch_commit(
+        keys = _block_keys(engine_hashes, lora_name, extra_keys)
+        return self._add("commit", self._L.kvs_batch_commit_keys(
             b, _req(req_id), _u32(start, "start"),
             _u32_ptr(toks) if toks is not None else None, n,
             _u32_ptr(blk) if blk is not None else None,
-            blk.size if blk is not None else 0))
+            blk.size if blk is not None else 0,
+            byref(keys[0]) if keys else None))
 
     def fork(self, req_id, child_id):
         b = self._bp()

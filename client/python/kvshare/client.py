@@ -258,6 +258,51 @@ def _commit_args(tokens, n, blocks):
     return toks, n, blk
 
 
+def _block_keys(engine_hashes, lora_name, extra_keys):
+    """The engine's block keys of a commit as a kvs_block_keys (and what
+    it points at, to keep alive), or None when none are given."""
+    if engine_hashes is None:
+        if lora_name is not None or extra_keys is not None:
+            raise ValueError("lora_name and extra_keys go with engine_hashes")
+        return None
+    hs = list(engine_hashes)
+    if not hs:
+        raise ValueError("engine_hashes is empty")
+    k = _lib.kvs_block_keys()
+    k.nblocks = len(hs)
+    keep = []
+    if all(isinstance(h, (bytes, bytearray)) for h in hs):
+        n = len(hs[0])
+        if not 1 <= n <= 32 or any(len(h) != n for h in hs):
+            raise ValueError("engine_hashes as bytes: 1 to 32 bytes each, "
+                             "all the same length")
+        buf = ctypes.create_string_buffer(b"".join(bytes(h) for h in hs))
+        keep.append(buf)
+        k.hash_bytes = ctypes.cast(buf, c_void_p)
+        k.hash_len = n
+    elif all(isinstance(h, int) and not isinstance(h, bool) for h in hs):
+        if any(not 0 <= h < 2**64 for h in hs):
+            raise ValueError("engine_hashes as integers: 0 to 2**64-1")
+        arr = (c_uint64 * len(hs))(*hs)
+        keep.append(arr)
+        k.hashes = ctypes.cast(arr, ctypes.POINTER(c_uint64))
+    else:
+        raise TypeError("engine_hashes: all ints or all bytes")
+    if lora_name is not None:
+        k.lora_name = str(lora_name).encode()
+        keep.append(k.lora_name)
+    if extra_keys is not None:
+        xs = [b"" if x is None else bytes(x) for x in extra_keys]
+        if len(xs) != len(hs):
+            raise ValueError(f"{len(xs)} extra_keys for {len(hs)} hashes")
+        buf = ctypes.create_string_buffer(b"".join(xs) or b"\0")
+        lens = (c_uint32 * len(xs))(*[len(x) for x in xs])
+        keep += [buf, lens]
+        k.extra = ctypes.cast(buf, c_void_p)
+        k.extra_len = lens
+    return k, keep
+
+
 # ---- the connection ----------------------------------------------------------
 def _close_native(addr):
     _lib.lib().kvs_close(c_void_p(addr))
@@ -439,19 +484,26 @@ class Client:
         self._check(rc, "append")
         return _alloc_result(r)
 
-    def commit(self, req_id, start, tokens=None, *, n=None, blocks=None):
+    def commit(self, req_id, start, tokens=None, *, n=None, blocks=None,
+               engine_hashes=None, lora_name=None, extra_keys=None):
         """Positions [start, start+n) are written and hold tokens (n =
         len(tokens)); tokens None (give n) when the daemon knows them from
         the lookup's prompt.  blocks: the block ids written, checked by the
-        daemon.  Returns how many full blocks this commit sealed."""
+        daemon.  engine_hashes: the engine's own hash of each block this
+        commit completes (ints, or bytes of one length up to 32), which the
+        KV events publish instead of the daemon's; lora_name and extra_keys
+        (one packed msgpack object or None per block) go with them.
+        Returns how many full blocks this commit sealed."""
         p = self._p()
         toks, n, blk = _commit_args(tokens, n, blocks)
+        keys = _block_keys(engine_hashes, lora_name, extra_keys)
         sealed = c_uint32(0)
-        rc = self._L.kvs_commit(
+        rc = self._L.kvs_commit_keys(
             p, _req(req_id), _u32(start, "start"),
             _u32_ptr(toks) if toks is not None else None, n,
             _u32_ptr(blk) if blk is not None else None,
-            blk.size if blk is not None else 0, byref(sealed))
+            blk.size if blk is not None else 0,
+            byref(keys[0]) if keys else None, byref(sealed))
         self._check(rc, "commit")
         return sealed.value
 
