@@ -682,7 +682,10 @@ static void on_sealed(void *arg, kvs_hash128 h, uint32_t b, uint32_t pos) {
     e->st.key_failures++;
     return;
   }
-  if (k->hashes) {
+  if (m->k.len) {
+    /* known already (a copy below): the first key stays, so that every
+     * event about the block agrees */
+  } else if (k->hashes) {
     m->k.is_int = 1;
     m->k.len = 8;
     memcpy(m->k.b, &k->hashes[i], 8);
@@ -691,7 +694,8 @@ static void on_sealed(void *arg, kvs_hash128 h, uint32_t b, uint32_t pos) {
     m->k.len = (uint8_t)k->hash_bytes[i].len;
     memcpy(m->k.b, k->hash_bytes[i].data, m->k.len);
   }
-  m->lora = e->keys_lora;
+  if (m->places == 0)
+    m->lora = e->keys_lora;
   m->places |= EV_IN_POOL;
   if (e->run != RUN_STORED || e->nh == 0 || e->ents[e->nh - 1].h != h.lo)
     return; /* (lost to memory) */

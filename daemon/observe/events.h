@@ -2,27 +2,28 @@
  * events.h — the KV event stream: the prefix index's changes, published for
  * KV-aware routers in the format vLLM's engines publish theirs.
  *
- * The core tells of every hash that enters or leaves its index
- * (core_observer); the events of one loop iteration become one batch,
- * msgpack-encoded as vLLM's KVEventBatch:
+ * The core tells of every hash that enters or leaves its index, and of
+ * every copy below the pool that comes or goes (core_observer); the events
+ * of one loop iteration become one batch, msgpack-encoded as vLLM's
+ * KVEventBatch: maps (current vLLM) or arrays (older vLLM;
+ * kv_events_format), the fields listed in docs/operations.md:
  *
- *   [ts, [event, ...]]                 ts: float seconds since the epoch
- *   ["BlockStored", [hash, ...], parent | nil, [token, ...], block_size,
- *    nil, medium]                      a run of blocks, each the parent of
- *                                      the next; tokens: block_size per
- *                                      block ([] when unknown)
- *   ["BlockRemoved", [hash, ...], medium]
- *   ["AllBlocksCleared"]               at start and at shutdown
+ *   BlockStored    a run of blocks in one medium: in the pool a chain
+ *                  (each the parent of the next) with its token ids; in a
+ *                  tier (CPU or CPU_TIER, DISK, REMOTE) copies, no chain
+ *   BlockRemoved   blocks that left a medium
+ *   AllBlocksCleared   at start and at shutdown
  *
- * Hashes are the low 64 bits of the core's 128-bit chained block hash, as
- * unsigned integers.  medium is "GPU" for the cuda pool, "CPU" for the host
- * pool.  Each batch goes out on a ZMQ PUB socket as three frames (topic,
- * 8-byte big-endian sequence number from 0, payload); the last
- * kv_events_buffer batches are kept, and a ZMQ ROUTER socket (optional)
- * answers a request [start_seq] with [seq, payload] for each kept batch from
- * start_seq on, then [-1, ""] (the end marker).  Nothing here blocks: a
- * subscriber that cannot keep up loses messages (its sequence numbers
- * jump; it asks for a replay).
+ * A block is published under the engine's key when a commit gave one
+ * (events_keys_begin; kept while the block is in the pool or a local
+ * tier), else under the low 64 bits of the core's 128-bit chained hash.
+ * medium is "GPU" for the cuda pool, "CPU" for the host pool.  Each batch
+ * goes out on a ZMQ PUB socket as three frames (topic, 8-byte big-endian
+ * sequence number, payload); the last kv_events_buffer batches are kept,
+ * and a ZMQ ROUTER socket (optional) answers a request [start_seq] with
+ * [seq, payload] for each kept batch from start_seq on, then [-1, ""] (the
+ * end marker).  Nothing here blocks: a subscriber that cannot keep up
+ * loses messages (its sequence numbers jump; it asks for a replay).
  */
 #ifndef KVS_DAEMON_EVENTS_H
 #define KVS_DAEMON_EVENTS_H

@@ -88,56 +88,139 @@ def drive(lines, env=None):
     return p.stdout.split("\n")[:-1]
 
 
+def doc_fields():
+    """The field lists of docs/operations.md ("Event fields"): {format:
+    {name: [field, ...]}}, an optional field in brackets."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    text = open(os.path.join(here, "..", "..", "docs", "operations.md")).read()
+    block = text.split("<!-- event fields -->")[1]
+    out = {"map": {}, "array": {}}
+    for line in block.split("```")[1].strip().splitlines():
+        fmt, name, *fields = line.split()
+        out[fmt][name] = fields
+    check(set(out["map"]) == set(out["array"]) ==
+          {"EventBatch", "BlockStored", "BlockRemoved", "AllBlocksCleared"},
+          f"docs/operations.md event fields: {out}")
+    return out
+
+
+FIELDS = doc_fields()
+FORMAT = os.environ.get("KVS_EVENTS_FORMAT", "map")
+DUMP = open(os.environ["KVS_EVENTS_DUMP"], "ab") if os.environ.get("KVS_EVENTS_DUMP") else None
+POOL = "CPU"  # the host pool's medium
+TIER_MEDIA = {"CPU_TIER", "DISK", "REMOTE"}
+
+
+def decode_fields(fmt, name, obj):
+    """obj (a map or an array) checked against the documented fields of
+    name in format fmt: a dict by field name."""
+    want = FIELDS[fmt][name]
+    required = [f for f in want if not f.startswith("[")]
+    if fmt == "map":
+        check(isinstance(obj, dict), f"{name}: not a map: {obj!r}")
+        optional = {f.strip("[]") for f in want} - set(required)
+        check(set(required) <= set(obj) <= set(required) | optional,
+              f"{name} keys {sorted(obj)}, documented {want}")
+        return obj
+    check(isinstance(obj, list) and len(obj) == len(required),
+          f"{name}: {len(obj) if isinstance(obj, list) else obj!r} fields, "
+          f"documented {required}")
+    return dict(zip(required, obj))
+
+
+def decode_batch(payload):
+    """A KVEventBatch: (ts, [event dict, ...]), every field checked."""
+    b = decode_fields(FORMAT, "EventBatch", msgpack.unpackb(payload, raw=False))
+    events = []
+    for ev in b["events"]:
+        name = ev.get("type") if isinstance(ev, dict) else (ev[0] if ev else None)
+        check(name in FIELDS[FORMAT] and name != "EventBatch", f"unknown event {ev!r}")
+        d = decode_fields(FORMAT, name, ev)
+        check(d["type"] == name, f"{d!r}")
+        events.append(d)
+    return b["ts"], events
+
+
+def is_key(h):
+    """A published block key: the daemon's 64-bit hash, or an engine's
+    integer or bytes."""
+    return (isinstance(h, int) and 0 <= h < 2**64) or \
+        (isinstance(h, bytes) and 1 <= len(h) <= 32)
+
+
 class Index:
-    """The prefix index as the events describe it."""
+    """The prefix index as the events describe it, and the copies below the
+    pool by medium."""
 
     def __init__(self):
-        self.blocks = {}  # hash -> (parent, tokens)
+        self.blocks = {}  # key -> (parent, tokens), in the pool
+        self.below = {m: set() for m in TIER_MEDIA}
         self.seq = -1     # the last batch applied
         self.first = None
         self.cleared = 0
         self.stored = self.removed = 0
+        self.tier_stored = self.tier_removed = 0
         self.longest = 0  # most blocks in one event
+        self.events = []  # every event applied, decoded
 
     def apply(self, seq, payload):
+        if DUMP is not None:  # (for vllm_decode.py)
+            DUMP.write(len(payload).to_bytes(4, "big") + payload)
+            DUMP.flush()
         if self.first is None:  # the daemon's first batch: its start time
             self.first = seq    # in microseconds, so never 0
             check(abs(seq / 1e6 - time.time()) < 600, f"first seq {seq}")
         else:
             check(seq == self.seq + 1, f"batch {seq} after {self.seq}")
         self.seq = seq
-        batch = msgpack.unpackb(payload, raw=False)
-        check(isinstance(batch, list) and len(batch) == 2, f"batch {batch!r}")
-        ts, events = batch
+        ts, events = decode_batch(payload)
         check(isinstance(ts, float) and abs(ts - time.time()) < 600, f"ts {ts}")
         check(len(events) > 0, "an empty batch")
         for ev in events:
-            kind = ev[0]
+            self.events.append(ev)
+            kind = ev["type"]
+            if kind == "AllBlocksCleared":
+                self.blocks.clear()
+                for m in self.below.values():
+                    m.clear()
+                self.cleared += 1
+                continue
+            hashes, medium = ev["block_hashes"], ev["medium"]
+            check(isinstance(hashes, list) and hashes and all(is_key(h) for h in hashes),
+                  f"hashes {ev!r}")
+            self.longest = max(self.longest, len(hashes))
             if kind == "BlockStored":
-                check(len(ev) == 7, f"BlockStored fields: {ev!r}")
-                _, hashes, parent, tokens, bs, lora, medium = ev
-                check(bs == BS and lora is None and medium == "CPU", f"{ev!r}")
+                check(ev["block_size"] == BS and ev["lora_id"] is None, f"{ev!r}")
+                check(ev["lora_name"] is None or isinstance(ev["lora_name"], str), f"{ev!r}")
+                tokens, parent = ev["token_ids"], ev["parent_block_hash"]
+                if "extra_keys" in ev:
+                    check(len(ev["extra_keys"]) == len(hashes), f"extra keys {ev!r}")
+                if medium in TIER_MEDIA:  # copies: no chain, no tokens
+                    check(parent is None and tokens == [], f"{ev!r}")
+                    for h in hashes:
+                        check(h not in self.below[medium], f"stored twice in {medium}: {h!r}")
+                        self.below[medium].add(h)
+                        self.tier_stored += 1
+                    continue
+                check(medium == POOL, f"medium {ev!r}")
                 check(len(tokens) == len(hashes) * BS, "tokens per block")
-                self.longest = max(self.longest, len(hashes))
                 for i, h in enumerate(hashes):
-                    check(isinstance(h, int) and 0 <= h < 2**64, f"hash {h!r}")
-                    check(h not in self.blocks, f"stored twice: {h:x}")
+                    check(h not in self.blocks, f"stored twice: {h!r}")
                     self.blocks[h] = (parent, tuple(tokens[i * BS:(i + 1) * BS]))
                     parent = h
                     self.stored += 1
-            elif kind == "BlockRemoved":
-                check(len(ev) == 3 and ev[2] == "CPU", f"{ev!r}")
-                self.longest = max(self.longest, len(ev[1]))
-                for h in ev[1]:
-                    check(h in self.blocks, f"removed but never stored: {h:x}")
+            else:
+                if medium in TIER_MEDIA:
+                    for h in hashes:
+                        check(h in self.below[medium], f"removed from {medium}, never stored: {h!r}")
+                        self.below[medium].discard(h)
+                        self.tier_removed += 1
+                    continue
+                check(medium == POOL, f"medium {ev!r}")
+                for h in hashes:
+                    check(h in self.blocks, f"removed but never stored: {h!r}")
                     del self.blocks[h]
                     self.removed += 1
-            elif kind == "AllBlocksCleared":
-                check(len(ev) == 1, f"{ev!r}")
-                self.blocks.clear()
-                self.cleared += 1
-            else:
-                fail(f"unknown event {ev!r}")
 
     def hit_tokens(self, prompt):
         """What a Lookup of prompt should hit: whole blocks, chained from the
@@ -217,8 +300,12 @@ def check_index(live, fams):
     check(st["indexed_blocks"] == indexed and st["evictions"] == evictions,
           f"stats says {st['indexed_blocks']} indexed, {st['evictions']} evictions")
     check(live.removed == evictions, f"{live.removed} removed, {evictions} evictions")
-    check(live.stored == value(fams, "kvshare_kv_event_blocks", {"event": "stored"}, "_total"),
+    check(live.stored + live.tier_stored ==
+          value(fams, "kvshare_kv_event_blocks", {"event": "stored"}, "_total"),
           "stored blocks: events vs metrics")
+    check(live.removed + live.tier_removed ==
+          value(fams, "kvshare_kv_event_blocks", {"event": "removed"}, "_total"),
+          "removed blocks: events vs metrics")
     return evictions
 
 
@@ -269,9 +356,139 @@ if mode == "tier":
     check_index(live, fams)
     promoted = value(fams, "kvshare_tier_promotions", {"tier": "host"}, "_total")
     check(promoted > 0, "nothing promoted: the test proves less")
+    # The copies below, as the events tell them, against the tier's books
+    # (once no demotion is in flight: used slots include those).
+    for _ in range(100):
+        fams = scrape()
+        catch_up(sub, live, int(value(fams, "kvshare_kv_event_batches", suffix="_total")))
+        used = value(fams, "kvshare_tier_used_slots", {"tier": "host"})
+        if len(live.below["CPU_TIER"]) == used:
+            break
+        time.sleep(0.05)
+    check(len(live.below["CPU_TIER"]) == used and used > 0,
+          f"events hold {len(live.below['CPU_TIER'])} host-tier copies, the tier {used}")
     print(f"tier: {int(promoted)} blocks promoted, {live.stored} stored with tokens")
     stop_daemon(sub, live)
     print("observe_check tier: all checks passed")
+    sys.exit(0)
+
+if mode == "engine":
+    # Commits carry an engine's own hashes (vLLM-style: SHA-256 of the
+    # parent's hash and the block's tokens); every event about those blocks
+    # must carry them, through evictions and the tiers, and chain by them.
+    import hashlib
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                    "..", "..", "client", "python"))
+    import kvshare
+
+    def engine_hashes(prompt, as_int, lora):
+        out, parent = [], b"root"
+        for k in range(len(prompt) // BS):
+            d = hashlib.sha256(parent + (lora or "").encode() + bytes(
+                str(prompt[k * BS:(k + 1) * BS]), "ascii")).digest()
+            out.append(int.from_bytes(d[-8:], "big") if as_int else d)
+            parent = d
+        return out
+
+    rng = random.Random(7)
+    sub = subscribe()
+    live = Index()
+    c = kvshare.Client(sock)
+    systems = [[rng.randrange(1, 50000) for _ in range(BS * 3)] for _ in range(3)]
+    want = {}  # published key -> (parent key, tokens): the engine's view
+    rid = 0
+    for i in range(30):
+        rid += 1
+        p = systems[i % 3] + [rng.randrange(1, 50000) for _ in range(BS * 2 + 3)]
+        # One engine, one kind of hash; a LoRA adapter's KV differs, so its
+        # requests are salted with it (the daemon's hashes differ too).
+        as_int, lora = i % 3 == 0, ("adapter-%d" % (i % 3) if i % 3 else None)
+        r = c.lookup(rid, p, salt=lora.encode() if lora else None)
+        c.allocate(rid, len(p) - r.hit_tokens)
+        hs = engine_hashes(p, as_int, lora)
+        done = len(p) // BS - r.hit_tokens // BS
+        extra = [msgpack.packb(["mm", i, k]) if k % 2 else None for k in range(done)]
+        if i == 0:  # refusals first: a wrong count, extra keys that are not msgpack
+            for bad, text in (((hs[:1], None), "engine hashes"),
+                              ((hs[r.hit_tokens // BS:], [b"\xc1"] * done), "msgpack")):
+                try:
+                    c.commit(rid, r.hit_tokens, p[r.hit_tokens:], engine_hashes=bad[0],
+                             extra_keys=bad[1])
+                    fail(f"commit with bad keys accepted ({text})")
+                except kvshare.KvsError as e:
+                    check(e.name == "EINVAL" and text in e.message,
+                          f"refusal: {e.name} {e.message!r}")
+        args = dict(engine_hashes=hs[r.hit_tokens // BS:], lora_name=lora,
+                    extra_keys=extra)
+        if i % 2:  # one op, or a batch (then sent as a Batch of Envelopes)
+            sealed = c.commit(rid, r.hit_tokens, p[r.hit_tokens:], **args)
+        else:
+            with c.batch() as b:
+                op = b.commit(rid, r.hit_tokens, p[r.hit_tokens:], **args)
+                b.ping(b"x")
+            sealed = op.result
+        check(sealed <= done, f"sealed {sealed} of {done}")
+        parent = None
+        for k, h in enumerate(hs):
+            want.setdefault(h, (parent, tuple(p[k * BS:(k + 1) * BS]), lora))
+            parent = h
+        c.free(rid)
+    fams = scrape()
+    catch_up(sub, live, int(value(fams, "kvshare_kv_event_batches", suffix="_total")))
+    pool_stored = [e for e in live.events if e["type"] == "BlockStored" and e["medium"] == POOL]
+    n_engine = n_extra = 0
+    for ev in pool_stored:
+        parent = ev["parent_block_hash"]
+        for j, h in enumerate(ev["block_hashes"]):
+            check(h in want, f"a pool block under a key the engine never made: {h!r}")
+            wp, wt, wl = want[h]
+            check(wp == parent and wt == tuple(ev["token_ids"][j * BS:(j + 1) * BS]),
+                  f"block {h!r}: parent/tokens differ from the engine's")
+            check(ev["lora_name"] == wl, f"lora {ev['lora_name']} for {wl}")
+            if "extra_keys" in ev and ev["extra_keys"][j] is not None:
+                x = ev["extra_keys"][j]
+                check(isinstance(x, list) and x[0] == "mm", f"extra keys {x!r}")
+                n_extra += 1
+            parent = h
+            n_engine += 1
+    below = [e for e in live.events if e.get("medium") in TIER_MEDIA]
+    for ev in below:
+        for h in ev["block_hashes"]:
+            check(h in want, f"a tier event under the daemon's hash: {h!r}")
+    removed = [h for e in live.events if e["type"] == "BlockRemoved" and e["medium"] == POOL
+               for h in e["block_hashes"]]
+    check(all(h in want for h in removed), "a removal under the daemon's hash")
+    check(len(removed) > 0 and len(below) > 0 and n_extra > 0,
+          f"{len(removed)} removed, {len(below)} tier events, {n_extra} extra keys: "
+          "the test proves less")
+    check(any(isinstance(h, bytes) for h in want) and any(isinstance(h, int) for h in want),
+          "both kinds of hash")
+    if os.environ.get("KVS_WANT_REMOTE", "0") != "0":
+        # (remote writes are acknowledged a little later: wait for them)
+        for _ in range(100):
+            if live.below["REMOTE"]:
+                break
+            time.sleep(0.05)
+            catch_up(sub, live, batches_published())
+        check(live.below["REMOTE"] and all(h in want for h in live.below["REMOTE"]),
+              f"{len(live.below['REMOTE'])} blocks written to the remote tier, "
+              "under the engine's keys")
+    check_index(live, fams)
+    # Hits computed from the engine-keyed index equal the daemon's.
+    # (pool blocks only: the index the pool's events describe)
+    c.set_promote(False)
+    probes = [systems[i % 3] + [1, 2] for i in range(3)]
+    got = [c.lookup(1000 + i, q, salt=b"adapter-%d" % i if i else None).hit_tokens
+           for i, q in enumerate(probes)]
+    for i in range(3):
+        c.free(1000 + i)
+    check(got == [live.hit_tokens(q) for q in probes], f"hits {got}")
+    c.close()
+    print(f"engine: {n_engine} pool blocks, {len(removed)} removals, "
+          f"{sum(len(e['block_hashes']) for e in below)} tier blocks under engine keys, "
+          f"{n_extra} with extra keys")
+    stop_daemon(sub, live)
+    print("observe_check engine: all checks passed")
     sys.exit(0)
 
 check(mode == "standard", f"unknown mode {mode}")

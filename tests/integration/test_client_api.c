@@ -135,6 +135,53 @@ int main(void) {
   CHECK_OK(c, kvs_allocate(c, 2, 8, &ar));
   CHECK_OK(c, kvs_commit(c, 2, 32, NULL, 8, ar.blocks, ar.num_blocks, NULL));
   CHECK_OK(c, kvs_free(c, 2));
+
+  /* The engine's block keys: malformed ones never leave the client; a
+   * count that is not the blocks the commit completes is the daemon's
+   * refusal (KV events off: the keys are checked, then ignored). */
+  {
+    uint64_t eh[3] = {11, 12, 13};
+    uint8_t hb[3 * 32] = {1};
+    uint32_t xl[3] = {0, 1, 0};
+    kvs_block_keys k = {3, eh, NULL, 0, "lora", NULL, NULL};
+    kvs_block_keys both = {3, eh, hb, 32, NULL, NULL, NULL};
+    kvs_block_keys neither = {3, NULL, NULL, 0, NULL, NULL, NULL};
+    kvs_block_keys long_hash = {3, NULL, hb, 33, NULL, NULL, NULL};
+    kvs_block_keys no_len = {3, eh, NULL, 0, NULL, (const uint8_t *)"\xc0", NULL};
+    kvs_block_keys two = {2, eh, NULL, 0, NULL, NULL, NULL};
+    kvs_block_keys x = {3, NULL, hb, 32, NULL, (const uint8_t *)"\xc0", xl};
+    const uint32_t more[8] = {41, 42, 43, 44, 45, 46, 47, 48};
+
+    CHECK_OK(c, kvs_lookup(c, 3, tok, 40, "s", 1, NULL));
+    CHECK_OK(c, kvs_allocate(c, 3, 40, &ar));
+    CHECK(kvs_commit_keys(c, 3, 0, NULL, 40, NULL, 0, &both, NULL) == KVS_EINVAL);
+    CHECK(kvs_commit_keys(c, 3, 0, NULL, 40, NULL, 0, &neither, NULL) == KVS_EINVAL);
+    CHECK(kvs_commit_keys(c, 3, 0, NULL, 40, NULL, 0, &long_hash, NULL) ==
+          KVS_EINVAL);
+    CHECK(kvs_commit_keys(c, 3, 0, NULL, 40, NULL, 0, &no_len, NULL) ==
+          KVS_EINVAL);
+    CHECK(kvs_batch_commit_keys(b, 3, 0, NULL, 40, NULL, 0, &both) == KVS_EINVAL);
+    CHECK(kvs_batch_count(b) == 0);
+    /* 40 tokens of 16 complete 2 blocks, not 3 */
+    CHECK(kvs_commit_keys(c, 3, 0, NULL, 40, NULL, 0, &k, NULL) == KVS_EINVAL);
+    CHECK(strstr(kvs_last_message(c), "complete 2 blocks") != NULL);
+    CHECK(kvs_commit_keys(c, 3, 0, NULL, 48, NULL, 0, &k, NULL) == KVS_ERANGE);
+    CHECK_OK(c, kvs_commit_keys(c, 3, 0, NULL, 40, NULL, 0, &two, &sealed));
+    CHECK(sealed == 2);
+    /* a batch: the keyed commit goes as an Envelope, beside packed ops */
+    CHECK_OK(c, kvs_allocate(c, 3, 8, &ar));
+    CHECK(kvs_batch_commit_keys(b, 3, 40, more, 8, NULL, 0, &x) == 0);
+    kvs_batch_ping(b, "p", 1);
+    CHECK_OK(c, kvs_batch_submit(c, b));
+    CHECK(kvs_batch_status(b, 0) == KVS_EINVAL); /* 8 more complete 1 */
+    CHECK(strstr(kvs_batch_message(b, 0), "complete 1 blocks") != NULL);
+    x.nblocks = 1;
+    CHECK(kvs_batch_commit_keys(b, 3, 40, more, 8, NULL, 0, &x) == 0);
+    CHECK_OK(c, kvs_batch_submit(c, b));
+    CHECK_OK(c, kvs_batch_commit_result(b, 0, &sealed));
+    CHECK(sealed == 1);
+    CHECK_OK(c, kvs_free(c, 3));
+  }
   itest_check_pool(c, 1, 0, 0);
   kvs_batch_free(b);
 

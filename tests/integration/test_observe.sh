@@ -10,6 +10,7 @@ build=${KVS_BUILD:-build}
 daemon=$build/kvshared
 py=/usr/bin/python3
 here=$(dirname "$0")
+export KVS_LIBRARY=$build/libkvshare.so.0 # (observe_check.py engine)
 dir= pid= holder=
 fail() { echo "FAIL: $*" >&2; [ -n "$dir" ] && [ -f "$dir/log" ] && sed 's/^/  log| /' "$dir/log" >&2; exit 1; }
 
@@ -21,6 +22,7 @@ dir=$(mktemp -d "${TMPDIR:-/tmp}/kvs-obs-XXXXXX")
 cleanup() {
   [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null
   [ -n "$holder" ] && kill "$holder" 2>/dev/null
+  [ -n "${redis:-}" ] && kill "$redis" 2>/dev/null
   rm -rf "$dir"
 }
 trap cleanup EXIT
@@ -90,7 +92,32 @@ bad_http() {
   curl -sf "$url" | grep -q '^kvshare_pool_size_blocks 64$' || fail "curl /metrics"
 }
 
-observe standard 16 --pool-blocks 64
-observe long 1 --pool-blocks 5100 --num-kv-heads 1
+# Every batch the subscribers apply is also dumped, per format, for
+# vllm_decode.py.
+KVS_EVENTS_DUMP=$dir/map.dump observe standard 16 --pool-blocks 64
+KVS_EVENTS_FORMAT=array KVS_EVENTS_DUMP=$dir/array.dump \
+  observe long 1 --pool-blocks 5100 --num-kv-heads 1 --kv-events-format array
 observe tier 16 --pool-blocks 64 --verify-tokens no --host-tier-bytes 1M
+# (with a remote tier when redis-server is installed: its copies too)
+remote=()
+if command -v redis-server >/dev/null; then
+  redis-server --port 0 --unixsocket "$dir/redis.sock" --save "" \
+    --appendonly no >"$dir/redis.log" 2>&1 &
+  redis=$!
+  for _ in $(seq 100); do [ -S "$dir/redis.sock" ] && break; sleep 0.05; done
+  remote=(--remote-tier "unix://$dir/redis.sock")
+fi
+KVS_EVENTS_DUMP=$dir/map.dump KVS_WANT_REMOTE=${#remote[@]} observe engine 4 \
+  --pool-blocks 48 --host-tier-bytes 64K --disk-tier "$dir/disk" \
+  --disk-tier-bytes 256K "${remote[@]}"
+[ -n "${redis:-}" ] && kill "$redis"
+
+# The dumps through msgspec structs shaped as vLLM's (KVS_VLLM_PY: a
+# python3 with msgspec; without one this part is skipped, visibly).
+vpy=${KVS_VLLM_PY:-$py}
+for f in map array; do
+  "$vpy" "$here/vllm_decode.py" "$f" "$dir/$f.dump"; rc=$?
+  [ $rc = 77 ] && { echo "vllm_decode: skipped (no msgspec in $vpy)"; break; }
+  [ $rc = 0 ] || fail "vllm_decode.py $f"
+done
 echo "PASS"
