@@ -35,7 +35,7 @@ endif
 # not to: KVS_NO_DEPS=1 builds only what needs no third-party library).
 ifeq ($(filter clean help,$(MAKECMDGOALS)),)
 ifneq ($(KVS_NO_DEPS),1)
-ifneq ($(shell $(PKG_CONFIG) --exists $(PKGS) 2>/dev/null && echo ok),ok)
+ifneq ($(shell $(PKG_CONFIG) --exists $(PKGS) 2>/dev/null && command -v promtool >/dev/null && echo ok),ok)
 $(info kvshare: some dependencies are missing; running deploy/install-deps.sh)
 DEPS_RC := $(shell deploy/install-deps.sh 1>&2; echo $$?)
 ifneq ($(DEPS_RC),0)

@@ -420,6 +420,8 @@ static void snapshot(void *arg, metrics_snap *o) {
   snprintf(o->gpu_uuid, sizeof(o->gpu_uuid), "%s", s->pool->ex.gpu_uuid);
   snprintf(o->policy, sizeof(o->policy), "%s", s->cfg->policy);
   snprintf(o->model_id, sizeof(o->model_id), "%s", s->cfg->model_id);
+  snprintf(o->version, sizeof(o->version), "%s", KVSHARED_VERSION);
+  tiers_get_hists(s->tiers, o->th);
 }
 
 static int keys_begin(void *arg, const kvs_op *op, uint32_t first, char *err,

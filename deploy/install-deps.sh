@@ -22,14 +22,32 @@ missing=""
 for p in $PKGS; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
 done
-[ -z "$missing" ] && exit 0
+# promtool, Prometheus's metrics checker (test_observe.sh runs /metrics
+# through it), is taken out of Debian's prometheus package: the package
+# itself would install (and may start) a Prometheus server.
+need_promtool=
+command -v promtool >/dev/null 2>&1 || need_promtool=1
+[ -z "$missing" ] && [ -z "$need_promtool" ] && exit 0
 if [ "$(id -u)" != 0 ]; then
-  echo "kvshare: missing packages:$missing" >&2
+  echo "kvshare: missing packages:$missing${need_promtool:+ promtool (from prometheus)}" >&2
   echo "kvshare: run 'sudo deploy/install-deps.sh' (or install them with apt-get) and retry" >&2
   exit 1
 fi
-echo "kvshare: installing:$missing" >&2
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -q >&2
-# shellcheck disable=SC2086
-apt-get install -y -q --no-install-recommends $missing >&2
+if [ -n "$missing" ]; then
+  echo "kvshare: installing:$missing" >&2
+  # shellcheck disable=SC2086
+  apt-get install -y -q --no-install-recommends $missing >&2
+fi
+if [ -n "$need_promtool" ]; then
+  echo "kvshare: installing promtool (from Debian's prometheus package) in /usr/local/bin" >&2
+  tmp=$(mktemp -d)
+  chmod 755 "$tmp" # (apt-get download runs as _apt)
+  (cd "$tmp" && apt-get download -q prometheus >&2) &&
+    dpkg-deb --fsys-tarfile "$tmp"/prometheus_*.deb | tar -x -C "$tmp" ./usr/bin/promtool &&
+    install -m 755 "$tmp/usr/bin/promtool" /usr/local/bin/promtool
+  rc=$?
+  rm -rf "$tmp"
+  [ $rc = 0 ] || { echo "kvshare: could not install promtool" >&2; exit 1; }
+fi

@@ -15,8 +15,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "daemon/log.h"
 #include "daemon/observe/metrics.h"
@@ -177,6 +180,12 @@ static void one(FILE *f, const char *name, const char *type, const char *help,
   fprintf(f, "%s %llu\n", name, (unsigned long long)v);
 }
 
+static void one_d(FILE *f, const char *name, const char *type,
+                  const char *help, double v) {
+  family(f, name, type, help);
+  fprintf(f, "%s %.3f\n", name, v);
+}
+
 /* The tiers' numbers, each one family with a value per tier. */
 enum tier_field {
   TF_CAPACITY, TF_SLOTS, TF_USED, TF_HELD, TF_DEMOTIONS, TF_PROMOTIONS,
@@ -286,6 +295,113 @@ static void render_hist(FILE *f, const msnap *sn) {
   }
 }
 
+/* One tier latency histogram's samples (name{labels,le=...}). */
+static void put_tier_hist(FILE *f, const char *name, const char *labels,
+                          const tier_hist *h) {
+  uint64_t cum = 0;
+  const char *sep = labels[0] ? "," : "";
+
+  for (uint32_t i = 0; i <= TIER_HIST_N; i++) {
+    cum += h->b[i];
+    if (i < TIER_HIST_N)
+      fprintf(f, "%s_bucket{%s%sle=\"%g\"} %llu\n", name, labels, sep,
+              (double)tier_hist_le_ns[i] * 1e-9, (unsigned long long)cum);
+    else
+      fprintf(f, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", name, labels, sep,
+              (unsigned long long)cum);
+  }
+  fprintf(f, "%s_sum%s%s%s %.9f\n", name, labels[0] ? "{" : "", labels,
+          labels[0] ? "}" : "", (double)h->sum_ns * 1e-9);
+  fprintf(f, "%s_count%s%s%s %llu\n", name, labels[0] ? "{" : "", labels,
+          labels[0] ? "}" : "", (unsigned long long)cum);
+}
+
+/* The latency histograms of the tiers that exist. */
+static void render_tier_hists(FILE *f, const msnap *sn) {
+  static const char *const dirs[] = {"promotion", "demotion"};
+  int host = 0, disk = 0;
+
+  for (uint32_t i = 0; i < sn->d.ntiers; i++) {
+    host |= strcmp(sn->d.tiers[i].name, "host") == 0;
+    disk |= strcmp(sn->d.tiers[i].name, "disk") == 0;
+  }
+  for (int d = 0; d < 2 && (host || disk); d++) {
+    char name[64], labels[32];
+
+    snprintf(name, sizeof(name), "kvshare_tier_%s_duration_seconds", dirs[d]);
+    family(f, name, "histogram",
+           d == 0 ? "Blocks brought up from a tier (promotions, swap-ins): "
+                    "each block's time from its batch's start to its end."
+                  : "Blocks copied down to a tier (demotions, swap-outs): "
+                    "each block's time from its batch's start to its end.");
+    if (host) {
+      snprintf(labels, sizeof(labels), "tier=\"host\"");
+      put_tier_hist(f, name, labels, &sn->d.th[TIER_HIST_HOST_UP + d]);
+    }
+    if (disk) {
+      snprintf(labels, sizeof(labels), "tier=\"disk\"");
+      put_tier_hist(f, name, labels, &sn->d.th[TIER_HIST_DISK_UP + d]);
+    }
+  }
+  if (sn->d.remote_on) {
+    family(f, "kvshare_remote_get_duration_seconds", "histogram",
+           "Reads of a chain from the remote tier: sent to the last answer.");
+    put_tier_hist(f, "kvshare_remote_get_duration_seconds", "",
+                  &sn->d.th[TIER_HIST_REMOTE_GET]);
+    family(f, "kvshare_remote_put_duration_seconds", "histogram",
+           "Writes of a block to the remote tier: sent to the server's OK.");
+    put_tier_hist(f, "kvshare_remote_put_duration_seconds", "",
+                  &sn->d.th[TIER_HIST_REMOTE_PUT]);
+  }
+}
+
+/* The process, as Prometheus client libraries name it: CPU, memory, file
+ * descriptors (read from /proc on the HTTP thread). */
+static void render_process(FILE *f, double start_time) {
+  unsigned long utime = 0, stime = 0, vsize = 0;
+  long rss = 0, tick = sysconf(_SC_CLK_TCK), page = sysconf(_SC_PAGESIZE);
+  struct rlimit rl;
+  FILE *st = fopen("/proc/self/stat", "r");
+  DIR *d;
+  int fds = 0, have = 0;
+
+  if (st) {
+    char buf[1024], *p;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, st);
+
+    buf[n] = '\0';
+    /* after the command's closing parenthesis: state is field 3 */
+    p = strrchr(buf, ')');
+    have = p && sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u "
+                       "%lu %lu %*d %*d %*d %*d %*d %*d %*u %lu %ld",
+                       &utime, &stime, &vsize, &rss) == 4;
+    fclose(st);
+  }
+  if (have && tick > 0) {
+    one_d(f, "process_cpu_seconds_total", "counter",
+          "User and system CPU time spent, seconds.",
+          (double)(utime + stime) / (double)tick);
+    one(f, "process_virtual_memory_bytes", "gauge",
+        "Virtual memory size, bytes.", vsize);
+    one(f, "process_resident_memory_bytes", "gauge",
+        "Resident memory size, bytes.", (uint64_t)rss * (uint64_t)page);
+  }
+  if ((d = opendir("/proc/self/fd")) != NULL) {
+    struct dirent *e;
+
+    while ((e = readdir(d)) != NULL)
+      fds += e->d_name[0] != '.';
+    closedir(d);
+    one(f, "process_open_fds", "gauge", "Open file descriptors.",
+        (uint64_t)(fds - 1)); /* (not the one reading the folder) */
+  }
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0)
+    one(f, "process_max_fds", "gauge", "The limit of open file descriptors.",
+        rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : (uint64_t)rl.rlim_cur);
+  one_d(f, "process_start_time_seconds", "gauge",
+        "When the process started, seconds since the epoch.", start_time);
+}
+
 static void render(FILE *f, const msnap *sn) {
   const core_stats *c = &sn->d.core;
 
@@ -299,6 +415,8 @@ static void render(FILE *f, const msnap *sn) {
   put_label(f, sn->d.policy);
   fputs("\",model_id=\"", f);
   put_label(f, sn->d.model_id);
+  fputs("\",version=\"", f);
+  put_label(f, sn->d.version);
   fputs("\"} 1\n", f);
   family(f, "kvshare_start_time_seconds", "gauge",
          "When the daemon started, seconds since the epoch.");
@@ -415,6 +533,12 @@ static void render(FILE *f, const msnap *sn) {
         "KV event batches kept for replay.", sn->d.ev.kept);
     one(f, "kvshare_kv_event_kept_bytes", "gauge",
         "Bytes of the KV event batches kept for replay.", sn->d.ev.kept_bytes);
+    one(f, "kvshare_kv_event_tier_blocks_total", "counter",
+        "Of the blocks in published KV events, copies in the tiers below "
+        "the pool (medium CPU, DISK, REMOTE).", sn->d.ev.tier_blocks);
+    one(f, "kvshare_kv_event_key_failures_total", "counter",
+        "Engine block keys not kept for lack of memory (those blocks go out "
+        "under the daemon's hashes).", sn->d.ev.key_failures);
   }
   if (sn->d.remote_on) {
     const tier_remote_stats *r = &sn->d.rs;
@@ -454,6 +578,8 @@ static void render(FILE *f, const msnap *sn) {
         r->dropped);
   }
   render_hist(f, sn);
+  render_tier_hists(f, sn);
+  render_process(f, sn->start_time);
 }
 
 static enum MHD_Result reply(struct MHD_Connection *conn, unsigned code,

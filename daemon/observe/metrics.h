@@ -39,7 +39,8 @@ typedef struct metrics_snap {
   uint64_t copies, copy_blocks, copy_errors;
   uint64_t pool_bytes;
   uint32_t block_size;
-  char backend[16], gpu_uuid[64], policy[32], model_id[128];
+  char backend[16], gpu_uuid[64], policy[32], model_id[128], version[32];
+  tier_hist th[TIER_HISTS]; /* the tiers' latencies (tier_hist.h) */
 } metrics_snap;
 
 /* Fills *out from the daemon's modules, on the loop thread. */

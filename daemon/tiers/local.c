@@ -43,9 +43,18 @@ struct local {
   uint64_t resume_ns, fail_ns;
   uint32_t backoff_ms;
   uint64_t backoffs;
+  tier_hist hist[TIER_HIST_REMOTE_GET]; /* host/disk, up/down */
   void (*idle_cb)(void *);
   void *idle_data;
 };
+
+/* A block moved through tier (CORE_TIER_*) up or down, start_ns on. */
+static void note_move(local *t, uint32_t tier, int up, uint64_t start_ns) {
+  tier_hist_add(&t->hist[(tier == CORE_TIER_DISK ? TIER_HIST_DISK_UP
+                                                 : TIER_HIST_HOST_UP) +
+                         (up ? 0 : 1)],
+                uv_hrtime() - start_ns);
+}
 
 /* A batch of moves: those one tick started, or a chunk of a SwapOut's. */
 typedef struct mbatch {
@@ -107,6 +116,8 @@ static void batch_end(mbatch *b) {
   for (uint32_t i = 0; i < b->n; i++) {
     wrote |= b->mv[i].tier == CORE_TIER_DISK;
     failed |= !b->ok[i] && b->mv[i].tier == CORE_TIER_DISK;
+    if (b->ok[i])
+      note_move(t, b->mv[i].tier, 0, b->start_ns);
     if (!sw)
       core_tier_done(t->core, &b->mv[i], b->ok[i]);
     if (b->ok[i] && b->mv[i].tier == CORE_TIER_HOST)
@@ -336,6 +347,8 @@ static void promo_end(tier_promo *pr) {
   uint32_t good = 0;
 
   for (uint32_t i = 0; i < pr->n; i++) {
+    if (pr->ok[i])
+      note_move(t, pr->p[i].tier, 1, pr->start_ns);
     if (pr->bufs[i] != NONE)
       tier_disk_buf_put(t->disk, pr->bufs[i]);
     if (pr->ok[i] && pr->p[i].tier == CORE_TIER_HOST)
@@ -432,6 +445,7 @@ int local_promote(local *t, tier_promo *pr, const core_promo *p,
   pr->bufs = (uint32_t *)(pr->ok + n);
   pr->jblocks = pr->bufs + n;
   memcpy(pr->p, p, n * sizeof(*p));
+  pr->start_ns = uv_hrtime();
   pr->reads = 1;
   pr->starting = 1;
   pr->early = 0;
@@ -880,6 +894,10 @@ void local_close(local *t) {
   t->handles = 2;
   uv_close((uv_handle_t *)&t->tick, on_tick_closed);
   uv_close((uv_handle_t *)&t->kick, on_tick_closed);
+}
+
+void local_get_hists(const local *t, tier_hist h[TIER_HISTS]) {
+  memcpy(h, t->hist, sizeof(t->hist));
 }
 
 void local_get_stats(const local *t, tiers_stats st[CORE_TIERS],

@@ -100,6 +100,7 @@ typedef struct rget {
   int cb_done, released, in_cb;
   uint64_t reserved;
   uint64_t deadline;
+  uint64_t start_ns;
   struct rget *tprev, *tnext;
   int on_tlist;
   kvs_hash128 *hashes;
@@ -877,6 +878,8 @@ static void on_get_reply(redisAsyncContext *ac, void *r, void *priv) {
          strncmp(reply->str, "ASK", 3) == 0))
       refresh_map(rm);
   }
+  if (g->pending == 0)
+    tier_hist_add(&rm->st.get_hist, uv_hrtime() - g->start_ns);
   if (g->pending == 0 && !g->cb_done)
     get_finish(g, 0); /* frees g when its owner released it */
   else if (g->pending == 0 && g->released)
@@ -1010,6 +1013,7 @@ int tier_remote_get_start(tier_remote *rm, const kvs_hash128 *hashes, uint32_t n
   g->reserved = want;
   rm->st.inflight_bytes += want;
   g->deadline = now_ms(rm) + rm->cfg.timeout_ms;
+  g->start_ns = uv_hrtime();
   g->tprev = rm->ttail;
   if (rm->ttail)
     rm->ttail->tnext = g;
@@ -1077,6 +1081,7 @@ void tier_remote_set_room_cb(tier_remote *rm,
 typedef struct put_ctx {
   tier_remote *rm;
   kvs_hash128 h;
+  uint64_t start_ns;
 } put_ctx;
 
 static void on_put_reply(redisAsyncContext *ac, void *r, void *priv) {
@@ -1094,6 +1099,7 @@ static void on_put_reply(redisAsyncContext *ac, void *r, void *priv) {
   if (ok) {
     rm->st.puts++;
     rm->st.put_bytes += rm->cfg.block_bytes;
+    tier_hist_add(&rm->st.put_hist, uv_hrtime() - pc.start_ns);
   } else {
     rm->st.put_errors++;
   }
@@ -1171,6 +1177,7 @@ int tier_remote_put(tier_remote *rm, void *buf, kvs_hash128 h, const uint32_t *t
   }
   pc->rm = rm;
   pc->h = h;
+  pc->start_ns = uv_hrtime();
   owe(nd);
   rm->st.inflight_bytes += rm->put_size;
   rm->write_inflight += rm->put_size;

@@ -47,6 +47,7 @@
 #include <uv.h>
 
 #include "daemon/core/core.h"
+#include "daemon/tiers/tier_hist.h"
 
 typedef struct tier_remote tier_remote;
 typedef struct tier_remote_get tier_remote_get;
@@ -145,6 +146,8 @@ typedef struct tier_remote_stats {
                                  a bound, not RESP2, unasked for, or silent
                                  while owing answers (resp_gate.h) */
   uint64_t slot_refreshes;    /* cluster slot map reloads */
+  tier_hist get_hist;         /* a read of a chain: sent to its last answer */
+  tier_hist put_hist;         /* a write: sent to its answer */
 } tier_remote_stats;
 
 void tier_remote_get_stats(const tier_remote *rm, tier_remote_stats *st);

@@ -187,6 +187,26 @@ void tiers_get_stats(const tiers *t, tiers_stats st[TIERS_MAX],
     remote_tier_stats(t->remote, &st[(*n)++]);
 }
 
+/* 10 us to 10 s. */
+const uint64_t tier_hist_le_ns[TIER_HIST_N] = {
+    10000,     25000,     50000,      100000,     250000,
+    500000,    1000000,   2500000,    5000000,    10000000,
+    25000000,  50000000,  100000000,  250000000,  500000000,
+    1000000000, 2500000000, 5000000000, 10000000000};
+
+void tiers_get_hists(const tiers *t, tier_hist h[TIER_HISTS]) {
+  memset(h, 0, TIER_HISTS * sizeof(*h));
+  if (t && t->local)
+    local_get_hists(t->local, h);
+  if (t && t->remote) {
+    tier_remote_stats rs;
+
+    remote_get_stats(t->remote, &rs);
+    h[TIER_HIST_REMOTE_GET] = rs.get_hist;
+    h[TIER_HIST_REMOTE_PUT] = rs.put_hist;
+  }
+}
+
 int tiers_remote_stats(const tiers *t, tier_remote_stats *st) {
   if (!t || !t->remote)
     return KVS_ENOENT;

@@ -55,6 +55,7 @@
 #include "daemon/pool/backend.h"
 #include "daemon/pool/copy.h"
 #include "daemon/tiers/tier_disk.h"
+#include "daemon/tiers/tier_hist.h"
 #include "daemon/tiers/tier_remote.h"
 
 #define TIERS_TICK_MS 5
@@ -63,6 +64,7 @@
 
 typedef struct tiers tiers;
 typedef struct local local;
+
 typedef struct tier_promo tier_promo;
 typedef void (*tier_promo_cb)(tier_promo *pr);
 
@@ -89,6 +91,7 @@ struct tier_promo {
   copy_job job;
   int *ok_out;       /* a swap-in's fill: each block's result goes here and
                         no core call is made */
+  uint64_t start_ns;
 };
 
 typedef struct tier_swap tier_swap;
@@ -181,5 +184,7 @@ typedef struct tiers_stats {
 void tiers_get_stats(const tiers *t, tiers_stats st[TIERS_MAX], uint32_t *n);
 /* The remote tier's store counters; 0, or KVS_ENOENT with none. */
 int tiers_remote_stats(const tiers *t, tier_remote_stats *st);
+/* The latency histograms (zeros for a tier that does not exist). */
+void tiers_get_hists(const tiers *t, tier_hist h[TIER_HISTS]);
 
 #endif

@@ -48,6 +48,8 @@ void local_stop(local *t);
 void local_abandon(local *t);
 int local_idle(const local *t);
 void local_close(local *t);
+/* The host and disk histograms into h[0 .. TIER_HIST_REMOTE_GET). */
+void local_get_hists(const local *t, tier_hist h[TIER_HISTS]);
 void local_get_stats(const local *t, tiers_stats st[CORE_TIERS],
                      uint32_t *n);
 

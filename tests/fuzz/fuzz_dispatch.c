@@ -115,6 +115,9 @@ void local_get_stats(const local *t, tiers_stats st[CORE_TIERS],
   (void)t, (void)st;
   *n = 0;
 }
+void local_get_hists(const local *t, tier_hist h[TIER_HISTS]) {
+  (void)t, (void)h;
+}
 int remote_open(uv_loop_t *loop, const cfg *c, core *cr, backend *pool,
                 copy_engine *copy, remote **out, char *err, size_t err_len) {
   (void)loop, (void)c, (void)cr, (void)pool, (void)copy, (void)err,

@@ -53,14 +53,64 @@ def check(cond, msg):
         fail(msg)
 
 
-def scrape():
+def scrape_text():
     with urllib.request.urlopen(metrics_url, timeout=10) as r:
         check(r.status == 200, f"/metrics status {r.status}")
         ctype = r.headers.get("Content-Type", "")
         check(ctype.startswith("text/plain; version=0.0.4"), f"content type {ctype}")
-        text = r.read().decode()
+        return r.read().decode()
+
+
+def scrape():
+    return {f.name: f for f in text_string_to_metric_families(scrape_text())}
+
+
+def check_exposition():
+    """One scrape through promtool, and the families any exporter of a
+    process has (version, process_*) against what /proc says."""
+    text = scrape_text()
+    p = subprocess.run(["promtool", "check", "metrics"], input=text,
+                       capture_output=True, text=True)
+    check(p.returncode == 0 and not p.stdout.strip() and not p.stderr.strip(),
+          f"promtool check metrics: {p.returncode} {p.stdout} {p.stderr}")
     fams = {f.name: f for f in text_string_to_metric_families(text)}
+    ver = subprocess.run([f"{build}/kvshared", "--version"], capture_output=True,
+                         text=True).stdout.split()[1]
+    info = [s for s in fams["kvshare_info"].samples][0]
+    check(info.labels.get("version") == ver, f"kvshare_info version {info.labels} vs {ver}")
+    fds = len(os.listdir(f"/proc/{daemon_pid}/fd"))
+    got = value(fams, "process_open_fds")
+    check(abs(got - fds) <= 3, f"process_open_fds {got}, /proc says {fds}")
+    rss = int([l for l in open(f"/proc/{daemon_pid}/status") if l.startswith("VmRSS")][0]
+              .split()[1]) * 1024
+    got = value(fams, "process_resident_memory_bytes")
+    check(0.5 * rss <= got <= 2 * rss, f"process_resident_memory_bytes {got}, VmRSS {rss}")
+    soft = [l for l in open(f"/proc/{daemon_pid}/limits") if l.startswith("Max open files")][0]
+    check(value(fams, "process_max_fds") == int(soft.split()[3]), "process_max_fds")
+    st = open(f"/proc/{daemon_pid}/stat").read().rsplit(")", 1)[1].split()
+    cpu = (int(st[11]) + int(st[12])) / os.sysconf("SC_CLK_TCK")
+    got = value(fams, "process_cpu_seconds_total", suffix="")
+    check(0 <= got <= cpu + 0.05, f"process_cpu_seconds_total {got}, /proc now {cpu}")
+    check(abs(value(fams, "process_start_time_seconds") -
+              value(fams, "kvshare_start_time_seconds")) < 5, "process_start_time_seconds")
     return fams
+
+
+def check_hist(fams, name, labels, count):
+    """A histogram's buckets climb to its count, which is `count` (an int,
+    or a (low, high) range)."""
+    fam = fams[name]
+    check(fam.type == "histogram", f"{name} is a {fam.type}")
+    b = [(float(s.labels["le"]), s.value) for s in fam.samples
+         if s.name == name + "_bucket" and all(s.labels.get(k) == v for k, v in labels.items())]
+    b.sort()
+    check(b and all(b[i][1] <= b[i + 1][1] for i in range(len(b) - 1)), f"{name} buckets {b}")
+    c = value(fams, name, labels, "_count")
+    check(b[-1][0] == float("inf") and b[-1][1] == c, f"{name} +Inf bucket {b[-1]} vs count {c}")
+    lo, hi = count if isinstance(count, tuple) else (count, count)
+    check(lo <= c <= hi, f"{name}{labels} count {c}, want {lo}..{hi}")
+    check((c == 0) == (value(fams, name, labels, "_sum") == 0), f"{name} sum")
+    return c
 
 
 def value(fams, name, labels=None, suffix=""):
@@ -367,6 +417,10 @@ if mode == "tier":
         time.sleep(0.05)
     check(len(live.below["CPU_TIER"]) == used and used > 0,
           f"events hold {len(live.below['CPU_TIER'])} host-tier copies, the tier {used}")
+    fams = check_exposition()
+    for d in ("promotion", "demotion"):
+        n = value(fams, f"kvshare_tier_{d}s", {"tier": "host"}, "_total")
+        check_hist(fams, f"kvshare_tier_{d}_duration_seconds", {"tier": "host"}, int(n))
     print(f"tier: {int(promoted)} blocks promoted, {live.stored} stored with tokens")
     stop_daemon(sub, live)
     print("observe_check tier: all checks passed")
@@ -474,6 +528,22 @@ if mode == "engine":
               f"{len(live.below['REMOTE'])} blocks written to the remote tier, "
               "under the engine's keys")
     check_index(live, fams)
+    # The tiers' latency histograms: one count per block moved, as the
+    # tiers' own counters say; remote reads one per chain read.
+    fams = check_exposition()
+    for t in ("host", "disk"):
+        dem = value(fams, "kvshare_tier_demotions", {"tier": t}, "_total")
+        check(dem > 0, f"no demotion to {t}: the test proves less")
+        check_hist(fams, "kvshare_tier_demotion_duration_seconds", {"tier": t}, int(dem))
+        pro = value(fams, "kvshare_tier_promotions", {"tier": t}, "_total")
+        check_hist(fams, "kvshare_tier_promotion_duration_seconds", {"tier": t}, int(pro))
+        print(f"{t} tier: {int(dem)} demotions, {int(pro)} promotions timed")
+    if os.environ.get("KVS_WANT_REMOTE", "0") != "0":
+        puts = value(fams, "kvshare_tier_demotions", {"tier": "remote"}, "_total")
+        check(puts > 0, "no remote write")
+        check_hist(fams, "kvshare_remote_put_duration_seconds", {}, int(puts))
+        reads = value(fams, "kvshare_remote_reads", suffix="_total")
+        check_hist(fams, "kvshare_remote_get_duration_seconds", {}, (0, int(reads)))
     # Hits computed from the engine-keyed index equal the daemon's.
     # (pool blocks only: the index the pool's events describe)
     c.set_promote(False)
@@ -540,6 +610,7 @@ for bad in ([b"", b"short"], [b"", b"x" * 9], [b"", b"", b"12345678"]):
 check(len(replay(0, delim=False)) == live.seq - live.first + 1, "replay without the delimiter")
 
 # ---- /metrics against stats and against what this script sent ------------
+check_exposition()
 fams = scrape()
 st = cli_stats()
 types = {
