@@ -39,7 +39,7 @@ struct kvs_client {
                              and $KVS_PACKED_BATCH is not 0 */
   int compact;            /* the daemon takes compact frames
                              (Welcome.features) and $KVS_COMPACT is not 0 */
-  char msg[256];         /* the daemon's message for the last status */
+  char msg[512];         /* the daemon's message for the last status */
   int timeout_ms;        /* kvs_connect_opts.timeout_ms */
 
   /* The request ring (ring.c; Welcome.ring_bytes): rh NULL when none. */
@@ -99,6 +99,13 @@ int kvs__ensure_cap(uint8_t **buf, size_t *cap, size_t need);
 
 /* The socket path used when none is given (see kvs_connect). */
 const char *kvs__default_socket(char *buf, size_t len);
+
+/* sockdir.c.  The socket in the folder `dir` of the daemon of this
+ * process's GPU (by CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES) into
+ * out: 0, or KVS_ENODEV with msg saying which GPUs were looked for and
+ * which daemons are there. */
+int kvs__socket_in_dir(const char *dir, char *out, size_t out_len, char *msg,
+                       size_t msg_len);
 
 /* Drop the last reply. */
 void kvs__drop_last(kvs_client *c);

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -19,7 +20,7 @@
 const char *kvs_version(void) { return "0.1.0"; }
 
 /* Why the calling thread's last kvs_connect failed: kvs_last_message(NULL). */
-static __thread char connect_msg[256];
+static __thread char connect_msg[512];
 
 void kvs__copy_str(char *dst, size_t cap, const char *src) {
   size_t n = src ? strlen(src) : 0;
@@ -273,6 +274,16 @@ static int map_gpu_pool(kvs_client *c, const int *fds, int nfds,
                         uint64_t chunk_size) {
   int rc = kvs__vmm_import(c->gpu_uuid, fds, nfds, chunk_size, c->pool_size,
                            &c->gpu, c->msg, sizeof c->msg);
+  if (rc == KVS_ENODEV) {
+    size_t at = strlen(c->msg);
+
+    snprintf(c->msg + at, sizeof c->msg - at, " (CUDA_VISIBLE_DEVICES=%s, "
+             "NVIDIA_VISIBLE_DEVICES=%s).  Connect to the daemon of this "
+             "process's GPU: with one daemon per GPU (socket_dir), give their "
+             "socket folder as the socket (KVS_SOCKET) and libkvshare picks "
+             "it", getenv("CUDA_VISIBLE_DEVICES") ?: "unset",
+             getenv("NVIDIA_VISIBLE_DEVICES") ?: "unset");
+  }
   if (rc)
     return rc;
   c->pool_base = (void *)(uintptr_t)c->gpu.base;
@@ -421,8 +432,17 @@ int kvs_connect(const char *path, const kvs_connect_opts *opts,
     return connect_fail(KVS_EINVAL, "no place for the client (out is NULL)");
   *out = NULL;
   char def[sizeof(struct sockaddr_un)];
+  char picked[sizeof(struct sockaddr_un)];
+  struct stat st;
   if (!path)
     path = kvs__default_socket(def, sizeof def);
+  if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+    int rc = kvs__socket_in_dir(path, picked, sizeof picked, connect_msg,
+                                sizeof connect_msg);
+    if (rc)
+      return rc;
+    path = picked;
+  }
   struct sockaddr_un sa = {0};
   sa.sun_family = AF_UNIX;
   if (strlen(path) >= sizeof sa.sun_path)

@@ -113,10 +113,16 @@ typedef struct kvs_connect_opts {
  * the daemon's default: $XDG_RUNTIME_DIR/kvshare/kvshared.sock when that
  * variable is an absolute path, else KVS_DEFAULT_SOCKET), say Hello, receive the Welcome and the pool's file
  * descriptors, and map the pool.  opts may be NULL (defaults).
+ * A path that is a folder holds the sockets of one daemon per GPU (kvshared
+ * socket_dir): <GPU UUID>.sock each; the one of this process's GPU is taken
+ * (the first UUID of CUDA_VISIBLE_DEVICES, else the one UUID of
+ * NVIDIA_VISIBLE_DEVICES with a daemon there; no UUID: kvshared.sock, a
+ * host pool), else KVS_ENODEV and kvs_last_message(NULL) names the GPUs.
  * On success *out is a new client; release it with kvs_close().
  * Errors: KVS_EINVAL, -ENOENT / -ECONNREFUSED (no daemon), KVS_EVERSION,
  * KVS_EPROTO, KVS_ENOTSUP (a pool backend this build cannot map), KVS_ENOMEM,
- * other -errno.
+ * KVS_ENODEV (no daemon of this process's GPU in the folder; a GPU pool on a
+ * GPU this process cannot use), other -errno.
  */
 #define KVS_DEFAULT_SOCKET "/run/kvshare/kvshared.sock"
 int kvs_connect(const char *path, const kvs_connect_opts *opts,

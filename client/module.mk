@@ -14,7 +14,7 @@ CLIENT_CFLAGS := -Igpu $(call DEP_CFLAGS,libprotobuf-c)
 MOD_CFLAGS_client_ := $(CLIENT_CFLAGS)
 
 CLIENT_LIB_OBJS := $(BUILD)/client/conn.o $(BUILD)/client/ops.o $(BUILD)/client/ring.o \
-                   $(BUILD)/client/batch.o
+                   $(BUILD)/client/batch.o $(BUILD)/client/sockdir.o
 $(CLIENT_LIB_OBJS) $(BUILD)/client/kvshare_cli.o: | $(PROTO_GEN_H)
 
 # The kernels are linked in whole (and re-exported) once gpu/ builds them.

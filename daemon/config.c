@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "daemon/core/core.h"
+#include "kvs_frame.h"
 #include "kvs_status.h"
 
 enum cfg_type {
@@ -46,6 +47,11 @@ static const cfg_option options[] = {
      "unset.  The folder is created (mode 0755) if missing; the socket gets "
      "mode 0660.  A stale socket left by a dead daemon is replaced; a live "
      "one is an error."},
+    {"socket_dir", T_STR, F(socket_dir), 0, 0, "", NULL, "DIR", "Listening",
+     "Name the socket by the pool's GPU, for one daemon per GPU: "
+     "DIR/GPU-<uuid>.sock (DIR/kvshared.sock with a host pool), once the "
+     "pool is made.  A worker given DIR as its socket (KVS_SOCKET) connects "
+     "to the daemon of the GPU it sees.  Excludes socket."},
     {"socket_group", T_STR, F(socket_group), 0, 0, "", NULL, "GROUP",
      "Listening",
      "Group (name or number) to own the socket, so that its members can "
@@ -788,8 +794,20 @@ int cfg_finish(cfg *c, char *err, size_t err_len) {
   kvs_layout *l = &c->layout;
   int offline;
 
-  if (!c->socket[0])
+  if (c->socket_dir[0]) {
+    /* The longest name run() may give the socket: a GPU or MIG UUID. */
+    static const char longest[] =
+        "/MIG-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" KVS_SOCKET_GPU_SUFFIX;
+
+    if (c->socket[0])
+      return fail(err, err_len, "socket and socket_dir exclude each other "
+                  "(socket_dir names the socket by the pool's GPU)");
+    if (strlen(c->socket_dir) + sizeof(longest) > sizeof(c->socket))
+      return fail(err, err_len, "socket_dir '%s' is too long for a Unix "
+                  "socket path with a GPU UUID in it", c->socket_dir);
+  } else if (!c->socket[0]) {
     cfg_default_socket(c->socket, sizeof(c->socket));
+  }
   memset(l, 0, sizeof(*l));
   l->block_size = c->block_size;
   l->num_layers = c->num_layers;

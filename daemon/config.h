@@ -32,7 +32,9 @@ typedef struct cfg_idlist {
 
 typedef struct cfg {
   /* listening */
-  char socket[CFG_SOCKET_MAX]; /* "" until cfg_finish fills the default */
+  char socket[CFG_SOCKET_MAX]; /* "" until cfg_finish fills the default
+                                  (or, with socket_dir, run() names it) */
+  char socket_dir[CFG_SOCKET_MAX]; /* run() names the socket in it */
   char socket_group[64];
   cfg_idlist allow_uids;
   cfg_idlist allow_gids;

@@ -169,6 +169,12 @@ static int activation_check(cfg *c, int socket_given) {
     log_error(n, "socket activation: bad LISTEN_FDS/LISTEN_PID");
     return n;
   }
+  if (c->socket_dir[0]) {
+    log_error(0, "socket activation: socket_dir names the socket by the "
+              "pool's GPU, but systemd passed one already made (drop "
+              "socket_dir, or the socket unit)");
+    return KVS_EINVAL;
+  }
   if (n != 1) {
     log_error(0, "socket activation: %d descriptors passed (LISTEN_FDS=%d); "
               "kvshared takes exactly one listening Unix socket (one "
@@ -571,7 +577,27 @@ static int make_core(srv *s) {
   return rc;
 }
 
-static int run(const cfg *c) {
+/* socket_dir: the socket is named by the pool's GPU (kvs_frame.h).
+ * Returns 0 or KVS_EINVAL (logged) when the path does not fit. */
+static int name_socket(cfg *c, const backend *pool) {
+  const char *uuid = pool->ex.gpu_uuid;
+  int n;
+
+  if (uuid && uuid[0])
+    n = snprintf(c->socket, sizeof(c->socket), "%s/%s" KVS_SOCKET_GPU_SUFFIX,
+                 c->socket_dir, uuid);
+  else
+    n = snprintf(c->socket, sizeof(c->socket), "%s/" KVS_SOCKET_HOST_NAME,
+                 c->socket_dir);
+  if (n < 0 || (size_t)n >= sizeof(c->socket)) {
+    log_error(0, "socket_dir %s: the socket's path for GPU %s is too long",
+              c->socket_dir, uuid);
+    return KVS_EINVAL;
+  }
+  return 0;
+}
+
+static int run(cfg *c) {
   uv_loop_t loop;
   srv s;
   char err[256];
@@ -588,6 +614,8 @@ static int run(const cfg *c) {
     goto out_pool;
   }
   log_info(0, "pool: %s", s.pool->desc);
+  if (c->socket_dir[0] && !c->socket[0] && name_socket(c, s.pool) < 0)
+    goto out_pool;
   if (make_core(&s) < 0)
     goto out_pool;
   rc = uv_loop_init(&loop);

@@ -44,6 +44,13 @@ extern "C" {
 /* Most file descriptors one frame may carry (SCM_RIGHTS; the Welcome). */
 #define KVS_FRAME_MAX_FDS 20u
 
+/* One daemon per GPU, their sockets in one folder (kvshared's socket_dir,
+ * a folder given to kvs_connect): a GPU pool's socket is
+ * <dir>/<GPU UUID>KVS_SOCKET_GPU_SUFFIX, a host pool's
+ * <dir>/KVS_SOCKET_HOST_NAME. */
+#define KVS_SOCKET_GPU_SUFFIX ".sock"
+#define KVS_SOCKET_HOST_NAME "kvshared.sock"
+
 typedef struct kvs_frame_header {
   uint32_t magic;
   uint16_t version;

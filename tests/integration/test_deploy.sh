@@ -10,11 +10,15 @@
 #      passed fd that is no listening Unix stream socket, or two of them,
 #      stops it with a clear message;
 #   3. the Kubernetes manifests: yamllint, their structure (kinds, the
-#      shared hostPath, ports, probes, ids), the daemon's flags and config
-#      (kvshared --print-config), the Kubernetes API's field names where
-#      python3-kubernetes is installed;
+#      shared hostPath socket folder, one socket per GPU, the GPU request
+#      on the daemon and the worker, ports, probes, ids), the daemon's flags
+#      and config (kvshared --print-config), Pod Security "baseline" (a
+#      checker written from the Pod Security Standards: only the documented
+#      hostPath breaks it, under the namespaces' exemption labels), the
+#      Kubernetes API's field names where python3-kubernetes is installed;
 #   4. deploy/Dockerfile without docker: COPY sources, the build stage's
-#      install tree, the runtime packages against the binaries' libraries.
+#      install tree, the runtime packages against the binaries' libraries,
+#      Debian's packages only (no pip, curl or wget).
 # A part whose tool is missing is skipped with "SKIP part: ..." and the test
 # then exits 77 (after every other part ran and passed).
 set -u
@@ -353,11 +357,15 @@ for f in sorted(os.listdir(k8s)):
 kinds = sorted(docs)
 assert set(kinds) == {'ConfigMap', 'DaemonSet', 'Namespace', 'Pod',
                       'ServiceAccount', 'Service'}, kinds
-assert all(len(v) == 1 for v in docs.values()), docs.keys()
-(ns,), (sa,), (cm,), (ds,), (svc,), (pod,) = (
-    docs['Namespace'], docs['ServiceAccount'], docs['ConfigMap'],
+assert all(len(v) == 1 for k, v in docs.items() if k != 'Namespace'), docs.keys()
+(sa,), (cm,), (ds,), (svc,), (pod,) = (
+    docs['ServiceAccount'], docs['ConfigMap'],
     docs['DaemonSet'], docs['Service'], docs['Pod'])
-name = ns['metadata']['name']
+nss = {n['metadata']['name']: n for n in docs['Namespace']}
+assert len(nss) == 2, nss.keys()
+name = ds['metadata']['namespace']
+ns, wns = nss[name], nss[pod['metadata']['namespace']]
+assert ns is not wns
 for o in (sa, cm, ds, svc):
     assert o['metadata']['namespace'] == name, o['metadata']
 assert ds['apiVersion'] == 'apps/v1'
@@ -374,9 +382,11 @@ def flag(args, name):
     i = args.index(name)
     return args[i + 1]
 
+# One socket per GPU: the daemon names its socket in --socket-dir by its
+# GPU; --socket would give every daemon of the node the same path.
 args = c['args']
-sock = flag(args, '--socket')
-sockdir = os.path.dirname(sock)
+assert '--socket' not in args, args
+sockdir = flag(args, '--socket-dir')
 
 # The socket's folder: a hostPath, mounted there, in the daemon and the worker.
 def host_mount(ps, cont, want_dir):
@@ -393,10 +403,12 @@ for ic in pspec.get('initContainers', []):
 wspec = pod['spec']
 (w,) = wspec['containers']
 env = {e['name']: e.get('value') for e in w.get('env', [])}
-wsock = env['KVS_SOCKET']
-whp, wm = host_mount(wspec, w, os.path.dirname(wsock))
+# The worker is given the folder: libkvshare picks its GPU's socket.
+assert env['KVS_SOCKET'] == sockdir, (env, sockdir)
+whp, wm = host_mount(wspec, w, sockdir)
 assert whp == hp, (whp, hp)
-assert os.path.basename(wsock) == os.path.basename(sock), (wsock, sock)
+denv = {e['name']: e.get('value') for e in c.get('env', [])}
+assert denv.get('KVS_SOCKET') == sockdir, denv
 
 # Ids: the daemon's group owns the socket; the worker's primary group is
 # that group, and allow_gids admits it.
@@ -406,9 +418,12 @@ assert wsec['runAsGroup'] == dsec['runAsGroup'], (wsec, dsec)
 init_cmd = ' '.join(pspec['initContainers'][0]['command'])
 assert '%d:%d' % (dsec['runAsUser'], dsec['runAsGroup']) in init_cmd, init_cmd
 
-# The GPU: workers request it; the daemon must not (it would take it).
-assert 'nvidia.com/gpu' in w['resources']['limits']
-assert 'nvidia.com/gpu' not in str(c.get('resources', {}))
+# The GPU: the daemon requests one through the device plugin, as the
+# workers do, and sees that one only (no NVIDIA_VISIBLE_DEVICES of its own:
+# the device plugin sets it).
+assert int(w['resources']['limits']['nvidia.com/gpu']) == 1
+assert int(c['resources']['limits']['nvidia.com/gpu']) == 1, c['resources']
+assert 'NVIDIA_VISIBLE_DEVICES' not in denv, denv
 assert pspec.get('runtimeClassName') == 'nvidia'
 
 # The daemon accepts the flags and the ConfigMap's config.
@@ -427,7 +442,7 @@ r = subprocess.run([daemon, *a, '--print-config'], capture_output=True,
                    text=True)
 assert r.returncode == 0, ('kvshared refuses the manifest\'s args', r.stderr)
 vals = dict(l.split(' = ', 1) for l in r.stdout.splitlines() if ' = ' in l)
-assert vals['socket'] == sock, vals['socket']
+assert vals['socket_dir'] == sockdir and not vals['socket'].strip(), vals
 assert str(wsec['runAsGroup']) in vals['allow_gids'].split(','), vals['allow_gids']
 metrics = vals['metrics_listen']
 port = int(metrics.rsplit(':', 1)[1])
@@ -446,9 +461,110 @@ assert svc['spec'].get('clusterIP') == 'None'
 for probe in ('livenessProbe', 'readinessProbe', 'startupProbe'):
     cmd = c[probe]['exec']['command']
     assert cmd[0] == 'kvshare' and 'stats' in cmd, (probe, cmd)
-    assert flag(cmd, '--socket') == sock, (probe, cmd)
-print('manifests: %s; socket %s on hostPath %s; metrics port %d; gid %d'
-      % (', '.join(kinds), sock, hp, port, dsec['runAsGroup']))
+    assert flag(cmd, '--socket') == sockdir, (probe, cmd)
+
+# ---- Pod Security "baseline", as the Pod Security Standards define it
+# (kubernetes.io/docs/concepts/security/pod-security-standards/).
+BASELINE_CAPS = {'AUDIT_WRITE', 'CHOWN', 'DAC_OVERRIDE', 'FOWNER', 'FSETID',
+                 'KILL', 'MKNOD', 'NET_BIND_SERVICE', 'SETFCAP', 'SETGID',
+                 'SETPCAP', 'SETUID', 'SYS_CHROOT'}
+SAFE_SYSCTLS = {'kernel.shm_rmid_forced', 'net.ipv4.ip_local_port_range',
+                'net.ipv4.ip_unprivileged_port_start', 'net.ipv4.tcp_syncookies',
+                'net.ipv4.ping_group_range', 'net.ipv4.ip_local_reserved_ports',
+                'net.ipv4.tcp_keepalive_time', 'net.ipv4.tcp_fin_timeout',
+                'net.ipv4.tcp_keepalive_intvl', 'net.ipv4.tcp_keepalive_probes'}
+SELINUX_TYPES = {None, '', 'container_t', 'container_init_t',
+                 'container_kvm_t', 'container_engine_t'}
+
+def baseline(meta, ps):
+    """The baseline rules a pod (metadata, spec) breaks, one string each."""
+    bad = []
+    for f in ('hostNetwork', 'hostPID', 'hostIPC'):
+        if ps.get(f):
+            bad.append(f)
+    for v in ps.get('volumes', []):
+        if 'hostPath' in v:
+            bad.append('hostPath volume %s' % v['name'])
+    psc = ps.get('securityContext') or {}
+    for sc, who in [(psc, 'pod')] + [
+            (ct.get('securityContext') or {}, ct['name'])
+            for key in ('initContainers', 'containers', 'ephemeralContainers')
+            for ct in ps.get(key, [])]:
+        if sc.get('privileged'):
+            bad.append('privileged %s' % who)
+        if (sc.get('windowsOptions') or {}).get('hostProcess'):
+            bad.append('hostProcess %s' % who)
+        extra = set((sc.get('capabilities') or {}).get('add', [])) - BASELINE_CAPS
+        if extra:
+            bad.append('capabilities %s of %s' % (sorted(extra), who))
+        sel = sc.get('seLinuxOptions') or {}
+        if sel.get('type') not in SELINUX_TYPES or sel.get('user') or sel.get('role'):
+            bad.append('seLinuxOptions of %s' % who)
+        if sc.get('procMount', 'Default') != 'Default':
+            bad.append('procMount of %s' % who)
+        if (sc.get('seccompProfile') or {}).get('type') == 'Unconfined':
+            bad.append('seccomp Unconfined in %s' % who)
+        if (sc.get('appArmorProfile') or {}).get('type') == 'Unconfined':
+            bad.append('AppArmor Unconfined in %s' % who)
+    for s_ in psc.get('sysctls', []):
+        if s_['name'] not in SAFE_SYSCTLS:
+            bad.append('sysctl %s' % s_['name'])
+    for key in ('initContainers', 'containers', 'ephemeralContainers'):
+        for ct in ps.get(key, []):
+            for p in ct.get('ports', []):
+                if p.get('hostPort'):
+                    bad.append('hostPort %s of %s' % (p['hostPort'], ct['name']))
+    for k, v in (meta.get('annotations') or {}).items():
+        if k.startswith('container.apparmor.security.beta.kubernetes.io/') and \
+                v != 'runtime/default' and not v.startswith('localhost/'):
+            bad.append('AppArmor annotation %s' % k)
+    return bad
+
+# The checker itself: each rule is found.
+probe_pod = {
+    'hostNetwork': True, 'hostPID': True, 'hostIPC': True,
+    'volumes': [{'name': 'h', 'hostPath': {'path': '/'}}],
+    'securityContext': {'sysctls': [{'name': 'kernel.msgmax', 'value': '1'}],
+                        'seccompProfile': {'type': 'Unconfined'}},
+    'containers': [{'name': 'x', 'ports': [{'containerPort': 1, 'hostPort': 80}],
+                    'securityContext': {
+                        'privileged': True, 'procMount': 'Unmasked',
+                        'capabilities': {'add': ['SYS_ADMIN', 'CHOWN']},
+                        'seLinuxOptions': {'type': 'spc_t'},
+                        'appArmorProfile': {'type': 'Unconfined'},
+                        'windowsOptions': {'hostProcess': True}}}]}
+found = baseline({'annotations': {
+    'container.apparmor.security.beta.kubernetes.io/x': 'unconfined'}}, probe_pod)
+assert len(found) == 14, found
+assert baseline({}, {'containers': [{'name': 'x', 'securityContext': {
+    'capabilities': {'add': ['CHOWN'], 'drop': ['ALL']},
+    'seccompProfile': {'type': 'RuntimeDefault'}}}]}) == []
+
+PSA = 'pod-security.kubernetes.io/'
+for what, meta, ps, n in (('the DaemonSet', spec['template']['metadata'], pspec, ns),
+                          ('the worker', pod['metadata'], wspec, wns)):
+    bad = baseline(meta, ps)
+    # The socket folder, and nothing else.
+    assert bad == ['hostPath volume %s' % [v['name'] for v in ps['volumes']
+                                           if 'hostPath' in v][0]], (what, bad)
+    labels = n['metadata'].get('labels', {})
+    assert labels.get(PSA + 'enforce') == 'privileged', (what, labels)
+    assert labels.get(PSA + 'warn') == 'baseline', (what, labels)
+    assert labels.get(PSA + 'audit') == 'baseline', (what, labels)
+    # What baseline leaves to restricted, kept anyway: non-root, no
+    # escalation, capabilities dropped, RuntimeDefault seccomp.
+    assert ps['securityContext']['runAsNonRoot'], what
+    assert ps['securityContext']['seccompProfile']['type'] == 'RuntimeDefault', what
+    for ct in ps['containers']:
+        sc = ct['securityContext']
+        assert sc['allowPrivilegeEscalation'] is False, (what, ct['name'])
+        assert sc['capabilities']['drop'] == ['ALL'], (what, ct['name'])
+print('Pod Security baseline: the DaemonSet and the worker break it only by '
+      'their hostPath socket folder; namespaces %s and %s enforce privileged, '
+      'warn and audit baseline' % (ns['metadata']['name'], wns['metadata']['name']))
+print('manifests: %s; sockets per GPU in %s (hostPath %s); daemon and worker '
+      'request nvidia.com/gpu; metrics port %d; gid %d'
+      % (', '.join(kinds), sockdir, hp, port, dsec['runAsGroup']))
 with open(os.path.join(d, 'metrics.port'), 'w') as fh:
     fh.write('%d %d %d\n' % (port, dsec['runAsUser'], dsec['runAsGroup']))
 EOF
@@ -587,6 +703,11 @@ def ignored(path):
 
 runs = ' '.join(r for op, r in build if op == 'RUN')
 assert 'deploy/install-deps.sh' in runs and 'make' in runs, runs
+# Debian's packages only: nothing fetched from anywhere else.
+for op, r in ins:
+    if op in ('RUN', 'ADD'):
+        for w in ('pip', 'curl', 'wget', 'git clone', 'http://', 'https://'):
+            assert w not in r, ('%s fetches outside Debian (%s)' % (op, w), r)
 m = re.search(r'make install (.*?)(&&|$)', runs)
 assert m and 'DESTDIR=/out' in m.group(1) and 'PREFIX=/usr/local' in m.group(1), runs
 for op, rest in ins:

@@ -665,7 +665,14 @@ static int run_role(int argc, char **argv) {
   }
   if (!strcmp(role, "wrong-gpu")) {
     setenv("KVS_STANDIN_GPUS", OTHER_UUID, 1);
-    return role_refused(sock, KVS_ENODEV, "which this process cannot use");
+    if (role_refused(sock, KVS_ENODEV, "which this process cannot use"))
+      return 1;
+    /* ... and says what to do about it. */
+    if (!strstr(kvs_last_message(NULL), "give their socket folder")) {
+      fprintf(stderr, "no guidance in: %s\n", kvs_last_message(NULL));
+      return 1;
+    }
+    return 0;
   }
   if (!strcmp(role, "import-fails")) {
     setenv("KVS_STANDIN_FAIL", "import:2", 1);

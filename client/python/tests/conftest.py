@@ -2,8 +2,11 @@
 (--ready-fd), and checked for leaks when the test is done.
 
 Environment: KVS_BUILD (the build folder holding kvshared, kvshare and
-libkvshare.so.0; default build) — the test script sets it, and
-KVS_LIBRARY so that the binding loads that build's library.
+libkvshare.so.0; default: build/ of the repository this file is in, so
+that pytest runs from the repository's root, from client/python or from
+anywhere else) — the test script sets it, and KVS_LIBRARY so that the
+binding loads that build's library.  The kvshare package is the installed
+one; when none is installed, the sources beside these tests.
 """
 import json
 import os
@@ -11,15 +14,27 @@ import select
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 
 import pytest
 
-BUILD = os.path.abspath(os.environ.get("KVS_BUILD", "build"))
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", "..", ".."))
+BUILD = os.path.abspath(os.environ.get("KVS_BUILD") or
+                        os.path.join(ROOT, "build"))
+if not os.path.exists(os.path.join(BUILD, "kvshared")):
+    raise pytest.UsageError(
+        f"no kvshared in {BUILD}: build the C project first (make at "
+        f"{ROOT}), or set KVS_BUILD to a build folder")
 os.environ.setdefault("KVS_LIBRARY", os.path.join(BUILD, "libkvshare.so.0"))
 
-import kvshare  # noqa: E402  (after KVS_LIBRARY is set)
+try:
+    import kvshare  # noqa: E402  (after KVS_LIBRARY is set)
+except ImportError:
+    sys.path.insert(0, os.path.dirname(HERE))
+    import kvshare  # noqa: E402
 
 # A small layout: 2 layers, 2 heads of 8, blocks of 4 tokens.  SMALL puts
 # it in host memory even when KVS_CUDA_DRIVER is set (backend auto would
