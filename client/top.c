@@ -244,7 +244,7 @@ static void top_text(top_out *o, const top_opts *op, kvs_client *c,
   strftime(clock, sizeof(clock), "%H:%M:%S", &tm);
   top_line(o, "kvshare top  %s  frame %ld  every %gs%s  model %s  socket %s",
            clock, frame, op->interval, o->tty ? "  (q: quit)" : "",
-           kvs_model_id(c), op->path ? op->path : "(default)");
+           kvs_model_id(c), op->path);
   top_line(o, "pool      blocks %u  free %u  cached %u  used %u  (%s, %s)",
            st->num_blocks, st->free_blocks, st->cached_blocks,
            st->used_blocks, st->backend[0] ? st->backend : "?",
@@ -603,16 +603,9 @@ int kvs__cli_top(int argc, char **argv, void (*usage)(FILE *)) {
     usage(rc > 0 ? stdout : stderr);
     return rc > 0 ? 0 : 2;
   }
-  rc = kvs_connect(op.path, &copts, &c);
-  if (rc) {
-    const char *why = kvs_last_message(NULL);
-    int extra = *why && strcmp(why, kvs_strerror(rc));
-
-    fprintf(stderr, "kvshare: cannot connect to %s: %s%s%s\n",
-            op.path ? op.path : "the default socket", kvs_strerror(rc),
-            extra ? ": " : "", extra ? why : "");
-    return 3;
-  }
+  rc = kvs__cli_connect(&op.path, &copts, &c);
+  if (rc)
+    return rc;
 
   /* The handlers only set flags, without SA_RESTART: a write stalled on
    * the output returns EINTR and top stops.  Between a check of the flags
