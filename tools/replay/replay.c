@@ -974,7 +974,7 @@ int replay_main(int argc, char **argv) {
 
   rc = trace_load(path, (size_t)limit, &t, err, sizeof(err));
   if (rc != 0) {
-    fprintf(stderr, "kvshare-replay: %s (%s)\n", err, kvs_strerror(rc));
+    fprintf(stderr, "kvshare-replay: %s\n", err); /* the reason, once */
     goto out;
   }
   trace_skip(t, (size_t)skip);
