@@ -557,8 +557,9 @@ static int zmq_endpoint(const char *v) {
 
     if (!colon || colon == hp || strpbrk(hp, " \t/"))
       return 0;
-    if (hp[0] == '[' ? colon[-1] != ']' : memchr(hp, ':', (size_t)(colon - hp)) != NULL)
-      return 0;
+    if (hp[0] == '[' ? colon[-1] != ']'
+                     : memchr(hp, ':', (size_t)(colon - hp)) != NULL)
+      return 0; /* an IPv6 address wants its brackets */
     return strcmp(colon + 1, "*") == 0 || parse_port(colon + 1, &port) == 0;
   }
   if (strncmp(v, "ipc://", 6) == 0)

@@ -530,8 +530,8 @@ static void replay_usage(FILE *f) {
   fprintf(f,
           "usage: kvshare-replay [--trace] FILE [--capacity-tokens N|unlimited]\n"
           "                      [--block-size 16] [--policy NAME[,NAME...]]\n"
-          "                      [--sweep N,N,...] [--plot FILE.png [--plot-script F]]\n"
-          "                      [--decode]\n"
+          "                      [--sweep N,N,...] [--plot FILE.png] [--decode]\n"
+          "                      [--plot-script FILE.gp]\n"
           "                      [--host-tier-tokens N] [--disk-tier-tokens N]\n"
           "                      [--limit N] [--skip N] [--json] [--progress|--no-progress]\n"
           "                      [--nodes N] [--remote-tier-tokens N|unlimited]\n"
