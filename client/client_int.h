@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "client/kvshare.h"
+#include "client/sockpath.h"
 #include "kvs_arena.h"
 #include "kvs_codec.h"
 #include "kvs_op.h"
@@ -97,8 +98,6 @@ void kvs__ring_close(kvs_client *c);
 int kvs__ring_roundtrip(kvs_client *c, size_t len);
 int kvs__ensure_cap(uint8_t **buf, size_t *cap, size_t need);
 
-/* The socket path used when none is given (see kvs_connect). */
-const char *kvs__default_socket(char *buf, size_t len);
 
 /* sockdir.c.  The socket in the folder `dir` of the daemon of this
  * process's GPU (by CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES) into

@@ -409,17 +409,6 @@ out:
   return rc;
 }
 
-const char *kvs__default_socket(char *buf, size_t len) {
-  const char *p = getenv("KVS_SOCKET");
-  if (p && *p)
-    return p;
-  const char *x = getenv("XDG_RUNTIME_DIR");
-  if (x && x[0] == '/' &&
-      (size_t)snprintf(buf, len, "%s/kvshare/kvshared.sock", x) < len)
-    return buf;
-  return KVS_DEFAULT_SOCKET;
-}
-
 /* A failure before the client exists: its reason for kvs_last_message. */
 static int connect_fail(int rc, const char *why) {
   kvs__copy_str(connect_msg, sizeof connect_msg, why);

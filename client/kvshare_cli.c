@@ -52,6 +52,25 @@ static double now_us(void) {
 }
 
 /* (cli.h) */
+int kvs__cli_connect(const char **path, const kvs_connect_opts *opts,
+                     kvs_client **c) {
+  static char buf[256];
+  const char *why;
+  int rc;
+
+  if (!*path)
+    *path = kvs__default_socket(buf, sizeof(buf));
+  rc = kvs_connect(*path, opts, c);
+  if (rc == 0)
+    return 0;
+  why = kvs_last_message(NULL);
+  if (!*why || strcmp(why, kvs_strerror(rc)) == 0)
+    why = NULL;
+  fprintf(stderr, "kvshare: cannot connect to %s: %s%s%s\n", *path,
+          kvs_strerror(rc), why ? ": " : "", why ? why : "");
+  return 3;
+}
+
 void kvs__cli_json_str(const char *s) {
   putchar('"');
   for (; *s; s++) {
@@ -249,26 +268,25 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
-  if (!cmd || (strcmp(cmd, "stats") && strcmp(cmd, "ping") &&
-               strcmp(cmd, "layout"))) {
+  if (!cmd) {
     usage(stderr);
+    return 2;
+  }
+  if (strcmp(cmd, "stats") && strcmp(cmd, "ping") && strcmp(cmd, "layout")) {
+    fprintf(stderr, "kvshare: unknown command '%s'\n"
+            "Commands: stats, ping, layout, top; 'kvshare --help' tells "
+            "more.\n", cmd);
     return 2;
   }
   kvs_connect_opts opts = {"kvshare-cli", 10000, 1};
   kvs_client *c;
-  int rc = kvs_connect(path, &opts, &c);
-  if (rc) {
-    const char *why = kvs_last_message(NULL);
-    fprintf(stderr, "kvshare: cannot connect to %s: %s%s%s\n",
-            path ? path : "the default socket", kvs_strerror(rc),
-            *why && strcmp(why, kvs_strerror(rc)) ? ": " : "",
-            *why && strcmp(why, kvs_strerror(rc)) ? why : "");
-    return 3;
-  }
+  int rc = kvs__cli_connect(&path, &opts, &c);
+  if (rc)
+    return rc;
   if (strcmp(cmd, "stats") == 0)
     rc = cmd_stats(c, json, check);
   else if (strcmp(cmd, "ping") == 0)
-    rc = cmd_ping(c, path ? path : "kvshared", count);
+    rc = cmd_ping(c, path, count);
   else
     rc = cmd_layout(c, json);
   kvs_close(c);

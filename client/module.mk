@@ -14,7 +14,8 @@ CLIENT_CFLAGS := -Igpu $(call DEP_CFLAGS,libprotobuf-c)
 MOD_CFLAGS_client_ := $(CLIENT_CFLAGS)
 
 CLIENT_LIB_OBJS := $(BUILD)/client/conn.o $(BUILD)/client/ops.o $(BUILD)/client/ring.o \
-                   $(BUILD)/client/batch.o $(BUILD)/client/sockdir.o
+                   $(BUILD)/client/batch.o $(BUILD)/client/sockdir.o \
+                   $(BUILD)/client/sockpath.o
 $(CLIENT_LIB_OBJS) $(BUILD)/client/kvshare_cli.o: | $(PROTO_GEN_H)
 
 # The kernels are linked in whole (and re-exported) once gpu/ builds them.
@@ -43,9 +44,12 @@ CLIENT_RPATH = -Wl,-rpath,'$$ORIGIN:$$ORIGIN/../lib'
 CLIENT_DEPS := $(CLIENT_SO) $(BUILD)/$(CLIENT_SONAME) $(BUILD)/libkvshare.so
 
 PROGRAMS += $(BUILD)/kvshare
-$(BUILD)/kvshare: $(BUILD)/client/kvshare_cli.o $(BUILD)/client/top.o $(CLIENT_DEPS)
+# (sockpath.o is in libkvshare too, but not among its exported symbols.)
+KVSHARE_CLI_OBJS := $(BUILD)/client/kvshare_cli.o $(BUILD)/client/top.o \
+                    $(BUILD)/client/sockpath.o
+$(BUILD)/kvshare: $(KVSHARE_CLI_OBJS) $(CLIENT_DEPS)
 	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) $(LDFLAGS) -o $@ $(BUILD)/client/kvshare_cli.o $(BUILD)/client/top.o \
+	$(Q)$(CC) $(LDFLAGS) -o $@ $(KVSHARE_CLI_OBJS) \
 	  $(CLIENT_LINK) $(CLIENT_RPATH)
 
 all: $(CLIENT_DEPS)

@@ -71,10 +71,11 @@ typedef struct top_opts {
   int json, batch;
 } top_opts;
 
-/* Where a text frame goes: clipped to the terminal when interactive. */
+/* Where a text frame goes: lines of at most width columns (longer ones
+ * wrap, see top_line); interactive, rows lines at most. */
 typedef struct top_out {
   int tty;
-  int cols, rows, row;
+  int width, rows, row;
 } top_out;
 
 typedef struct top_term {
@@ -155,14 +156,48 @@ static double top_hit_rate(uint64_t hit, uint64_t query) {
 
 /* ---- the text frame --------------------------------------------------- */
 
-__attribute__((format(printf, 2, 3)))
-static void top_line(top_out *o, const char *fmt, ...) {
-  char line[1024];
-  va_list ap;
-  int n;
-
+/* One line of the screen (n <= o->width characters). */
+static void top_emit(top_out *o, const char *s, int n) {
   if (o->tty && o->row >= o->rows)
     return;
+  if (o->tty)
+    printf("%s%.*s\033[K", o->row ? "\n" : "", n, s);
+  else
+    printf("%.*s\n", n, s);
+  o->row++;
+}
+
+/* Appends s[0..n) to buf (at *len), elided in the middle ("...") to fit
+ * room columns: the end of a path says more than its middle. */
+static void top_put(char *buf, int *len, const char *s, int n, int room) {
+  if (n > room && room > 3) {
+    int head = (room - 3) / 3, tail = room - 3 - head;
+
+    memcpy(buf + *len, s, (size_t)head);
+    memcpy(buf + *len + head, "...", 3);
+    memcpy(buf + *len + head + 3, s + n - tail, (size_t)tail);
+    *len += room;
+    return;
+  }
+  if (n > room)
+    n = room > 0 ? room : 0;
+  memcpy(buf + *len, s, (size_t)n);
+  *len += n;
+}
+
+/*
+ * A line of the frame: "label     field  field  ...", fields apart by two
+ * spaces.  A line wider than o->width wraps between fields, the rest
+ * indented under the first field (column 10, or 2 for the title line); a
+ * field wider than a whole line is elided in the middle.
+ */
+__attribute__((format(printf, 2, 3)))
+static void top_line(top_out *o, const char *fmt, ...) {
+  char line[1024], out[1024];
+  const char *p;
+  int n, len = 0, indent, fresh = 1, w = o->width;
+  va_list ap;
+
   va_start(ap, fmt);
   n = vsnprintf(line, sizeof(line), fmt, ap);
   va_end(ap);
@@ -170,15 +205,40 @@ static void top_line(top_out *o, const char *fmt, ...) {
     n = 0;
   if ((size_t)n >= sizeof(line))
     n = (int)sizeof(line) - 1;
-  if (o->tty) {
-    /* One column short of the edge: no pending wrap, no scrolling. */
-    if (n > o->cols - 1)
-      n = o->cols > 1 ? o->cols - 1 : 0;
-    printf("%s%.*s\033[K", o->row ? "\n" : "", n, line);
-  } else {
-    printf("%.*s\n", n, line);
+  if (w < 20)
+    w = 20;
+  if (n <= w) {
+    top_emit(o, line, n);
+    return;
   }
-  o->row++;
+  indent = n > 10 && line[9] == ' ' && line[10] != ' ' ? 10 : 2;
+  p = line;
+  if (indent == 10) { /* the label column */
+    memcpy(out, line, 10);
+    len = 10;
+    p += 10;
+  }
+  while (*p) {
+    const char *end = strstr(p, "  ");
+    int flen = end ? (int)(end - p) : (int)strlen(p);
+
+    if (!fresh && len + 2 + flen > w) {
+      top_emit(o, out, len);
+      memset(out, ' ', (size_t)indent);
+      len = indent;
+      fresh = 1;
+    }
+    if (!fresh) {
+      memcpy(out + len, "  ", 2);
+      len += 2;
+    }
+    top_put(out, &len, p, flen, w - len);
+    fresh = 0;
+    p += flen;
+    while (*p == ' ')
+      p++;
+  }
+  top_emit(o, out, len);
 }
 
 /* A rate as text, "-" on the first frame. */
@@ -244,19 +304,21 @@ static void top_text(top_out *o, const top_opts *op, kvs_client *c,
   strftime(clock, sizeof(clock), "%H:%M:%S", &tm);
   top_line(o, "kvshare top  %s  frame %ld  every %gs%s  model %s  socket %s",
            clock, frame, op->interval, o->tty ? "  (q: quit)" : "",
-           kvs_model_id(c), op->path ? op->path : "(default)");
+           kvs_model_id(c), op->path);
   top_line(o, "pool      blocks %u  free %u  cached %u  used %u  (%s, %s)",
            st->num_blocks, st->free_blocks, st->cached_blocks,
            st->used_blocks, st->backend[0] ? st->backend : "?",
            top_fmt_bytes(b[0], sizeof(b[0]), st->pool_bytes));
   {
-    int w = o->tty ? o->cols - 12 : 50;
+    /* The bar and its legend on one line where the width allows. */
+    static const char legend[] = "# used, + cached, . free";
+    int w = o->width - 10 - 2 - 2 - (int)strlen(legend);
     if (w > (int)sizeof(bar) - 3)
       w = (int)sizeof(bar) - 3;
     if (w < 10)
       w = 10;
     top_bar(bar, w, st);
-    top_line(o, "          %s  # used  + cached  . free", bar);
+    top_line(o, "          %s  %s", bar, legend);
   }
   {
     uint64_t dq = prev ? top_delta(st->query_tokens, prev->st.query_tokens) : 0;
@@ -444,16 +506,33 @@ static void top_json(const top_opts *op, kvs_client *c,
 
 /* ---- the terminal ------------------------------------------------------- */
 
-static void top_term_size(top_term *t) {
+/* A positive number from the environment, or def. */
+static int top_env_int(const char *name, int def) {
+  const char *v = getenv(name);
+  char *end;
+  long x;
+
+  if (!v || !*v)
+    return def;
+  x = strtol(v, &end, 10);
+  return *end || x < 1 || x > 10000 ? def : (int)x;
+}
+
+/* The terminal's size when stdout is one, else $COLUMNS and $LINES, else
+ * 80 x 24. */
+static void top_size(int *cols, int *rows) {
   struct winsize ws;
 
-  t->cols = 80;
-  t->rows = 24;
   if (ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col && ws.ws_row) {
-    t->cols = ws.ws_col;
-    t->rows = ws.ws_row;
+    *cols = ws.ws_col;
+    *rows = ws.ws_row;
+    return;
   }
+  *cols = top_env_int("COLUMNS", 80);
+  *rows = top_env_int("LINES", 24);
 }
+
+static void top_term_size(top_term *t) { top_size(&t->cols, &t->rows); }
 
 static void top_term_enter(top_term *t) {
   if (t->keys && tcgetattr(STDIN_FILENO, &t->saved) == 0) {
@@ -508,14 +587,17 @@ static int top_draw(const top_opts *op, top_term *t, kvs_client *c,
   if (op->json) {
     top_json(op, c, prev, cur, frame);
   } else if (t) {
-    top_out o = {1, t->cols, t->rows, 0};
+    /* One column short of the edge: no pending wrap, no scrolling. */
+    top_out o = {1, t->cols - 1, t->rows, 0};
 
     fputs("\033[H", stdout);
     top_text(&o, op, c, prev, cur, frame);
     fputs("\033[J", stdout);
   } else {
-    top_out o = {0, 0, 0, 0};
+    top_out o = {0, 80, 0, 0};
+    int rows;
 
+    top_size(&o.width, &rows);
     if (frame > 1)
       putchar('\n');
     top_text(&o, op, c, prev, cur, frame);
@@ -603,16 +685,9 @@ int kvs__cli_top(int argc, char **argv, void (*usage)(FILE *)) {
     usage(rc > 0 ? stdout : stderr);
     return rc > 0 ? 0 : 2;
   }
-  rc = kvs_connect(op.path, &copts, &c);
-  if (rc) {
-    const char *why = kvs_last_message(NULL);
-    int extra = *why && strcmp(why, kvs_strerror(rc));
-
-    fprintf(stderr, "kvshare: cannot connect to %s: %s%s%s\n",
-            op.path ? op.path : "the default socket", kvs_strerror(rc),
-            extra ? ": " : "", extra ? why : "");
-    return 3;
-  }
+  rc = kvs__cli_connect(&op.path, &copts, &c);
+  if (rc)
+    return rc;
 
   /* The handlers only set flags, without SA_RESTART: a write stalled on
    * the output returns EINTR and top stops.  Between a check of the flags

@@ -3,6 +3,8 @@
 #include <ctype.h>
 #include <errno.h>
 #include <limits.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +24,9 @@ enum cfg_type {
   T_ENUM, /* one of choices ("a|b|c"); stored as its index (4 bytes) */
   T_IDS,  /* comma-separated numeric ids */
   T_FRAC, /* a fraction in [0, 1] (double); 0 means off */
+  T_LISTEN, /* a string: HOST:PORT, [IPV6]:PORT or *:PORT (cfg_listen_addr);
+             * HOST must resolve */
+  T_ZMQ,  /* a string: a ZMQ endpoint to bind (tcp://, ipc://, inproc://) */
 };
 
 typedef struct cfg_option {
@@ -255,26 +260,29 @@ static const cfg_option options[] = {
      "Eviction policy of the core: slru (segmented LRU with ghost "
      "admission), lru or mq (multi-queue); see docs/policies.md."},
 
-    {"metrics_listen", T_STR, F(metrics_listen), 0, 0, "", NULL,
-     "ADDR:PORT", "Observability",
-     "Serve Prometheus metrics at http://ADDR:PORT/metrics (pool by state, "
+    {"metrics_listen", T_LISTEN, F(metrics_listen), 0, 0, "", NULL,
+     "HOST:PORT", "Observability",
+     "Serve Prometheus metrics at http://HOST:PORT/metrics (pool by state, "
      "tiers, lookups and hits, evictions, sessions, protocol errors, "
      "request latency and batch size histograms; docs/operations.md).  "
-     "ADDR is an IPv4 or IPv6 address ([::1]:9400) or * for every "
-     "interface.  At most 16 connections, each closed after 10 s idle.  "
-     "Empty: off."},
-    {"kv_events_endpoint", T_STR, F(kv_events_endpoint), 0, 0, "", NULL,
+     "HOST is a name (localhost; resolved once, at start-up, to its first "
+     "address), an IPv4 address, an IPv6 address in brackets ([::1]:9400) "
+     "or * for every interface.  At most 16 connections, each closed after "
+     "10 s idle.  Empty: off."},
+    {"kv_events_endpoint", T_ZMQ, F(kv_events_endpoint), 0, 0, "", NULL,
      "ENDPOINT", "Observability",
      "Publish the prefix index's changes (BlockStored, BlockRemoved, "
      "AllBlocksCleared; msgpack, as vLLM's KV events) on a ZMQ PUB socket "
-     "bound here: tcp://*:5557, ipc:///run/kvshare/events.  For KV-aware "
+     "bound here: tcp://HOST:PORT, tcp://*:PORT, ipc://PATH (or "
+     "inproc://NAME), as tcp://*:5557 or ipc:///run/kvshare/events (its "
+     "form is checked when the options are read).  For KV-aware "
      "routers.  Bounds per peer: messages of 256 bytes at most (longer: "
      "dropped), 64 of them queued, a handshake within 5 s; a subscription "
      "that is not a prefix of the topic is ignored, and a connection that "
      "sends 1024 such within 10 s is dropped.  libzmq sets no limit on "
      "connections (each takes a descriptor): bind to a trusted network.  "
      "Empty: off."},
-    {"kv_events_replay_endpoint", T_STR, F(kv_events_replay_endpoint), 0, 0,
+    {"kv_events_replay_endpoint", T_ZMQ, F(kv_events_replay_endpoint), 0, 0,
      "", NULL, "ENDPOINT", "Observability",
      "A ZMQ ROUTER socket bound here answers a late subscriber's request "
      "(an 8-byte big-endian sequence number) with every kept event batch "
@@ -467,27 +475,161 @@ static void choice_name(const char *choices, int index, char *out,
   snprintf(out, len, "%.*s", (int)(strchrnul(p, '|') - p), p);
 }
 
-static int set_option(cfg *c, const cfg_option *o, const char *v, char *err,
-                      size_t err_len) {
+/* A port: 0 to 65535 in decimal, nothing else. */
+static int parse_port(const char *s, unsigned *port) {
+  unsigned long long p;
+
+  if (!isdigit((unsigned char)*s) || parse_ull(s, &p, 0) < 0 || p > 65535)
+    return -1;
+  *port = (unsigned)p;
+  return 0;
+}
+
+/* Splits HOST:PORT, [IPV6]:PORT or *:PORT; host gets "" for "*". */
+static int split_hostport(const char *spec, char *host, size_t hlen,
+                          unsigned *port) {
+  const char *colon, *h = spec;
+  size_t n;
+
+  if (spec[0] == '[') {
+    const char *rb = strchr(spec, ']');
+
+    if (!rb || rb[1] != ':')
+      return -1;
+    h = spec + 1;
+    n = (size_t)(rb - h);
+    colon = rb + 1;
+  } else {
+    colon = strrchr(spec, ':');
+    if (!colon)
+      return -1;
+    n = (size_t)(colon - spec);
+    if (memchr(spec, ':', n)) /* an IPv6 address wants its brackets */
+      return -1;
+  }
+  if (n == 0 || n >= hlen || parse_port(colon + 1, port) < 0)
+    return -1;
+  memcpy(host, h, n);
+  host[n] = '\0';
+  if (strcmp(host, "*") == 0)
+    host[0] = '\0';
+  return 0;
+}
+
+int cfg_listen_addr(const char *spec, struct sockaddr_storage *ss,
+                    socklen_t *sl, char *err, size_t err_len) {
+  struct addrinfo hints, *res = NULL;
+  char host[256], port_s[8];
+  unsigned port;
+  int rc;
+
+  memset(ss, 0, sizeof(*ss));
+  if (split_hostport(spec, host, sizeof(host), &port) < 0)
+    return fail(err, err_len, "'%s' is not HOST:PORT (localhost:9400, "
+                "10.0.0.5:9400, [::1]:9400 or *:9400)", spec);
+  if (!host[0]) {
+    struct sockaddr_in6 *a = (struct sockaddr_in6 *)ss;
+
+    a->sin6_family = AF_INET6; /* every interface, dual stack */
+    a->sin6_addr = in6addr_any;
+    a->sin6_port = htons((uint16_t)port);
+    *sl = sizeof(*a);
+    return 0;
+  }
+  memset(&hints, 0, sizeof(hints));
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV | AI_ADDRCONFIG;
+  snprintf(port_s, sizeof(port_s), "%u", port);
+  rc = getaddrinfo(host, port_s, &hints, &res);
+  if (rc == EAI_ADDRFAMILY || rc == EAI_NONAME) { /* no AI_ADDRCONFIG */
+    hints.ai_flags = AI_NUMERICSERV;
+    rc = getaddrinfo(host, port_s, &hints, &res);
+  }
+  if (rc != 0)
+    return fail(err, err_len, "'%s': cannot resolve '%s' (%s)", spec, host,
+                rc == EAI_SYSTEM ? strerror(errno) : gai_strerror(rc));
+  if (res->ai_addrlen > sizeof(*ss)) {
+    freeaddrinfo(res);
+    return fail(err, err_len, "'%s': an address too long", spec);
+  }
+  memcpy(ss, res->ai_addr, res->ai_addrlen);
+  *sl = (socklen_t)res->ai_addrlen;
+  freeaddrinfo(res);
+  return 0;
+}
+
+/* Is v a ZMQ endpoint to bind: tcp://HOST:PORT (HOST a name, an address,
+ * [IPV6], an interface or *; PORT a number or *), ipc://PATH or
+ * inproc://NAME? */
+static int zmq_endpoint(const char *v) {
+  if (strncmp(v, "tcp://", 6) == 0) {
+    const char *hp = v + 6, *colon = strrchr(hp, ':');
+    unsigned port;
+
+    if (!colon || colon == hp || strpbrk(hp, " \t/"))
+      return 0;
+    if (hp[0] == '[' ? colon[-1] != ']'
+                     : memchr(hp, ':', (size_t)(colon - hp)) != NULL)
+      return 0; /* an IPv6 address wants its brackets */
+    return strcmp(colon + 1, "*") == 0 || parse_port(colon + 1, &port) == 0;
+  }
+  if (strncmp(v, "ipc://", 6) == 0)
+    return v[6] != '\0';
+  if (strncmp(v, "inproc://", 9) == 0)
+    return v[9] != '\0';
+  return 0;
+}
+
+/* A byte count as its shortest exact form: 1048576 is "1M". */
+static void bytes_text(unsigned long long x, char *out, size_t len) {
+  static const char unit[] = "KMGT";
+  int u = -1;
+
+  while (u < 3 && x && x % 1024 == 0) {
+    x /= 1024;
+    u++;
+  }
+  if (u < 0)
+    snprintf(out, len, "%llu", x);
+  else
+    snprintf(out, len, "%llu%c", x, unit[u]);
+}
+
+/* Sets o from its text v; messages name the option as the user wrote it
+ * (as: "--pool-blocks" for a flag, "pool_blocks" in a file). */
+static int set_option(cfg *c, const cfg_option *o, const char *as,
+                      const char *v, char *err, size_t err_len) {
   char *field = (char *)c + o->off;
   unsigned long long u;
 
   switch (o->type) {
   case T_U32:
   case T_U64:
-  case T_SIZE:
-    if (parse_ull(v, &u, o->type == T_SIZE) < 0)
-      return fail(err, err_len, "%s: '%s' is not a decimal number%s", o->name,
-                  v, o->type == T_SIZE ? " of bytes (a K, M, G or T suffix "
-                                         "allowed)" : "");
+    if (parse_ull(v, &u, 0) < 0)
+      return fail(err, err_len, "%s: '%s' is not a decimal number", as, v);
     if (u < (unsigned long long)o->min || u > o->max)
-      return fail(err, err_len, "%s: %s is out of range [%lld, %llu]",
-                  o->name, v, o->min, o->max);
+      return fail(err, err_len, "%s: %s is out of range [%lld, %llu]", as, v,
+                  o->min, o->max);
     if (o->type == T_U32)
       *(uint32_t *)field = (uint32_t)u;
     else
       *(uint64_t *)field = (uint64_t)u;
     return 0;
+  case T_SIZE: {
+    char lo[32], hi[32];
+
+    if (parse_ull(v, &u, 1) < 0)
+      return fail(err, err_len, "%s: '%s' is not a byte count (a decimal "
+                  "number, optionally followed by K, M, G or T)", as, v);
+    bytes_text((unsigned long long)o->min, lo, sizeof(lo));
+    bytes_text(o->max, hi, sizeof(hi));
+    if (u < (unsigned long long)o->min || u > o->max)
+      return fail(err, err_len, "%s: %s is out of range [%s, %s] bytes", as,
+                  v, lo, hi);
+    *(uint64_t *)field = (uint64_t)u;
+    return 0;
+  }
   case T_INT: {
     char *end;
     long long x;
@@ -495,10 +637,10 @@ static int set_option(cfg *c, const cfg_option *o, const char *v, char *err,
     errno = 0;
     x = strtoll(v, &end, 10);
     if (errno || end == v || *end)
-      return fail(err, err_len, "%s: '%s' is not a number", o->name, v);
+      return fail(err, err_len, "%s: '%s' is not a decimal integer", as, v);
     if (x < o->min || (x > 0 && (unsigned long long)x > o->max))
       return fail(err, err_len, "%s: %s is out of range [%lld, %llu]",
-                  o->name, v, o->min, o->max);
+                  as, v, o->min, o->max);
     *(int *)field = (int)x;
     return 0;
   }
@@ -510,26 +652,40 @@ static int set_option(cfg *c, const cfg_option *o, const char *v, char *err,
              !strcmp(v, "0"))
       *(int *)field = 0;
     else
-      return fail(err, err_len, "%s: '%s' is not yes or no", o->name, v);
+      return fail(err, err_len, "%s: '%s' is not yes or no", as, v);
     return 0;
+  case T_LISTEN:
+  case T_ZMQ:
   case T_STR:
+    if (o->type == T_ZMQ && v[0] && !zmq_endpoint(v))
+      return fail(err, err_len, "%s: '%s' is not a ZMQ endpoint (tcp://*:%s, "
+                  "tcp://HOST:PORT, ipc://PATH or inproc://NAME)", as, v,
+                  v[strspn(v, "0123456789")] || !v[0] ? "5557" : v);
+    if (o->type == T_LISTEN && v[0]) {
+      struct sockaddr_storage ss;
+      socklen_t sl;
+      char why[400];
+
+      if (cfg_listen_addr(v, &ss, &sl, why, sizeof(why)) < 0)
+        return fail(err, err_len, "%s: %s", as, why);
+    }
     if (o->choices && choice_index(o->choices, v) < 0)
-      return fail(err, err_len, "%s: '%s' is not one of %s", o->name, v,
+      return fail(err, err_len, "%s: '%s' is not one of %s", as, v,
                   o->choices);
     if (strlen(v) >= o->size)
-      return fail(err, err_len, "%s: longer than %zu characters", o->name,
+      return fail(err, err_len, "%s: longer than %zu characters", as,
                   o->size - 1);
     if ((field == c->model_id || field == c->kv_events_topic) &&
         !utf8_text(v))
       return fail(err, err_len, "%s: not UTF-8 text (control characters "
-                  "and invalid UTF-8 are refused)", o->name);
+                  "and invalid UTF-8 are refused)", as);
     memcpy(field, v, strlen(v) + 1);
     return 0;
   case T_ENUM: {
     int i = choice_index(o->choices, v);
 
     if (i < 0)
-      return fail(err, err_len, "%s: '%s' is not one of %s", o->name, v,
+      return fail(err, err_len, "%s: '%s' is not one of %s", as, v,
                   o->choices);
     _Static_assert(sizeof(int) == sizeof(uint32_t), "enum fields");
     memcpy(field, &i, sizeof(i));
@@ -543,7 +699,7 @@ static int set_option(cfg *c, const cfg_option *o, const char *v, char *err,
     x = strtod(v, &end);
     if (errno || end == v || *end || !(x >= 0.0 && x <= 1.0))
       return fail(err, err_len, "%s: '%s' is not a fraction in [0, 1]",
-                  o->name, v);
+                  as, v);
     memcpy(field, &x, sizeof(x));
     return 0;
   }
@@ -561,12 +717,12 @@ static int set_option(cfg *c, const cfg_option *o, const char *v, char *err,
         break;
       n = strcspn(p, ", \t");
       if (n >= sizeof(num) || l.n == CFG_MAX_IDS)
-        return fail(err, err_len, "%s: too long (at most %d ids)", o->name,
+        return fail(err, err_len, "%s: too long (at most %d ids)", as,
                     CFG_MAX_IDS);
       memcpy(num, p, n);
       num[n] = '\0';
       if (parse_ull(num, &u, 0) < 0 || u > o->max)
-        return fail(err, err_len, "%s: '%s' is not a numeric id", o->name,
+        return fail(err, err_len, "%s: '%s' is not a numeric id", as,
                     num);
       l.ids[l.n++] = (uint32_t)u;
       p += n;
@@ -575,7 +731,7 @@ static int set_option(cfg *c, const cfg_option *o, const char *v, char *err,
     return 0;
   }
   }
-  return fail(err, err_len, "%s: bad option type", o->name);
+  return fail(err, err_len, "%s: bad option type", as);
 }
 
 void cfg_init(cfg *c) {
@@ -583,7 +739,8 @@ void cfg_init(cfg *c) {
 
   memset(c, 0, sizeof(*c));
   for (i = 0; i < NOPTIONS; i++) {
-    int rc = set_option(c, &options[i], options[i].def, NULL, 0);
+    int rc = set_option(c, &options[i], options[i].name, options[i].def,
+                        NULL, 0);
 
     /* The table's defaults must parse: checked by test_config too. */
     if (rc < 0)
@@ -597,7 +754,7 @@ int cfg_set(cfg *c, const char *key, const char *value, char *err,
 
   if (!o)
     return fail(err, err_len, "unknown option '%s'", key);
-  return set_option(c, o, value, err, err_len);
+  return set_option(c, o, key, value, err, err_len);
 }
 
 int cfg_load_string(cfg *c, const char *text, const char *name, char *err,
@@ -744,7 +901,7 @@ int cfg_parse_args(cfg *c, int argc, char **argv, enum cfg_action *action,
   for (i = 1; i < argc; i++) {
     const char *a = argv[i], *eq, *v;
     const cfg_option *o;
-    char msg[512];
+    char msg[512], flag[64];
     size_t klen;
 
     if (!strcmp(a, "--print-config"))
@@ -764,18 +921,19 @@ int cfg_parse_args(cfg *c, int argc, char **argv, enum cfg_action *action,
     if (!o)
       return fail(err, err_len, "unknown option '--%.*s' (try --help)",
                   (int)klen, a);
+    snprintf(flag, sizeof(flag), "--%.*s", (int)klen, a); /* as typed */
     if (eq) {
       v = eq + 1;
     } else if (o->type == T_BOOL && !is_flag_value(i + 1 < argc ? argv[i + 1]
                                                                 : NULL)) {
       v = "yes"; /* a bare boolean flag */
-    } else if (i + 1 < argc) {
+    } else if (i + 1 < argc && is_flag_value(argv[i + 1])) {
       v = argv[++i];
-    } else {
-      return fail(err, err_len, "--%s needs a value", o->name);
+    } else { /* at the end, or followed by another --flag */
+      return fail(err, err_len, "%s needs a value", flag);
     }
-    if (set_option(c, o, v, msg, sizeof(msg)) < 0)
-      return fail(err, err_len, "--%s", msg);
+    if (set_option(c, o, flag, v, msg, sizeof(msg)) < 0)
+      return fail(err, err_len, "%s", msg);
   }
   return 0;
 }
@@ -856,6 +1014,11 @@ int cfg_finish(cfg *c, char *err, size_t err_len) {
     return fail(err, err_len, "disk_tier_persist with verify_tokens keeps "
                 "each block's token ids in its 4 KiB slot header: block_size "
                 "%u is above the 992 that fit", l->block_size);
+  if (c->kv_events_endpoint[0] &&
+      strcmp(c->kv_events_endpoint, c->kv_events_replay_endpoint) == 0)
+    return fail(err, err_len, "kv_events_endpoint and "
+                "kv_events_replay_endpoint must differ (both %s)",
+                c->kv_events_endpoint);
   if (core_policy_find(c->policy, &offline) != 0 || offline) {
     char names[128];
     core_policy_list(names, sizeof(names), 0);
@@ -1043,6 +1206,8 @@ void cfg_print_values(FILE *out, const cfg *c) {
       fprintf(out, "%s = %s\n", o->name, *(const int *)field ? "yes" : "no");
       break;
     case T_STR:
+    case T_LISTEN:
+    case T_ZMQ:
       if (strcmp(o->name, "remote_tier") == 0)
         print_url(out, o->name, field);
       else

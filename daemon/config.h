@@ -17,6 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/socket.h>
 #include <sys/types.h>
 
 #include "kvs_layout.h"
@@ -153,6 +154,13 @@ void cfg_default_socket(char *out, size_t len);
  * default: num_blocks / 16, at least 8). */
 uint32_t cfg_tier_window(const cfg *c, uint32_t num_blocks,
                          uint64_t block_stride);
+
+/* The address of a listening option's value (metrics_listen): HOST:PORT,
+ * [IPV6]:PORT or *:PORT (every interface: the IPv6 wildcard, dual stack).
+ * HOST is a name, resolved with getaddrinfo (the first address), or a
+ * numeric address.  0, or KVS_EINVAL with the reason in err. */
+int cfg_listen_addr(const char *spec, struct sockaddr_storage *ss,
+                    socklen_t *sl, char *err, size_t err_len);
 
 /* Is this peer allowed (uid 0, the daemon's own uid, or in the lists)? */
 int cfg_peer_allowed(const cfg *c, uid_t uid, gid_t gid, uid_t self);

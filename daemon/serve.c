@@ -549,6 +549,44 @@ static void announce_ready(srv *s) {
   sd_notifyf(0, "READY=1\nSTATUS=listening on %s", c->socket);
 }
 
+/* What can be checked before the pool is allocated (which takes long on a
+ * GPU): the socket's folder, the tiers' paths and URL.  (The options' forms,
+ * endpoints and the metrics address were checked as they were read.) */
+static int preflight(const cfg *c) {
+  char err[512], dir[CFG_SOCKET_MAX], *slash;
+  int rc;
+
+  rc = tiers_check(c, err, sizeof(err));
+  if (rc < 0) {
+    log_error(0, "%s", err);
+    return rc;
+  }
+  if (sd_listen_fds(0) > 0) /* the socket comes from systemd */
+    return 0;
+  rc = make_parent(c->socket);
+  if (rc < 0) {
+    log_error(rc, "creating the folder of %s", c->socket);
+    return rc;
+  }
+  snprintf(dir, sizeof(dir), "%s", c->socket);
+  slash = strrchr(dir, '/');
+  if (slash && slash != dir) {
+    struct stat st;
+
+    *slash = '\0';
+    if (stat(dir, &st) == 0 && !S_ISDIR(st.st_mode)) {
+      log_error(0, "the socket %s: %s is not a folder", c->socket, dir);
+      return KVS_EINVAL;
+    }
+    if (access(dir, W_OK | X_OK) < 0) {
+      rc = -errno;
+      log_error(rc, "the socket %s: its folder %s", c->socket, dir);
+      return rc;
+    }
+  }
+  return check_stale(c->socket);
+}
+
 static int make_core(srv *s) {
   core_config cc;
   char err[256];
@@ -608,6 +646,8 @@ static int run(cfg *c) {
   s.null_fd = c->ready_fd >= 0 ? open("/dev/null", O_RDONLY | O_CLOEXEC) : -1;
   s.layout = c->layout;
 
+  if (preflight(c) < 0)
+    goto out_pool;
   rc = backend_open(c, &s.layout, &s.pool, err, sizeof(err));
   if (rc < 0) {
     log_error(0, "pool (backend %s): %s", c->backend, err);

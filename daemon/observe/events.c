@@ -1009,11 +1009,6 @@ int events_open(uv_loop_t *loop, const cfg *c, core *cr, const char *medium,
   *out = NULL;
   if (!c->kv_events_endpoint[0])
     return 0;
-  if (strcmp(c->kv_events_endpoint, c->kv_events_replay_endpoint) == 0) {
-    snprintf(err, len, "kv_events_endpoint and kv_events_replay_endpoint "
-             "must differ (both %s)", c->kv_events_endpoint);
-    return -1;
-  }
   e = calloc(1, sizeof(*e));
   if (e == NULL || (e->kept = calloc(c->kv_events_buffer, sizeof(ev_kept))) == NULL) {
     free(e);

@@ -653,67 +653,6 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn,
 
 /* ---- start / stop --------------------------------------------------------- */
 
-/* "ADDR:PORT", "[V6]:PORT" or "*:PORT" into a socket address. */
-static int parse_listen(const char *spec, struct sockaddr_storage *ss,
-                        socklen_t *sl, char *err, size_t len) {
-  char host[128];
-  const char *colon, *port_s;
-  char *end;
-  unsigned long port;
-
-  memset(ss, 0, sizeof(*ss));
-  if (spec[0] == '[') {
-    const char *rb = strchr(spec, ']');
-
-    if (!rb || rb[1] != ':' || (size_t)(rb - spec - 1) >= sizeof(host))
-      goto bad;
-    memcpy(host, spec + 1, (size_t)(rb - spec - 1));
-    host[rb - spec - 1] = '\0';
-    port_s = rb + 2;
-  } else {
-    colon = strrchr(spec, ':');
-    if (!colon || (size_t)(colon - spec) >= sizeof(host))
-      goto bad;
-    memcpy(host, spec, (size_t)(colon - spec));
-    host[colon - spec] = '\0';
-    port_s = colon + 1;
-  }
-  errno = 0;
-  port = strtoul(port_s, &end, 10);
-  if (errno || end == port_s || *end || port > 65535)
-    goto bad;
-  if (strcmp(host, "*") == 0 || host[0] == '\0') {
-    struct sockaddr_in6 *a = (struct sockaddr_in6 *)ss;
-
-    a->sin6_family = AF_INET6; /* dual stack */
-    a->sin6_addr = in6addr_any;
-    a->sin6_port = htons((uint16_t)port);
-    *sl = sizeof(*a);
-    return 0;
-  }
-  {
-    struct sockaddr_in *a4 = (struct sockaddr_in *)ss;
-    struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)ss;
-
-    if (inet_pton(AF_INET, host, &a4->sin_addr) == 1) {
-      a4->sin_family = AF_INET;
-      a4->sin_port = htons((uint16_t)port);
-      *sl = sizeof(*a4);
-      return 0;
-    }
-    if (inet_pton(AF_INET6, host, &a6->sin6_addr) == 1) {
-      a6->sin6_family = AF_INET6;
-      a6->sin6_port = htons((uint16_t)port);
-      *sl = sizeof(*a6);
-      return 0;
-    }
-  }
-bad:
-  snprintf(err, len, "metrics_listen '%s': expected ADDR:PORT, [IPV6]:PORT "
-           "or *:PORT with a numeric address", spec);
-  return -1;
-}
-
 static struct MHD_Daemon *start_httpd(metrics *m, unsigned flags,
                                       const struct sockaddr_storage *ss) {
   return MHD_start_daemon(flags, 0, NULL, NULL, on_http, m,
@@ -745,7 +684,7 @@ int metrics_start(uv_loop_t *loop, const cfg *c, metrics_snapshot_fn snapshot,
   *out = NULL;
   if (!c->metrics_listen[0])
     return 0;
-  if (parse_listen(c->metrics_listen, &ss, &sl, err, len) < 0)
+  if (cfg_listen_addr(c->metrics_listen, &ss, &sl, err, len) < 0)
     return -1;
   m = calloc(1, sizeof(*m));
   if (m == NULL) {

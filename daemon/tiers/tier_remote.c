@@ -1354,6 +1354,25 @@ static int read_password(tier_remote *rm, const char *path, char *err,
   return 0;
 }
 
+int tier_remote_check(const char *url, const char *password_file, char *err,
+                      size_t err_len) {
+  tier_remote *rm = calloc(1, sizeof(*rm));
+  int rcode;
+
+  if (!rm) {
+    snprintf(err, err_len, "out of memory");
+    return KVS_ENOMEM;
+  }
+  snprintf(rm->url, sizeof(rm->url), "%s", url);
+  rcode = parse_url(rm, err, err_len);
+  if (rcode == 0 && password_file && password_file[0])
+    rcode = read_password(rm, password_file, err, err_len);
+  if (rcode == KVS_ENOMEM)
+    snprintf(err, err_len, "out of memory");
+  store_free(rm);
+  return rcode;
+}
+
 int tier_remote_open(uv_loop_t *loop, const tier_remote_config *rc, tier_remote **out,
                 char *err, size_t err_len) {
   tier_remote *rm = calloc(1, sizeof(*rm));

@@ -69,6 +69,11 @@ typedef struct tier_remote_config {
  * or password file, KVS_ENOMEM. */
 int tier_remote_open(uv_loop_t *loop, const tier_remote_config *rc, tier_remote **out,
                 char *err, size_t err_len);
+/* What tier_remote_open checks first, without connecting: the URL's form
+ * and the password file (password_file may be NULL or "").  0, or
+ * KVS_EINVAL with a reason, KVS_ENOMEM. */
+int tier_remote_check(const char *url, const char *password_file, char *err,
+                      size_t err_len);
 /* Disconnects: writes already sent are flushed (up to 2 s), reads in
  * flight end as misses; the handles close on the loop, then rm is freed. */
 void tier_remote_close(tier_remote *rm);

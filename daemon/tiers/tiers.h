@@ -119,6 +119,11 @@ struct tier_swap {
   tier_promo fill;  /* SwapIn: the chunk being filled */
 };
 
+/* The checks of the tiers' settings that need no pool, made before it is
+ * allocated: the disk tier's file can be opened or created, the remote
+ * tier's URL and password file are well-formed.  0, or a negative status
+ * with a reason. */
+int tiers_check(const cfg *c, char *err, size_t err_len);
 /* Opens the tiers cfg asks for (none: *out = NULL, 0) over the core, which
  * must have been created with the matching tier_slots (tiers_slots).  0,
  * or a negative status with a reason. */

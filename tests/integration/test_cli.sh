@@ -59,8 +59,24 @@ EOF
 
 "$cli" --socket "$dir/nope.sock" ping 2>/dev/null; rc=$?
 [ $rc = 3 ] || fail "no daemon: exit $rc, wanted 3"
-"$cli" --socket "$sock" frobnicate 2>/dev/null; rc=$?
+# Without a daemon, the message names the socket tried, given or default.
+out=$("$cli" --socket "$dir/nope.sock" stats 2>&1); rc=$?
+[ $rc = 3 ] || fail "stats, no daemon: exit $rc, wanted 3"
+[ "$out" = "kvshare: cannot connect to $dir/nope.sock: No such file or directory" ] ||
+  fail "stats, no daemon: $out"
+out=$(env -u KVS_SOCKET XDG_RUNTIME_DIR="$dir/xdg" "$cli" stats 2>&1); rc=$?
+[ $rc = 3 ] || fail "stats, default socket: exit $rc, wanted 3"
+[ "$out" = "kvshare: cannot connect to $dir/xdg/kvshare/kvshared.sock: No such file or directory" ] ||
+  fail "stats, default socket: $out"
+out=$(KVS_SOCKET="$dir/env.sock" "$cli" ping 2>&1)
+[ "$out" = "kvshare: cannot connect to $dir/env.sock: No such file or directory" ] ||
+  fail "ping, \$KVS_SOCKET: $out"
+# An unknown command says so (and no connection is tried).
+out=$("$cli" --socket "$dir/nope.sock" statz 2>&1); rc=$?
 [ $rc = 2 ] || fail "bad command: exit $rc, wanted 2"
+[ "$out" = "kvshare: unknown command 'statz'
+Commands: stats, ping, layout, top; 'kvshare --help' tells more." ] ||
+  fail "bad command: $out"
 "$cli" 2>/dev/null; rc=$?
 [ $rc = 2 ] || fail "no command: exit $rc, wanted 2"
 "$cli" --help | grep -q "usage: kvshare" || fail "--help"

@@ -37,10 +37,10 @@ refuse() { # WHAT EXPECTED-TEXT OPTION...
   [ -e "$sock" ] && fail "$what: left its socket behind"
   return 0
 }
-refuse "metrics without a port" "expected ADDR:PORT" --metrics-listen 127.0.0.1
-refuse "metrics on a name" "expected ADDR:PORT" --metrics-listen localhost:9400
-refuse "metrics port 70000" "expected ADDR:PORT" --metrics-listen 127.0.0.1:70000
-refuse "events on a bad endpoint" "kv events: cannot bind bogus://x" \
+refuse "metrics without a port" "is not HOST:PORT" --metrics-listen 127.0.0.1
+refuse "metrics on an unknown name" "cannot resolve" --metrics-listen nosuch.invalid:9400
+refuse "metrics port 70000" "is not HOST:PORT" --metrics-listen 127.0.0.1:70000
+refuse "events on a bad endpoint" "'bogus://x' is not a ZMQ endpoint" \
   --kv-events-endpoint bogus://x
 refuse "replay on the events endpoint" "must differ" \
   --kv-events-endpoint "ipc://$dir/same" --kv-events-replay-endpoint "ipc://$dir/same"

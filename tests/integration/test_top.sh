@@ -190,9 +190,10 @@ print("top --json: %d frames checked, %d lookups, %d/%d tokens hit" %
 EOF
 
 # ---- batch text frames (-b, and the default into a file) ----------------
-"$cli" --socket "$sock" top -b --count 3 --interval 0.2 >"$dir/top.txt" ||
+# (Wide enough that no line wraps; the widths are checked below.)
+COLUMNS=200 "$cli" --socket "$sock" top -b --count 3 --interval 0.2 >"$dir/top.txt" ||
   fail "top -b exit $?"
-"$cli" --socket "$sock" top --interval=0.2 --count=2 >"$dir/top2.txt" ||
+COLUMNS=200 "$cli" --socket "$sock" top --interval=0.2 --count=2 >"$dir/top2.txt" ||
   fail "top into a file exit $?"
 cat "$dir/top.txt"
 "$py" - "$dir" <<'EOF' || fail "top -b text frames"
@@ -234,6 +235,42 @@ for name, count in (("top.txt", 3), ("top2.txt", 2)):
                         r"tier_lost \d+$", rows["swap"]), rows["swap"]
 print("top -b: frames parse")
 EOF
+
+# ---- the width: $COLUMNS (80 by default) when not a terminal ------------
+# No line is wider; a wrapped line goes on indented, so that joining the
+# continuation lines gives back the wide frame, word for word.
+for w in 60 80 132 default; do
+  if [ $w = default ]; then
+    env -u COLUMNS "$cli" --socket "$sock" top -b --count 2 --interval 0.2 >"$dir/top-w.txt"
+    w=80
+  else
+    COLUMNS=$w "$cli" --socket "$sock" top -b --count 2 --interval 0.2 >"$dir/top-w.txt"
+  fi || fail "top at width $w exit $?"
+  "$py" - "$dir" $w <<'EOF' || fail "top at width $w"
+import re, sys
+d, w = sys.argv[1], int(sys.argv[2])
+text = open(d + "/top-w.txt").read()
+wide = open(d + "/top.txt").read().rstrip("\n").split("\n\n")[1].split("\n")
+for line in text.splitlines():
+    assert len(line) <= w, "%d columns at width %d: %r" % (len(line), w, line)
+frame = text.rstrip("\n").split("\n\n")[1].split("\n")
+joined = []
+for line in frame:
+    if line.startswith("  ") and not line.startswith("          ["):
+        joined[-1] += "  " + line.strip()
+    else:
+        joined.append(line)
+def words(lines):  # the numbers change from frame to frame: the names stay
+    return [re.sub(r"[\d.]+", "N", x) for l in lines for x in l.split()
+            if not x.startswith("[")]  # (the bar is as wide as the screen)
+assert words(joined) == words(wide), (joined, wide)
+assert any(l.startswith("          [") and l.endswith("# used, + cached, . free")
+           for l in frame), frame  # the legend, whole, beside the bar
+socket = [x for l in frame for x in l.split() if x.endswith("kvshared.sock")]
+assert socket == [d + "/kvshared.sock"], socket  # the socket's path, whole
+print("width %d: %d lines, none wider" % (w, len(frame)))
+EOF
+done
 
 # ---- the daemon killed under top: exit 1 and a message ------------------
 "$cli" --socket "$sock" top -b --interval 0.2 >"$dir/top3.txt" 2>"$dir/top3.err" &

@@ -123,7 +123,9 @@ static void test_file_errors(void **state) {
   expect_error("pool_blocks = 0\n", "out of range");
   expect_error("pool_blocks = -5\n", "not a decimal number");
   expect_error("block_size = 99999\n", "out of range");
-  expect_error("max_frame = 12Q\n", "decimal number of bytes");
+  expect_error("max_frame = 12Q\n", "bad.conf:1: max_frame: '12Q' is not a "
+               "byte count (a decimal number, optionally followed by K, M, G "
+               "or T)");
   expect_error("max_frame = 100\n", "out of range");
   expect_error("dtype = fp64\n", "fp32|fp16|bf16");
   expect_error("backend = cuda9\n", "auto|host");
@@ -172,10 +174,19 @@ static void test_numbers_and_text(void **state) {
   assert_int_equal(c.pool_blocks, 100);
   assert_int_equal(cfg_set(&c, "max_frame", "0x10K", err, sizeof(err)),
                    KVS_EINVAL);
-  assert_string_equal(err, "max_frame: '0x10K' is not a decimal number of "
-                           "bytes (a K, M, G or T suffix allowed)");
+  assert_string_equal(err, "max_frame: '0x10K' is not a byte count (a "
+                           "decimal number, optionally followed by K, M, G "
+                           "or T)");
   assert_int_equal(cfg_set(&c, "max_frame", "10X", err, sizeof(err)),
                    KVS_EINVAL);
+  assert_string_equal(err, "max_frame: '10X' is not a byte count (a decimal "
+                           "number, optionally followed by K, M, G or T)");
+  assert_int_equal(cfg_set(&c, "max_frame", "100", err, sizeof(err)),
+                   KVS_EINVAL);
+  assert_string_equal(err, "max_frame: 100 is out of range [1K, 1G] bytes");
+  assert_int_equal(cfg_set(&c, "ready_fd", "x", err, sizeof(err)),
+                   KVS_EINVAL);
+  assert_string_equal(err, "ready_fd: 'x' is not a decimal integer");
   assert_int_equal(cfg_set(&c, "model_id", "Llama-3 \xc3\xbc \xe6\xa8\xa1"
                            "\xf0\x9f\x98\x80", err, sizeof(err)), 0);
   for (size_t i = 0; i < sizeof(bad_text) / sizeof(bad_text[0]); i++) {
@@ -241,7 +252,22 @@ static void test_args(void **state) {
 
     assert_int_equal(cfg_parse_args(&c, 2, argv, &act, err, sizeof(err)),
                      KVS_EINVAL);
-    assert_non_null(strstr(err, "needs a value"));
+    assert_string_equal(err, "--pool-blocks needs a value");
+  }
+  {
+    /* A flag is named as it was typed, dashes or underscores. */
+    char *argv[] = {"kvshared", "--pool_blocks", "10X", NULL};
+
+    assert_int_equal(cfg_parse_args(&c, 3, argv, &act, err, sizeof(err)),
+                     KVS_EINVAL);
+    assert_string_equal(err, "--pool_blocks: '10X' is not a decimal number");
+  }
+  {
+    char *argv[] = {"kvshared", "--pool-blocks", "--verify-tokens", NULL};
+
+    assert_int_equal(cfg_parse_args(&c, 3, argv, &act, err, sizeof(err)),
+                     KVS_EINVAL);
+    assert_string_equal(err, "--pool-blocks needs a value");
   }
   {
     char *argv[] = {"kvshared", "stray", NULL};
@@ -265,6 +291,51 @@ static void test_args(void **state) {
     assert_int_equal(c.pool_blocks, 9);
   }
   unlink(path);
+}
+
+/* Endpoints and listening addresses are checked as they are read. */
+static void test_endpoints(void **state) {
+  static const char *good_zmq[] = {"tcp://*:5557", "tcp://127.0.0.1:5557",
+                                   "tcp://[::1]:5557", "tcp://eth0:5557",
+                                   "tcp://*:*", "ipc:///run/kvshare/events",
+                                   "inproc://events", ""};
+  static const char *bad_zmq[] = {"tcp://*", "tcp://:5557", "tcp://*:70000",
+                                  "tcp://::1:5557", "ipc://", "udp://x:1",
+                                  "localhost:5557"};
+  static const char *good_listen[] = {"127.0.0.1:9400", "[::1]:0", "*:9400",
+                                      "localhost:9400", ""};
+  static const char *bad_listen[] = {"127.0.0.1", "::1:9400", "*:70000",
+                                     ":9400", "[::1]9400"};
+  char err[256];
+  cfg c;
+
+  (void)state;
+  cfg_init(&c);
+  for (size_t i = 0; i < sizeof(good_zmq) / sizeof(good_zmq[0]); i++)
+    if (cfg_set(&c, "kv_events_endpoint", good_zmq[i], err, sizeof(err)))
+      fail_msg("'%s' refused: %s", good_zmq[i], err);
+  for (size_t i = 0; i < sizeof(bad_zmq) / sizeof(bad_zmq[0]); i++)
+    if (!cfg_set(&c, "kv_events_replay_endpoint", bad_zmq[i], err,
+                 sizeof(err)))
+      fail_msg("'%s' accepted", bad_zmq[i]);
+  assert_int_equal(cfg_set(&c, "kv-events-endpoint", "5557", err,
+                           sizeof(err)), KVS_EINVAL);
+  assert_string_equal(err, "kv-events-endpoint: '5557' is not a ZMQ endpoint "
+                           "(tcp://*:5557, tcp://HOST:PORT, ipc://PATH or "
+                           "inproc://NAME)");
+  for (size_t i = 0; i < sizeof(good_listen) / sizeof(good_listen[0]); i++)
+    if (cfg_set(&c, "metrics_listen", good_listen[i], err, sizeof(err)))
+      fail_msg("'%s' refused: %s", good_listen[i], err);
+  for (size_t i = 0; i < sizeof(bad_listen) / sizeof(bad_listen[0]); i++)
+    if (!cfg_set(&c, "metrics_listen", bad_listen[i], err, sizeof(err)))
+      fail_msg("'%s' accepted", bad_listen[i]);
+  assert_string_equal(err, "metrics_listen: '[::1]9400' is not HOST:PORT "
+                           "(localhost:9400, 10.0.0.5:9400, [::1]:9400 or "
+                           "*:9400)");
+  assert_int_equal(cfg_set(&c, "metrics_listen", "nosuch.invalid:9400", err,
+                           sizeof(err)), KVS_EINVAL);
+  assert_non_null(strstr(err, "metrics_listen: 'nosuch.invalid:9400': cannot "
+                              "resolve 'nosuch.invalid' ("));
 }
 
 static void test_finish(void **state) {
@@ -549,6 +620,7 @@ int main(void) {
       cmocka_unit_test(test_file_errors),
       cmocka_unit_test(test_numbers_and_text),
       cmocka_unit_test(test_args),
+      cmocka_unit_test(test_endpoints),
       cmocka_unit_test(test_finish),
       cmocka_unit_test(test_gpu_options),
       cmocka_unit_test(test_tier_options),

@@ -25,7 +25,8 @@ grep -q -- "--capacity-tokens" "$tmp/help" || fail "--help lacks --capacity-toke
 "$bin" --trace "$trace" --capacity-tokens 8 --no-progress >/dev/null 2>&1
 [ $? = 1 ] || fail "a pool of 0 blocks: want exit 1"
 "$bin" --trace "$tmp/none" --no-progress 2>"$tmp/err"; [ $? = 1 ] || fail "missing trace: want exit 1"
-grep -q "No such file" "$tmp/err" || fail "missing trace: $(cat "$tmp/err")"
+[ "$(cat "$tmp/err")" = "kvshare-replay: $tmp/none: No such file or directory" ] ||
+  fail "missing trace (the reason once): $(cat "$tmp/err")"
 
 # Unlimited: JSON, hit rate equal to the ideal, nothing evicted.
 "$bin" --trace "$trace" --limit 300 --json --no-progress >"$tmp/u.json" \
@@ -92,7 +93,34 @@ for cap in (200000, 500000):
 for p in ("lru", "slru", "mq", "opt"):  # unlimited: nothing evicted, all equal
     assert abs(runs[(0, p)]["token_hit_rate"] - s["ideal_token_hit_rate"]) < 0.01, p
 PY
+"$bin" --trace "$trace" --plot-script "$tmp/p.gp" --sweep 1e5 2>/dev/null
+[ $? = 2 ] || fail "--plot-script without --plot: want exit 2"
+# The plot's script (kept by --plot-script, written before gnuplot runs):
+# the ideal as a line, y from 0 to 100 %, a log x axis with 1-2-5 tics.
+"$bin" --trace "$trace" --limit 300 --sweep 1e5,3e5,unlimited --policy lru,slru \
+  --plot "$tmp/p.png" --plot-script "$tmp/p.gp" --no-progress --json >"$tmp/p.json"
+prc=$?
+python3 - "$tmp/p.gp" "$tmp/p.json" <<'PY' || fail "the plot's script"
+import json, re, sys
+gp = open(sys.argv[1]).read()
+ideal = json.load(open(sys.argv[2]))["ideal_token_hit_rate"]
+lines = gp.splitlines()
+assert "set logscale x 10" in lines, gp
+assert "set yrange [0:100]" in lines, gp
+xt = [l for l in lines if l.startswith("set xtics (")][0]
+for lab in ("100k", "200k", "500k", "1M", "2M"):
+    assert '"%s"' % lab in xt, (lab, xt)
+assert re.search(r'"" 300000 1', xt), xt  # the other digits: minor tics
+plot = [l for l in lines if l.startswith("plot ")][0]
+assert plot.count("with linespoints") == 2, plot
+m = re.search(r", ([\d.]+) with lines dashtype 2 .*title \"ideal \(unlimited cache\): ([\d.]+)%\"$", plot)
+assert m, plot
+assert abs(float(m.group(1)) - 100 * ideal) < 0.01, (m.group(1), ideal)
+data = gp.split("$sweep << EOD\n")[1].split("EOD\n")[0].splitlines()
+assert len(data) == 3 and all(0 <= float(v) <= 100 for l in data for v in l.split()[1:]), data
+PY
 if command -v gnuplot >/dev/null; then
+  [ $prc = 0 ] || fail "plot exits $prc"
   "$bin" --trace "$trace" --limit 300 --sweep 1e5,3e5 --policy lru,slru \
     --plot "$tmp/p.png" --no-progress >"$tmp/p.txt" || fail "plot exits $?"
   grep -q "slru" "$tmp/p.txt" || fail "sweep table lacks slru"

@@ -533,6 +533,7 @@ static void replay_usage(FILE *f) {
           "usage: kvshare-replay [--trace] FILE [--capacity-tokens N|unlimited]\n"
           "                      [--block-size 16] [--policy NAME[,NAME...]]\n"
           "                      [--sweep N,N,...] [--plot FILE.png] [--decode]\n"
+          "                      [--plot-script FILE.gp]\n"
           "                      [--host-tier-tokens N] [--disk-tier-tokens N]\n"
           "                      [--limit N] [--skip N] [--json] [--progress|--no-progress]\n"
           "                      [--nodes N] [--remote-tier-tokens N|unlimited]\n"
@@ -555,7 +556,9 @@ static void replay_usage(FILE *f) {
           "  --sweep N,N,...         replay once per capacity (tokens, 1e6 notation\n"
           "                          or 'unlimited') and policy; print a table\n"
           "  --plot FILE.png         with --sweep: draw hit rate vs capacity per\n"
-          "                          policy (needs gnuplot)\n"
+          "                          policy, and the ideal (needs gnuplot)\n"
+          "  --plot-script FILE      with --plot: keep the gnuplot script (its\n"
+          "                          data inline) in FILE\n"
           "  --host-tier-tokens N    a host tier of N tokens below the pool: an\n"
           "                          evicted block is copied down, a lookup that\n"
           "                          finds it there promotes it (a hit)\n"
@@ -746,6 +749,7 @@ enum {
   OPT_SKIP,
   OPT_SWEEP,
   OPT_PLOT,
+  OPT_PLOT_SCRIPT,
   OPT_HOST_TIER,
   OPT_DISK_TIER,
   OPT_PROGRESS,
@@ -768,6 +772,7 @@ int replay_main(int argc, char **argv) {
       {"skip", required_argument, NULL, OPT_SKIP},
       {"sweep", required_argument, NULL, OPT_SWEEP},
       {"plot", required_argument, NULL, OPT_PLOT},
+      {"plot-script", required_argument, NULL, OPT_PLOT_SCRIPT},
       {"host-tier-tokens", required_argument, NULL, OPT_HOST_TIER},
       {"disk-tier-tokens", required_argument, NULL, OPT_DISK_TIER},
       {"progress", no_argument, NULL, OPT_PROGRESS},
@@ -781,7 +786,7 @@ int replay_main(int argc, char **argv) {
   replay_plan plan;
   replay_result res;
   enum { MAX_LIST = 32 };
-  const char *path = NULL, *plot = NULL, *pols[MAX_LIST];
+  const char *path = NULL, *plot = NULL, *plot_script = NULL, *pols[MAX_LIST];
   char *pol_list = NULL, *sweep_list = NULL;
   uint64_t v, limit = 0, skip = 0, caps[MAX_LIST];
   size_t npols = 0, ncaps = 0;
@@ -826,6 +831,9 @@ int replay_main(int argc, char **argv) {
       break;
     case OPT_PLOT:
       plot = optarg;
+      break;
+    case OPT_PLOT_SCRIPT:
+      plot_script = optarg;
       break;
     case OPT_JSON:
       json = 1;
@@ -952,6 +960,10 @@ int replay_main(int argc, char **argv) {
     fprintf(stderr, "kvshare-replay: --plot goes with --sweep\n");
     return 2;
   }
+  if (plot_script != NULL && plot == NULL) {
+    fprintf(stderr, "kvshare-replay: --plot-script goes with --plot\n");
+    return 2;
+  }
   if (nodes_mode && (sweep_list != NULL || npols > 1)) {
     fprintf(stderr, "kvshare-replay: --nodes, --remote-tier-tokens and "
             "--split take one policy and no --sweep\n");
@@ -976,7 +988,7 @@ int replay_main(int argc, char **argv) {
 
   rc = trace_load(path, (size_t)limit, &t, err, sizeof(err));
   if (rc != 0) {
-    fprintf(stderr, "kvshare-replay: %s (%s)\n", err, kvs_strerror(rc));
+    fprintf(stderr, "kvshare-replay: %s\n", err); /* the reason, once */
     goto out;
   }
   trace_skip(t, (size_t)skip);
@@ -998,7 +1010,7 @@ int replay_main(int argc, char **argv) {
   }
   if (ncaps > 0) {
     status = replay_sweep(t, path, &cfg, &plan, caps, ncaps, pols, npols, json,
-                          plot) == 0 && fflush(stdout) == 0
+                          plot, plot_script) == 0 && fflush(stdout) == 0
                  ? 0
                  : 1;
     goto out;

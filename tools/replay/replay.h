@@ -192,12 +192,14 @@ int replay_checked(const trace *t, const replay_config *cfg,
  * policy on a fresh core each (base gives the rest), checks the core after
  * each, prints the table of token hit rates and wall times (or JSON), and,
  * with plot != NULL, has gnuplot draw hit rate against capacity into that
- * PNG file.  Returns 0 or the first error (reported on stderr).
+ * PNG file (the trace's ideal as a line; the gnuplot script, its data
+ * inline, is kept in plot_script when that is not NULL).  Returns 0 or the
+ * first error (reported on stderr).
  */
 int replay_sweep(const trace *t, const char *path, const replay_config *base,
                  const replay_plan *plan, const uint64_t *caps, size_t ncaps,
                  const char *const *pols, size_t npols, int json,
-                 const char *plot);
+                 const char *plot, const char *plot_script);
 
 /*
  * ---- N nodes sharing one remote store (replay_nodes.c) ------------------

@@ -122,11 +122,107 @@ static int plot_safe(const char *s) {
   return strpbrk(s, "\"'\\\n") == NULL;
 }
 
-/* Writes the table to a temporary data file and has gnuplot draw it. */
-static int sweep_plot(const char *png, const char *title, const uint64_t *caps,
-                      size_t ncaps, const char *const *pols, size_t npols,
-                      const cell *cells, uint64_t unlimited_tokens) {
-  char dir[] = "/tmp/kvshare-replay-XXXXXX", data[64], script[64];
+/* A tic label: 2000 -> "2k", 5000000 -> "5M". */
+static void tic_label(double v, char *buf, size_t len) {
+  static const char unit[] = " kMGTP";
+  int u = 0;
+
+  while (v >= 1000 && u < 5) {
+    v /= 1000;
+    u++;
+  }
+  snprintf(buf, len, u ? "%g%c" : "%g", v, unit[u]);
+}
+
+/* The x tics of a log axis over [lo, hi]: 1, 2 and 5 of every decade
+ * labelled, the other digits minor (gnuplot draws no minor tics of its
+ * own beside a list). */
+static void plot_xtics(FILE *f, double lo, double hi) {
+  double d = 1;
+  int n = 0;
+
+  while (d * 10 <= lo)
+    d *= 10;
+  fprintf(f, "set xtics (");
+  for (; d <= hi * 10 && n < 200; d *= 10)
+    for (int m = 1; m <= 9; m++) {
+      double x = m * d;
+      char lab[16] = "";
+
+      if (x < lo || x > hi)
+        continue;
+      if (m == 1 || m == 2 || m == 5)
+        tic_label(x, lab, sizeof(lab));
+      fprintf(f, "%s\"%s\" %.0f %d", n++ ? ", " : "", lab, x,
+              lab[0] ? 0 : 1);
+    }
+  fprintf(f, ")\n");
+}
+
+/* The gnuplot script that draws png, its data inline: a line per policy
+ * (hit rate in % against capacity, log scale, 1-2-5 tics), the trace's
+ * ideal (an unlimited cache) as a dashed line, y from 0 to 100 %. */
+static void plot_script(FILE *f, const char *png, const char *title,
+                        const uint64_t *caps, size_t ncaps,
+                        const char *const *pols, size_t npols,
+                        const cell *cells, uint64_t unlimited_tokens,
+                        double ideal) {
+  double lo = 0, hi = 0;
+
+  for (size_t k = 0; k < ncaps; k++) {
+    double x = (double)(caps[k] ? caps[k] : unlimited_tokens);
+
+    if (k == 0 || x < lo)
+      lo = x;
+    if (k == 0 || x > hi)
+      hi = x;
+  }
+  if (lo < 1)
+    lo = 1;
+  lo /= 1.25; /* room for the end points */
+  hi *= 1.25;
+  fprintf(f, "$sweep << EOD\n");
+  for (size_t k = 0; k < ncaps; k++) {
+    fprintf(f, "%" PRIu64, caps[k] ? caps[k] : unlimited_tokens);
+    for (size_t p = 0; p < npols; p++)
+      fprintf(f, " %.4f", 100 * cells[k * npols + p].hit);
+    fprintf(f, "\n");
+  }
+  fprintf(f,
+          "EOD\n"
+          "set terminal png size 900,560\n"
+          "set output \"%s\"\n"
+          "set title \"%s\" noenhanced\n"
+          "set logscale x 10\n"
+          "set xrange [%.6g:%.6g]\n",
+          png, title, lo, hi);
+  plot_xtics(f, lo, hi);
+  fprintf(f,
+          "set xlabel \"capacity (tokens)\"\n"
+          "set yrange [0:100]\n"
+          "set ytics 0,10,100\n"
+          "set format y \"%%g%%%%\"\n"
+          "set ylabel \"token hit rate\"\n"
+          "set key left top noenhanced\n"
+          "set grid xtics mxtics ytics\n"
+          "plot ");
+  for (size_t p = 0; p < npols; p++)
+    fprintf(f, "$sweep using 1:%zu with linespoints title \"%s\", ", p + 2,
+            pols[p]);
+  fprintf(f, "%.4f with lines dashtype 2 linewidth 2 linecolor rgb \"black\" "
+          "title \"ideal (unlimited cache): %.1f%%\"\n",
+          100 * ideal, 100 * ideal);
+}
+
+/* Writes the script (into script_path, or a temporary file) and has
+ * gnuplot draw png. */
+static int sweep_plot(const char *png, const char *script_path,
+                      const char *title, const uint64_t *caps, size_t ncaps,
+                      const char *const *pols, size_t npols,
+                      const cell *cells, uint64_t unlimited_tokens,
+                      double ideal) {
+  char dir[] = "/tmp/kvshare-replay-XXXXXX", tmp[64];
+  const char *script = script_path;
   FILE *f;
   int rc = -1, status;
   pid_t pid;
@@ -136,40 +232,21 @@ static int sweep_plot(const char *png, const char *title, const uint64_t *caps,
             "the file name or trace path, please\n");
     return -1;
   }
-  if (mkdtemp(dir) == NULL) {
-    fprintf(stderr, "kvshare-replay: --plot: %s\n", strerror(errno));
-    return -1;
+  if (!script) {
+    if (mkdtemp(dir) == NULL) {
+      fprintf(stderr, "kvshare-replay: --plot: %s\n", strerror(errno));
+      return -1;
+    }
+    snprintf(tmp, sizeof(tmp), "%s/sweep.gp", dir);
+    script = tmp;
   }
-  snprintf(data, sizeof(data), "%s/sweep.dat", dir);
-  snprintf(script, sizeof(script), "%s/sweep.gp", dir);
-  if ((f = fopen(data, "w")) == NULL)
+  if ((f = fopen(script, "w")) == NULL)
     goto io;
-  for (size_t k = 0; k < ncaps; k++) {
-    fprintf(f, "%" PRIu64, caps[k] ? caps[k] : unlimited_tokens);
-    for (size_t p = 0; p < npols; p++)
-      fprintf(f, " %.6f", cells[k * npols + p].hit);
-    fprintf(f, "\n");
-  }
-  if (fclose(f) != 0 || (f = fopen(script, "w")) == NULL)
-    goto io;
-  fprintf(f,
-          "set terminal png size 900,560\n"
-          "set output \"%s\"\n"
-          "set title \"%s\" noenhanced\n"
-          "set logscale x\n"
-          "set xlabel \"capacity (tokens)\"\n"
-          "set ylabel \"token hit rate\"\n"
-          "set key left top noenhanced\n"
-          "set grid\n"
-          "plot ",
-          png, title);
-  for (size_t p = 0; p < npols; p++)
-    fprintf(f, "%s\"%s\" using 1:%zu with linespoints title \"%s\"",
-            p ? ", " : "", data, p + 2, pols[p]);
-  fprintf(f, "\n");
+  plot_script(f, png, title, caps, ncaps, pols, npols, cells,
+              unlimited_tokens, ideal);
   if (fclose(f) != 0)
     goto io;
-  char *argv[] = {"gnuplot", script, NULL};
+  char *argv[] = {"gnuplot", (char *)script, NULL};
   if ((errno = posix_spawnp(&pid, "gnuplot", NULL, NULL, argv, environ)) != 0) {
     fprintf(stderr, "kvshare-replay: --plot needs gnuplot (Debian: "
             "gnuplot-nox): %s\n", strerror(errno));
@@ -183,18 +260,20 @@ static int sweep_plot(const char *png, const char *title, const uint64_t *caps,
   rc = 0;
   goto out;
 io:
-  fprintf(stderr, "kvshare-replay: --plot: %s: %s\n", dir, strerror(errno));
+  fprintf(stderr, "kvshare-replay: --plot: %s: %s\n", script,
+          strerror(errno));
 out:
-  unlink(data);
-  unlink(script);
-  rmdir(dir);
+  if (!script_path) {
+    unlink(tmp);
+    rmdir(dir);
+  }
   return rc;
 }
 
 int replay_sweep(const trace *t, const char *path, const replay_config *base,
                  const replay_plan *plan, const uint64_t *caps, size_t ncaps,
                  const char *const *pols, size_t npols, int json,
-                 const char *plot) {
+                 const char *plot, const char *plot_script_path) {
   cell *cells = calloc(ncaps * npols, sizeof(*cells));
   int rc = 0;
   if (cells == NULL)
@@ -215,8 +294,11 @@ int replay_sweep(const trace *t, const char *path, const replay_config *base,
       sweep_print(plan, caps, ncaps, pols, npols, cells);
   }
   if (rc == 0 && plot != NULL)
-    rc = sweep_plot(plot, path, caps, ncaps, pols, npols, cells,
-                    plan->unlimited_blocks * base->block_size) != 0
+    rc = sweep_plot(plot, plot_script_path, path, caps, ncaps, pols, npols,
+                    cells, plan->unlimited_blocks * base->block_size,
+                    plan->query_tokens ? (double)plan->ideal_hit_tokens /
+                                             (double)plan->query_tokens
+                                       : 0.0) != 0
              ? KVS_EIO
              : 0;
   free(cells);

@@ -244,6 +244,8 @@ int trace_load(const char *path, size_t limit, trace **out, char *err,
   *out = t;
   t = NULL;
 out:
+  if (rc == KVS_ENOMEM)
+    trace_errf(err, err_len, "%s: out of memory", path);
   free(buf);
   trace_free(t);
   if (f != NULL)
