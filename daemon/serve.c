@@ -9,6 +9,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -552,6 +554,84 @@ static void announce_ready(srv *s) {
 /* What can be checked before the pool is allocated (which takes long on a
  * GPU): the socket's folder, the tiers' paths and URL.  (The options' forms,
  * endpoints and the metrics address were checked as they were read.) */
+/* 0 when a TCP socket could be bound at ss now (it is closed again), else
+ * -errno.  Port 0 is always free. */
+static int probe_bind(const struct sockaddr_storage *ss, socklen_t sl) {
+  int fd, one = 1, zero = 0, rc = 0;
+
+  if ((ss->ss_family == AF_INET &&
+       ((const struct sockaddr_in *)ss)->sin_port == 0) ||
+      (ss->ss_family == AF_INET6 &&
+       ((const struct sockaddr_in6 *)ss)->sin6_port == 0))
+    return 0;
+  fd = socket(ss->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return 0; /* (the real bind will say) */
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (ss->ss_family == AF_INET6)
+    setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
+  if (bind(fd, (const struct sockaddr *)ss, sl) < 0)
+    rc = -errno;
+  close(fd);
+  return rc;
+}
+
+/* A tcp:// ZMQ endpoint's address, when it is one getaddrinfo knows ("*"
+ * and numeric or named hosts; not an interface name): 0, else -1. */
+static int zmq_tcp_addr(const char *ep, struct sockaddr_storage *ss,
+                        socklen_t *sl) {
+  char host[256];
+  const char *h = ep + 6, *colon = strrchr(ep, ':');
+  struct addrinfo hints = {0}, *ai = NULL;
+  size_t n;
+
+  if (strncmp(ep, "tcp://", 6) != 0 || colon == NULL || colon < h)
+    return -1;
+  n = (size_t)(colon - h);
+  if (n >= sizeof(host))
+    return -1;
+  memcpy(host, h, n);
+  host[n] = '\0';
+  if (n >= 2 && host[0] == '[' && host[n - 1] == ']') {
+    memmove(host, host + 1, n - 2);
+    host[n - 2] = '\0';
+  }
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV | (strcmp(host, "*") == 0 ? AI_PASSIVE : 0);
+  if (getaddrinfo(strcmp(host, "*") == 0 ? NULL : host, colon + 1, &hints,
+                  &ai) != 0 || ai == NULL)
+    return -1;
+  memcpy(ss, ai->ai_addr, ai->ai_addrlen);
+  *sl = ai->ai_addrlen;
+  freeaddrinfo(ai);
+  return 0;
+}
+
+/* The observers' TCP ports, tried before the pool is made (a busy port
+ * said at once, not after minutes of zeroing a GPU pool).  The real binds
+ * come later and may still fail: this only says early what it can. */
+static int probe_ports(const cfg *c) {
+  const char *eps[2] = {c->kv_events_endpoint, c->kv_events_replay_endpoint};
+  struct sockaddr_storage ss;
+  socklen_t sl;
+  char err[256];
+  int rc;
+
+  if (c->metrics_listen[0] &&
+      cfg_listen_addr(c->metrics_listen, &ss, &sl, err, sizeof(err)) == 0 &&
+      (rc = probe_bind(&ss, sl)) < 0) {
+    log_error(rc, "metrics: cannot serve metrics on %s", c->metrics_listen);
+    return KVS_EINVAL;
+  }
+  for (int i = 0; i < 2; i++)
+    if (eps[i][0] && zmq_tcp_addr(eps[i], &ss, &sl) == 0 &&
+        (rc = probe_bind(&ss, sl)) < 0) {
+      log_error(rc, "kv events: cannot bind %s", eps[i]);
+      return KVS_EINVAL;
+    }
+  return 0;
+}
+
 static int preflight(const cfg *c) {
   char err[512], dir[CFG_SOCKET_MAX], *slash;
   int rc;
@@ -561,6 +641,8 @@ static int preflight(const cfg *c) {
     log_error(0, "%s", err);
     return rc;
   }
+  if ((rc = probe_ports(c)) < 0)
+    return rc;
   if (sd_listen_fds(0) > 0) /* the socket comes from systemd */
     return 0;
   rc = make_parent(c->socket);

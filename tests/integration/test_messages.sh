@@ -98,4 +98,21 @@ touch "$dir/plain"
 early "socket folder is a file" \
   "the socket $dir/plain/kvshared.sock: $dir/plain is not a folder" \
   --socket "$dir/plain/kvshared.sock"
+# Busy TCP ports: tried before the pool too (the real bind comes later).
+/usr/bin/python3 -c 'import socket,time
+s=socket.socket(); s.bind(("127.0.0.1",0)); s.listen()
+print(s.getsockname()[1], flush=True); time.sleep(30)' >"$dir/port" &
+holder=$!
+for _ in $(seq 50); do [ -s "$dir/port" ] && break; sleep 0.1; done
+busy=$(cat "$dir/port")
+early "metrics on a busy port" \
+  "metrics: cannot serve metrics on 127.0.0.1:$busy: Address already in use" \
+  --metrics-listen "127.0.0.1:$busy"
+early "events on a busy port" \
+  "kv events: cannot bind tcp://127.0.0.1:$busy: Address already in use" \
+  --kv-events-endpoint "tcp://127.0.0.1:$busy"
+early "replay on a busy port" \
+  "kv events: cannot bind tcp://127.0.0.1:$busy: Address already in use" \
+  --kv-events-endpoint "ipc://$dir/ev" --kv-events-replay-endpoint "tcp://127.0.0.1:$busy"
+kill "$holder"; wait "$holder" 2>/dev/null
 echo "test_messages: ok"
