@@ -947,23 +947,28 @@ int main(void) {
     batch_label = "";
     kvs_close(ce);
   }
-  {
+  for (int fmt = 0; fmt < 2; fmt++) {
     /* The same steps on a second daemon with /metrics and the KV event
-     * stream on (every sealed and evicted block published), in this run:
-     * their cost is the difference per op. */
+     * stream on (every sealed and evicted block published), in this run,
+     * in each event encoding: their cost is the difference per op. */
+    static const char *const fmts[] = {"map", "array"};
     itest_daemon d2;
     char ep[320];
     const char *o2[] = {"--num-layers", "2", "--head-dim", "16",
                         "--pool-blocks", "16384", "--log-level", "warn",
                         "--metrics-listen", "127.0.0.1:0",
-                        "--kv-events-endpoint", ep, NULL};
+                        "--kv-events-endpoint", ep,
+                        "--kv-events-format", fmts[fmt], NULL};
     kvs_client *c2;
 
     snprintf(ep, sizeof(ep), "ipc://%s/events", d.dir);
     itest_daemon_start(&d2, o2);
     pin(d2.pid, server_cpu);
     c2 = itest_connect(&d2, "bench_rtt_observed");
-    batch_label = ", daemon with --metrics-listen and --kv-events-endpoint";
+    batch_label = fmt == 0 ? ", daemon with --metrics-listen and "
+                             "--kv-events-endpoint (map encoding)"
+                           : ", daemon with --metrics-listen and "
+                             "--kv-events-endpoint (array encoding)";
     bench_batch(c2, raw_small, 1);
     kvs_close(c2);
     itest_daemon_finish(&d2, itest_fd_count(0));

@@ -63,6 +63,16 @@ grep -Eq "metrics:|kv events:" "$dir/log" && fail "metrics or events on by defau
 kill -TERM "$pid"; wait "$pid" || fail "plain daemon exit $?"
 pid=
 
+# The engine mode loads libkvshare into python: a sanitizer build's needs
+# its runtimes preloaded (leak detection off for python itself).
+sanpy=()
+if readelf -d "$build/libkvshare.so.0" 2>/dev/null | grep -q 'NEEDED.*libasan'; then
+  asan=$(${CC:-cc} -print-file-name=libasan.so)
+  ubsan=$(${CC:-cc} -print-file-name=libubsan.so)
+  [ -e "$asan" ] && [ -e "$ubsan" ] || fail "no ASan/UBSan runtime to preload into python"
+  sanpy=(env LD_PRELOAD="$asan $ubsan" ASAN_OPTIONS=detect_leaks=0)
+fi
+
 # observe MODE BLOCK_SIZE OPTION...: observe_check.py MODE against a daemon
 # started with the options.
 observe() {
@@ -75,7 +85,9 @@ observe() {
   url=$(grep -o 'metrics: http://[^ ]*' "$dir/log" | head -1 | cut -d' ' -f2)
   [[ $url == http://127.0.0.1:[1-9]*/metrics ]] || fail "no metrics URL in the log ($url)"
   [ "$mode" = standard ] && bad_http
-  $py "$here/observe_check.py" "$mode" "$build" "$sock" "ipc://$dir/events" \
+  local pre=()
+  [ "$mode" = engine ] && pre=("${sanpy[@]}")
+  "${pre[@]}" $py "$here/observe_check.py" "$mode" "$build" "$sock" "ipc://$dir/events" \
     "ipc://$dir/replay" "$url" "$pid" "$bs" || fail "observe_check.py $mode"
   wait "$pid"; rc=$?
   pid=

@@ -87,13 +87,7 @@ class AAllBlocksCleared(AEvent, tag="AllBlocksCleared"):
     pass
 
 
-class ABlockStored8(AEvent, tag="BlockStored"):
-    block_hashes: list[int]
-    parent_block_hash: Optional[int]
-    token_ids: list[int]
-    block_size: int
-    lora_id: Optional[int]
-    medium: Optional[str]
+class ABlockStored8(ABlockStored7, tag="BlockStored"):
     lora_name: Optional[str]
 
 
