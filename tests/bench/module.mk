@@ -16,4 +16,5 @@ BENCHES += tests/bench/bench_replay.sh
 BENCHES += tests/bench/bench_call_instructions.sh
 BENCHES += tests/bench/bench_python.py
 BENCHES += tests/bench/bench_metrics.py
+BENCHES += tests/bench/bench_events.py
 BENCHES += tests/bench/bench_remote.py
