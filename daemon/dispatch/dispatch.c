@@ -18,11 +18,44 @@
 
 /* ---- the daemon's copies for a session ------------------------------------ */
 
+/* The slot of src in ds->srcs: where it is, or the empty one it would go
+ * in. */
+static uint32_t *src_slot(disp_sess *ds, uint32_t src) {
+  uint32_t m = ds->srcs_cap - 1, i = (src * 0x9e3779b1u) & m;
+
+  while (ds->srcs[i] != KVS_BLOCK_NONE && ds->srcs[i] != src)
+    i = (i + 1) & m;
+  return &ds->srcs[i];
+}
+
+/* Room in ds->srcs for one more (at most half full). */
+static int srcs_room(disp_sess *ds) {
+  uint32_t cap = ds->srcs_cap ? 2 * ds->srcs_cap : 16, *old = ds->srcs;
+  uint32_t ocap = ds->srcs_cap;
+
+  if (2 * (ds->nsrcs + 1) <= ds->srcs_cap)
+    return 0;
+  if ((ds->srcs = malloc(sizeof(uint32_t) * cap)) == NULL) {
+    ds->srcs = old;
+    return KVS_ENOMEM;
+  }
+  memset(ds->srcs, 0xff, sizeof(uint32_t) * cap); /* KVS_BLOCK_NONE */
+  ds->srcs_cap = cap;
+  for (uint32_t i = 0; i < ocap; i++)
+    if (old[i] != KVS_BLOCK_NONE)
+      *src_slot(ds, old[i]) = old[i];
+  free(old);
+  return 0;
+}
+
 /* The ops ask the daemon to copy block src into dst before their reply
- * goes: both are pinned and recorded.  0, or a negative status (nothing
- * pinned: the worker must copy itself). */
+ * goes: dst is pinned, and src once for all the pairs that read it (a
+ * pin count is 8 bits: 256 forks' appends from one block would overflow
+ * it).  0, or a negative status (nothing pinned: the worker must copy
+ * itself). */
 static int copy_pair(disp_sess *ds, uint32_t src, uint32_t dst) {
   core *cr = ds->env->core;
+  uint32_t *slot;
   int rc;
 
   if (ds->env->copy->failed) /* the device is lost: the worker copies */
@@ -36,13 +69,22 @@ static int copy_pair(disp_sess *ds, uint32_t src, uint32_t dst) {
     ds->copy_pairs = p;
     ds->copy_cap = cap;
   }
-  rc = core_pin(cr, src);
-  if (rc < 0)
+  if ((rc = srcs_room(ds)) < 0)
     return rc;
+  slot = src_slot(ds, src);
+  if (*slot == KVS_BLOCK_NONE) {
+    if ((rc = core_pin(cr, src)) < 0)
+      return rc;
+  }
   rc = core_pin(cr, dst);
   if (rc < 0) {
-    core_unpin(cr, src);
+    if (*slot == KVS_BLOCK_NONE)
+      core_unpin(cr, src);
     return rc;
+  }
+  if (*slot == KVS_BLOCK_NONE) {
+    *slot = src;
+    ds->nsrcs++;
   }
   ds->copy_pairs[2 * ds->ncopy] = src;
   ds->copy_pairs[2 * ds->ncopy + 1] = dst;
@@ -51,8 +93,14 @@ static int copy_pair(disp_sess *ds, uint32_t src, uint32_t dst) {
 }
 
 void disp_copies_done(disp_sess *ds) {
-  for (uint32_t i = 0; i < 2 * ds->ncopy; i++)
-    core_unpin(ds->env->core, ds->copy_pairs[i]);
+  for (uint32_t i = 0; i < ds->ncopy; i++)
+    core_unpin(ds->env->core, ds->copy_pairs[2 * i + 1]);
+  for (uint32_t i = 0; ds->nsrcs && i < ds->srcs_cap; i++)
+    if (ds->srcs[i] != KVS_BLOCK_NONE) {
+      core_unpin(ds->env->core, ds->srcs[i]);
+      ds->srcs[i] = KVS_BLOCK_NONE;
+      ds->nsrcs--;
+    }
   ds->ncopy = 0;
 }
 
@@ -292,7 +340,8 @@ static void do_alloc(disp_sess *ds, const kvs_op *op, kvs_op_result *res,
         break;
       }
     /* Asked to, the daemon copies before it replies; when it cannot (out
-     * of memory, a block pinned 255 times) the worker copies as usual. */
+     * of memory, a destination pinned 255 times) the worker copies as
+     * usual. */
     if ((op->flags & KVS_OPF_DAEMON_COPY) &&
         copy_pair(ds, cow.src, cow.dst) == 0)
       res->u.alloc.cow_copied = 1;
@@ -834,4 +883,7 @@ void disp_sess_destroy(disp_sess *ds) {
   free(ds->copy_pairs);
   ds->copy_pairs = NULL;
   ds->ncopy = ds->copy_cap = 0;
+  free(ds->srcs);
+  ds->srcs = NULL;
+  ds->nsrcs = ds->srcs_cap = 0;
 }

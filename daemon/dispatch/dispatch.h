@@ -79,9 +79,13 @@ struct disp_sess {
   reqmap reqs;
   uint64_t tokens_held;     /* sum of the costs in reqs */
   /* The copies the ops run since the last disp_copies_done asked for: (src,
-   * dst) pairs, every block pinned. */
+   * dst) pairs, every dst pinned, and each distinct src pinned once (in
+   * srcs: open addressing, KVS_BLOCK_NONE empty; many forks' appends copy
+   * from one block). */
   uint32_t *copy_pairs;
   uint32_t ncopy, copy_cap;
+  uint32_t *srcs;
+  uint32_t nsrcs, srcs_cap;  /* srcs_cap: 0 or a power of two */
   /* The op holding its answer back, and when it ends, held_cb(ds). */
   disp_held held;
   uint32_t held_code;
