@@ -58,16 +58,36 @@ static int dump_case(const char *dir, FILE *idx, const char *name,
   return 0;
 }
 
-int main(void) {
-  const char *py = getenv("KVS_PYTHON");
-  if (!py)
-    py = "/usr/bin/python3";
+/* The first of the candidates that imports numpy: $KVS_PYTHON alone when
+ * set, else the python3 on PATH (on the GPU machines the one with numpy
+ * and PyTorch), else Debian's.  NULL: none can. */
+static const char *pick_python(void) {
+  static const char *const cands[] = {"python3", "/usr/bin/python3"};
+  const char *env = getenv("KVS_PYTHON");
   char cmd[1024];
-  snprintf(cmd, sizeof cmd, "%s -c 'import numpy' >/dev/null 2>&1", py);
-  if (access(py, X_OK) != 0 || system(cmd) != 0) {
-    printf("skipped: %s cannot import numpy (install python3-numpy)\n", py);
+
+  for (size_t i = 0; i < (env ? 1 : sizeof cands / sizeof *cands); i++) {
+    const char *py = env ? env : cands[i];
+
+    snprintf(cmd, sizeof cmd, "'%s' -c 'import numpy' >/dev/null 2>&1", py);
+    if (system(cmd) == 0)
+      return py;
+  }
+  return NULL;
+}
+
+int main(void) {
+  const char *py = pick_python();
+  if (!py) {
+    printf("skipped: no python3 that imports numpy (%s; install python3-numpy "
+           "or set KVS_PYTHON)\n", getenv("KVS_PYTHON") ? getenv("KVS_PYTHON")
+                                                     : "python3 on PATH, "
+                                                       "/usr/bin/python3");
     return 77;
   }
+  printf("numpy from %s\n", py);
+  fflush(stdout);
+  char cmd[1024];
   const char *src = getenv("KVS_SRCDIR");
   char script[512];
   snprintf(script, sizeof script, "%s/tests/unit/test_gpu_numpy.py",
