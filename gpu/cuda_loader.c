@@ -16,6 +16,7 @@
 
 kvs__cu_table kvs__cu;
 int kvs__cu_vmm;
+int kvs__cu_batch;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static int load_rc = 1; /* 1: not tried yet; then 0 or KVS_ENODEV */
@@ -134,6 +135,16 @@ static int load_locked(void) {
     kvs__cu_vmm = 0;
   KVS_CU_VMM(KVS_CU_VMM_LOAD)
 #undef KVS_CU_VMM_LOAD
+  {
+    const char *e = getenv("KVS_CUDA_COPY_BATCH");
+
+    kvs__cu_batch = !(e && strcmp(e, "0") == 0);
+  }
+#define KVS_CU_BATCH_LOAD(field, sym, args)                                  \
+  if (resolve(h, sym, &kvs__cu.field) < 0)                                   \
+    kvs__cu_batch = 0;
+  KVS_CU_BATCH(KVS_CU_BATCH_LOAD)
+#undef KVS_CU_BATCH_LOAD
   r = kvs__cu.cuInit(0);
   if (r != CUDA_SUCCESS) {
     kvs__cu_describe(reason_buf, sizeof reason_buf, "cuInit failed", r);

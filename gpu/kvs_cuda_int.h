@@ -60,6 +60,12 @@ struct kvs__cu_mem_access {
   int flags; /* CU_MEM_ACCESS_FLAGS_* */
 };
 
+struct kvs__cu_memcpy_attrs {
+  int srcAccessOrder; /* CU_MEMCPY_SRC_ACCESS_ORDER_* */
+  struct kvs__cu_mem_location srcLocHint, dstLocHint;
+  unsigned flags;     /* CU_MEMCPY_FLAG_* */
+};
+
 /* X(our name, cuda.h's name, value) */
 #define KVS_CU_CONSTS(X)                                                     \
   X(CUDA_SUCCESS, CUDA_SUCCESS, 0)                                           \
@@ -97,7 +103,8 @@ struct kvs__cu_mem_access {
     CU_MEM_ALLOC_GRANULARITY_RECOMMENDED, 1)                                 \
   X(CU_STREAM_NON_BLOCKING, CU_STREAM_NON_BLOCKING, 1)                       \
   X(CU_EVENT_DISABLE_TIMING, CU_EVENT_DISABLE_TIMING, 2)                     \
-  X(CU_MEMHOSTREGISTER_PORTABLE, CU_MEMHOSTREGISTER_PORTABLE, 1)
+  X(CU_MEMHOSTREGISTER_PORTABLE, CU_MEMHOSTREGISTER_PORTABLE, 1)           \
+  X(CU_MEMCPY_SRC_ACCESS_ORDER_STREAM, CU_MEMCPY_SRC_ACCESS_ORDER_STREAM, 1)
 
 #ifndef KVS_CUDA_ABI_CHECK
 typedef int CUresult;
@@ -117,6 +124,7 @@ typedef struct kvs__cu_uuid CUuuid;
 typedef struct kvs__cu_mem_location CUmemLocation;
 typedef struct kvs__cu_mem_prop CUmemAllocationProp;
 typedef struct kvs__cu_mem_access CUmemAccessDesc;
+typedef struct kvs__cu_memcpy_attrs CUmemcpyAttributes;
 
 #define KVS_CU_CONST_ENUM(ours, theirs, value) ours = value,
 enum { KVS_CU_CONSTS(KVS_CU_CONST_ENUM) };
@@ -205,10 +213,20 @@ enum { KVS_CU_CONSTS(KVS_CU_CONST_ENUM) };
     (void *p, size_t bytes, unsigned flags))                                 \
   X(cuMemHostUnregister, "cuMemHostUnregister", (void *p))
 
+/* Batched copies (CUDA 12.8; _v2, without the failure index, since 13):
+ * optional, as the VMM entry points are.  The copies of one call run in
+ * no set order: never give it two that depend on each other. */
+#define KVS_CU_BATCH(X)                                                      \
+  X(cuMemcpyBatchAsync, "cuMemcpyBatchAsync_v2",                             \
+    (CUdeviceptr * dsts, CUdeviceptr * srcs, size_t * sizes, size_t count,   \
+     CUmemcpyAttributes * attrs, size_t * attrsIdxs, size_t numAttrs,        \
+     CUstream s))
+
 typedef struct kvs__cu_table {
 #define KVS_CU_FIELD(field, sym, args) CUresult(*field) args;
   KVS_CU_CORE(KVS_CU_FIELD)
   KVS_CU_VMM(KVS_CU_FIELD)
+  KVS_CU_BATCH(KVS_CU_FIELD)
 #undef KVS_CU_FIELD
 } kvs__cu_table;
 
@@ -216,6 +234,8 @@ typedef struct kvs__cu_table {
 extern kvs__cu_table kvs__cu;
 /* 1 when every KVS_CU_VMM entry point resolved too. */
 extern int kvs__cu_vmm;
+/* 1 when KVS_CU_BATCH resolved and $KVS_CUDA_COPY_BATCH is not 0. */
+extern int kvs__cu_batch;
 
 /*
  * Opens the driver once per process (thread-safe), resolves the table and

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/log.h"
 #include "daemon/pool/backend.h"
 #include "gpu/kvs_vmm.h"
 #include "kvs_status.h"
@@ -22,7 +23,15 @@ typedef struct cuda_backend {
   backend b; /* first */
   kvs_vmm_pool vmm;
   CUstream stream; /* the copy engine's */
+  int batch;       /* device <-> host jobs as one cuMemcpyBatchAsync */
 } cuda_backend;
+
+/* A batched job's arrays, kept until the stream has run it. */
+typedef struct batch_args {
+  copy_job *j;
+  CUdeviceptr *dsts, *srcs;
+  size_t *sizes;
+} batch_args;
 
 static void cuda_close(backend *b) {
   cuda_backend *g = (cuda_backend *)b;
@@ -38,6 +47,67 @@ static void cuda_close(backend *b) {
 /* On the driver's callback thread, once the stream has run the job. */
 static void on_stream_done(void *arg) { copy_complete(arg, 0); }
 
+static void on_batch_done(void *arg) {
+  batch_args *a = arg;
+  copy_job *j = a->j;
+
+  free(a);
+  copy_complete(j, 0);
+}
+
+/* A job of device <-> host copies (n > 1, none depending on another: each
+ * block and each host buffer is in it once) as one batched call, the
+ * driver's copy engine splitting it as it likes; CUDA_ERROR_NOT_SUPPORTED
+ * when it cannot be (nothing queued: the caller copies block by block). */
+static CUresult copy_batched(cuda_backend *g, copy_job *j) {
+  uint64_t stride = g->b.layout.block_stride;
+  CUmemcpyAttributes attr;
+  size_t idx0 = 0;
+  batch_args *a;
+  CUresult r;
+
+  if (!g->batch || j->n < 2 || j->kind == COPY_POOL)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  a = malloc(sizeof(*a) + (size_t)j->n * (2 * sizeof(CUdeviceptr) +
+                                          sizeof(size_t)));
+  if (a == NULL)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  a->j = j;
+  a->dsts = (CUdeviceptr *)(a + 1);
+  a->srcs = a->dsts + j->n;
+  a->sizes = (size_t *)(a->srcs + j->n);
+  for (uint32_t i = 0; i < j->n; i++) {
+    CUdeviceptr dev = g->vmm.base + j->blocks[i] * stride;
+    CUdeviceptr host = (CUdeviceptr)(uintptr_t)j->host[i];
+
+    a->dsts[i] = j->kind == COPY_TO_HOST ? host : dev;
+    a->srcs[i] = j->kind == COPY_TO_HOST ? dev : host;
+    a->sizes[i] = stride;
+  }
+  memset(&attr, 0, sizeof(attr));
+  attr.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+  r = kvs__cu.cuMemcpyBatchAsync(a->dsts, a->srcs, a->sizes, j->n, &attr,
+                                 &idx0, 1, g->stream);
+  if (r != CUDA_SUCCESS) {
+    /* Refused before anything was queued (a driver that does not batch
+     * this memory): block by block from now on, said once. */
+    char why[160];
+
+    kvs__cu_describe(why, sizeof(why), "cuMemcpyBatchAsync", r);
+    log_warn(0, "%s: device <-> host copies go block by block from now on",
+             why);
+    g->batch = 0;
+    free(a);
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  r = kvs__cu.cuLaunchHostFunc(g->stream, on_batch_done, a);
+  if (r != CUDA_SUCCESS) {
+    kvs__cu.cuStreamSynchronize(g->stream);
+    free(a);
+  }
+  return r;
+}
+
 static int cuda_copy(backend *b, copy_job *j) {
   cuda_backend *g = (cuda_backend *)b;
   uint64_t stride = b->layout.block_stride;
@@ -45,6 +115,10 @@ static int cuda_copy(backend *b, copy_job *j) {
   CUresult r = CUDA_SUCCESS;
   uint32_t i;
 
+  r = copy_batched(g, j);
+  if (r != CUDA_ERROR_NOT_SUPPORTED)
+    return kvs__cu_status(r);
+  r = CUDA_SUCCESS;
   for (i = 0; i < j->n && r == CUDA_SUCCESS; i++) {
     switch (j->kind) {
     case COPY_POOL:
@@ -189,13 +263,16 @@ int backend_cuda_open(const cfg *c, kvs_layout *l, backend **out, char *err,
   g->b.ex.nfds = g->vmm.nfds;
   g->b.ex.fds = g->vmm.fds;
   g->b.ex.gpu_uuid = g->vmm.uuid;
+  g->batch = kvs__cu_batch;
   snprintf(g->b.desc, sizeof(g->b.desc), "GPU %s (%s, %llu MiB free of %llu "
-           "before the pool): %llu MiB in %u chunk%s of %llu MiB",
+           "before the pool): %llu MiB in %u chunk%s of %llu MiB; device <-> "
+           "host copies %s",
            info.uuid, info.name, (unsigned long long)(info.free_bytes >> 20),
            (unsigned long long)(info.total_bytes >> 20),
            (unsigned long long)(g->vmm.size >> 20), g->vmm.nchunks,
            g->vmm.nchunks == 1 ? "" : "s",
-           (unsigned long long)(g->vmm.chunk_size >> 20));
+           (unsigned long long)(g->vmm.chunk_size >> 20),
+           g->batch ? "batched (cuMemcpyBatchAsync)" : "block by block");
   *out = &g->b;
   return 0;
 fail:

@@ -342,7 +342,7 @@ static void bench_host(void) {
 
 /* 2b: n blocks of `tokens`-token blocks (128 KiB a token) between the
  * cuda pool and pinned host memory, the engine against raw copies. */
-static void gpu_copies(uint32_t n, const char *tokens) {
+static void gpu_copies(uint32_t n, const char *tokens, const char *layers) {
   cfg c;
   kvs_layout l;
   backend *b;
@@ -354,7 +354,7 @@ static void gpu_copies(uint32_t n, const char *tokens) {
   cfg_init(&c);
   cfg_set(&c, "backend", "cuda", err, sizeof err);
   cfg_set(&c, "pool_blocks", "512", err, sizeof err);
-  cfg_set(&c, "num_layers", "32", err, sizeof err);
+  cfg_set(&c, "num_layers", layers, err, sizeof err);
   cfg_set(&c, "num_kv_heads", "8", err, sizeof err);
   cfg_set(&c, "head_dim", "128", err, sizeof err);
   cfg_set(&c, "dtype", "fp16", err, sizeof err);
@@ -385,8 +385,14 @@ static void gpu_copies(uint32_t n, const char *tokens) {
   copy_engine_init(&e, &loop, b);
   printf("device <-> host, %s (%u blocks of %llu KiB, pinned host memory)\n",
          b->desc, n, (unsigned long long)(stride >> 10));
+  CUdeviceptr *bd = malloc(2 * n * sizeof(*bd));
+  size_t *bsz = malloc(n * sizeof(*bsz));
+  if (!bd || !bsz) {
+    fprintf(stderr, "bench_tiers: out of memory\n");
+    exit(1);
+  }
   for (int kind = 0; kind < 2; kind++) {
-    double best_e = 1e9, best_r = 1e9, best_c = 1e9;
+    double best_e = 1e9, best_r = 1e9, best_c = 1e9, best_b = 1e9;
     CUresult r = CUDA_SUCCESS;
     for (int rep = 0; rep < 7; rep++) {
       copy_job j = {.kind = kind ? COPY_FROM_HOST : COPY_TO_HOST,
@@ -413,6 +419,27 @@ static void gpu_copies(uint32_t n, const char *tokens) {
       if (r == CUDA_SUCCESS)
         r = kvs__cu.cuStreamSynchronize(s);
       double tr = now() - t0;
+      if (kvs__cu_batch && r == CUDA_SUCCESS) {
+        /* the driver's batched copy of the same blocks, raw */
+        CUmemcpyAttributes at = {.srcAccessOrder =
+                                     CU_MEMCPY_SRC_ACCESS_ORDER_STREAM};
+        size_t idx0 = 0;
+
+        for (uint32_t i = 0; i < n; i++) {
+          CUdeviceptr d = base + blocks[i] * stride;
+          CUdeviceptr h = (CUdeviceptr)(uintptr_t)ptrs[i];
+
+          bd[i] = kind ? d : h;     /* dsts */
+          bd[n + i] = kind ? h : d; /* srcs */
+          bsz[i] = stride;
+        }
+        t0 = now();
+        r = kvs__cu.cuMemcpyBatchAsync(bd, bd + n, bsz, n, &at, &idx0, 1, s);
+        if (r == CUDA_SUCCESS)
+          r = kvs__cu.cuStreamSynchronize(s);
+        double tb = now() - t0;
+        best_b = tb < best_b ? tb : best_b;
+      }
       t0 = now();
       if (r == CUDA_SUCCESS)
         r = kind ? kvs__cu.cuMemcpyHtoD(base, host, bytes)
@@ -427,11 +454,17 @@ static void gpu_copies(uint32_t n, const char *tokens) {
       best_c = tc < best_c ? tc : best_c;
     }
     printf("  %-14s engine %6.2f GB/s  raw per block %6.2f GB/s (%.2fx)  "
-           "one cuMemcpy %6.2f GB/s (%.2fx)\n",
+           "one cuMemcpy %6.2f GB/s (%.2fx)",
            kind ? "host -> device" : "device -> host", bytes / best_e / 1e9,
            bytes / best_r / 1e9, best_r / best_e, bytes / best_c / 1e9,
            best_c / best_e);
+    if (kvs__cu_batch)
+      printf("  raw batched %6.2f GB/s (%.2fx)", bytes / best_b / 1e9,
+             best_b / best_e);
+    printf("\n");
   }
+  free(bd);
+  free(bsz);
   copy_engine_close(&e);
   uv_run(&loop, UV_RUN_DEFAULT);
   uv_loop_close(&loop);
@@ -449,8 +482,9 @@ static void bench_gpu(void) {
   if (drv && strstr(drv, "standin"))
     printf("(on the stand-in driver %s: the figures below are memcpy on "
            "the CPU and say nothing about a GPU)\n", drv);
-  gpu_copies(256, "1");  /* 128 KiB blocks, 32 MiB */
-  gpu_copies(64, "16");  /* 2 MiB blocks, 128 MiB */
+  gpu_copies(512, "1", "16"); /* 64 KiB blocks, 32 MiB */
+  gpu_copies(256, "1", "32"); /* 128 KiB blocks, 32 MiB */
+  gpu_copies(64, "16", "32"); /* 2 MiB blocks, 128 MiB */
 }
 
 int main(int argc, char **argv) {

@@ -185,15 +185,34 @@ static void finish(kvs_client *c) {
   itest_daemon_finish(&d, -1);
 }
 
-static void host_and_disk(const char *disk) {
+/* How the daemon's device <-> host copies go: batched (one
+ * cuMemcpyBatchAsync a job), block by block (KVS_CUDA_COPY_BATCH=0), or
+ * batched until the driver refuses a batch (the stand-in's memcpy_batch
+ * failure point), then block by block. */
+enum { COPIES_BATCHED, COPIES_BY_BLOCK, COPIES_REFUSED };
+
+static void host_and_disk(const char *disk, int copies) {
   const char *tail[] = {"--host-tier-bytes", "64K", "--disk-tier", disk,
                         "--disk-tier-bytes", "2M", NULL};
   kvs_tier_stats ts[2];
   uint64_t lost;
 
+  if (!real_gpu) {
+    setenv("KVS_STANDIN_REPORT", "1", 1);
+    if (copies == COPIES_REFUSED)
+      setenv("KVS_STANDIN_FAIL", "memcpy_batch", 1);
+  }
+  if (copies == COPIES_BY_BLOCK)
+    setenv("KVS_CUDA_COPY_BATCH", "0", 1);
   start(tail);
+  unsetenv("KVS_STANDIN_REPORT");
+  unsetenv("KVS_STANDIN_FAIL");
+  unsetenv("KVS_CUDA_COPY_BATCH");
   if (!itest_log_says(&d, "MiB, pinned") ||
-      !itest_log_says(&d, "staging buffers pinned")) {
+      !itest_log_says(&d, "staging buffers pinned") ||
+      !itest_log_says(&d, copies == COPIES_BY_BLOCK
+                              ? "device <-> host copies block by block"
+                              : "device <-> host copies batched")) {
     itest_print_log(&d);
     exit(1);
   }
@@ -208,6 +227,18 @@ static void host_and_disk(const char *disk) {
   CHECK(ts[0].promotions > 0 && ts[1].promotions > 0);
   CHECK(ts[0].failures == 0 && ts[1].failures == 0);
   CHECK(ts[1].io_errors == 0 && ts[1].checksum_failures == 0);
+  if (!real_gpu) { /* the stand-in says each batched call it queued */
+    int batched = itest_log_says(&d, "cuda stand-in: a batched copy of");
+    int fell_back = itest_log_says(&d, "go block by block from now on");
+
+    if (batched != (copies == COPIES_BATCHED) ||
+        fell_back != (copies == COPIES_REFUSED)) {
+      itest_print_log(&d);
+      fprintf(stderr, "copies mode %d: batched %d, fell back %d\n", copies,
+              batched, fell_back);
+      exit(1);
+    }
+  }
   finish(c);
 }
 
@@ -288,8 +319,14 @@ int main(void) {
     setenv("KVS_CUDA_DRIVER", driver, 1);
   }
   snprintf(disk, sizeof disk, "%s/gpu-tiers-%d", tmp, (int)getpid());
-  host_and_disk(disk);
+  host_and_disk(disk, COPIES_BATCHED);
   unlink(disk);
+  if (!real_gpu) { /* (the driver's choice on a GPU) */
+    host_and_disk(disk, COPIES_BY_BLOCK);
+    unlink(disk);
+    host_and_disk(disk, COPIES_REFUSED);
+    unlink(disk);
+  }
   disk_alone(disk);
   unlink(disk);
   return 0;

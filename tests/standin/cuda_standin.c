@@ -124,7 +124,7 @@ struct device {
 static const char *const fail_names[FAIL__COUNT] = {
     "init",   "vmm",    "posix_fd", "create",     "export",
     "import", "reserve", "map",     "set_access", "module",
-    "launch", "hostfunc", "copy", "fault"};
+    "launch", "hostfunc", "copy", "fault", "memcpy_batch"};
 
 static unsigned create_serial; /* cuMemCreate calls of this process */
 static int config_done;    /* the environment was read (under lock) */

@@ -695,6 +695,39 @@ CUresult cuMemcpyDtoHAsync(void *dst, CUdeviceptr src, size_t bytes,
   return copy_async(dst, (const void *)(uintptr_t)src, bytes, 0, 1, s);
 }
 
+/* Batched copies (CUDA 13's cuMemcpyBatchAsync): arguments checked as the
+ * driver documents them, then each copy queued as one async copy of its
+ * own, in reverse order: a batch's copies run in no set order, so a caller
+ * that gave two dependent ones sees it here.  A pointer in device memory
+ * is a device operand, anything else host memory. */
+CUresult cuMemcpyBatchAsync(CUdeviceptr *dsts, CUdeviceptr *srcs,
+                            size_t *sizes, size_t count,
+                            CUmemcpyAttributes *attrs, size_t *attrsIdxs,
+                            size_t numAttrs, CUstream h) {
+  CUresult r = CUDA_SUCCESS;
+
+  STANDIN_ENTER();
+  if (standin__fail(FAIL_BATCH))
+    return CUDA_ERROR_INVALID_VALUE;
+  if (!dsts || !srcs || !sizes || count == 0 || !attrs || !attrsIdxs ||
+      numAttrs == 0 || numAttrs > count || attrsIdxs[0] != 0 || h == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  for (size_t k = 0; k < numAttrs; k++)
+    if (attrs[k].srcAccessOrder < 1 || attrs[k].srcAccessOrder > 3 ||
+        (k && attrsIdxs[k] <= attrsIdxs[k - 1]) || attrsIdxs[k] >= count)
+      return CUDA_ERROR_INVALID_VALUE;
+  for (size_t i = count; i-- > 0 && r == CUDA_SUCCESS;) {
+    void *d = (void *)(uintptr_t)dsts[i];
+    const void *sp = (const void *)(uintptr_t)srcs[i];
+
+    r = copy_async(d, sp, sizes[i], standin__dev_range(d, sizes[i], 1),
+                   standin__dev_range(sp, sizes[i], 0), h);
+  }
+  if (r == CUDA_SUCCESS && getenv("KVS_STANDIN_REPORT"))
+    fprintf(stderr, "cuda stand-in: a batched copy of %zu\n", count);
+  return r;
+}
+
 CUresult cuLaunchHostFunc(CUstream h, CUhostFn fn, void *user_data) {
   struct CUctx_st *ctx;
   struct op *op;

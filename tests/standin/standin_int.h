@@ -27,6 +27,7 @@
 #define STANDIN_PROTO(field, sym, args) CUresult field args __asm__(sym);
 KVS_CU_CORE(STANDIN_PROTO)
 KVS_CU_VMM(STANDIN_PROTO)
+KVS_CU_BATCH(STANDIN_PROTO)
 #undef STANDIN_PROTO
 
 /* CUresult values kvs_cuda_int.h does not name (cuda.h's numbers). */
@@ -52,6 +53,7 @@ enum standin_fail {
   FAIL_HOSTFUNC,
   FAIL_COPY,
   FAIL_FAULT,
+  FAIL_BATCH,
   FAIL__COUNT
 };
 

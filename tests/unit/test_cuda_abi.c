@@ -57,6 +57,12 @@ _Static_assert(sizeof(struct kvs__cu_mem_access) == sizeof(CUmemAccessDesc),
                "CUmemAccessDesc");
 SAME_FIELD(kvs__cu_mem_access, CUmemAccessDesc, location)
 SAME_FIELD(kvs__cu_mem_access, CUmemAccessDesc, flags)
+_Static_assert(sizeof(struct kvs__cu_memcpy_attrs) == sizeof(CUmemcpyAttributes),
+               "CUmemcpyAttributes");
+SAME_FIELD(kvs__cu_memcpy_attrs, CUmemcpyAttributes, srcAccessOrder)
+SAME_FIELD(kvs__cu_memcpy_attrs, CUmemcpyAttributes, srcLocHint)
+SAME_FIELD(kvs__cu_memcpy_attrs, CUmemcpyAttributes, dstLocHint)
+SAME_FIELD(kvs__cu_memcpy_attrs, CUmemcpyAttributes, flags)
 
 /* Prototypes: our parameter lists, read with cuda.h's types, against the
  * function cuda.h declares under the API name. */
@@ -66,6 +72,7 @@ SAME_FIELD(kvs__cu_mem_access, CUmemAccessDesc, flags)
       #field "'s prototype differs from cuda.h's");
 KVS_CU_CORE(CHECK_PROTO)
 KVS_CU_VMM(CHECK_PROTO)
+KVS_CU_BATCH(CHECK_PROTO)
 
 /* Symbol names: the API name as cuda.h spells it after its macros. */
 #define STR(x) #x
@@ -74,7 +81,7 @@ static const struct {
   const char *api, *cuda_h, *ours;
 } names[] = {
 #define NAME_ROW(field, sym, args) {#field, XSTR(field), sym},
-    KVS_CU_CORE(NAME_ROW) KVS_CU_VMM(NAME_ROW)
+    KVS_CU_CORE(NAME_ROW) KVS_CU_VMM(NAME_ROW) KVS_CU_BATCH(NAME_ROW)
 #undef NAME_ROW
 };
 
