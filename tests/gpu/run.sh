@@ -11,7 +11,8 @@
 #      the host and disk tiers under the cuda pool (test_gpu_tiers)
 #   3. make demo's workload on the GPU pool (tests/demo.sh, backend auto)
 #   4. the benchmarks: the pool (bench_gpu_pool), GPU decode attention
-#      (bench_attention_gpu), the CPU attention body (bench_attention), and
+#      (bench_attention_gpu, and against PyTorch's SDPA:
+#      bench_attention_sdpa.py), the CPU attention body (bench_attention), and
 #      device <-> pinned host copies against raw cuMemcpy (bench_tiers gpu)
 set -u
 cd "$(dirname "$0")/../.."
@@ -48,6 +49,8 @@ nvidia-smi --query-gpu=memory.used --format=csv
 step "4. benchmarks"
 check "$b/tests/bench/bench_gpu_pool"
 check "$b/tests/bench/bench_attention_gpu" 20
+# against PyTorch's SDPA on contiguous K/V (the python3 with torch)
+check python3 tests/bench/bench_attention_sdpa.py
 check "$b/tests/bench/bench_attention"
 check "$b/tests/bench/bench_tiers" gpu
 echo
