@@ -13,6 +13,7 @@
 #include "daemon/core/core.h"
 #include "kvs_frame.h"
 #include "kvs_status.h"
+#include "kvs_utf8.h"
 
 enum cfg_type {
   T_U32,  /* a decimal integer (a leading 0 is not octal, 0x is refused) */
@@ -404,40 +405,10 @@ static int parse_ull(const char *s, unsigned long long *v, int sized) {
   return 0;
 }
 
-/* Is s UTF-8 (RFC 3629: shortest forms, no surrogates, up to U+10FFFF)
- * without control characters (C0, DEL, C1)?  What lands in /metrics
- * labels, events and logs must be. */
+/* Is s UTF-8 text (kvs_utf8.h)?  What lands in /metrics labels, events
+ * and logs must be. */
 static int utf8_text(const char *s) {
-  const unsigned char *p = (const unsigned char *)s;
-
-  while (*p) {
-    unsigned c = *p, n, cp;
-
-    if (c < 0x80) {
-      if (c < 0x20 || c == 0x7f)
-        return 0;
-      p++;
-      continue;
-    }
-    if (c >= 0xc2 && c <= 0xdf)
-      n = 1, cp = c & 0x1f;
-    else if (c >= 0xe0 && c <= 0xef)
-      n = 2, cp = c & 0x0f;
-    else if (c >= 0xf0 && c <= 0xf4)
-      n = 3, cp = c & 0x07;
-    else
-      return 0;
-    for (unsigned k = 1; k <= n; k++) {
-      if ((p[k] & 0xc0) != 0x80)
-        return 0;
-      cp = cp << 6 | (p[k] & 0x3f);
-    }
-    if ((n == 2 && cp < 0x800) || (n == 3 && (cp < 0x10000 || cp > 0x10ffff)) ||
-        (cp >= 0xd800 && cp <= 0xdfff) || (cp >= 0x80 && cp <= 0x9f))
-      return 0;
-    p += n + 1;
-  }
-  return 1;
+  return kvs_utf8_valid((const uint8_t *)s, strlen(s), 1);
 }
 
 static int choice_index(const char *choices, const char *v) {

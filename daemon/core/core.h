@@ -461,8 +461,8 @@ void core_get_stats(const core *c, core_stats *st);
  * An observer is told of every hash that enters the prefix index (a block
  * sealed, or brought up from a tier) and of every one that leaves it (its
  * block evicted), in order, as the operation that does it runs: the
- * daemon's KV event stream (daemon/observe/events.c).  The callbacks must not call
- * the core.
+ * daemon's KV event stream (daemon/observe/events.c).  The callbacks must not
+ * change the core (its const queries are fine).
  *   stored   h, the hash of the block before it in its chain (parent; NULL
  *            for a chain's first block) and its block_size token ids (NULL
  *            when unknown: a block brought up from a tier with neither
@@ -521,6 +521,9 @@ enum { CORE_TIER_REMOTE = CORE_TIERS };
 /* A remote write of h was acknowledged: the observers hear of it (tier
  * CORE_TIER_REMOTE, present 1). */
 void core_remote_stored(core *c, kvs_hash128 h);
+
+/* 1 when a tier below the pool (host, disk) holds a readable copy of h. */
+int core_tier_holds(const core *c, kvs_hash128 h);
 
 /* fn for every readable copy in the tiers below the pool (host, disk; not
  * swapped requests' own), as an observer added late would have heard of

@@ -80,6 +80,13 @@ void core_remote_stored(core *c, kvs_hash128 h) {
     obs_tier(c, h, CORE_TIER_REMOTE, 1);
 }
 
+int core_tier_holds(const core *c, kvs_hash128 h) {
+  uint32_t e = tierbook_find(c, h);
+
+  return e != NONE && (c->tents[e].valid[CORE_TIER_HOST] ||
+                       c->tents[e].valid[CORE_TIER_DISK]);
+}
+
 void core_tier_each(const core *c, void (*fn)(void *arg, kvs_hash128 h, int t),
                     void *arg) {
   for (uint32_t e = 0; e < c->ntents; e++)

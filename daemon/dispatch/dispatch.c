@@ -11,6 +11,7 @@
 #include "daemon/dispatch/dispatch.h"
 #include "daemon/log.h"
 #include "kvs_status.h"
+#include "kvs_utf8.h"
 
 #define SALT_MAX 256
 
@@ -371,9 +372,9 @@ static int commit_keys(disp_sess *ds, const kvs_op *op, kvs_op_result *res,
         (unsigned long long)op->start + n, done);
     return -1;
   }
-  if (k->nextra && !k->nblocks) {
-    ERR(KVS_EINVAL, "commit of request %llu: extra keys without engine "
-        "hashes", id);
+  if ((k->nextra || k->lora_name) && !k->nblocks) {
+    ERR(KVS_EINVAL, "commit of request %llu: extra keys or a LoRA name "
+        "without engine hashes", id);
     return -1;
   }
   for (uint32_t i = 0; k->hash_bytes && i < k->nblocks; i++)
@@ -391,6 +392,12 @@ static int commit_keys(disp_sess *ds, const kvs_op *op, kvs_op_result *res,
   if (k->lora_name && strlen(k->lora_name) > LORA_NAME_MAX) {
     ERR(KVS_EINVAL, "commit of request %llu: a LoRA name of %zu bytes (at "
         "most %u)", id, strlen(k->lora_name), LORA_NAME_MAX);
+    return -1;
+  }
+  if (k->lora_name && !kvs_utf8_valid((const uint8_t *)k->lora_name,
+                                      strlen(k->lora_name), 1)) {
+    ERR(KVS_EINVAL, "commit of request %llu: the LoRA name is not UTF-8 "
+        "text", id);
     return -1;
   }
   if (ds->env->keys_begin &&

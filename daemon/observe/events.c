@@ -36,6 +36,7 @@
 
 #include "daemon/observe/events.h"
 #include "daemon/log.h"
+#include "kvs_utf8.h"
 
 #define EV_RUN_MAX 4096            /* blocks in one event */
 #define EV_BATCH_FLUSH (4u << 20)  /* a batch this big goes at once */
@@ -57,6 +58,7 @@
                                       connects is dropped */
 
 #define EV_LORAS_MAX 4096          /* LoRA names kept */
+#define EV_X_DEPTH 32              /* nesting of an extra keys object */
 
 enum { RUN_NONE = 0, RUN_STORED, RUN_REMOVED };
 enum { EV_FORMAT_MAP = 0, EV_FORMAT_ARRAY = 1 };
@@ -113,6 +115,7 @@ typedef struct ev_kept {
 
 struct events {
   uv_loop_t *loop;
+  const core *core;        /* (queried, never changed, from its callbacks) */
   void *zctx, *pub, *router;
   uv_poll_t rpoll, ppoll;
   char pub_ep[300];        /* as bound (ZMQ_LAST_ENDPOINT) */
@@ -314,6 +317,77 @@ static int lora_id(events *e, const char *name) {
   return (int)++e->nloras;
 }
 
+/* The end of the msgpack object at p (before end), or NULL when it is not
+ * one that every subscriber can decode: nesting over EV_X_DEPTH, a count
+ * over the bytes left, a string that is not UTF-8, a map key that is not a
+ * string, an extension type, a reserved byte.  Allocates nothing. */
+static const uint8_t *mp_object(const uint8_t *p, const uint8_t *end,
+                                int depth, int key) {
+  uint64_t n = 0, items = 0;
+  size_t hdr = 1;
+  int str = 0, bin = 0;
+  uint8_t c;
+
+  if (p >= end || depth > EV_X_DEPTH)
+    return NULL;
+  c = *p;
+#define BE(k) (end - p > (k) ? 0 : 1)
+#define GET(k, v)                                                            \
+  do {                                                                       \
+    if (BE(k))                                                               \
+      return NULL;                                                           \
+    v = 0;                                                                   \
+    for (int i_ = 1; i_ <= (k); i_++)                                        \
+      v = v << 8 | p[i_];                                                    \
+    hdr = 1 + (k);                                                           \
+  } while (0)
+  if (key && !((c >= 0xa0 && c <= 0xbf) || c == 0xd9 || c == 0xda ||
+               c == 0xdb))
+    return NULL; /* (map keys are strings) */
+  if (c <= 0x7f || c >= 0xe0 || c == 0xc0 || c == 0xc2 || c == 0xc3)
+    return p + 1;
+  if (c >= 0xa0 && c <= 0xbf)
+    n = c & 0x1f, str = 1;
+  else if (c >= 0x90 && c <= 0x9f)
+    items = c & 0x0f;
+  else if (c >= 0x80 && c <= 0x8f)
+    items = 2u * (c & 0x0f);
+  else
+    switch (c) {
+    case 0xcc: case 0xd0: return BE(1) ? NULL : p + 2;
+    case 0xcd: case 0xd1: return BE(2) ? NULL : p + 3;
+    case 0xca: case 0xce: case 0xd2: return BE(4) ? NULL : p + 5;
+    case 0xcb: case 0xcf: case 0xd3: return BE(8) ? NULL : p + 9;
+    case 0xd9: GET(1, n); str = 1; break;
+    case 0xda: GET(2, n); str = 1; break;
+    case 0xdb: GET(4, n); str = 1; break;
+    case 0xc4: GET(1, n); bin = 1; break;
+    case 0xc5: GET(2, n); bin = 1; break;
+    case 0xc6: GET(4, n); bin = 1; break;
+    case 0xdc: GET(2, items); break;
+    case 0xdd: GET(4, items); break;
+    case 0xde: GET(2, items); items *= 2; break;
+    case 0xdf: GET(4, items); items *= 2; break;
+    default: return NULL; /* ext types, 0xc1 */
+    }
+#undef GET
+#undef BE
+  p += hdr;
+  if (str || bin) {
+    if (n > (uint64_t)(end - p))
+      return NULL;
+    if (str && !kvs_utf8_valid(p, (size_t)n, 0))
+      return NULL;
+    return p + n;
+  }
+  if (items > (uint64_t)(end - p)) /* each item takes a byte at least */
+    return NULL;
+  int map = c == 0xde || c == 0xdf || (c >= 0x80 && c <= 0x8f);
+  for (uint64_t i = 0; i < items && p; i++)
+    p = mp_object(p, end, depth + 1, map && i % 2 == 0);
+  return p;
+}
+
 int events_keys_begin(events *e, const kvs_op *op, uint32_t first, char *err,
                       size_t len) {
   const kvs_op_keys *k = op->keys;
@@ -322,24 +396,20 @@ int events_keys_begin(events *e, const kvs_op *op, uint32_t first, char *err,
   if (e == NULL || k == NULL)
     return 0;
   for (uint32_t i = 0; i < k->nextra; i++) {
-    size_t off = 0;
-    msgpack_unpacked u;
-    msgpack_unpack_return rc;
+    const uint8_t *x = k->extra[i].data, *xend = x + k->extra[i].len;
 
-    if (k->extra[i].len == 0)
-      continue;
-    msgpack_unpacked_init(&u);
-    rc = msgpack_unpack_next(&u, (const char *)k->extra[i].data,
-                             k->extra[i].len, &off);
-    msgpack_unpacked_destroy(&u);
-    if (rc != MSGPACK_UNPACK_SUCCESS || off != k->extra[i].len) {
-      snprintf(err, len, "extra keys %u are not one msgpack object", i);
+    if (k->extra[i].len && mp_object(x, xend, 0, 0) != xend) {
+      snprintf(err, len, "extra keys %u are not one msgpack object that "
+               "every subscriber decodes (UTF-8 strings, string map keys, "
+               "no extension types, nesting %d at most)", i, EV_X_DEPTH);
       return -1;
     }
   }
+  /* The LoRA name table is full: the blocks go out with no name (counted),
+   * the commit is not refused for the events' sake. */
   if ((lora = lora_id(e, k->lora_name)) < 0) {
-    snprintf(err, len, "more than %u LoRA names", EV_LORAS_MAX);
-    return -1;
+    e->st.lora_failures++;
+    lora = 0;
   }
   e->keys = k;
   e->keys_first = first;
@@ -678,6 +748,12 @@ static void on_sealed(void *arg, kvs_hash128 h, uint32_t b, uint32_t pos) {
   (void)b;
   if (k == NULL || pos < e->keys_first || (i = pos - e->keys_first) >= k->nblocks)
     return;
+  /* A block whose copies below went out under the daemon's hash keeps it:
+   * their removals must name what their stores named. */
+  if (emap_find(e, h.lo) == NULL && core_tier_holds(e->core, h)) {
+    e->st.key_failures++;
+    return;
+  }
   if ((m = emap_put(e, h.lo)) == NULL) {
     e->st.key_failures++;
     return;
@@ -1017,6 +1093,7 @@ int events_open(uv_loop_t *loop, const cfg *c, core *cr, const char *medium,
   }
   e->loop = loop;
   e->cap = c->kv_events_buffer;
+  e->core = cr;
   e->mediums[EV_POOL] = medium;
   /* (under a host pool, whose medium is CPU, the host tier's is told
    * apart) */

@@ -49,8 +49,11 @@ typedef struct events_stats {
   uint64_t refused_subscriptions; /* that could never match: ignored */
   uint64_t subscriber_drops; /* connections dropped for too many of them */
   uint64_t tier_blocks;   /* of stored + removed: copies below the pool */
-  uint64_t key_failures;  /* engine keys not kept (out of memory): those
-                             blocks go out with the daemon's hashes */
+  uint64_t key_failures;  /* engine keys not used (out of memory, or the
+                             block had copies below published under the
+                             daemon's hash): those blocks keep it */
+  uint64_t lora_failures; /* LoRA names not kept (the table of
+                             EV_LORAS_MAX is full): published as nil */
   uint32_t kept;          /* batches kept for replay */
   uint64_t kept_bytes;
 } events_stats;
@@ -73,8 +76,8 @@ void events_get_stats(const events *e, events_stats *st);
  * about to seal its blocks; first: the block-table index of the first block
  * it completes.  The blocks it seals are published with the engine's keys
  * (and LoRA name, extra keys), as are their later moves and removals.
- * -1 with a reason in err: keys the events cannot carry (extra keys that
- * are not one msgpack object; too many LoRA names).  events_keys_end after
+ * -1 with a reason in err: extra keys that are not one msgpack object
+ * every subscriber decodes.  events_keys_end after
  * the commit.  e NULL: 0, nothing kept.
  */
 int events_keys_begin(events *e, const kvs_op *op, uint32_t first, char *err,

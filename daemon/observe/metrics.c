@@ -537,8 +537,12 @@ static void render(FILE *f, const msnap *sn) {
         "Of the blocks in published KV events, copies in the tiers below "
         "the pool (medium CPU, DISK, REMOTE).", sn->d.ev.tier_blocks);
     one(f, "kvshare_kv_event_key_failures_total", "counter",
-        "Engine block keys not kept for lack of memory (those blocks go out "
-        "under the daemon's hashes).", sn->d.ev.key_failures);
+        "Engine block keys not used (no memory, or the block's copies below "
+        "went out under the daemon's hash, which it keeps).",
+        sn->d.ev.key_failures);
+    one(f, "kvshare_kv_event_lora_failures_total", "counter",
+        "LoRA names not kept (4096 known already): published as nil.",
+        sn->d.ev.lora_failures);
   }
   if (sn->d.remote_on) {
     const tier_remote_stats *r = &sn->d.rs;

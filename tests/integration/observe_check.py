@@ -561,6 +561,64 @@ if mode == "engine":
     print("observe_check engine: all checks passed")
     sys.exit(0)
 
+if mode == "mixed":
+    # Half the commits carry engine keys, half do not, over shared prefixes
+    # that move through the host and disk tiers: every medium's stores and
+    # removals must still pair up (Index.apply), whichever name a block
+    # first went out under.  And keys no subscriber could decode are
+    # refused.
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                    "..", "..", "client", "python"))
+    import kvshare
+
+    rng = random.Random(9)
+    sub = subscribe()
+    live = Index()
+    c = kvshare.Client(sock)
+    c.set_promote(False)
+    systems = [[rng.randrange(1, 50000) for _ in range(BS * 2)] for _ in range(4)]
+    prompts = [rng.choice(systems) + [rng.randrange(1, 50000)
+                                      for _ in range(BS * rng.randrange(1, 4))]
+               for _ in range(40)]  # each seen again, keyed or not, after
+    keyed = 0                       # its blocks went down a tier
+    for rid in range(1, 301):
+        p = rng.choice(prompts)
+        r = c.lookup(rid, p)
+        c.allocate(rid, len(p) - r.hit_tokens)
+        done = len(p) // BS - r.hit_tokens // BS
+        kw = {}
+        if rng.random() < 0.5 and done:
+            kw = dict(engine_hashes=[rng.randrange(1, 2**64) for _ in range(done)])
+            keyed += 1
+        c.commit(rid, r.hit_tokens, p[r.hit_tokens:], **kw)
+        c.free(rid)
+    for bad in (b"\xa2\xff\xfe", b"\x81\xc0\xc0", b"\xd4\x01\x00", b"\xdd\xff\xff\xff\xff"):
+        p = [rng.randrange(1, 50000) for _ in range(BS + 1)]
+        r = c.lookup(999, p)
+        c.allocate(999, len(p) - r.hit_tokens)
+        try:
+            c.commit(999, 0, p, engine_hashes=[7], extra_keys=[bad])
+            fail(f"extra keys {bad!r} accepted")
+        except kvshare.KvsError as e:
+            check(e.name == "EINVAL" and "every subscriber decodes" in e.message,
+                  f"refusal of {bad!r}: {e.name} {e.message}")
+        c.free(999)
+    time.sleep(0.3)
+    fams = scrape()
+    catch_up(sub, live, int(value(fams, "kvshare_kv_event_batches", suffix="_total")))
+    check_index(live, fams)
+    unused = int(value(fams, "kvshare_kv_event_key_failures", suffix="_total"))
+    check(live.tier_removed > 0 and keyed > 50 and unused > 0,
+          f"{live.tier_removed} tier removals, {keyed} keyed commits, {unused} keys "
+          "of blocks with copies below: the test proves less")
+    c.close()
+    print(f"mixed: {keyed} of 300 commits keyed; {live.tier_stored} tier stores, "
+          f"{live.tier_removed} tier removals, all paired; "
+          f"{unused} keys not used (copies below under the daemon's hash)")
+    stop_daemon(sub, live)
+    print("observe_check mixed: all checks passed")
+    sys.exit(0)
+
 check(mode == "standard", f"unknown mode {mode}")
 
 # ---- a workload with shared prefixes and evictions ---------------------------

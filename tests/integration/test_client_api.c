@@ -160,6 +160,10 @@ int main(void) {
           KVS_EINVAL);
     CHECK(kvs_commit_keys(c, 3, 0, NULL, 40, NULL, 0, &no_len, NULL) ==
           KVS_EINVAL);
+    kvs_block_keys bad_lora = {2, eh, NULL, 0, "\xff\xfe adapter", NULL, NULL};
+    CHECK(kvs_commit_keys(c, 3, 0, NULL, 40, NULL, 0, &bad_lora, NULL) ==
+          KVS_EINVAL);
+    CHECK(strstr(kvs_last_message(c), "not UTF-8 text") != NULL);
     CHECK(kvs_batch_commit_keys(b, 3, 0, NULL, 40, NULL, 0, &both) == KVS_EINVAL);
     CHECK(kvs_batch_count(b) == 0);
     /* 40 tokens of 16 complete 2 blocks, not 3 */

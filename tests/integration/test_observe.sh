@@ -86,7 +86,7 @@ observe() {
   [[ $url == http://127.0.0.1:[1-9]*/metrics ]] || fail "no metrics URL in the log ($url)"
   [ "$mode" = standard ] && bad_http
   local pre=()
-  [ "$mode" = engine ] && pre=("${sanpy[@]}")
+  [ "$mode" = engine ] || [ "$mode" = mixed ] && pre=("${sanpy[@]}")
   "${pre[@]}" $py "$here/observe_check.py" "$mode" "$build" "$sock" "ipc://$dir/events" \
     "ipc://$dir/replay" "$url" "$pid" "$bs" || fail "observe_check.py $mode"
   wait "$pid"; rc=$?
@@ -123,6 +123,8 @@ KVS_EVENTS_DUMP=$dir/map.dump KVS_WANT_REMOTE=${#remote[@]} observe engine 4 \
   --pool-blocks 48 --host-tier-bytes 64K --disk-tier "$dir/disk" \
   --disk-tier-bytes 256K "${remote[@]}"
 [ -n "${redis:-}" ] && kill "$redis"
+observe mixed 4 --pool-blocks 48 --host-tier-bytes 64K --disk-tier "$dir/disk2" \
+  --disk-tier-bytes 256K
 
 # The dumps through msgspec structs shaped as vLLM's (KVS_VLLM_PY: a
 # python3 with msgspec; without one this part is skipped, visibly).
