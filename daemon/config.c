@@ -3,6 +3,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <limits.h>
+#include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <stdarg.h>
@@ -274,7 +275,9 @@ static const cfg_option options[] = {
      "ENDPOINT", "Observability",
      "Publish the prefix index's changes (BlockStored, BlockRemoved, "
      "AllBlocksCleared; msgpack, as vLLM's KV events) on a ZMQ PUB socket "
-     "bound here: tcp://HOST:PORT, tcp://*:PORT, ipc://PATH (or "
+     "bound here: tcp://ADDRESS:PORT (a numeric address or an interface "
+     "name, not a host name: libzmq binds no names), tcp://*:PORT, "
+     "ipc://PATH (or "
      "inproc://NAME), as tcp://*:5557 or ipc:///run/kvshare/events (its "
      "form is checked when the options are read).  For KV-aware "
      "routers.  Bounds per peer: messages of 256 bytes at most (longer: "
@@ -530,9 +533,10 @@ int cfg_listen_addr(const char *spec, struct sockaddr_storage *ss,
   return 0;
 }
 
-/* Is v a ZMQ endpoint to bind: tcp://HOST:PORT (HOST a name, an address,
- * [IPV6], an interface or *; PORT a number or *), ipc://PATH or
- * inproc://NAME? */
+/* Is v a ZMQ endpoint to bind: tcp://ADDRESS:PORT (ADDRESS numeric,
+ * [IPV6], an interface of this machine or *; PORT a number or *),
+ * ipc://PATH or inproc://NAME?  1 yes, 0 no, -1 tcp:// with a host name
+ * (libzmq binds none). */
 static int zmq_endpoint(const char *v) {
   if (strncmp(v, "tcp://", 6) == 0) {
     const char *hp = v + 6, *colon = strrchr(hp, ':');
@@ -543,7 +547,29 @@ static int zmq_endpoint(const char *v) {
     if (hp[0] == '[' ? colon[-1] != ']'
                      : memchr(hp, ':', (size_t)(colon - hp)) != NULL)
       return 0; /* an IPv6 address wants its brackets */
-    return strcmp(colon + 1, "*") == 0 || parse_port(colon + 1, &port) == 0;
+    if (strcmp(colon + 1, "*") != 0 && parse_port(colon + 1, &port) != 0)
+      return 0;
+    {
+      /* libzmq binds to *, a numeric address or an interface: not a name */
+      char host[256];
+      size_t n = (size_t)(colon - hp);
+      struct addrinfo hints, *ai = NULL;
+
+      if (hp[0] == '[')
+        hp++, n -= 2;
+      if (n >= sizeof(host))
+        return 0;
+      memcpy(host, hp, n);
+      host[n] = '\0';
+      if (strcmp(host, "*") == 0 || if_nametoindex(host) != 0)
+        return 1;
+      memset(&hints, 0, sizeof(hints));
+      hints.ai_flags = AI_NUMERICHOST;
+      if (getaddrinfo(host, NULL, &hints, &ai) != 0)
+        return -1;
+      freeaddrinfo(ai);
+    }
+    return 1;
   }
   if (strncmp(v, "ipc://", 6) == 0)
     return v[6] != '\0';
@@ -628,9 +654,14 @@ static int set_option(cfg *c, const cfg_option *o, const char *as,
   case T_LISTEN:
   case T_ZMQ:
   case T_STR:
+    if (o->type == T_ZMQ && v[0] && zmq_endpoint(v) < 0)
+      return fail(err, err_len, "%s: '%s': libzmq binds to *, a numeric "
+                  "address or a network interface, not a host name "
+                  "(tcp://*:PORT, tcp://127.0.0.1:PORT, tcp://eth0:PORT)", as,
+                  v);
     if (o->type == T_ZMQ && v[0] && !zmq_endpoint(v))
       return fail(err, err_len, "%s: '%s' is not a ZMQ endpoint (tcp://*:%s, "
-                  "tcp://HOST:PORT, ipc://PATH or inproc://NAME)", as, v,
+                  "tcp://ADDRESS:PORT, ipc://PATH or inproc://NAME)", as, v,
                   v[strspn(v, "0123456789")] || !v[0] ? "5557" : v);
     if (o->type == T_LISTEN && v[0]) {
       struct sockaddr_storage ss;

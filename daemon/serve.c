@@ -94,8 +94,13 @@ static int check_stale(const char *path) {
   struct stat st;
   int fd, rc;
 
-  if (lstat(path, &st) < 0)
-    return errno == ENOENT ? 0 : -errno;
+  if (lstat(path, &st) < 0) {
+    if (errno == ENOENT)
+      return 0;
+    rc = -errno;
+    log_error(rc, "the socket %s", path);
+    return rc;
+  }
   if (!S_ISSOCK(st.st_mode)) {
     log_error(0, "%s exists and is not a socket", path);
     return KVS_EEXIST;
@@ -645,6 +650,27 @@ static int preflight(const cfg *c) {
     return rc;
   if (sd_listen_fds(0) > 0) /* the socket comes from systemd */
     return 0;
+  if (c->socket_dir[0] && !c->socket[0]) {
+    /* (the socket's name comes with the pool: its folder now) */
+    struct stat st;
+    char probe[CFG_SOCKET_MAX + 2];
+
+    snprintf(probe, sizeof(probe), "%s/x", c->socket_dir);
+    if ((rc = make_parent(probe)) < 0 && rc != -ENOTDIR) {
+      log_error(rc, "socket_dir %s", c->socket_dir);
+      return rc;
+    }
+    if (stat(c->socket_dir, &st) < 0 || !S_ISDIR(st.st_mode)) {
+      log_error(0, "socket_dir %s: not a folder", c->socket_dir);
+      return KVS_EINVAL;
+    }
+    if (access(c->socket_dir, W_OK | X_OK) < 0) {
+      rc = -errno;
+      log_error(rc, "socket_dir %s", c->socket_dir);
+      return rc;
+    }
+    return 0;
+  }
   rc = make_parent(c->socket);
   if (rc < 0) {
     log_error(rc, "creating the folder of %s", c->socket);

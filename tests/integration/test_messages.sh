@@ -45,10 +45,12 @@ printf '# a comment\npool_blocks = 10X\n' >"$dir/a.conf"
 says "$dir/a.conf:2: pool_blocks: '10X' is not a decimal number" --config "$dir/a.conf"
 
 # Endpoints: checked as they are read, with what is expected.
-says "--kv-events-endpoint: '5557' is not a ZMQ endpoint (tcp://*:5557, tcp://HOST:PORT, ipc://PATH or inproc://NAME)" \
+says "--kv-events-endpoint: '5557' is not a ZMQ endpoint (tcp://*:5557, tcp://ADDRESS:PORT, ipc://PATH or inproc://NAME)" \
   --kv-events-endpoint 5557
-says "--kv-events-replay-endpoint: 'tcp://localhost' is not a ZMQ endpoint (tcp://*:5557, tcp://HOST:PORT, ipc://PATH or inproc://NAME)" \
+says "--kv-events-replay-endpoint: 'tcp://localhost' is not a ZMQ endpoint (tcp://*:5557, tcp://ADDRESS:PORT, ipc://PATH or inproc://NAME)" \
   --kv-events-replay-endpoint tcp://localhost
+says "--kv-events-endpoint: 'tcp://localhost:5557': libzmq binds to *, a numeric address or a network interface, not a host name (tcp://*:PORT, tcp://127.0.0.1:PORT, tcp://eth0:PORT)" \
+  --kv-events-endpoint tcp://localhost:5557
 says "--metrics-listen: 'localhost' is not HOST:PORT (localhost:9400, 10.0.0.5:9400, [::1]:9400 or *:9400)" \
   --metrics-listen localhost
 out=$("$daemon" --socket "$sock" --metrics-listen nosuch.invalid:9400 2>&1)
@@ -98,6 +100,12 @@ touch "$dir/plain"
 early "socket folder is a file" \
   "the socket $dir/plain/kvshared.sock: $dir/plain is not a folder" \
   --socket "$dir/plain/kvshared.sock"
+# (socket_dir names the socket with the pool: its folder is checked before)
+"$daemon" --socket-dir "$dir/plain" --pool-blocks 1000000 >"$dir/log" 2>&1 &&
+  fail "socket_dir is a file: started"
+grep -qF "socket_dir $dir/plain: not a folder" "$dir/log" ||
+  fail "socket_dir is a file: no message"
+grep -q "pool:" "$dir/log" && fail "socket_dir is a file: the pool was allocated first"
 # Busy TCP ports: tried before the pool too (the real bind comes later).
 /usr/bin/python3 -c 'import socket,time
 s=socket.socket(); s.bind(("127.0.0.1",0)); s.listen()

@@ -321,7 +321,7 @@ static void test_endpoints(void **state) {
   assert_int_equal(cfg_set(&c, "kv-events-endpoint", "5557", err,
                            sizeof(err)), KVS_EINVAL);
   assert_string_equal(err, "kv-events-endpoint: '5557' is not a ZMQ endpoint "
-                           "(tcp://*:5557, tcp://HOST:PORT, ipc://PATH or "
+                           "(tcp://*:5557, tcp://ADDRESS:PORT, ipc://PATH or "
                            "inproc://NAME)");
   for (size_t i = 0; i < sizeof(good_listen) / sizeof(good_listen[0]); i++)
     if (cfg_set(&c, "metrics_listen", good_listen[i], err, sizeof(err)))
