@@ -57,9 +57,10 @@ static void on_batch_done(void *arg) {
 
 /* A job of device <-> host copies (n > 1, none depending on another: each
  * block and each host buffer is in it once) as one batched call, the
- * driver's copy engine splitting it as it likes; CUDA_ERROR_NOT_SUPPORTED
- * when it cannot be (nothing queued: the caller copies block by block). */
-static CUresult copy_batched(cuda_backend *g, copy_job *j) {
+ * driver's copy engine splitting it as it likes.  0: queued; 1: not
+ * batched (nothing queued: the caller copies block by block); < 0: a
+ * status (what was queued has landed). */
+static int copy_batched(cuda_backend *g, copy_job *j) {
   uint64_t stride = g->b.layout.block_stride;
   CUmemcpyAttributes attr;
   size_t idx0 = 0;
@@ -67,11 +68,11 @@ static CUresult copy_batched(cuda_backend *g, copy_job *j) {
   CUresult r;
 
   if (!g->batch || j->n < 2 || j->kind == COPY_POOL)
-    return CUDA_ERROR_NOT_SUPPORTED;
+    return 1;
   a = malloc(sizeof(*a) + (size_t)j->n * (2 * sizeof(CUdeviceptr) +
                                           sizeof(size_t)));
   if (a == NULL)
-    return CUDA_ERROR_NOT_SUPPORTED;
+    return 1;
   a->j = j;
   a->dsts = (CUdeviceptr *)(a + 1);
   a->srcs = a->dsts + j->n;
@@ -89,23 +90,27 @@ static CUresult copy_batched(cuda_backend *g, copy_job *j) {
   r = kvs__cu.cuMemcpyBatchAsync(a->dsts, a->srcs, a->sizes, j->n, &attr,
                                  &idx0, 1, g->stream);
   if (r != CUDA_SUCCESS) {
-    /* Refused before anything was queued (a driver that does not batch
-     * this memory): block by block from now on, said once. */
-    char why[160];
+    /* Refused before anything was queued: this job block by block; a
+     * driver that does not batch this memory (an invalid value, not
+     * supported), every job from now on, said once. */
+    if (r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_NOT_SUPPORTED) {
+      char why[160];
 
-    kvs__cu_describe(why, sizeof(why), "cuMemcpyBatchAsync", r);
-    log_warn(0, "%s: device <-> host copies go block by block from now on",
-             why);
-    g->batch = 0;
+      kvs__cu_describe(why, sizeof(why), "cuMemcpyBatchAsync", r);
+      log_warn(0, "%s: device <-> host copies go block by block from now on",
+               why);
+      g->batch = 0;
+    }
     free(a);
-    return CUDA_ERROR_NOT_SUPPORTED;
+    return 1;
   }
   r = kvs__cu.cuLaunchHostFunc(g->stream, on_batch_done, a);
   if (r != CUDA_SUCCESS) {
     kvs__cu.cuStreamSynchronize(g->stream);
     free(a);
+    return kvs__cu_status(r);
   }
-  return r;
+  return 0;
 }
 
 static int cuda_copy(backend *b, copy_job *j) {
@@ -114,11 +119,10 @@ static int cuda_copy(backend *b, copy_job *j) {
   CUdeviceptr base = g->vmm.base;
   CUresult r = CUDA_SUCCESS;
   uint32_t i;
+  int rc = copy_batched(g, j);
 
-  r = copy_batched(g, j);
-  if (r != CUDA_ERROR_NOT_SUPPORTED)
-    return kvs__cu_status(r);
-  r = CUDA_SUCCESS;
+  if (rc <= 0)
+    return rc;
   for (i = 0; i < j->n && r == CUDA_SUCCESS; i++) {
     switch (j->kind) {
     case COPY_POOL:
