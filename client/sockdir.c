@@ -40,6 +40,9 @@ static int is_uuid(const char *s, size_t len) {
 }
 
 static void add(gpu_list *g, const char *s, size_t len) {
+  for (int i = 0; i < g->n; i++) /* (a GPU listed twice is one GPU) */
+    if (strlen(g->uuid[i]) == len && strncmp(g->uuid[i], s, len) == 0)
+      return;
   if (g->n < MAX_GPUS && is_uuid(s, len)) {
     memcpy(g->uuid[g->n], s, len);
     g->uuid[g->n][len] = '\0';
@@ -49,7 +52,7 @@ static void add(gpu_list *g, const char *s, size_t len) {
 
 /* The UUIDs in a comma-separated list (first_only: its first entry only). */
 static void add_list(gpu_list *g, const char *list, int first_only) {
-  const char *p = list;
+  const char *p = list + strspn(list, " ");
 
   while (*p) {
     size_t len = strcspn(p, ",");
