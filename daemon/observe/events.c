@@ -214,12 +214,16 @@ static void pack_str(msgpack_packer *pk, const char *s) {
 
 /* ---- the engine's keys ------------------------------------------------- */
 
-/* The key a hash is published as: the engine's (ekey_set), or none. */
+/* h's home slot in a table of emask + 1 (multiply-shift). */
+static uint32_t emap_home(uint64_t h, uint32_t emask) {
+  return (uint32_t)(h * 0x9e3779b97f4a7c15ull >> 32) & emask;
+}
+
+/* h's entry (the engine's key it is published as), or NULL. */
 static ev_emap *emap_find(const events *e, uint64_t h) {
   if (e->ecount == 0)
     return NULL;
-  for (uint32_t i = (uint32_t)(h * 0x9e3779b97f4a7c15ull >> 32) & e->emask;;
-       i = (i + 1) & e->emask) {
+  for (uint32_t i = emap_home(h, e->emask);; i = (i + 1) & e->emask) {
     ev_emap *m = &e->emap[i];
 
     if (!m->used)
@@ -241,7 +245,7 @@ static int emap_grow(events *e) {
   for (uint32_t i = 0; old && i <= omask; i++) {
     if (!old[i].used)
       continue;
-    uint32_t j = (uint32_t)(old[i].h * 0x9e3779b97f4a7c15ull >> 32) & e->emask;
+    uint32_t j = emap_home(old[i].h, e->emask);
 
     while (t[j].used)
       j = (j + 1) & e->emask;
@@ -260,8 +264,7 @@ static ev_emap *emap_put(events *e, uint64_t h) {
     return m;
   if ((e->ecount + 1) * 2 > e->emask + 1 && emap_grow(e) < 0)
     return NULL;
-  for (i = (uint32_t)(h * 0x9e3779b97f4a7c15ull >> 32) & e->emask;
-       e->emap[i].used; i = (i + 1) & e->emask)
+  for (i = emap_home(h, e->emask); e->emap[i].used; i = (i + 1) & e->emask)
     ;
   m = &e->emap[i];
   memset(m, 0, sizeof(*m));
@@ -279,8 +282,7 @@ static void emap_del(events *e, ev_emap *m) {
     j = (j + 1) & e->emask;
     if (!e->emap[j].used)
       break;
-    uint32_t home = (uint32_t)(e->emap[j].h * 0x9e3779b97f4a7c15ull >> 32) &
-                    e->emask;
+    uint32_t home = emap_home(e->emap[j].h, e->emask);
     /* j's entry may move to i when its home is not in (i, j] */
     if ((j > i && (home <= i || home > j)) || (j < i && home <= i && home > j)) {
       e->emap[i] = e->emap[j];
@@ -438,8 +440,22 @@ static void pack_key(msgpack_packer *pk, const ev_key *k, uint64_t h) {
   }
 }
 
-static void pack_kv(msgpack_packer *pk, const char *key) {
-  pack_str(pk, key);
+/* A field's name, in the map encoding (the array one has only values). */
+static void pack_field(msgpack_packer *pk, int map, const char *name) {
+  if (map)
+    pack_str(pk, name);
+}
+
+/* An event's start: a map of n fields with its "type", or an array of n
+ * values with its name first. */
+static void pack_event(msgpack_packer *pk, int map, uint32_t n,
+                       const char *type) {
+  if (map)
+    msgpack_pack_map(pk, n);
+  else
+    msgpack_pack_array(pk, n);
+  pack_field(pk, map, "type");
+  pack_str(pk, type);
 }
 
 static void pack_hashes(events *e) {
@@ -464,24 +480,15 @@ static void run_end(events *e) {
   if (e->run == RUN_STORED) {
     int extra = map && e->run_extra;
 
-    if (map) {
-      msgpack_pack_map(pk, 8 + extra);
-      pack_kv(pk, "type");
-    } else {
-      msgpack_pack_array(pk, 8);
-    }
-    pack_str(pk, "BlockStored");
-    if (map)
-      pack_kv(pk, "block_hashes");
+    pack_event(pk, map, 8 + extra, "BlockStored");
+    pack_field(pk, map, "block_hashes");
     pack_hashes(e);
-    if (map)
-      pack_kv(pk, "parent_block_hash");
+    pack_field(pk, map, "parent_block_hash");
     if (e->run_parent)
       pack_key(pk, &e->parent_key, e->parent);
     else
       msgpack_pack_nil(pk);
-    if (map)
-      pack_kv(pk, "token_ids");
+    pack_field(pk, map, "token_ids");
     if (e->run_tokens) {
       size_t n = (size_t)e->nh * e->bs;
 
@@ -491,20 +498,16 @@ static void run_end(events *e) {
     } else {
       msgpack_pack_array(pk, 0);
     }
-    if (map)
-      pack_kv(pk, "block_size");
+    pack_field(pk, map, "block_size");
     msgpack_pack_uint32(pk, e->bs);
-    if (map)
-      pack_kv(pk, "lora_id");
+    pack_field(pk, map, "lora_id");
     msgpack_pack_nil(pk);
-    if (map)
-      pack_kv(pk, "medium");
+    pack_field(pk, map, "medium");
     pack_str(pk, medium);
-    if (map)
-      pack_kv(pk, "lora_name");
+    pack_field(pk, map, "lora_name");
     pack_lora(e);
     if (extra) {
-      pack_kv(pk, "extra_keys");
+      pack_field(pk, map, "extra_keys");
       msgpack_pack_array(pk, e->nh);
       for (uint32_t i = 0; i < e->nh; i++) {
         if (e->ents[i].xlen == 0)
@@ -515,18 +518,10 @@ static void run_end(events *e) {
     }
     e->st.stored += e->nh;
   } else if (e->run == RUN_REMOVED) {
-    if (map) {
-      msgpack_pack_map(pk, 3);
-      pack_kv(pk, "type");
-    } else {
-      msgpack_pack_array(pk, 3);
-    }
-    pack_str(pk, "BlockRemoved");
-    if (map)
-      pack_kv(pk, "block_hashes");
+    pack_event(pk, map, 3, "BlockRemoved");
+    pack_field(pk, map, "block_hashes");
     pack_hashes(e);
-    if (map)
-      pack_kv(pk, "medium");
+    pack_field(pk, map, "medium");
     pack_str(pk, medium);
     e->st.removed += e->nh;
   }
@@ -582,15 +577,13 @@ static void flush(events *e) {
   msgpack_sbuffer_init(&hdr);
   msgpack_packer_init(&hp, &hdr, msgpack_sbuffer_write);
   clock_gettime(CLOCK_REALTIME, &ts);
-  if (e->format == EV_FORMAT_MAP) {
-    msgpack_pack_map(&hp, 2);
-    pack_kv(&hp, "ts");
-  } else {
-    msgpack_pack_array(&hp, 2);
-  }
-  msgpack_pack_double(&hp, (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9);
   if (e->format == EV_FORMAT_MAP)
-    pack_kv(&hp, "events");
+    msgpack_pack_map(&hp, 2);
+  else
+    msgpack_pack_array(&hp, 2);
+  pack_field(&hp, e->format == EV_FORMAT_MAP, "ts");
+  msgpack_pack_double(&hp, (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9);
+  pack_field(&hp, e->format == EV_FORMAT_MAP, "events");
   msgpack_pack_array(&hp, e->nevents);
   if (!e->lost && hdr.data)
     b = malloc(sizeof(*b) + hdr.size + e->body.size);
@@ -669,13 +662,13 @@ static void key_of(const events *e, uint64_t h, ev_key *k, uint16_t *lora) {
 
 /* A block of a stored run (medium md, parent: chained to the run's last,
  * else it starts one). */
-static void add_stored(events *e, int md, uint64_t h, const kvs_hash128 *parent,
-                       const uint32_t *tokens, kvs_hash128 full) {
+static void add_stored(events *e, int md, kvs_hash128 h,
+                       const kvs_hash128 *parent, const uint32_t *tokens) {
   int tk = tokens != NULL;
   ev_key k;
   uint16_t lora;
 
-  key_of(e, h, &k, &lora);
+  key_of(e, h.lo, &k, &lora);
   if (e->keys && md == EV_POOL) /* (sealed by a commit with keys: on_sealed
                                    gives it the engine's) */
     lora = e->keys_lora;
@@ -704,10 +697,10 @@ static void add_stored(events *e, int md, uint64_t h, const kvs_hash128 *parent,
     if (tk)
       memmove(e->tokens + (size_t)(e->nh - 1) * e->bs, tokens,
               (size_t)e->bs * sizeof(*tokens));
-    x->h = h;
+    x->h = h.lo;
     x->k = k;
     x->xlen = 0;
-    e->last = full;
+    e->last = h;
   }
 }
 
@@ -733,7 +726,7 @@ static void on_stored(void *arg, kvs_hash128 h, const kvs_hash128 *parent,
   events *e = arg;
 
   emap_place(e, h.lo, EV_IN_POOL, 1);
-  add_stored(e, EV_POOL, h.lo, parent, tokens, h);
+  add_stored(e, EV_POOL, h, parent, tokens);
 }
 
 /* (right after on_stored for the same block) A commit sealed h at pos:
@@ -802,7 +795,7 @@ static void on_tier(void *arg, kvs_hash128 h, int t, int present) {
     return;
   if (present) {
     emap_place(e, h.lo, tier_place[t], 1);
-    add_stored(e, EV_HOST + t, h.lo, NULL, NULL, h);
+    add_stored(e, EV_HOST + t, h, NULL, NULL);
   } else {
     add_removed(e, EV_HOST + t, h.lo);
     emap_place(e, h.lo, tier_place[t], 0);
@@ -815,13 +808,7 @@ static void tier_each(void *arg, kvs_hash128 h, int t) {
 
 static void all_cleared(events *e) {
   run_end(e);
-  if (e->format == EV_FORMAT_MAP) {
-    msgpack_pack_map(&e->pk, 1);
-    pack_kv(&e->pk, "type");
-  } else {
-    msgpack_pack_array(&e->pk, 1);
-  }
-  pack_str(&e->pk, "AllBlocksCleared");
+  pack_event(&e->pk, e->format == EV_FORMAT_MAP, 1, "AllBlocksCleared");
   e->nevents++;
   flush(e);
 }
