@@ -253,27 +253,39 @@ static void tier_family(FILE *f, const msnap *sn, const struct tier_fam *t) {
             (unsigned long long)tier_value(&sn->d.tiers[i], t->field));
 }
 
+/* A latency histogram's samples: name{labels,le=...} for the n bounds (in
+ * seconds) and +Inf, then its sum and count.  b: n + 1 counts. */
+static void put_hist(FILE *f, const char *name, const char *labels,
+                     const uint64_t *b, size_t n, const double *le,
+                     uint64_t sum_ns) {
+  uint64_t cum = 0;
+  const char *sep = labels[0] ? "," : "";
+
+  for (size_t i = 0; i <= n; i++) {
+    cum += b[i];
+    if (i < n)
+      fprintf(f, "%s_bucket{%s%sle=\"%g\"} %llu\n", name, labels, sep, le[i],
+              (unsigned long long)cum);
+    else
+      fprintf(f, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", name, labels, sep,
+              (unsigned long long)cum);
+  }
+  fprintf(f, "%s_sum%s%s%s %.9f\n", name, labels[0] ? "{" : "", labels,
+          labels[0] ? "}" : "", (double)sum_ns * 1e-9);
+  fprintf(f, "%s_count%s%s%s %llu\n", name, labels[0] ? "{" : "", labels,
+          labels[0] ? "}" : "", (unsigned long long)cum);
+}
+
 static void render_hist(FILE *f, const msnap *sn) {
   family(f, "kvshare_request_duration_seconds", "histogram",
          "Time from a request's frame being taken up to its reply being "
          "queued (promotions and daemon copies included), by op.");
   for (int op = 1; op < METRICS_OPS; op++) {
-    uint64_t cum = 0;
+    char labels[48];
 
-    for (size_t i = 0; i <= LAT_N; i++) {
-      cum += sn->h.lat[op][i];
-      if (i < LAT_N)
-        fprintf(f, "kvshare_request_duration_seconds_bucket{op=\"%s\","
-                "le=\"%g\"} %llu\n", op_label(op), lat_le[i],
-                (unsigned long long)cum);
-      else
-        fprintf(f, "kvshare_request_duration_seconds_bucket{op=\"%s\","
-                "le=\"+Inf\"} %llu\n", op_label(op), (unsigned long long)cum);
-    }
-    fprintf(f, "kvshare_request_duration_seconds_sum{op=\"%s\"} %.9f\n",
-            op_label(op), (double)sn->h.lat_sum_ns[op] * 1e-9);
-    fprintf(f, "kvshare_request_duration_seconds_count{op=\"%s\"} %llu\n",
-            op_label(op), (unsigned long long)cum);
+    snprintf(labels, sizeof(labels), "op=\"%s\"", op_label(op));
+    put_hist(f, "kvshare_request_duration_seconds", labels, sn->h.lat[op],
+             LAT_N, lat_le, sn->h.lat_sum_ns[op]);
   }
   family(f, "kvshare_batch_ops", "histogram",
          "Ops per Batch or PackedBatch request.");
@@ -295,25 +307,14 @@ static void render_hist(FILE *f, const msnap *sn) {
   }
 }
 
-/* One tier latency histogram's samples (name{labels,le=...}). */
+/* One tier latency histogram (tier_hist.h's bounds). */
 static void put_tier_hist(FILE *f, const char *name, const char *labels,
                           const tier_hist *h) {
-  uint64_t cum = 0;
-  const char *sep = labels[0] ? "," : "";
+  double le[TIER_HIST_N];
 
-  for (uint32_t i = 0; i <= TIER_HIST_N; i++) {
-    cum += h->b[i];
-    if (i < TIER_HIST_N)
-      fprintf(f, "%s_bucket{%s%sle=\"%g\"} %llu\n", name, labels, sep,
-              (double)tier_hist_le_ns[i] * 1e-9, (unsigned long long)cum);
-    else
-      fprintf(f, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", name, labels, sep,
-              (unsigned long long)cum);
-  }
-  fprintf(f, "%s_sum%s%s%s %.9f\n", name, labels[0] ? "{" : "", labels,
-          labels[0] ? "}" : "", (double)h->sum_ns * 1e-9);
-  fprintf(f, "%s_count%s%s%s %llu\n", name, labels[0] ? "{" : "", labels,
-          labels[0] ? "}" : "", (unsigned long long)cum);
+  for (size_t i = 0; i < TIER_HIST_N; i++)
+    le[i] = (double)tier_hist_le_ns[i] * 1e-9;
+  put_hist(f, name, labels, h->b, TIER_HIST_N, le, h->sum_ns);
 }
 
 /* The latency histograms of the tiers that exist. */
