@@ -9,7 +9,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stddef.h>
@@ -581,34 +580,29 @@ static int probe_bind(const struct sockaddr_storage *ss, socklen_t sl) {
   return rc;
 }
 
-/* A tcp:// ZMQ endpoint's address, when it is one getaddrinfo knows ("*"
- * and numeric or named hosts; not an interface name): 0, else -1. */
+/* A tcp:// ZMQ endpoint's address, as the metrics address is read
+ * (cfg_listen_addr; the options allow only *, numeric addresses and
+ * interfaces, and an interface or a port * is not probed): 0, else -1.
+ * libzmq binds * as IPv4's every interface. */
 static int zmq_tcp_addr(const char *ep, struct sockaddr_storage *ss,
                         socklen_t *sl) {
-  char host[256];
-  const char *h = ep + 6, *colon = strrchr(ep, ':');
-  struct addrinfo hints = {0}, *ai = NULL;
-  size_t n;
+  char err[256];
 
-  if (strncmp(ep, "tcp://", 6) != 0 || colon == NULL || colon < h)
+  if (strncmp(ep, "tcp://", 6) != 0 ||
+      cfg_listen_addr(ep + 6, ss, sl, err, sizeof(err)) < 0)
     return -1;
-  n = (size_t)(colon - h);
-  if (n >= sizeof(host))
-    return -1;
-  memcpy(host, h, n);
-  host[n] = '\0';
-  if (n >= 2 && host[0] == '[' && host[n - 1] == ']') {
-    memmove(host, host + 1, n - 2);
-    host[n - 2] = '\0';
+  if (ss->ss_family == AF_INET6 &&
+      IN6_IS_ADDR_UNSPECIFIED(&((struct sockaddr_in6 *)ss)->sin6_addr) &&
+      strncmp(ep + 6, "*:", 2) == 0) {
+    uint16_t port = ((struct sockaddr_in6 *)ss)->sin6_port;
+    struct sockaddr_in *a = (struct sockaddr_in *)ss;
+
+    memset(ss, 0, sizeof(*ss));
+    a->sin_family = AF_INET;
+    a->sin_addr.s_addr = htonl(INADDR_ANY);
+    a->sin_port = port;
+    *sl = sizeof(*a);
   }
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV | (strcmp(host, "*") == 0 ? AI_PASSIVE : 0);
-  if (getaddrinfo(strcmp(host, "*") == 0 ? NULL : host, colon + 1, &hints,
-                  &ai) != 0 || ai == NULL)
-    return -1;
-  memcpy(ss, ai->ai_addr, ai->ai_addrlen);
-  *sl = ai->ai_addrlen;
-  freeaddrinfo(ai);
   return 0;
 }
 
