@@ -57,7 +57,7 @@ static int srcs_room(disp_sess *ds) {
 static int copy_pair(disp_sess *ds, uint32_t src, uint32_t dst) {
   core *cr = ds->env->core;
   uint32_t *slot;
-  int rc;
+  int rc, fresh;
 
   if (ds->env->copy->failed) /* the device is lost: the worker copies */
     return ds->env->copy->failed;
@@ -73,17 +73,16 @@ static int copy_pair(disp_sess *ds, uint32_t src, uint32_t dst) {
   if ((rc = srcs_room(ds)) < 0)
     return rc;
   slot = src_slot(ds, src);
-  if (*slot == KVS_BLOCK_NONE) {
-    if ((rc = core_pin(cr, src)) < 0)
-      return rc;
-  }
+  fresh = *slot == KVS_BLOCK_NONE; /* src not pinned by this frame yet */
+  if (fresh && (rc = core_pin(cr, src)) < 0)
+    return rc;
   rc = core_pin(cr, dst);
   if (rc < 0) {
-    if (*slot == KVS_BLOCK_NONE)
+    if (fresh)
       core_unpin(cr, src);
     return rc;
   }
-  if (*slot == KVS_BLOCK_NONE) {
+  if (fresh) {
     *slot = src;
     ds->nsrcs++;
   }
