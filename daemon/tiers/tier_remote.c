@@ -1168,6 +1168,8 @@ int tier_remote_put(tier_remote *rm, void *buf, kvs_hash128 h, const uint32_t *t
     off += (size_t)sprintf(p + off, "$2\r\nPX\r\n$%d\r\n%s\r\n", tl, ttl);
   }
   pc = malloc(sizeof(*pc));
+  if (pc != NULL)
+    *pc = (put_ctx){rm, h, uv_hrtime()};
   if (pc == NULL ||
       redisAsyncFormattedCommand(nd->ac, on_put_reply, pc, p, off) !=
           REDIS_OK) {
@@ -1175,9 +1177,6 @@ int tier_remote_put(tier_remote *rm, void *buf, kvs_hash128 h, const uint32_t *t
     rm->st.puts_skipped++;
     return KVS_ELIMIT;
   }
-  pc->rm = rm;
-  pc->h = h;
-  pc->start_ns = uv_hrtime();
   owe(nd);
   rm->st.inflight_bytes += rm->put_size;
   rm->write_inflight += rm->put_size;
