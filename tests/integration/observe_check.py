@@ -191,6 +191,14 @@ def decode_batch(payload):
     return b["ts"], events
 
 
+def import_kvshare():
+    """The repository's Python package (libkvshare from $KVS_LIBRARY)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                    "..", "..", "client", "python"))
+    import kvshare
+    return kvshare
+
+
 def is_key(h):
     """A published block key: the daemon's 64-bit hash, or an engine's
     integer or bytes."""
@@ -431,9 +439,7 @@ if mode == "engine":
     # parent's hash and the block's tokens); every event about those blocks
     # must carry them, through evictions and the tiers, and chain by them.
     import hashlib
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                    "..", "..", "client", "python"))
-    import kvshare
+    kvshare = import_kvshare()
 
     def engine_hashes(prompt, as_int, lora):
         out, parent = [], b"root"
@@ -567,9 +573,7 @@ if mode == "mixed":
     # removals must still pair up (Index.apply), whichever name a block
     # first went out under.  And keys no subscriber could decode are
     # refused.
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                    "..", "..", "client", "python"))
-    import kvshare
+    kvshare = import_kvshare()
 
     rng = random.Random(9)
     sub = subscribe()
