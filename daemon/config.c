@@ -1057,12 +1057,70 @@ int cfg_peer_allowed(const cfg *c, uid_t uid, gid_t gid, uid_t self) {
 
   if (uid == 0 || uid == self)
     return 1;
+  if (c->ntenants)
+    return cfg_tenant_of(c, uid, gid) >= 0;
   for (i = 0; i < c->allow_uids.n; i++)
     if (c->allow_uids.ids[i] == uid)
       return 1;
   for (i = 0; i < c->allow_gids.n; i++)
     if (c->allow_gids.ids[i] == gid)
       return 1;
+  return 0;
+}
+
+int cfg_tenant_of(const cfg *c, uid_t uid, gid_t gid) {
+  uint32_t t, i;
+
+  for (t = 0; t < c->ntenants; t++)
+    for (i = 0; i < c->tenants[t].uids.n; i++)
+      if (c->tenants[t].uids.ids[i] == uid)
+        return (int)t;
+  for (t = 0; t < c->ntenants; t++)
+    for (i = 0; i < c->tenants[t].gids.n; i++)
+      if (c->tenants[t].gids.ids[i] == gid)
+        return (int)t;
+  return -1;
+}
+
+int cfg_tenant_blocks(const cfg *c, uint32_t pool_blocks, uint64_t block_stride,
+                      uint32_t *blocks, char *err, size_t err_len) {
+  uint64_t given = 0, b;
+  uint32_t t, nrest = 0, rest;
+
+  for (t = 0; t < c->ntenants; t++) {
+    const cfg_tenant *x = &c->tenants[t];
+
+    if (x->share_blocks)
+      b = x->share_blocks;
+    else if (x->share_bytes)
+      b = block_stride ? x->share_bytes / block_stride : 0;
+    else if (x->share_frac > 0)
+      b = (uint64_t)(x->share_frac * (double)pool_blocks);
+    else {
+      nrest++;
+      blocks[t] = 0;
+      continue;
+    }
+    blocks[t] = b > UINT32_MAX ? UINT32_MAX : (uint32_t)b;
+    given += b;
+  }
+  if (given > pool_blocks)
+    return fail(err, err_len, "the tenants' shares add up to %llu blocks; "
+                "the pool has %u", (unsigned long long)given, pool_blocks);
+  rest = nrest ? (uint32_t)((pool_blocks - given) / nrest) : 0;
+  for (t = 0; t < c->ntenants; t++) {
+    const cfg_tenant *x = &c->tenants[t];
+
+    if (!x->share_blocks && !x->share_bytes && !(x->share_frac > 0))
+      blocks[t] = rest;
+    if (blocks[t] < CFG_TENANT_MIN_BLOCKS || blocks[t] <= c->reserve_blocks)
+      return fail(err, err_len, "tenant %s: a share of %u blocks is too "
+                  "small (at least %u, and more than reserve_blocks %u)",
+                  x->name, blocks[t],
+                  c->reserve_blocks >= CFG_TENANT_MIN_BLOCKS
+                      ? c->reserve_blocks + 1 : CFG_TENANT_MIN_BLOCKS,
+                  c->reserve_blocks);
+  }
   return 0;
 }
 

@@ -31,6 +31,23 @@ typedef struct cfg_idlist {
   uint32_t ids[CFG_MAX_IDS];
 } cfg_idlist;
 
+/* A tenant (docs/operations.md "Tenants"): whose processes belong to it and
+ * its share of the pool.  Its partition is its own pool memory, core and
+ * tiers (serve.c); a session's tenant comes from SO_PEERCRED. */
+#define CFG_MAX_TENANTS 16
+#define CFG_TENANT_NAME 32 /* 1..31 of [A-Za-z0-9_.-] */
+
+typedef struct cfg_tenant {
+  char name[CFG_TENANT_NAME];
+  cfg_idlist uids;       /* user ids (names resolved when parsed) */
+  cfg_idlist gids;       /* group ids: a peer's primary gid */
+  /* The share: at most one of the three; none: an equal part of what the
+   * tenants with a share leave. */
+  uint32_t share_blocks; /* blocks=N */
+  uint64_t share_bytes;  /* bytes=SIZE */
+  double share_frac;     /* share=P% (0 < P <= 100), as a fraction */
+} cfg_tenant;
+
 typedef struct cfg {
   /* listening */
   char socket[CFG_SOCKET_MAX]; /* "" until cfg_finish fills the default
@@ -96,6 +113,9 @@ typedef struct cfg {
   uint32_t frame_timeout_ms;
   uint64_t ring_bytes;   /* each way; 0: no rings */
   uint32_t ring_poll_us;
+  /* tenants: none configured, every admitted peer is one tenant */
+  uint32_t ntenants;
+  cfg_tenant tenants[CFG_MAX_TENANTS];
 
   /* Derived by cfg_finish. */
   kvs_layout layout;
@@ -162,8 +182,24 @@ uint32_t cfg_tier_window(const cfg *c, uint32_t num_blocks,
 int cfg_listen_addr(const char *spec, struct sockaddr_storage *ss,
                     socklen_t *sl, char *err, size_t err_len);
 
-/* Is this peer allowed (uid 0, the daemon's own uid, or in the lists)? */
+/* Is this peer allowed (uid 0, the daemon's own uid, or in the lists; with
+ * tenants, in a tenant)? */
 int cfg_peer_allowed(const cfg *c, uid_t uid, gid_t gid, uid_t self);
+
+/* The tenant of a peer: the index of the tenant listing its uid, else of
+ * the one listing its gid; -1 when none does (or no tenant is configured). */
+int cfg_tenant_of(const cfg *c, uid_t uid, gid_t gid);
+
+/* Each tenant's share in blocks of a pool of pool_blocks blocks of
+ * block_stride bytes, into blocks[0..ntenants): blocks=N as given,
+ * bytes=SIZE rounded down to whole blocks, share=P% of pool_blocks rounded
+ * down; the tenants without a share split what is left equally (the
+ * remainder of the division stays unused).  KVS_EINVAL with the reason
+ * when the shares add up to more than the pool, or a tenant would get
+ * fewer than CFG_TENANT_MIN_BLOCKS blocks or not more than reserve_blocks. */
+#define CFG_TENANT_MIN_BLOCKS 4
+int cfg_tenant_blocks(const cfg *c, uint32_t pool_blocks, uint64_t block_stride,
+                      uint32_t *blocks, char *err, size_t err_len);
 
 void cfg_print_help(FILE *out, const char *prog);
 /* The annotated example config: every option, commented out, with its
