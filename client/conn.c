@@ -306,6 +306,7 @@ static int handshake(kvs_client *c, const kvs_connect_opts *opts) {
 
     hello.ring = e != NULL && strcmp(e, "1") == 0 && !(opts && opts->no_map);
   }
+  hello.no_map = opts && opts->no_map;
   uint64_t seq = c->next_seq++;
   len = kvs_hello_frame_size(&hello, seq);
   int send_rc = kvs__ensure_cap(&c->wbuf, &c->wcap, len);

@@ -15,7 +15,7 @@ CORE_LIBS = $(BUILD)/libkvscore.a $(call DEP_LIBS,libxxhash)
 # options, the log).  Both pool backends are built in (pool/backend_host.c:
 # memfd; pool/backend_cuda.c: GPU memory through gpu/vmm.c, whose driver is
 # dlopen'ed at run time) and pool/backend.c picks one at start-up.
-DAEMON_DIRS := daemon daemon/net daemon/dispatch daemon/tiers daemon/pool daemon/observe
+DAEMON_DIRS := daemon daemon/net daemon/dispatch daemon/part daemon/tiers daemon/pool daemon/observe
 DAEMON_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(foreach d,$(DAEMON_DIRS),$(wildcard $(d)/*.c)))
 DAEMON_PKGS := libuv libprotobuf-c liburing libmicrohttpd libzmq msgpack libsystemd hiredis
 $(foreach d,$(DAEMON_DIRS),$(eval MOD_CFLAGS_$(subst /,_,$(d))_ := $(call DEP_CFLAGS,$(DAEMON_PKGS) libxxhash)))

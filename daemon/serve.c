@@ -28,6 +28,7 @@
 #include "daemon/net/session.h"
 #include "daemon/observe/events.h"
 #include "daemon/observe/metrics.h"
+#include "daemon/part/partition.h"
 #include "daemon/pool/backend.h"
 #include "daemon/pool/copy.h"
 #include "daemon/serve.h"
@@ -45,15 +46,16 @@ typedef struct srv {
   uv_timer_t sweep_timer; /* closes connections that never say Hello or
                              stall mid-frame */
   const cfg *cfg;
-  kvs_layout layout;
-  core *core;
-  backend *pool;
-  copy_engine copy;
-  tiers *tiers;            /* NULL: no tier below the pool */
+  kvs_layout layout;       /* the whole pool's (every partition's blocks) */
+  /* One partition per tenant (one without tenants): pool, core, copy
+   * engine, tiers, and what its sessions' ops run against. */
+  partition parts[CFG_MAX_TENANTS];
+  uint32_t nparts;
+  disp_env *envs[CFG_MAX_TENANTS];
+  disp_env observer;       /* the sessions of peers in no tenant */
   metrics *metrics;        /* /metrics; NULL: off */
   events *events;          /* the KV event stream; NULL: off */
   rings *rings;            /* request rings; NULL: off */
-  disp_env disp;           /* what the sessions' ops run against */
   sess_hub hub;            /* the sessions */
   int null_fd;             /* /dev/null, for releasing ready_fd; or -1 */
   int stopping;
@@ -362,7 +364,18 @@ static void stop_listening(srv *s) {
 
 /* No copy and no tier move in flight. */
 static int srv_io_idle(const srv *s) {
-  return copy_idle(&s->copy) && tiers_idle(s->tiers);
+  for (uint32_t i = 0; i < s->nparts; i++)
+    if (!part_io_idle(&s->parts[i]))
+      return 0;
+  return 1;
+}
+
+/* No copy in flight (tier I/O may be). */
+static int srv_copies_idle(const srv *s) {
+  for (uint32_t i = 0; i < s->nparts; i++)
+    if (s->parts[i].copy_open && !copy_idle(&s->parts[i].copy))
+      return 0;
+  return 1;
 }
 
 static void stop_observers(srv *s);
@@ -371,7 +384,7 @@ static void on_drain_timeout(uv_timer_t *t) {
   srv *s = t->data;
 
   if (!s->hub.sessions && !srv_io_idle(s)) {
-    if (copy_idle(&s->copy)) {
+    if (srv_copies_idle(s)) {
       /* Only the tiers' own I/O is left: disk reads and writes of their
        * staging buffers, remote answers.  None touches the pool; a slot
        * left half written fails its checksum at the next start (counted
@@ -384,15 +397,16 @@ static void on_drain_timeout(uv_timer_t *t) {
        * AllBlocksCleared) go out, the writes that did complete are made
        * durable. */
       stop_observers(s);
-      tiers_abandon(s->tiers);
+      for (uint32_t i = 0; i < s->nparts; i++)
+        tiers_abandon(s->parts[i].tiers);
       _exit(0);
     }
     /* Sessions are gone and the copies have had a second timeout: only a
      * hung GPU gets here.  The pool cannot be released while the GPU may
      * still write it, and waiting could be forever: leave now (the driver
      * reclaims the memory with the process). */
-    log_error(0, "shutdown: %u copies still in flight %u ms after the "
-              "sessions closed; exiting without them", s->copy.inflight,
+    log_error(0, "shutdown: copies still in flight %u ms after the "
+              "sessions closed; exiting without them",
               s->cfg->shutdown_timeout_ms);
     _exit(1);
   }
@@ -406,15 +420,44 @@ static void on_drain_timeout(uv_timer_t *t) {
                    s->cfg->shutdown_timeout_ms, 0);
 }
 
-/* One scrape's numbers, from every room (on the loop; metrics.h). */
+/* One scrape's numbers, from every room (on the loop; metrics.h): the
+ * partitions' added up. */
 static void snapshot(void *arg, metrics_snap *o) {
   const srv *s = arg;
+  const partition *p0 = &s->parts[0];
 
-  core_get_stats(s->core, &o->core);
-  tiers_get_stats(s->tiers, o->tiers, &o->ntiers);
+  memset(&o->core, 0, sizeof(o->core));
+  o->ntiers = 0;
+  o->remote_on = 0;
+  memset(&o->rs, 0, sizeof(o->rs));
+  memset(o->th, 0, sizeof(o->th));
+  o->copies = o->copy_blocks = o->copy_errors = o->pool_bytes = 0;
+  for (uint32_t i = 0; i < s->nparts; i++) {
+    const partition *p = &s->parts[i];
+    tiers_stats ts[TIERS_MAX];
+    tier_hist th[TIER_HISTS];
+    tier_remote_stats rs;
+    core_stats st;
+    uint32_t nt = 0;
+
+    core_get_stats(p->core, &st);
+    core_stats_add(&o->core, &st);
+    tiers_get_stats(p->tiers, ts, &nt);
+    tiers_stats_add(o->tiers, &o->ntiers, ts, nt);
+    if (tiers_remote_stats(p->tiers, &rs) == 0) {
+      o->remote_on = 1;
+      tier_remote_stats_add(&o->rs, &rs);
+    }
+    tiers_get_hists(p->tiers, th);
+    for (uint32_t h = 0; h < TIER_HISTS; h++)
+      tier_hist_merge(&o->th[h], &th[h]);
+    o->copies += p->copy.jobs;
+    o->copy_blocks += p->copy.blocks;
+    o->copy_errors += p->copy.errors;
+    o->pool_bytes += p->pool->ex.size;
+  }
   o->events_on = s->events != NULL;
   events_get_stats(s->events, &o->ev);
-  o->remote_on = tiers_remote_stats(s->tiers, &o->rs) == 0;
   o->sessions = s->hub.counts.sessions;
   o->frames_in = s->hub.counts.frames_in;
   o->compact_frames = s->hub.counts.compact_frames;
@@ -423,17 +466,12 @@ static void snapshot(void *arg, metrics_snap *o) {
   o->rings_on = s->rings != NULL;
   rings_counts(s->rings, &o->ring_requests, &o->ring_socket_replies,
                &o->ring_wakeups);
-  o->copies = s->copy.jobs;
-  o->copy_blocks = s->copy.blocks;
-  o->copy_errors = s->copy.errors;
-  o->pool_bytes = s->pool->ex.size;
   o->block_size = s->layout.block_size;
-  snprintf(o->backend, sizeof(o->backend), "%s", s->pool->ex.backend);
-  snprintf(o->gpu_uuid, sizeof(o->gpu_uuid), "%s", s->pool->ex.gpu_uuid);
+  snprintf(o->backend, sizeof(o->backend), "%s", p0->pool->ex.backend);
+  snprintf(o->gpu_uuid, sizeof(o->gpu_uuid), "%s", p0->pool->ex.gpu_uuid);
   snprintf(o->policy, sizeof(o->policy), "%s", s->cfg->policy);
   snprintf(o->model_id, sizeof(o->model_id), "%s", s->cfg->model_id);
   snprintf(o->version, sizeof(o->version), "%s", KVSHARED_VERSION);
-  tiers_get_hists(s->tiers, o->th);
 }
 
 static int keys_begin(void *arg, const kvs_op *op, uint32_t first, char *err,
@@ -449,8 +487,9 @@ static void keys_end(void *arg) { events_keys_end(((srv *)arg)->events); }
 static int start_observers(srv *s) {
   char err[256];
 
-  if (events_open(s->loop, s->cfg, s->core,
-                  strcmp(s->pool->ex.backend, "cuda") == 0 ? "GPU" : "CPU",
+  if (events_open(s->loop, s->cfg, s->parts[0].core,
+                  strcmp(s->parts[0].pool->ex.backend, "cuda") == 0 ? "GPU"
+                                                                   : "CPU",
                   s->layout.block_size, &s->events, err, sizeof(err)) < 0) {
     log_error(0, "kv events: %s", err);
     return KVS_EINVAL;
@@ -462,9 +501,11 @@ static int start_observers(srv *s) {
   }
   s->hub.metrics = s->metrics;
   if (s->events) {
-    s->disp.keys_begin = keys_begin;
-    s->disp.keys_end = keys_end;
-    s->disp.keys_arg = s;
+    for (uint32_t i = 0; i < s->nparts; i++) {
+      s->parts[i].disp.keys_begin = keys_begin;
+      s->parts[i].disp.keys_end = keys_end;
+      s->parts[i].disp.keys_arg = s;
+    }
   }
   return 0;
 }
@@ -473,15 +514,14 @@ static void stop_observers(srv *s) {
   metrics_stop(s->metrics);
   s->metrics = NULL;
   s->hub.metrics = NULL;
-  events_close(s->events, s->core);
+  events_close(s->events, s->parts[0].core);
   s->events = NULL;
 }
 
 /* The tiers and the copy engine (all idle) close. */
 static void close_movers(srv *s) {
-  tiers_close(s->tiers);
-  s->tiers = s->disp.tiers = NULL;
-  copy_engine_close(&s->copy);
+  for (uint32_t i = 0; i < s->nparts; i++)
+    part_stop_movers(&s->parts[i]);
 }
 
 /* A stopping daemon is done when no session and no copy is left: the
@@ -500,7 +540,9 @@ static void on_io_done(void *data) { srv_maybe_done(data); }
 static void srv_stop(srv *s, const char *why) {
   if (s->stopping)
     return;
-  s->stopping = s->hub.stopping = s->disp.stopping = 1;
+  s->stopping = s->hub.stopping = 1;
+  for (uint32_t i = 0; i < s->nparts; i++)
+    s->parts[i].disp.stopping = 1;
   log_info(0, "%s: stopping (%u sessions)", why, s->hub.counts.sessions);
   stop_listening(s);
   /* Closing a signal handle restores the default action: a second signal
@@ -508,7 +550,8 @@ static void srv_stop(srv *s, const char *why) {
   close_handle((uv_handle_t *)&s->sig_term);
   close_handle((uv_handle_t *)&s->sig_int);
   close_handle((uv_handle_t *)&s->sweep_timer);
-  tiers_stop(s->tiers);
+  for (uint32_t i = 0; i < s->nparts; i++)
+    tiers_stop(s->parts[i].tiers);
   rings_stop(s->rings);
   s->rings = s->hub.rings = NULL;
   sess_shutdown_all(&s->hub, 0);
@@ -689,34 +732,6 @@ static int preflight(const cfg *c) {
   return check_stale(c->socket);
 }
 
-static int make_core(srv *s) {
-  core_config cc;
-  char err[256];
-  int rc;
-
-  core_config_init(&cc);
-  cc.num_blocks = s->layout.num_blocks;
-  cc.block_size = s->layout.block_size;
-  cc.reserve_blocks = s->cfg->reserve_blocks;
-  cc.root = core_root_hash(&s->layout, s->cfg->model_id);
-  cc.verify_tokens = s->cfg->verify_tokens;
-  /* The KV events carry token ids, also for blocks brought up from a tier. */
-  cc.keep_tokens = s->cfg->kv_events_endpoint[0] != '\0';
-  cc.policy = s->cfg->policy;
-  cc.tier_window = cfg_tier_window(s->cfg, s->layout.num_blocks,
-                                   s->layout.block_stride);
-  rc = tiers_slots(s->cfg, &s->layout, s->pool, cc.tier_slots, err,
-                   sizeof(err));
-  if (rc < 0) {
-    log_error(0, "tiers: %s", err);
-    return rc;
-  }
-  rc = core_create(&cc, &s->core);
-  if (rc < 0)
-    log_error(rc, "creating the core (policy '%s')", s->cfg->policy);
-  return rc;
-}
-
 /* socket_dir: the socket is named by the pool's GPU (kvs_frame.h).
  * Returns 0 or KVS_EINVAL (logged) when the path does not fit. */
 static int name_socket(cfg *c, const backend *pool) {
@@ -737,10 +752,69 @@ static int name_socket(cfg *c, const backend *pool) {
   return 0;
 }
 
+/* The partitions' pools and cores: one per tenant, or one for everyone.
+ * 0, or -1 (logged; run() closes what was opened). */
+static int open_partitions(srv *s, cfg *c) {
+  uint32_t blocks[CFG_MAX_TENANTS];
+  char err[256];
+
+  if (c->ntenants == 0) {
+    s->nparts = 1;
+    if (part_open(&s->parts[0], c, 0, c->layout.num_blocks,
+                  c->layout.num_blocks) < 0)
+      return -1;
+    s->layout = s->parts[0].layout; /* (gpu_memory_fraction: set now) */
+    return 0;
+  }
+  if (cfg_tenant_blocks(c, c->layout.num_blocks, c->layout.block_stride,
+                        blocks, err, sizeof(err)) < 0) {
+    log_error(0, "tenants: %s", err);
+    return -1;
+  }
+  s->layout.num_blocks = 0;
+  for (uint32_t i = 0; i < c->ntenants; i++) {
+    s->nparts = i + 1;
+    if (part_open(&s->parts[i], c, i, blocks[i], c->layout.num_blocks) < 0)
+      return -1;
+    s->layout.num_blocks += blocks[i];
+  }
+  if (kvs_layout_finish(&s->layout) != 0) {
+    log_error(0, "tenants: the partitions' layout");
+    return -1;
+  }
+  return 0;
+}
+
+/* Copy engines and tiers, on the loop; the sessions' envs.  0 or -1. */
+static int start_partitions(srv *s) {
+  for (uint32_t i = 0; i < s->nparts; i++) {
+    partition *p = &s->parts[i];
+
+    if (part_start(p, s->loop, &s->hub.counts) < 0)
+      return -1;
+    if (p->tiers)
+      tiers_set_idle_cb(p->tiers, on_io_done, s);
+    s->envs[i] = &p->disp;
+  }
+  /* An observer's env: no core; its Stats adds up the partitions. */
+  s->observer = s->parts[0].disp;
+  s->observer.core = NULL;
+  s->observer.tiers = NULL;
+  s->observer.layout = s->layout;
+  s->observer.cfg = s->cfg;
+  s->observer.tenant = "";
+  s->observer.sessions = 0;
+  s->observer.parts = s->envs;
+  s->observer.nparts = s->nparts;
+  s->hub.parts = s->envs;
+  s->hub.nparts = s->nparts;
+  s->hub.observer = &s->observer;
+  return 0;
+}
+
 static int run(cfg *c) {
   uv_loop_t loop;
   srv s;
-  char err[256];
   int rc, status = 1;
 
   memset(&s, 0, sizeof(s));
@@ -750,50 +824,24 @@ static int run(cfg *c) {
 
   if (preflight(c) < 0)
     goto out_pool;
-  rc = backend_open(c, &s.layout, &s.pool, err, sizeof(err));
-  if (rc < 0) {
-    log_error(0, "pool (backend %s): %s", c->backend, err);
+  if (open_partitions(&s, c) < 0)
     goto out_pool;
-  }
-  log_info(0, "pool: %s", s.pool->desc);
-  if (c->socket_dir[0] && !c->socket[0] && name_socket(c, s.pool) < 0)
-    goto out_pool;
-  if (make_core(&s) < 0)
+  if (c->socket_dir[0] && !c->socket[0] && name_socket(c, s.parts[0].pool) < 0)
     goto out_pool;
   rc = uv_loop_init(&loop);
   if (rc < 0) {
     log_error(rc, "uv_loop_init");
-    goto out_core;
+    goto out_pool;
   }
   s.loop = &loop;
-  rc = copy_engine_init(&s.copy, &loop, s.pool);
-  if (rc < 0) {
-    log_error(rc, "the copy engine");
-    uv_loop_close(&loop);
-    goto out_core;
-  }
-  rc = tiers_open(&loop, c, s.core, s.pool, &s.copy, &s.tiers, err,
-                  sizeof(err));
-  if (rc < 0) {
-    log_error(0, "%s", err);
+  if (start_partitions(&s) < 0) {
     close_movers(&s);
     uv_run(&loop, UV_RUN_DEFAULT);
     uv_loop_close(&loop);
-    goto out_core;
+    goto out_pool;
   }
-  if (s.tiers)
-    tiers_set_idle_cb(s.tiers, on_io_done, &s);
-  s.disp.cfg = c;
-  s.disp.layout = s.layout;
-  s.disp.core = s.core;
-  s.disp.tiers = s.tiers;
-  s.disp.copy = &s.copy;
-  s.disp.pool = s.pool;
-  s.disp.counts = &s.hub.counts;
   s.hub.loop = &loop;
   s.hub.cfg = c;
-  s.hub.disp = &s.disp;
-  s.hub.pool = s.pool;
   s.hub.self_uid = getuid();
   s.hub.on_gone = on_io_done;
   s.hub.data = &s;
@@ -827,17 +875,19 @@ static int run(cfg *c) {
     close_movers(&s);
     uv_run(&loop, UV_RUN_DEFAULT);
     uv_loop_close(&loop);
-    goto out_core;
+    goto out_pool;
   }
   log_info(0, "listening on %s: %s pool of %u blocks of %u tokens (%s, %u "
               "layers, %u kv heads, head_dim %u, %llu bytes per block, %llu "
-              "MiB)",
-           c->socket, s.pool->ex.backend, s.layout.num_blocks,
+              "MiB%s%u%s)",
+           c->socket, s.parts[0].pool->ex.backend, s.layout.num_blocks,
            s.layout.block_size,
            kvs_dtype_name(s.layout.dtype), s.layout.num_layers,
            s.layout.num_kv_heads, s.layout.head_dim,
            (unsigned long long)s.layout.block_stride,
-           (unsigned long long)(kvs_pool_bytes(&s.layout) >> 20));
+           (unsigned long long)(kvs_pool_bytes(&s.layout) >> 20),
+           c->ntenants ? ", " : "", c->ntenants,
+           c->ntenants ? " tenants" : "");
   if (c->handshake_timeout_ms || c->frame_timeout_ms) {
     /* A sweep every quarter of the shorter timeout: a silent connection
      * goes between 1 and 1.25 timeouts after it fell silent. */
@@ -852,34 +902,25 @@ static int run(cfg *c) {
 
   uv_run(&loop, UV_RUN_DEFAULT);
 
-  /* Every session is closed and its requests freed: the pool must be whole. */
-  rc = core_check(s.core, err, sizeof(err));
-  if (rc < 0) {
-    log_error(rc, "pool invariant violated at exit: %s", err);
-  } else {
-    core_stats st;
-
-    core_get_stats(s.core, &st);
-    if (st.used_blocks || st.num_requests) {
-      log_error(0, "at exit %u blocks are still in use by %u requests",
-                st.used_blocks, st.num_requests);
-    } else {
-      log_info(0, "stopped cleanly (%llu frames, %llu protocol errors)",
-               (unsigned long long)s.hub.counts.frames_in,
-               (unsigned long long)s.hub.counts.protocol_errors);
-      status = 0;
-    }
-  }
+  /* Every session is closed and its requests freed: every partition's pool
+   * must be whole. */
+  status = 0;
+  for (uint32_t i = 0; i < s.nparts; i++)
+    if (part_check_exit(&s.parts[i]) < 0)
+      status = 1;
+  if (status == 0)
+    log_info(0, "stopped cleanly (%llu frames, %llu protocol errors)",
+             (unsigned long long)s.hub.counts.frames_in,
+             (unsigned long long)s.hub.counts.protocol_errors);
   rc = uv_loop_close(&loop);
   if (rc < 0) {
     log_error(rc, "uv_loop_close");
     status = 1;
   }
-out_core:
-  sess_hub_free(&s.hub);
-  core_destroy(s.core);
 out_pool:
-  backend_close(s.pool);
+  sess_hub_free(&s.hub);
+  for (uint32_t i = 0; i < s.nparts; i++)
+    part_close(&s.parts[i]);
   if (s.null_fd >= 0)
     close(s.null_fd);
   return status;

@@ -99,7 +99,8 @@ int kvs_call_alloc(kvs_call *call, uint32_t n, kvs__arena *a) {
 #define BOUND_OP 64u       /* Response framing, Status and its code, a
                               result's scalar fields */
 #define BOUND_MSG 260u     /* a Status message with its tag and length */
-#define BOUND_STATS 1536u  /* a StatsResult with its tiers and strings */
+#define BOUND_STATS 5120u  /* a StatsResult with its tiers, its tenants
+                              (16 of at most 200 bytes each) and strings */
 #define BOUND_ENVELOPE 32u /* Envelope { seq, response } around it */
 
 size_t kvs__varint_size(uint64_t v) {

@@ -221,6 +221,7 @@ kvs_env_kind kvs_env_decode(const uint8_t *payload, size_t len,
                                                  : "";
     hello->pid = env->hello->pid;
     hello->ring = env->hello->ring != 0;
+    hello->no_map = env->hello->no_map != 0;
     return KVS_ENV_HELLO;
   case KVSHARE__ENVELOPE__BODY_REQUEST:
     if (request_decode(env->request, max_batch_ops, a, call) < 0) {
@@ -328,6 +329,35 @@ static Kvshare__StatsResult *stats_result(const kvs_op_stats *s,
       }
       res->n_tiers = s->ntiers;
       res->tiers = mp;
+    }
+  }
+  res->tenant = (char *)(s->tenant ? s->tenant : "");
+  if (s->ntenants) {
+    Kvshare__TenantStats *ms = kvs__arena_alloc(a, s->ntenants * sizeof(*ms));
+    Kvshare__TenantStats **mp = kvs__arena_alloc(a, s->ntenants * sizeof(*mp));
+
+    if (ms && mp) {
+      for (uint32_t i = 0; i < s->ntenants; i++) {
+        const kvs_op_tenant *t = &s->tenants[i];
+
+        kvshare__tenant_stats__init(&ms[i]);
+        ms[i].name = (char *)(t->name ? t->name : "");
+        ms[i].num_blocks = t->num_blocks;
+        ms[i].free_blocks = t->free_blocks;
+        ms[i].cached_blocks = t->cached_blocks;
+        ms[i].used_blocks = t->used_blocks;
+        ms[i].num_requests = t->num_requests;
+        ms[i].sessions = t->sessions;
+        ms[i].lookups = t->lookups;
+        ms[i].query_tokens = t->query_tokens;
+        ms[i].hit_tokens = t->hit_tokens;
+        ms[i].evictions = t->evictions;
+        ms[i].no_space = t->no_space;
+        ms[i].pool_bytes = t->pool_bytes;
+        mp[i] = &ms[i];
+      }
+      res->n_tenants = s->ntenants;
+      res->tenants = mp;
     }
   }
   return res;
@@ -618,6 +648,7 @@ static void welcome_build(const kvs_welcome *in, uint64_t seq,
   m->w.max_batch_ops = in->max_batch_ops;
   m->w.features = in->features;
   m->w.ring_bytes = in->ring_bytes;
+  m->w.tenant = (char *)(in->tenant ? in->tenant : "");
   m->env.seq = seq;
   m->env.body_case = KVSHARE__ENVELOPE__BODY_WELCOME;
   m->env.welcome = &m->w;
@@ -648,6 +679,7 @@ static void hello_build(const kvs_hello *h, uint64_t seq,
   m->client_name = (char *)(h->client_name ? h->client_name : "");
   m->pid = h->pid;
   m->ring = h->ring != 0;
+  m->no_map = h->no_map != 0;
   env->seq = seq;
   env->body_case = KVSHARE__ENVELOPE__BODY_HELLO;
   env->hello = m;
@@ -723,6 +755,7 @@ int kvs_welcome_decode(const uint8_t *frame, size_t flen,
   w->max_batch_ops = m->max_batch_ops;
   w->features = m->features;
   w->ring_bytes = m->ring_bytes;
+  w->tenant = m->tenant;
   return 0;
 }
 
@@ -1001,6 +1034,35 @@ static const kvs_op_stats *stats_from(const Kvshare__StatsResult *s,
   }
   o->tiers = t;
   o->ntiers = (uint32_t)s->n_tiers;
+  o->tenant = s->tenant ? s->tenant : "";
+  if (s->n_tenants) {
+    kvs_op_tenant *x = kvs__arena_alloc(a, s->n_tenants * sizeof(*x));
+
+    if (!x)
+      return NULL;
+    memset(x, 0, s->n_tenants * sizeof(*x));
+    for (size_t i = 0; i < s->n_tenants; i++) {
+      const Kvshare__TenantStats *m = s->tenants[i];
+
+      if (!m)
+        continue;
+      x[i].name = m->name;
+      x[i].num_blocks = m->num_blocks;
+      x[i].free_blocks = m->free_blocks;
+      x[i].cached_blocks = m->cached_blocks;
+      x[i].used_blocks = m->used_blocks;
+      x[i].num_requests = m->num_requests;
+      x[i].sessions = m->sessions;
+      x[i].lookups = m->lookups;
+      x[i].query_tokens = m->query_tokens;
+      x[i].hit_tokens = m->hit_tokens;
+      x[i].evictions = m->evictions;
+      x[i].no_space = m->no_space;
+      x[i].pool_bytes = m->pool_bytes;
+    }
+    o->tenants = x;
+    o->ntenants = (uint32_t)s->n_tenants;
+  }
   return o;
 }
 

@@ -86,6 +86,7 @@ typedef struct kvs_hello {
   const char *client_name;  /* never NULL after a decode */
   uint32_t pid;
   uint8_t ring;
+  uint8_t no_map;           /* the client will not map the pool */
 } kvs_hello;
 
 typedef struct kvs_welcome {
@@ -102,6 +103,7 @@ typedef struct kvs_welcome {
   uint64_t session_id;
   const char *model_id;
   uint32_t max_frame, max_batch_ops, features, ring_bytes;
+  const char *tenant;       /* "" or NULL: none */
 } kvs_welcome;
 
 /* ---- the daemon's side ---------------------------------------------------- */

@@ -111,6 +111,15 @@ typedef struct kvs_op_tier {
   uint64_t bytes_in, bytes_out, io_errors, checksum_failures;
 } kvs_op_tier;
 
+/* One tenant's partition in a Stats answer (kvshare.proto's TenantStats). */
+typedef struct kvs_op_tenant {
+  const char *name;
+  uint32_t num_blocks, free_blocks, cached_blocks, used_blocks;
+  uint32_t num_requests, sessions;
+  uint64_t lookups, query_tokens, hit_tokens, evictions, no_space;
+  uint64_t pool_bytes;
+} kvs_op_tenant;
+
 /* What Stats answers (kvshare.proto's StatsResult, field by field). */
 typedef struct kvs_op_stats {
   uint32_t num_blocks, free_blocks, cached_blocks, used_blocks;
@@ -128,6 +137,9 @@ typedef struct kvs_op_stats {
   const char *check_message;  /* "" when it passed or did not run */
   const kvs_op_tier *tiers;
   uint32_t ntiers;
+  const char *tenant;         /* "" or NULL: none */
+  const kvs_op_tenant *tenants;
+  uint32_t ntenants;
 } kvs_op_stats;
 
 /*

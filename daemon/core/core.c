@@ -816,3 +816,35 @@ out:
   free(holders);
   return rc;
 }
+
+void core_stats_add(core_stats *acc, const core_stats *x) {
+#define ADD(f) acc->f += x->f
+  ADD(num_blocks);
+  ADD(free_blocks);
+  ADD(cached_blocks);
+  ADD(used_blocks);
+  ADD(num_requests);
+  ADD(lookups);
+  ADD(query_tokens);
+  ADD(hit_tokens);
+  ADD(hit_blocks);
+  ADD(miss_blocks);
+  ADD(allocated_blocks);
+  ADD(evictions);
+  ADD(cow_copies);
+  ADD(sealed_blocks);
+  ADD(duplicate_blocks);
+  ADD(collisions);
+  ADD(no_space);
+  ADD(tier_lost);
+  ADD(swapped_requests);
+  ADD(swap_outs);
+  ADD(swap_ins);
+  ADD(swap_failures);
+  ADD(swap_out_blocks);
+  ADD(swap_kept_blocks);
+  ADD(swap_in_blocks);
+  ADD(swap_resident_blocks);
+  ADD(indexed_blocks);
+#undef ADD
+}

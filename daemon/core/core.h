@@ -454,6 +454,8 @@ typedef struct core_stats {
 } core_stats;
 
 void core_get_stats(const core *c, core_stats *st);
+/* acc += x, field by field (the partitions of a daemon with tenants). */
+void core_stats_add(core_stats *acc, const core_stats *x);
 
 /*
  * ---- Index events ---------------------------------------------------------

@@ -685,14 +685,58 @@ static void do_swap(disp_sess *ds, const kvs_op *op, int batch,
 
 /* ---- Stats, Ping ----------------------------------------------------------- */
 
+/* The partitions a session's Stats covers: its own, or every one for an
+ * observer. */
+static uint32_t stats_scope(disp_env *env, disp_env **one,
+                            disp_env *const **parts) {
+  if (env->core == NULL) {
+    *parts = env->parts;
+    return env->nparts;
+  }
+  one[0] = env;
+  *parts = one;
+  return 1;
+}
+
+/* The partitions' own lines of a Stats (with tenants). */
+static kvs_op_tenant *tenant_lines(disp_env *const *parts, uint32_t n,
+                                   kvs__arena *a) {
+  kvs_op_tenant *t = kvs__arena_alloc(a, n * sizeof(*t));
+
+  if (!t)
+    return NULL;
+  for (uint32_t i = 0; i < n; i++) {
+    const disp_env *p = parts[i];
+    core_stats st;
+
+    core_get_stats(p->core, &st);
+    memset(&t[i], 0, sizeof(t[i]));
+    t[i].name = p->tenant;
+    t[i].num_blocks = st.num_blocks;
+    t[i].free_blocks = st.free_blocks;
+    t[i].cached_blocks = st.cached_blocks;
+    t[i].used_blocks = st.used_blocks;
+    t[i].num_requests = st.num_requests;
+    t[i].sessions = p->sessions;
+    t[i].lookups = st.lookups;
+    t[i].query_tokens = st.query_tokens;
+    t[i].hit_tokens = st.hit_tokens;
+    t[i].evictions = st.evictions;
+    t[i].no_space = st.no_space;
+    t[i].pool_bytes = p->pool->ex.size;
+  }
+  return t;
+}
+
 static void do_stats(disp_sess *ds, const kvs_op *op, kvs_op_result *res,
                      kvs__arena *a) {
   disp_env *env = ds->env;
+  disp_env *const *parts, *self[1];
   const disp_counts *cnt = env->counts;
   kvs_op_stats *s = kvs__arena_alloc(a, sizeof(*s));
-  tiers_stats ts[TIERS_MAX];
+  tiers_stats ts[TIERS_MAX], one[TIERS_MAX];
   kvs_op_tier *ot;
-  uint32_t nt = 0;
+  uint32_t nt = 0, np = stats_scope(env, self, &parts);
   core_stats st;
 
   if (!s) {
@@ -706,7 +750,20 @@ static void do_stats(disp_sess *ds, const kvs_op *op, kvs_op_result *res,
     return;
   }
   memset(s, 0, sizeof(*s));
-  core_get_stats(env->core, &st);
+  memset(&st, 0, sizeof(st));
+  for (uint32_t i = 0; i < np; i++) {
+    core_stats x;
+    uint32_t n1 = 0;
+
+    core_get_stats(parts[i]->core, &x);
+    core_stats_add(&st, &x);
+    s->pool_bytes += parts[i]->pool->ex.size;
+    s->daemon_copies += parts[i]->copy->jobs;
+    s->daemon_copy_blocks += parts[i]->copy->blocks;
+    s->copy_errors += parts[i]->copy->errors;
+    tiers_get_stats(parts[i]->tiers, one, &n1);
+    tiers_stats_add(ts, &nt, one, n1);
+  }
   s->num_blocks = st.num_blocks;
   s->free_blocks = st.free_blocks;
   s->cached_blocks = st.cached_blocks;
@@ -739,12 +796,16 @@ static void do_stats(disp_sess *ds, const kvs_op *op, kvs_op_result *res,
   s->queued_bytes = cnt->queued_bytes;
   s->backend = env->pool->ex.backend;
   s->gpu_uuid = env->pool->ex.gpu_uuid;
-  s->pool_bytes = env->pool->ex.size;
-  s->daemon_copies = env->copy->jobs;
-  s->daemon_copy_blocks = env->copy->blocks;
-  s->copy_errors = env->copy->errors;
   s->check_message = "";
-  tiers_get_stats(env->tiers, ts, &nt);
+  s->tenant = env->tenant ? env->tenant : "";
+  if (env->cfg->ntenants) {
+    s->tenants = tenant_lines(parts, np, a);
+    if (!s->tenants) {
+      ERR(KVS_ENOMEM, "out of memory");
+      return;
+    }
+    s->ntenants = np;
+  }
   if (nt && (ot = kvs__arena_alloc(a, nt * sizeof(*ot)))) {
     for (uint32_t i = 0; i < nt; i++) {
       memset(&ot[i], 0, sizeof(ot[i]));
@@ -775,7 +836,14 @@ static void do_stats(disp_sess *ds, const kvs_op *op, kvs_op_result *res,
       return;
     }
     msg[0] = '\0';
-    s->check = core_check(env->core, msg, 512);
+    for (uint32_t i = 0; i < np && s->check == 0; i++) {
+      const char *name = parts[i]->tenant ? parts[i]->tenant : "";
+      int n = name[0] ? snprintf(msg, 512, "tenant %s: ", name) : 0;
+
+      s->check = core_check(parts[i]->core, msg + n, 512 - (size_t)n);
+      if (s->check == 0)
+        msg[0] = '\0';
+    }
     s->check_message = msg;
     if (s->check < 0)
       log_error(0, "pool invariant check failed: %s", msg);
@@ -788,6 +856,12 @@ static void do_stats(disp_sess *ds, const kvs_op *op, kvs_op_result *res,
 
 static void run_op(disp_sess *ds, const kvs_op *op, int batch,
                    kvs_op_result *res, kvs__arena *a) {
+  if (ds->env->core == NULL && op->code != KVS_OP_NONE &&
+      op->code != KVS_OP_STATS && op->code != KVS_OP_PING) {
+    ERR(KVS_EPERM, "this session belongs to no tenant: it may only observe "
+        "(Stats, Ping)");
+    return;
+  }
   switch (op->code) {
   case KVS_OP_NONE: /* refused by the codec: its result says why */
     break;

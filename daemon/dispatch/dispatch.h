@@ -63,6 +63,15 @@ typedef struct disp_env {
                     size_t len);
   void (*keys_end)(void *arg);
   void *keys_arg;
+  /* Tenants (daemon/part/partition.h): the partition's tenant ("" without
+   * tenants) and its sessions now, kept by the session layer.  An observer
+   * (a peer in no tenant that maps nothing) runs against an env with no
+   * core: only Stats and Ping, and its Stats adds up every partition in
+   * parts[0..nparts). */
+  const char *tenant;
+  uint32_t sessions;
+  struct disp_env *const *parts;
+  uint32_t nparts;
 } disp_env;
 
 typedef struct disp_sess disp_sess;

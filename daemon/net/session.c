@@ -199,6 +199,7 @@ static void close_now(sess *c) {
       ring_describe(c->ring, ring + 2, sizeof(ring) - 2);
     }
     h->counts.sessions--;
+    c->ds.env->sessions--;
     log_info(0, "session %llu closed (pid %d%s%s%s)", (unsigned long long)c->id,
              (int)c->pid, c->name[0] ? ", " : "", c->name, ring);
   }
@@ -463,8 +464,9 @@ static void protocol_error(sess *c, uint64_t seq, int close, int code,
 
 static void handle_hello(sess *c, uint64_t seq, const kvs_hello *hello) {
   sess_hub *h = c->hub;
-  const backend_export *ex = &h->pool->ex;
-  const kvs_layout *l = &h->pool->layout;
+  disp_env *env = c->ds.env;
+  const backend_export *ex = &env->pool->ex;
+  const kvs_layout *l = &env->layout;
   kvs_welcome wel;
   struct wreq *wr;
   uv_os_fd_t fd;
@@ -478,6 +480,15 @@ static void handle_hello(sess *c, uint64_t seq, const kvs_hello *hello) {
     snprintf(what, sizeof(what), "protocol version %u not supported (the "
              "daemon speaks %u)", hello->version, KVS_PROTO_VERSION);
     protocol_error(c, seq, 1, KVS_EVERSION, what);
+    return;
+  }
+  if (env->core == NULL && !hello->no_map) {
+    char what[160];
+
+    snprintf(what, sizeof(what), "uid %d belongs to no tenant: it may only "
+             "observe, without mapping the pool (kvshare stats, kvshare "
+             "top; no_map in the client's options)", (int)c->uid);
+    protocol_error(c, seq, 1, KVS_EPERM, what);
     return;
   }
   snprintf(c->name, sizeof(c->name), "%s", hello->client_name);
@@ -503,7 +514,16 @@ static void handle_hello(sess *c, uint64_t seq, const kvs_hello *hello) {
   wel.session_id = c->id;
   wel.model_id = h->cfg->model_id;
   wel.features = KVS_FEATURE_PACKED_BATCH | KVS_FEATURE_COMPACT;
-  memcpy(fds, ex->fds, (size_t)ex->nfds * sizeof(int));
+  wel.tenant = env->tenant;
+  if (env->core == NULL) { /* an observer: no descriptor, the whole pool's
+                              size */
+    nfds = 0;
+    wel.num_fds = 0;
+    wel.chunk_size = 0;
+    wel.pool_size = kvs_pool_bytes(l);
+  } else {
+    memcpy(fds, ex->fds, (size_t)ex->nfds * sizeof(int));
+  }
   if (hello->ring && h->rings != NULL && nfds + 2 <= KVS_SHM_MAX_FDS) {
     int rc = ring_open(h->rings, c, fds + nfds, &wel.ring_bytes, &c->ring);
 
@@ -540,9 +560,12 @@ static void handle_hello(sess *c, uint64_t seq, const kvs_hello *hello) {
     return;
   }
   c->life = SESS_OPEN;
-  log_info(0, "session %llu: pid %d uid %d '%s' connected%s",
+  log_info(0, "session %llu: pid %d uid %d '%s' connected%s%s%s",
            (unsigned long long)c->id, (int)c->pid, (int)c->uid, c->name,
-           c->ring ? " (request ring)" : "");
+           c->ring ? " (request ring)" : "",
+           env->tenant && env->tenant[0] ? ", tenant " : "",
+           env->tenant && env->tenant[0] ? env->tenant
+           : env->core == NULL ? " (observer)" : "");
   if ((size_t)n < wr->len) /* the fds went with the first byte */
     queue_bytes(c, wr, (size_t)n);
   else
@@ -670,7 +693,7 @@ static void reply_after_copies(sess *c, struct wreq *w) {
   c->job.n = ds->ncopy;
   c->job.cb = on_copied;
   c->job.data = c;
-  rc = copy_submit(c->hub->disp->copy, &c->job);
+  rc = copy_submit(c->ds.env->copy, &c->job);
   if (rc < 0) {
     log_error(rc, "session %llu: the daemon's copy of %u blocks could not "
               "start; closing the session", (unsigned long long)c->id,
@@ -687,7 +710,7 @@ static void reply_after_copies(sess *c, struct wreq *w) {
 /* Runs a call (its ops and results in the hub's arena) and answers it. */
 static void run_call(sess *c, kvs_call *call) {
   sess_hub *h = c->hub;
-  const kvs_layout *l = &h->disp->layout;
+  const kvs_layout *l = &c->ds.env->layout;
   int mutates;
   size_t bound = kvs_reply_bound(call, l->block_size, l->num_blocks,
                                  &mutates) -
@@ -831,7 +854,7 @@ static void ring_frame(void *owner, const uint8_t *frame, size_t len) {
   }
   handle_frame(c, kvs_frame_flags(frame), frame + KVS_FRAME_HEADER_SIZE,
                len - KVS_FRAME_HEADER_SIZE);
-  tiers_kick(c->hub->disp->tiers);
+  tiers_kick(c->ds.env->tiers);
   /* Back-pressure, as for socket frames: replies too big for the ring
    * queue on the socket; a peer that does not read them is paused (ring
    * and socket) until it does (on_write, then ring_resume). */
@@ -909,7 +932,7 @@ static void process_input(sess *c) {
     handle_frame(c, kvs_frame_flags(c->rbuf + pos),
                  c->rbuf + pos + KVS_FRAME_HEADER_SIZE,
                  flen - KVS_FRAME_HEADER_SIZE);
-    tiers_kick(c->hub->disp->tiers);
+    tiers_kick(c->ds.env->tiers);
     pos += flen;
     if (c->life >= SESS_CLOSED)
       return;
@@ -1015,7 +1038,7 @@ void sess_accept(sess_hub *h, uv_stream_t *listener) {
     return;
   }
   c->hub = h;
-  disp_sess_init(&c->ds, h->disp, on_held, c);
+  disp_sess_init(&c->ds, h->parts[0], on_held, c);
   uv_pipe_init(h->loop, &c->pipe, 0);
   link_session(h, c);
   rc = uv_accept(listener, (uv_stream_t *)&c->pipe);
@@ -1035,6 +1058,14 @@ void sess_accept(sess_hub *h, uv_stream_t *listener) {
   c->pid = cred.pid;
   c->uid = cred.uid;
   c->gid = cred.gid;
+  if (cf->ntenants) {
+    /* The peer's tenant, from its credentials only; a peer in none (uid 0,
+     * the daemon's own) may only observe. */
+    int t = cfg_tenant_of(cf, cred.uid, cred.gid);
+
+    c->ds.env = t >= 0 && (uint32_t)t < h->nparts ? h->parts[t]
+                                                  : h->observer;
+  }
   if (!cfg_peer_allowed(cf, cred.uid, cred.gid, h->self_uid)) {
     char what[128];
 
@@ -1053,6 +1084,7 @@ void sess_accept(sess_hub *h, uv_stream_t *listener) {
   }
   c->counted = 1;
   h->counts.sessions++;
+  c->ds.env->sessions++;
   start_reading(c);
   if (!c->reading) {
     log_warn(0, "session %llu: cannot read", (unsigned long long)c->id);

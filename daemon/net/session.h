@@ -34,8 +34,12 @@ struct wreq;
 typedef struct sess_hub {
   uv_loop_t *loop;
   const cfg *cfg;
-  disp_env *disp;        /* what the sessions' ops run against */
-  const backend *pool;   /* what the Welcome exports */
+  /* What the sessions' ops run against: one env per partition (one
+   * without tenants; a session runs against its tenant's), and the
+   * observers' (a peer in no tenant that maps nothing: no core). */
+  disp_env *const *parts;
+  uint32_t nparts;
+  disp_env *observer;
   metrics *metrics;      /* NULL: off */
   rings *rings;          /* NULL: off */
   uid_t self_uid;

@@ -35,4 +35,11 @@ static inline void tier_hist_add(tier_hist *h, uint64_t ns) {
   h->sum_ns += ns;
 }
 
+/* acc += x, bucket by bucket. */
+static inline void tier_hist_merge(tier_hist *acc, const tier_hist *x) {
+  for (uint32_t i = 0; i <= TIER_HIST_N; i++)
+    acc->b[i] += x->b[i];
+  acc->sum_ns += x->sum_ns;
+}
+
 #endif

@@ -1505,3 +1505,30 @@ void tier_remote_get_stats(const tier_remote *rm, tier_remote_stats *st) {
 }
 
 const char *tier_remote_describe(const tier_remote *rm) { return rm->desc; }
+
+void tier_remote_stats_add(tier_remote_stats *acc,
+                           const tier_remote_stats *x) {
+#define ADD(f) acc->f += x->f
+  ADD(nodes);
+  ADD(nodes_up);
+  ADD(inflight_bytes);
+  ADD(gets);
+  ADD(get_blocks);
+  ADD(hit_blocks);
+  ADD(miss_blocks);
+  ADD(bad_blocks);
+  ADD(error_blocks);
+  ADD(timeouts);
+  ADD(unavailable);
+  ADD(puts);
+  ADD(put_bytes);
+  ADD(put_errors);
+  ADD(puts_skipped);
+  ADD(bytes_read);
+  ADD(reconnects);
+  ADD(dropped);
+  ADD(slot_refreshes);
+#undef ADD
+  tier_hist_merge(&acc->get_hist, &x->get_hist);
+  tier_hist_merge(&acc->put_hist, &x->put_hist);
+}

@@ -156,6 +156,9 @@ typedef struct tier_remote_stats {
 } tier_remote_stats;
 
 void tier_remote_get_stats(const tier_remote *rm, tier_remote_stats *st);
+/* acc += x, counter by counter (nodes too: the partitions' tiers). */
+void tier_remote_stats_add(tier_remote_stats *acc,
+                           const tier_remote_stats *x);
 /* A one-line description for the log (no password). */
 const char *tier_remote_describe(const tier_remote *rm);
 

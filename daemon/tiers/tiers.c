@@ -213,3 +213,33 @@ int tiers_remote_stats(const tiers *t, tier_remote_stats *st) {
   remote_get_stats(t->remote, st);
   return 0;
 }
+
+void tiers_stats_add(tiers_stats acc[TIERS_MAX], uint32_t *nacc,
+                     const tiers_stats *x, uint32_t n) {
+  for (uint32_t i = 0; i < n && i < TIERS_MAX; i++) {
+    tiers_stats *a = &acc[i];
+
+    if (i >= *nacc) {
+      memset(a, 0, sizeof(*a));
+      a->name = x[i].name;
+    }
+#define ADD(f) a->f += x[i].f
+    ADD(capacity_bytes);
+    ADD(core.slots);
+    ADD(core.used);
+    ADD(core.demotions);
+    ADD(core.promotions);
+    ADD(core.hit_blocks);
+    ADD(core.drops);
+    ADD(core.failures);
+    ADD(core.held);
+    ADD(bytes_in);
+    ADD(bytes_out);
+    ADD(io_errors);
+    ADD(checksum_failures);
+    ADD(backoffs);
+#undef ADD
+  }
+  if (n > *nacc)
+    *nacc = n > TIERS_MAX ? TIERS_MAX : n;
+}

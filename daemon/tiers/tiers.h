@@ -187,6 +187,10 @@ typedef struct tiers_stats {
 /* The tiers that exist, top first (the remote tier last), into
  * st[0..*n). */
 void tiers_get_stats(const tiers *t, tiers_stats st[TIERS_MAX], uint32_t *n);
+/* acc[0..*nacc) += x[0..n), tier by tier (the partitions of a daemon with
+ * tenants have the same tiers, in the same order); *nacc grows to n. */
+void tiers_stats_add(tiers_stats acc[TIERS_MAX], uint32_t *nacc,
+                     const tiers_stats *x, uint32_t n);
 /* The remote tier's store counters; 0, or KVS_ENOENT with none. */
 int tiers_remote_stats(const tiers *t, tier_remote_stats *st);
 /* The latency histograms (zeros for a tier that does not exist). */
