@@ -980,6 +980,30 @@ int main(void) {
     itest_daemon_finish(&d2, itest_fd_count(0));
   }
   {
+    /* The same steps and small ops on a daemon whose pool is split between
+     * two tenants, this process's uid in one (docs/operations.md
+     * "Tenants"), in this run: what partitions cost on the hot path. */
+    itest_daemon d3;
+    char mine[64];
+    kvs_client *c3;
+
+    snprintf(mine, sizeof(mine), "bench uids=%u share=50%%",
+             (unsigned)getuid());
+    const char *o3[] = {"--num-layers", "2", "--head-dim", "16",
+                        "--pool-blocks", "32768", "--backend", "host",
+                        "--log-level", "warn", "--tenant", mine,
+                        "--tenant", "other uids=40009", NULL};
+    itest_daemon_start(&d3, o3);
+    pin(d3.pid, server_cpu);
+    c3 = itest_connect(&d3, "bench_rtt_tenant");
+    batch_label = ", daemon with two tenants";
+    bench_small(c3, "daemon with two tenants", &unused, 1);
+    bench_batch(c3, raw_small, 1);
+    batch_label = "";
+    kvs_close(c3);
+    itest_daemon_finish(&d3, itest_fd_count(0));
+  }
+  {
     /* The same measures through a request ring (KVS_RING=1, the daemon's
      * default ring_poll_us), against the same raw socket baselines: a
      * call posted in shared memory that a polling daemon takes. */
