@@ -6,7 +6,9 @@
  * flags (`--key value`, `--key=value`; '-' and '_' are the same in a key),
  * `--help`, and the annotated example config (`--print-example-config`, the
  * source of deploy/kvshared.conf).  Precedence: built-in defaults, then the file
- * named by --config, then the other flags.
+ * named by --config, then the other flags.  The one repeatable option,
+ * tenant, appends a tenant each time it is given (an empty value empties
+ * the list): the flags' tenants come after the file's.
  *
  * Functions return 0 or KVS_EINVAL with a one-line reason in err.  Nothing
  * here logs or touches the event loop.
@@ -124,7 +126,9 @@ typedef struct cfg {
 /* Fills c with the table's defaults. */
 void cfg_init(cfg *c);
 
-/* Sets one option from its text value.  key may use '-' or '_'. */
+/* Sets one option from its text value.  key may use '-' or '_'.  A tenant
+ * is checked against those already set (name, uids, gids) as it is
+ * appended; against the other options in cfg_finish. */
 int cfg_set(cfg *c, const char *key, const char *value, char *err,
             size_t err_len);
 
