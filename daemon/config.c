@@ -1251,6 +1251,32 @@ void cfg_default_socket(char *out, size_t len) {
     snprintf(out, len, "/run/kvshare/kvshared.sock");
 }
 
+/* The tenants against the rest of the configuration: no allow list beside
+ * them (a tenant lists its users), and their shares within the pool.  The
+ * percents are checked here; the whole split (cfg_tenant_blocks) only when
+ * the pool's size is known: with gpu_memory_fraction the backend learns it
+ * at start, where cfg_tenant_blocks checks the split again. */
+static int check_tenants(const cfg *c, char *err, size_t err_len) {
+  uint32_t blocks[CFG_MAX_TENANTS], t;
+  double frac = 0;
+
+  if (!c->ntenants)
+    return 0;
+  if (c->allow_uids.n || c->allow_gids.n)
+    return fail(err, err_len, "%s does not go with tenants: with tenants, "
+                "list the users in a tenant (uids=, gids=)",
+                c->allow_uids.n ? "allow_uids" : "allow_gids");
+  for (t = 0; t < c->ntenants; t++)
+    frac += c->tenants[t].share_frac;
+  if (frac > 1.0 + 1e-9)
+    return fail(err, err_len, "the tenants' shares add up to %.15g%% of the "
+                "pool", frac * 100.0);
+  if (c->gpu_memory_fraction > 0)
+    return 0;
+  return cfg_tenant_blocks(c, c->layout.num_blocks, c->layout.block_stride,
+                           blocks, err, err_len);
+}
+
 int cfg_finish(cfg *c, char *err, size_t err_len) {
   kvs_layout *l = &c->layout;
   int offline;
@@ -1332,7 +1358,7 @@ int cfg_finish(cfg *c, char *err, size_t err_len) {
   if (c->reserve_blocks >= l->num_blocks && c->gpu_memory_fraction == 0)
     return fail(err, err_len, "reserve_blocks %u must be below the pool's %u "
                 "blocks", c->reserve_blocks, l->num_blocks);
-  return 0;
+  return check_tenants(c, err, err_len);
 }
 
 uint32_t cfg_tier_window(const cfg *c, uint32_t num_blocks,

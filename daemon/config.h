@@ -160,7 +160,9 @@ int cfg_parse_args(cfg *c, int argc, char **argv, enum cfg_action *action,
 /* Fills the defaults that depend on the environment (socket path) and
  * derives the layout (pool_bytes -> number of blocks).  With
  * gpu_memory_fraction the number of blocks is known only once the GPU is
- * open: the backend sets it (backend_open). */
+ * open: the backend sets it (backend_open).  Refuses tenants beside
+ * allow_uids or allow_gids, percent shares over 100%, and, when the pool's
+ * size is known, shares cfg_tenant_blocks refuses. */
 int cfg_finish(cfg *c, char *err, size_t err_len);
 
 /* The default socket path: $XDG_RUNTIME_DIR/kvshare/kvshared.sock when that

@@ -762,6 +762,67 @@ static void test_tenant_args(void **state) {
   unlink(path);
 }
 
+/* cfg_finish: no allow lists beside tenants; shares over the pool refused
+ * when its size is known, percents over 100% always. */
+static void test_tenant_finish(void **state) {
+  char err[256];
+  cfg c;
+
+  (void)state;
+  load_ok(&c, "pool_blocks = 100\n"
+              "tenant = a uids=1001 share=50%\n"
+              "tenant = b uids=1002 blocks=30\n"
+              "tenant = c gids=77\n");
+  assert_int_equal(cfg_finish(&c, err, sizeof(err)), 0);
+
+  load_ok(&c, "tenant = a uids=1001\nallow_uids = 1002\n");
+  assert_int_equal(cfg_finish(&c, err, sizeof(err)), KVS_EINVAL);
+  assert_string_equal(err, "allow_uids does not go with tenants: with "
+                           "tenants, list the users in a tenant (uids=, "
+                           "gids=)");
+  load_ok(&c, "allow_gids = 5\ntenant = a uids=1001\n");
+  assert_int_equal(cfg_finish(&c, err, sizeof(err)), KVS_EINVAL);
+  assert_non_null(strstr(err, "allow_gids does not go with tenants"));
+
+  /* blocks over the pool */
+  load_ok(&c, "pool_blocks = 100\n"
+              "tenant = a uids=1001 blocks=60\n"
+              "tenant = b uids=1002 blocks=50\n");
+  assert_int_equal(cfg_finish(&c, err, sizeof(err)), KVS_EINVAL);
+  assert_string_equal(err, "the tenants' shares add up to 110 blocks; the "
+                           "pool has 100");
+  /* bytes and a percent over a pool given in bytes (16 blocks of 64K) */
+  load_ok(&c, "pool_bytes = 1M\ndtype = fp16\n"
+              "tenant = a uids=1001 bytes=640K\n"
+              "tenant = b uids=1002 share=50%\n");
+  assert_int_equal(cfg_finish(&c, err, sizeof(err)), KVS_EINVAL);
+  assert_string_equal(err, "the tenants' shares add up to 18 blocks; the "
+                           "pool has 16");
+  /* too small a share */
+  load_ok(&c, "pool_blocks = 100\ntenant = a uids=1001 blocks=3\n");
+  assert_int_equal(cfg_finish(&c, err, sizeof(err)), KVS_EINVAL);
+  assert_non_null(strstr(err, "tenant a: a share of 3 blocks is too small"));
+
+  /* percents: over 100% whatever the pool */
+  load_ok(&c, "backend = cuda\ngpu_memory_fraction = 0.5\n"
+              "tenant = a uids=1001 share=60%\n"
+              "tenant = b uids=1002 share=40.5%\n");
+  assert_int_equal(cfg_finish(&c, err, sizeof(err)), KVS_EINVAL);
+  assert_string_equal(err, "the tenants' shares add up to 100.5% of the "
+                           "pool");
+  /* with gpu_memory_fraction the pool's size is not known yet: blocks
+   * pass here (cfg_tenant_blocks checks them once it is) */
+  load_ok(&c, "backend = cuda\ngpu_memory_fraction = 0.5\npool_blocks = 10\n"
+              "tenant = a uids=1001 blocks=60\n"
+              "tenant = b uids=1002 share=60%\n");
+  assert_int_equal(cfg_finish(&c, err, sizeof(err)), 0);
+  /* 100% in all is the whole pool */
+  load_ok(&c, "tenant = a uids=1001 share=60%\n"
+              "tenant = b uids=1002 share=30%\n"
+              "tenant = c uids=1003 share=10%\n");
+  assert_int_equal(cfg_finish(&c, err, sizeof(err)), 0);
+}
+
 /* --print-config prints one `tenant = ` line per tenant, ids as numbers,
  * and what it prints reads back to the same configuration. */
 static void test_tenant_round_trip(void **state) {
@@ -963,6 +1024,7 @@ int main(void) {
       cmocka_unit_test(test_tenant_refusals),
       cmocka_unit_test(test_tenant_limits),
       cmocka_unit_test(test_tenant_args),
+      cmocka_unit_test(test_tenant_finish),
       cmocka_unit_test(test_tenant_round_trip),
       cmocka_unit_test(test_tenant_help),
       cmocka_unit_test(test_example_config),
