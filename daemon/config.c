@@ -1409,10 +1409,18 @@ int cfg_tenant_of(const cfg *c, uid_t uid, gid_t gid) {
   return -1;
 }
 
+/* A tenant's share=P% of pool_blocks, rounded down.  P was read as
+ * decimal text: 29% is 0.29 only to the nearest double, and 0.29 x 100 is
+ * 28.999999999999996; the nudge (far below a block for any pool) keeps
+ * such a product on its whole number. */
+static uint64_t frac_blocks(double frac, uint32_t pool_blocks) {
+  return (uint64_t)(frac * (double)pool_blocks * (1.0 + 1e-12));
+}
+
 int cfg_tenant_blocks(const cfg *c, uint32_t pool_blocks, uint64_t block_stride,
                       uint32_t *blocks, char *err, size_t err_len) {
   uint64_t given = 0, b;
-  uint32_t t, nrest = 0, rest;
+  uint32_t t, nrest = 0, rest, least;
 
   for (t = 0; t < c->ntenants; t++) {
     const cfg_tenant *x = &c->tenants[t];
@@ -1422,31 +1430,39 @@ int cfg_tenant_blocks(const cfg *c, uint32_t pool_blocks, uint64_t block_stride,
     else if (x->share_bytes)
       b = block_stride ? x->share_bytes / block_stride : 0;
     else if (x->share_frac > 0)
-      b = (uint64_t)(x->share_frac * (double)pool_blocks);
+      b = frac_blocks(x->share_frac, pool_blocks);
     else {
       nrest++;
       blocks[t] = 0;
       continue;
     }
+    if (b > (1ull << 40)) /* far over any pool; 16 of them add up safely */
+      b = 1ull << 40;
     blocks[t] = b > UINT32_MAX ? UINT32_MAX : (uint32_t)b;
     given += b;
   }
   if (given > pool_blocks)
     return fail(err, err_len, "the tenants' shares add up to %llu blocks; "
                 "the pool has %u", (unsigned long long)given, pool_blocks);
+  least = c->reserve_blocks >= CFG_TENANT_MIN_BLOCKS ? c->reserve_blocks + 1
+                                                     : CFG_TENANT_MIN_BLOCKS;
   rest = nrest ? (uint32_t)((pool_blocks - given) / nrest) : 0;
+  if (nrest && rest < least)
+    return fail(err, err_len, "the tenants' shares leave %llu of the pool's "
+                "%u blocks to the %u without one: %u each, too few (a "
+                "tenant needs at least %u, and more than reserve_blocks %u)",
+                (unsigned long long)(pool_blocks - given), pool_blocks, nrest,
+                rest, least, c->reserve_blocks);
   for (t = 0; t < c->ntenants; t++) {
     const cfg_tenant *x = &c->tenants[t];
 
     if (!x->share_blocks && !x->share_bytes && !(x->share_frac > 0))
       blocks[t] = rest;
-    if (blocks[t] < CFG_TENANT_MIN_BLOCKS || blocks[t] <= c->reserve_blocks)
+    if (blocks[t] < least)
       return fail(err, err_len, "tenant %s: a share of %u blocks is too "
-                  "small (at least %u, and more than reserve_blocks %u)",
-                  x->name, blocks[t],
-                  c->reserve_blocks >= CFG_TENANT_MIN_BLOCKS
-                      ? c->reserve_blocks + 1 : CFG_TENANT_MIN_BLOCKS,
-                  c->reserve_blocks);
+                  "small (a tenant needs at least %u, and more than "
+                  "reserve_blocks %u)",
+                  x->name, blocks[t], least, c->reserve_blocks);
   }
   return 0;
 }

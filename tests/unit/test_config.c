@@ -879,6 +879,117 @@ static void test_tenant_round_trip(void **state) {
   free(out);
 }
 
+/* Shares in blocks: blocks=, bytes= rounded down, percents rounded down,
+ * the rest split equally; too much or too little refused. */
+static void test_tenant_blocks(void **state) {
+  uint32_t b[CFG_MAX_TENANTS];
+  char err[256];
+  cfg c;
+
+  (void)state;
+  cfg_init(&c);
+  assert_int_equal(cfg_tenant_blocks(&c, 1000, 4096, b, err, sizeof(err)),
+                   0); /* no tenants, nothing to split */
+
+  load_ok(&c, "tenant = a uids=1 blocks=100\n"
+              "tenant = b uids=2 bytes=402K\n" /* 100.5 blocks */
+              "tenant = c uids=3 share=25%\n"
+              "tenant = d uids=4\n"
+              "tenant = e uids=5\n");
+  memset(b, 0xff, sizeof(b));
+  assert_int_equal(cfg_tenant_blocks(&c, 1000, 4096, b, err, sizeof(err)),
+                   0);
+  assert_int_equal(b[0], 100);
+  assert_int_equal(b[1], 100);
+  assert_int_equal(b[2], 250);
+  assert_int_equal(b[3], 275); /* (1000 - 450) / 2 */
+  assert_int_equal(b[4], 275);
+  /* the remainder of the split stays unused */
+  assert_int_equal(cfg_tenant_blocks(&c, 1001, 4096, b, err, sizeof(err)),
+                   0);
+  assert_int_equal(b[2], 250);
+  assert_int_equal(b[3], 275);
+
+  /* percents of the pool, rounded down, never below their decimal value */
+  load_ok(&c, "tenant = a uids=1 share=29%\n"
+              "tenant = b uids=2 share=57%\n"
+              "tenant = c uids=3 share=14%\n");
+  assert_int_equal(cfg_tenant_blocks(&c, 100, 4096, b, err, sizeof(err)), 0);
+  assert_int_equal(b[0], 29);
+  assert_int_equal(b[1], 57);
+  assert_int_equal(b[2], 14);
+  assert_int_equal(cfg_tenant_blocks(&c, 1001, 4096, b, err, sizeof(err)),
+                   0);
+  assert_int_equal(b[0], 290); /* 290.29 */
+  assert_int_equal(b[1], 570); /* 570.57 */
+  assert_int_equal(b[2], 140);
+
+  /* over the pool */
+  load_ok(&c, "tenant = a uids=1 blocks=600\n"
+              "tenant = b uids=2 share=50%\n");
+  assert_int_equal(cfg_tenant_blocks(&c, 1000, 4096, b, err, sizeof(err)),
+                   KVS_EINVAL);
+  assert_string_equal(err, "the tenants' shares add up to 1100 blocks; the "
+                           "pool has 1000");
+  assert_int_equal(cfg_tenant_blocks(&c, 1200, 4096, b, err, sizeof(err)),
+                   0);
+  assert_int_equal(b[1], 600);
+  /* huge shares add up without wrapping (2 x 2^63 is 0 in 64 bits) */
+  cfg_init(&c);
+  c.ntenants = 2;
+  for (int t = 0; t < 2; t++) {
+    snprintf(c.tenants[t].name, sizeof(c.tenants[t].name), "t%d", t);
+    c.tenants[t].uids.n = 1;
+    c.tenants[t].uids.ids[0] = (uint32_t)t + 1;
+    c.tenants[t].share_bytes = 1ull << 63;
+  }
+  assert_int_equal(cfg_tenant_blocks(&c, 1000, 1, b, err, sizeof(err)),
+                   KVS_EINVAL);
+  assert_non_null(strstr(err, "the pool has 1000"));
+
+  /* the tenants without a share get too little */
+  load_ok(&c, "tenant = a uids=1 blocks=993\n"
+              "tenant = b uids=2\n"
+              "tenant = c uids=3\n");
+  assert_int_equal(cfg_tenant_blocks(&c, 1000, 4096, b, err, sizeof(err)),
+                   KVS_EINVAL);
+  assert_string_equal(err, "the tenants' shares leave 7 of the pool's 1000 "
+                           "blocks to the 2 without one: 3 each, too few (a "
+                           "tenant needs at least 4, and more than "
+                           "reserve_blocks 0)");
+  assert_int_equal(cfg_tenant_blocks(&c, 1001, 4096, b, err, sizeof(err)),
+                   0);
+  assert_int_equal(b[1], 4);
+  /* a share too small: under CFG_TENANT_MIN_BLOCKS, or not past the
+   * reserve; bytes under a block are none */
+  load_ok(&c, "tenant = a uids=1 bytes=16K\ntenant = b uids=2\n");
+  assert_int_equal(cfg_tenant_blocks(&c, 1000, 4096, b, err, sizeof(err)),
+                   0);
+  assert_int_equal(b[0], CFG_TENANT_MIN_BLOCKS);
+  assert_int_equal(b[1], 996);
+  assert_int_equal(cfg_tenant_blocks(&c, 1000, 4097, b, err, sizeof(err)),
+                   KVS_EINVAL);
+  assert_string_equal(err, "tenant a: a share of 3 blocks is too small (a "
+                           "tenant needs at least 4, and more than "
+                           "reserve_blocks 0)");
+  assert_int_equal(cfg_tenant_blocks(&c, 1000, 32 << 10, b, err,
+                                     sizeof(err)), KVS_EINVAL);
+  assert_non_null(strstr(err, "tenant a: a share of 0 blocks"));
+  assert_int_equal(cfg_set(&c, "reserve_blocks", "4", err, sizeof(err)), 0);
+  assert_int_equal(cfg_tenant_blocks(&c, 1000, 4096, b, err, sizeof(err)),
+                   KVS_EINVAL);
+  assert_string_equal(err, "tenant a: a share of 4 blocks is too small (a "
+                           "tenant needs at least 5, and more than "
+                           "reserve_blocks 4)");
+  assert_int_equal(cfg_tenant_blocks(&c, 1000, 3276, b, err, sizeof(err)),
+                   0); /* 16384 / 3276: 5 */
+  assert_int_equal(b[0], 5);
+  load_ok(&c, "tenant = a uids=1 share=1%\n");
+  assert_int_equal(cfg_tenant_blocks(&c, 399, 4096, b, err, sizeof(err)),
+                   KVS_EINVAL);
+  assert_non_null(strstr(err, "a share of 3 blocks is too small"));
+}
+
 /* --help and the example config describe the option. */
 static void test_tenant_help(void **state) {
   char *help = NULL, *example = NULL;
@@ -1026,6 +1137,7 @@ int main(void) {
       cmocka_unit_test(test_tenant_args),
       cmocka_unit_test(test_tenant_finish),
       cmocka_unit_test(test_tenant_round_trip),
+      cmocka_unit_test(test_tenant_blocks),
       cmocka_unit_test(test_tenant_help),
       cmocka_unit_test(test_example_config),
       cmocka_unit_test(test_help_lists_every_option),
