@@ -879,6 +879,25 @@ static void test_tenant_round_trip(void **state) {
   free(out);
 }
 
+/* A peer's tenant: its uid's, else its gid's; -1 when none. */
+static void test_tenant_of(void **state) {
+  cfg c;
+
+  (void)state;
+  cfg_init(&c);
+  assert_int_equal(cfg_tenant_of(&c, 1000, 100), -1); /* no tenants */
+  load_ok(&c, "tenant = a gids=100,101\n"
+              "tenant = b uids=1000,1001\n"
+              "tenant = c uids=1002 gids=102\n");
+  assert_int_equal(cfg_tenant_of(&c, 1000, 100), 1); /* uid beats gid */
+  assert_int_equal(cfg_tenant_of(&c, 1002, 101), 2);
+  assert_int_equal(cfg_tenant_of(&c, 1001, 5), 1);
+  assert_int_equal(cfg_tenant_of(&c, 2000, 101), 0);  /* by gid */
+  assert_int_equal(cfg_tenant_of(&c, 2000, 102), 2);
+  assert_int_equal(cfg_tenant_of(&c, 2000, 103), -1); /* none */
+  assert_int_equal(cfg_tenant_of(&c, 0, 0), -1);
+}
+
 /* Shares in blocks: blocks=, bytes= rounded down, percents rounded down,
  * the rest split equally; too much or too little refused. */
 static void test_tenant_blocks(void **state) {
@@ -988,6 +1007,31 @@ static void test_tenant_blocks(void **state) {
   assert_int_equal(cfg_tenant_blocks(&c, 399, 4096, b, err, sizeof(err)),
                    KVS_EINVAL);
   assert_non_null(strstr(err, "a share of 3 blocks is too small"));
+}
+
+/* With tenants, only their peers are admitted, and root and the daemon's
+ * own uid; the allow lists no longer count. */
+static void test_peer_allowed_tenants(void **state) {
+  cfg c;
+
+  (void)state;
+  load_ok(&c, "tenant = a uids=1001\ntenant = b gids=77\n");
+  assert_true(cfg_peer_allowed(&c, 0, 0, 1000));      /* root */
+  assert_true(cfg_peer_allowed(&c, 1000, 5, 1000));   /* ourselves */
+  assert_true(cfg_peer_allowed(&c, 1001, 5, 1000));   /* a's uid */
+  assert_true(cfg_peer_allowed(&c, 1002, 77, 1000));  /* b's gid */
+  assert_false(cfg_peer_allowed(&c, 1002, 78, 1000)); /* in no tenant */
+  assert_false(cfg_peer_allowed(&c, 65534, 65534, 1000));
+  /* root and the daemon are in no tenant: they only observe */
+  assert_int_equal(cfg_tenant_of(&c, 0, 0), -1);
+  assert_int_equal(cfg_tenant_of(&c, 1000, 5), -1);
+  /* allow lists beside tenants (cfg_finish refuses them) admit no one */
+  c.allow_uids.n = 1;
+  c.allow_uids.ids[0] = 1003;
+  c.allow_gids.n = 1;
+  c.allow_gids.ids[0] = 78;
+  assert_false(cfg_peer_allowed(&c, 1003, 5, 1000));
+  assert_false(cfg_peer_allowed(&c, 1002, 78, 1000));
 }
 
 /* --help and the example config describe the option. */
@@ -1137,7 +1181,9 @@ int main(void) {
       cmocka_unit_test(test_tenant_args),
       cmocka_unit_test(test_tenant_finish),
       cmocka_unit_test(test_tenant_round_trip),
+      cmocka_unit_test(test_tenant_of),
       cmocka_unit_test(test_tenant_blocks),
+      cmocka_unit_test(test_peer_allowed_tenants),
       cmocka_unit_test(test_tenant_help),
       cmocka_unit_test(test_example_config),
       cmocka_unit_test(test_help_lists_every_option),
