@@ -2,10 +2,12 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <grp.h>
 #include <limits.h>
 #include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <pwd.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +31,8 @@ enum cfg_type {
   T_LISTEN, /* a string: HOST:PORT, [IPV6]:PORT or *:PORT (cfg_listen_addr);
              * HOST must resolve */
   T_ZMQ,  /* a string: a ZMQ endpoint to bind (tcp://, ipc://, inproc://) */
+  T_TENANT, /* one tenant (parse_tenant), appended to c->tenants each time
+             * the option is given; an empty value empties the list */
 };
 
 typedef struct cfg_option {
@@ -45,6 +49,9 @@ typedef struct cfg_option {
 } cfg_option;
 
 #define F(field) offsetof(cfg, field), sizeof(((cfg *)0)->field)
+
+#define CFG_MAX_POOL_BYTES (1ull << 44) /* pool_bytes, a tenant's bytes= */
+_Static_assert(CFG_MAX_TENANTS == 16, "the tenant option's help says 16");
 
 /* The one option table.  Every option is a config-file key and a flag. */
 static const cfg_option options[] = {
@@ -66,10 +73,12 @@ static const cfg_option options[] = {
     {"allow_uids", T_IDS, F(allow_uids), 0, UINT32_MAX, "", NULL, "UID,...",
      "Listening",
      "User ids allowed to connect (checked with SO_PEERCRED), besides root "
-     "and the daemon's own uid, which always are."},
+     "and the daemon's own uid, which always are.  Not with tenants (a "
+     "tenant lists its users)."},
     {"allow_gids", T_IDS, F(allow_gids), 0, UINT32_MAX, "", NULL, "GID,...",
      "Listening",
-     "Group ids whose processes may connect (the peer's primary gid)."},
+     "Group ids whose processes may connect (the peer's primary gid).  Not "
+     "with tenants."},
     {"max_connections", T_U32, F(max_connections), 1, 65536, "256", NULL, "N",
      "Listening",
      "Most sessions at once.  A connection over the limit gets a Welcome "
@@ -155,8 +164,8 @@ static const cfg_option options[] = {
      "most 16 chunks), each sent to a worker as one file descriptor."},
     {"pool_blocks", T_U32, F(pool_blocks), 1, CFG_MAX_BLOCKS, "4096", NULL,
      "N", "Pool", "Blocks in the pool (unless pool_bytes is set)."},
-    {"pool_bytes", T_SIZE, F(pool_bytes), 0, 1ull << 44, "0", NULL, "BYTES",
-     "Pool",
+    {"pool_bytes", T_SIZE, F(pool_bytes), 0, CFG_MAX_POOL_BYTES, "0", NULL,
+     "BYTES", "Pool",
      "Byte budget for the pool; when nonzero the pool holds as many whole "
      "blocks as fit, and pool_blocks is ignored."},
     {"block_size", T_U32, F(block_size), 1, 4096, "16", NULL, "TOKENS", "Pool",
@@ -173,6 +182,28 @@ static const cfg_option options[] = {
      "Pool",
      "Model name: part of the root of every block hash, so caches of "
      "different models never match."},
+
+    {"tenant", T_TENANT, F(tenants), 0, 0, "", NULL,
+     "'NAME [uids=U,...] [gids=G,...] [share=P%|blocks=N|bytes=SIZE]'",
+     "Tenants",
+     "A tenant: workers with a part of the pool of their own (its own "
+     "memory, prefix index and eviction).  The value is NAME, then fields "
+     "in any order, separated by spaces: team-a uids=alice,1001 gids=ml "
+     "share=25%.  NAME: 1 to 31 characters of [A-Za-z0-9_.-].  uids=: the "
+     "workers' user ids or names; gids=: their primary group ids or names "
+     "(at least one of the two; names are resolved when the option is "
+     "read).  A worker's tenant is the one listing its uid, else the one "
+     "listing its gid; a uid or gid is in one tenant at most.  The share: "
+     "share=P% of the pool (0 < P <= 100, as 12.5%), blocks=N or "
+     "bytes=SIZE, at most one; the tenants without one split what the "
+     "others leave equally.  Give the option once per tenant (at most 16): "
+     "the flags' tenants are added to the config file's, and an empty "
+     "value drops those given before it.  With tenants, a session whose "
+     "uid and gid are in no tenant is refused, except root's and the "
+     "daemon's own uid's, which may only observe (Stats and Ping, no pool "
+     "mapped); allow_uids and allow_gids are refused (list the users in a "
+     "tenant).  "
+     "Empty: no tenants, one pool for every admitted peer."},
 
     {"host_tier_bytes", T_SIZE, F(host_tier_bytes), 0, 1ull << 46, "0", NULL,
      "BYTES", "Tiers",
@@ -593,6 +624,274 @@ static void bytes_text(unsigned long long x, char *out, size_t len) {
     snprintf(out, len, "%llu%c", x, unit[u]);
 }
 
+/* A user's or group's id from an item of uids= or gids=: a number (all
+ * digits), else a name looked up with getpwnam_r or getgrnam_r.  0; -1 no
+ * such name; another negative status when the lookup itself failed (why
+ * in *why). */
+static int resolve_id(const char *item, int group, uint32_t *id,
+                      const char **why) {
+  unsigned long long u;
+  size_t cap = 1024;
+  char *buf = NULL;
+  int rc;
+
+  if (item[strspn(item, "0123456789")] == '\0') {
+    if (parse_ull(item, &u, 0) < 0 || u > UINT32_MAX)
+      return -1;
+    *id = (uint32_t)u;
+    return 0;
+  }
+  for (;;) {
+    struct passwd pw, *pwr = NULL;
+    struct group gr, *grr = NULL;
+    char *t = realloc(buf, cap);
+
+    if (!t) {
+      rc = -ENOMEM;
+      break;
+    }
+    buf = t;
+    if (group) {
+      rc = getgrnam_r(item, &gr, buf, cap, &grr);
+      if (rc == 0 && grr)
+        *id = (uint32_t)grr->gr_gid;
+    } else {
+      rc = getpwnam_r(item, &pw, buf, cap, &pwr);
+      if (rc == 0 && pwr)
+        *id = (uint32_t)pwr->pw_uid;
+    }
+    if (rc == ERANGE && cap < (1u << 24)) {
+      cap *= 4;
+      continue;
+    }
+    /* Not found is 0 and no entry; glibc may also say ENOENT or ESRCH. */
+    if (rc == 0 || rc == ENOENT || rc == ESRCH)
+      rc = (grr || pwr) ? 0 : -1;
+    else
+      rc = -rc;
+    break;
+  }
+  free(buf);
+  if (rc < -1)
+    *why = strerror(-rc);
+  return rc;
+}
+
+/* Is s (n bytes, then a space or the end) a tenant's name: 1 to
+ * CFG_TENANT_NAME - 1 of [A-Za-z0-9_.-]? */
+static int tenant_name_ok(const char *s, size_t n) {
+  static const char ok[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                           "abcdefghijklmnopqrstuvwxyz0123456789_.-";
+
+  return n > 0 && n < CFG_TENANT_NAME && strspn(s, ok) == n;
+}
+
+/* uids=ITEM,... or gids=ITEM,... of tenant name into l. */
+static int tenant_ids(const char *as, const char *name, const char *v,
+                      size_t vlen, int group, cfg_idlist *l, char *err,
+                      size_t err_len) {
+  const char *p = v, *end = v + vlen;
+  const char *what = group ? "group" : "user";
+  const char *idn = group ? "gid" : "uid";
+
+  if (vlen == 0)
+    return fail(err, err_len, "%s %s: %ss= lists no %s", as, name, idn,
+                what);
+  while (p < end) {
+    const char *comma = memchr(p, ',', (size_t)(end - p));
+    size_t n = (size_t)((comma ? comma : end) - p);
+    const char *why = NULL;
+    char item[256];
+    uint32_t id = 0, i;
+    int rc;
+
+    if (n == 0 || n >= sizeof(item))
+      return fail(err, err_len, "%s %s: %ss=%.*s has an empty or overlong "
+                  "item (%ss or %s names, separated by commas)", as, name,
+                  idn, (int)vlen, v, idn, what);
+    memcpy(item, p, n);
+    item[n] = '\0';
+    rc = resolve_id(item, group, &id, &why);
+    if (rc == -1 && item[strspn(item, "0123456789")] == '\0')
+      return fail(err, err_len, "%s %s: '%s' is not a numeric %s", as, name,
+                  item, idn);
+    if (rc == -1)
+      return fail(err, err_len, "%s %s: unknown %s '%s'", as, name, what,
+                  item);
+    if (rc < 0)
+      return fail(err, err_len, "%s %s: cannot look up %s '%s' (%s)", as,
+                  name, what, item, why);
+    for (i = 0; i < l->n; i++)
+      if (l->ids[i] == id)
+        return fail(err, err_len, "%s %s: %s %u is listed twice", as, name,
+                    idn, id);
+    if (l->n == CFG_MAX_IDS)
+      return fail(err, err_len, "%s %s: more than %d %ss", as, name,
+                  CFG_MAX_IDS, idn);
+    l->ids[l->n++] = id;
+    p += n;
+    if (p < end)
+      p++; /* the comma */
+  }
+  return 0;
+}
+
+/* share=P%: a decimal number (digits, perhaps a point and more digits)
+ * and a '%', 0 < P <= 100, as a fraction. */
+static int tenant_percent(const char *v, size_t n, double *frac) {
+  char num[32];
+  size_t d;
+  double x;
+
+  if (n < 2 || n >= sizeof(num) || v[n - 1] != '%')
+    return -1;
+  memcpy(num, v, n - 1);
+  num[n - 1] = '\0';
+  d = strspn(num, "0123456789");
+  if (num[d] == '.')
+    d += 1 + strspn(num + d + 1, "0123456789");
+  if (num[d] || !isdigit((unsigned char)num[0]))
+    return -1;
+  x = strtod(num, NULL);
+  if (!(x > 0.0 && x <= 100.0))
+    return -1;
+  *frac = x / 100.0;
+  return 0;
+}
+
+/* One tenant from its text: NAME, then FIELD=VALUE in any order, separated
+ * by white space (the table's help).  Checks the tenant alone; set_option
+ * checks it against the others. */
+static int parse_tenant(const char *as, const char *v, cfg_tenant *t,
+                        char *err, size_t err_len) {
+  static const char space[] = " \t\r\n\v\f";
+  const char *p = v + strspn(v, space);
+  size_t n = strcspn(p, space);
+  unsigned seen = 0; /* 1 uids, 2 gids, 4 a share */
+
+  memset(t, 0, sizeof(*t));
+  if (!tenant_name_ok(p, n))
+    return fail(err, err_len, "%s: '%.*s' is not a tenant's name (the value "
+                "starts with it: 1 to %d characters of [A-Za-z0-9_.-])", as,
+                (int)n, p, CFG_TENANT_NAME - 1);
+  memcpy(t->name, p, n);
+  for (p += n;; p += n) {
+    const char *eq, *fv;
+    size_t klen, flen;
+    unsigned long long u;
+    int rc;
+
+    p += strspn(p, space);
+    if (!*p)
+      break;
+    n = strcspn(p, space);
+    eq = memchr(p, '=', n);
+    klen = eq ? (size_t)(eq - p) : n;
+    fv = eq ? eq + 1 : p + n;
+    flen = (size_t)(p + n - fv);
+#define FIELD(name) (klen == sizeof(name) - 1 && !memcmp(p, name, klen) && eq)
+    if (FIELD("uids") || FIELD("gids")) {
+      int group = p[0] == 'g';
+      unsigned bit = group ? 2 : 1;
+
+      if (seen & bit)
+        return fail(err, err_len, "%s %s: %.*s= given twice", as, t->name,
+                    (int)klen, p);
+      seen |= bit;
+      rc = tenant_ids(as, t->name, fv, flen, group,
+                      group ? &t->gids : &t->uids, err, err_len);
+      if (rc < 0)
+        return rc;
+      continue;
+    }
+    if (!FIELD("share") && !FIELD("blocks") && !FIELD("bytes"))
+      return fail(err, err_len, "%s %s: unknown field '%.*s' (uids=, gids=, "
+                  "share=, blocks= or bytes=)", as, t->name, (int)n, p);
+    if (seen & 4)
+      return fail(err, err_len, "%s %s: two shares; give one of share=, "
+                  "blocks= and bytes=", as, t->name);
+    seen |= 4;
+    if (FIELD("share")) {
+      if (tenant_percent(fv, flen, &t->share_frac) < 0)
+        return fail(err, err_len, "%s %s: share '%.*s' is not a percent "
+                    "above 0 and at most 100 (as 25%% or 12.5%%)", as,
+                    t->name, (int)flen, fv);
+    } else {
+      int blocks = FIELD("blocks"); /* else bytes= */
+      char num[32];
+
+      if (flen == 0 || flen >= sizeof(num))
+        u = 0;
+      else {
+        memcpy(num, fv, flen);
+        num[flen] = '\0';
+        if (parse_ull(num, &u, !blocks) < 0)
+          u = 0;
+      }
+      if (blocks && (u == 0 || u > CFG_MAX_BLOCKS))
+        return fail(err, err_len, "%s %s: blocks '%.*s' is not a number of "
+                    "blocks in [1, %u]", as, t->name, (int)flen, fv,
+                    CFG_MAX_BLOCKS);
+      if (!blocks && (u == 0 || u > CFG_MAX_POOL_BYTES))
+        return fail(err, err_len, "%s %s: bytes '%.*s' is not a byte count "
+                    "in [1, 16T] (a decimal number, optionally followed by "
+                    "K, M, G or T)", as, t->name, (int)flen, fv);
+      if (blocks)
+        t->share_blocks = (uint32_t)u;
+      else
+        t->share_bytes = (uint64_t)u;
+    }
+#undef FIELD
+  }
+  if (!(seen & 3))
+    return fail(err, err_len, "%s %s: lists no user and no group (give "
+                "uids=, gids= or both)", as, t->name);
+  return 0;
+}
+
+/* Appends tenant text v to c's tenants, or empties the list when v is
+ * blank.  The new one must differ from those already there: its name, each
+ * uid, each gid. */
+static int add_tenant(cfg *c, const char *as, const char *v, char *err,
+                      size_t err_len) {
+  cfg_tenant t;
+  uint32_t i, j, k;
+  int rc;
+
+  if (!v[strspn(v, " \t\r\n\v\f")]) {
+    c->ntenants = 0;
+    memset(c->tenants, 0, sizeof(c->tenants));
+    return 0;
+  }
+  rc = parse_tenant(as, v, &t, err, err_len);
+  if (rc < 0)
+    return rc;
+  if (c->ntenants == CFG_MAX_TENANTS)
+    return fail(err, err_len, "%s %s: more than %d tenants", as, t.name,
+                CFG_MAX_TENANTS);
+  for (i = 0; i < c->ntenants; i++) {
+    const cfg_tenant *o = &c->tenants[i];
+
+    if (strcmp(o->name, t.name) == 0)
+      return fail(err, err_len, "%s %s: tenant %s is declared twice", as,
+                  t.name, t.name);
+    for (j = 0; j < t.uids.n; j++)
+      for (k = 0; k < o->uids.n; k++)
+        if (t.uids.ids[j] == o->uids.ids[k])
+          return fail(err, err_len, "%s %s: uid %u is in tenant %s too (a "
+                      "uid belongs to one tenant)", as, t.name,
+                      t.uids.ids[j], o->name);
+    for (j = 0; j < t.gids.n; j++)
+      for (k = 0; k < o->gids.n; k++)
+        if (t.gids.ids[j] == o->gids.ids[k])
+          return fail(err, err_len, "%s %s: gid %u is in tenant %s too (a "
+                      "gid belongs to one tenant)", as, t.name,
+                      t.gids.ids[j], o->name);
+  }
+  c->tenants[c->ntenants++] = t;
+  return 0;
+}
+
 /* Sets o from its text v; messages name the option as the user wrote it
  * (as: "--pool-blocks" for a flag, "pool_blocks" in a file). */
 static int set_option(cfg *c, const cfg_option *o, const char *as,
@@ -732,6 +1031,8 @@ static int set_option(cfg *c, const cfg_option *o, const char *as,
     memcpy(field, &l, sizeof(l));
     return 0;
   }
+  case T_TENANT:
+    return add_tenant(c, as, v, err, err_len);
   }
   return fail(err, err_len, "%s: bad option type", as);
 }
@@ -950,6 +1251,32 @@ void cfg_default_socket(char *out, size_t len) {
     snprintf(out, len, "/run/kvshare/kvshared.sock");
 }
 
+/* The tenants against the rest of the configuration: no allow list beside
+ * them (a tenant lists its users), and their shares within the pool.  The
+ * percents are checked here; the whole split (cfg_tenant_blocks) only when
+ * the pool's size is known: with gpu_memory_fraction the backend learns it
+ * at start, where cfg_tenant_blocks checks the split again. */
+static int check_tenants(const cfg *c, char *err, size_t err_len) {
+  uint32_t blocks[CFG_MAX_TENANTS], t;
+  double frac = 0;
+
+  if (!c->ntenants)
+    return 0;
+  if (c->allow_uids.n || c->allow_gids.n)
+    return fail(err, err_len, "%s does not go with tenants: with tenants, "
+                "list the users in a tenant (uids=, gids=)",
+                c->allow_uids.n ? "allow_uids" : "allow_gids");
+  for (t = 0; t < c->ntenants; t++)
+    frac += c->tenants[t].share_frac;
+  if (frac > 1.0 + 1e-9)
+    return fail(err, err_len, "the tenants' shares add up to %.15g%% of the "
+                "pool", frac * 100.0);
+  if (c->gpu_memory_fraction > 0)
+    return 0;
+  return cfg_tenant_blocks(c, c->layout.num_blocks, c->layout.block_stride,
+                           blocks, err, err_len);
+}
+
 int cfg_finish(cfg *c, char *err, size_t err_len) {
   kvs_layout *l = &c->layout;
   int offline;
@@ -1000,7 +1327,7 @@ int cfg_finish(cfg *c, char *err, size_t err_len) {
   if (kvs_layout_finish(l) < 0)
     return fail(err, err_len, "bad layout");
   if (kvs_pool_bytes(l) / l->block_stride != l->num_blocks ||
-      kvs_pool_bytes(l) > (1ull << 44))
+      kvs_pool_bytes(l) > CFG_MAX_POOL_BYTES)
     return fail(err, err_len, "the pool (%u blocks of %llu bytes) is too big",
                 l->num_blocks, (unsigned long long)l->block_stride);
   if (c->gpu_memory_fraction > 0 && strcmp(c->backend, "host") == 0)
@@ -1031,7 +1358,7 @@ int cfg_finish(cfg *c, char *err, size_t err_len) {
   if (c->reserve_blocks >= l->num_blocks && c->gpu_memory_fraction == 0)
     return fail(err, err_len, "reserve_blocks %u must be below the pool's %u "
                 "blocks", c->reserve_blocks, l->num_blocks);
-  return 0;
+  return check_tenants(c, err, err_len);
 }
 
 uint32_t cfg_tier_window(const cfg *c, uint32_t num_blocks,
@@ -1082,10 +1409,18 @@ int cfg_tenant_of(const cfg *c, uid_t uid, gid_t gid) {
   return -1;
 }
 
+/* A tenant's share=P% of pool_blocks, rounded down.  P was read as
+ * decimal text: 29% is 0.29 only to the nearest double, and 0.29 x 100 is
+ * 28.999999999999996; the nudge (far below a block for any pool) keeps
+ * such a product on its whole number. */
+static uint64_t frac_blocks(double frac, uint32_t pool_blocks) {
+  return (uint64_t)(frac * (double)pool_blocks * (1.0 + 1e-12));
+}
+
 int cfg_tenant_blocks(const cfg *c, uint32_t pool_blocks, uint64_t block_stride,
                       uint32_t *blocks, char *err, size_t err_len) {
   uint64_t given = 0, b;
-  uint32_t t, nrest = 0, rest;
+  uint32_t t, nrest = 0, rest, least;
 
   for (t = 0; t < c->ntenants; t++) {
     const cfg_tenant *x = &c->tenants[t];
@@ -1095,31 +1430,39 @@ int cfg_tenant_blocks(const cfg *c, uint32_t pool_blocks, uint64_t block_stride,
     else if (x->share_bytes)
       b = block_stride ? x->share_bytes / block_stride : 0;
     else if (x->share_frac > 0)
-      b = (uint64_t)(x->share_frac * (double)pool_blocks);
+      b = frac_blocks(x->share_frac, pool_blocks);
     else {
       nrest++;
       blocks[t] = 0;
       continue;
     }
+    if (b > (1ull << 40)) /* far over any pool; 16 of them add up safely */
+      b = 1ull << 40;
     blocks[t] = b > UINT32_MAX ? UINT32_MAX : (uint32_t)b;
     given += b;
   }
   if (given > pool_blocks)
     return fail(err, err_len, "the tenants' shares add up to %llu blocks; "
                 "the pool has %u", (unsigned long long)given, pool_blocks);
+  least = c->reserve_blocks >= CFG_TENANT_MIN_BLOCKS ? c->reserve_blocks + 1
+                                                     : CFG_TENANT_MIN_BLOCKS;
   rest = nrest ? (uint32_t)((pool_blocks - given) / nrest) : 0;
+  if (nrest && rest < least)
+    return fail(err, err_len, "the tenants' shares leave %llu of the pool's "
+                "%u blocks to the %u without one: %u each, too few (a "
+                "tenant needs at least %u, and more than reserve_blocks %u)",
+                (unsigned long long)(pool_blocks - given), pool_blocks, nrest,
+                rest, least, c->reserve_blocks);
   for (t = 0; t < c->ntenants; t++) {
     const cfg_tenant *x = &c->tenants[t];
 
     if (!x->share_blocks && !x->share_bytes && !(x->share_frac > 0))
       blocks[t] = rest;
-    if (blocks[t] < CFG_TENANT_MIN_BLOCKS || blocks[t] <= c->reserve_blocks)
+    if (blocks[t] < least)
       return fail(err, err_len, "tenant %s: a share of %u blocks is too "
-                  "small (at least %u, and more than reserve_blocks %u)",
-                  x->name, blocks[t],
-                  c->reserve_blocks >= CFG_TENANT_MIN_BLOCKS
-                      ? c->reserve_blocks + 1 : CFG_TENANT_MIN_BLOCKS,
-                  c->reserve_blocks);
+                  "small (a tenant needs at least %u, and more than "
+                  "reserve_blocks %u)",
+                  x->name, blocks[t], least, c->reserve_blocks);
   }
   return 0;
 }
@@ -1176,7 +1519,8 @@ void cfg_print_help(FILE *out, const char *prog) {
           "it, and\nserves worker processes over a Unix socket.\n"
           "\n"
           "  --config FILE        read `key = value` lines first (flags "
-          "override them)\n"
+          "override them;\n"
+          "                       --tenant adds to the file's tenants)\n"
           "  --print-config       print the effective configuration and "
           "exit\n"
           "  --print-example-config  print the annotated example config "
@@ -1190,7 +1534,7 @@ void cfg_print_help(FILE *out, const char *prog) {
           prog, prog);
   for (i = 0; i < NOPTIONS; i++) {
     const cfg_option *o = &options[i];
-    char flag[64], def[160];
+    char flag[128], def[160];
 
     if (strcmp(section, o->section) != 0) {
       section = o->section;
@@ -1240,6 +1584,31 @@ void cfg_print_example(FILE *out) {
       fprintf(out, "# One of: %s.\n", o->choices);
     fprintf(out, "#%s =%s%s\n", o->name, o->def[0] ? " " : "", o->def);
   }
+}
+
+/* A tenant as the option's value: NAME uids=... gids=... SHARE, the ids as
+ * numbers (names were resolved when it was read). */
+static void print_tenant(FILE *out, const cfg_tenant *t) {
+  static const char *const key[] = {"uids", "gids"};
+  const cfg_idlist *l[] = {&t->uids, &t->gids};
+  uint32_t i, j;
+
+  fprintf(out, "%s", t->name);
+  for (i = 0; i < 2; i++) {
+    if (l[i]->n)
+      fprintf(out, " %s=", key[i]);
+    for (j = 0; j < l[i]->n; j++)
+      fprintf(out, "%s%u", j ? "," : "", l[i]->ids[j]);
+  }
+  if (t->share_blocks)
+    fprintf(out, " blocks=%u", t->share_blocks);
+  else if (t->share_bytes) {
+    char b[32];
+
+    bytes_text(t->share_bytes, b, sizeof(b));
+    fprintf(out, " bytes=%s", b);
+  } else if (t->share_frac > 0)
+    fprintf(out, " share=%.15g%%", t->share_frac * 100.0);
 }
 
 void cfg_print_values(FILE *out, const cfg *c) {
@@ -1296,6 +1665,18 @@ void cfg_print_values(FILE *out, const cfg *c) {
       for (j = 0; j < l->n; j++)
         fprintf(out, "%s%u", j ? "," : "", l->ids[j]);
       fprintf(out, "\n");
+      break;
+    }
+    case T_TENANT: {
+      uint32_t t;
+
+      if (!c->ntenants)
+        fprintf(out, "%s = \n", o->name);
+      for (t = 0; t < c->ntenants; t++) {
+        fprintf(out, "%s = ", o->name);
+        print_tenant(out, &c->tenants[t]);
+        fprintf(out, "\n");
+      }
       break;
     }
     }

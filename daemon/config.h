@@ -6,7 +6,9 @@
  * flags (`--key value`, `--key=value`; '-' and '_' are the same in a key),
  * `--help`, and the annotated example config (`--print-example-config`, the
  * source of deploy/kvshared.conf).  Precedence: built-in defaults, then the file
- * named by --config, then the other flags.
+ * named by --config, then the other flags.  The one repeatable option,
+ * tenant, appends a tenant each time it is given (an empty value empties
+ * the list): the flags' tenants come after the file's.
  *
  * Functions return 0 or KVS_EINVAL with a one-line reason in err.  Nothing
  * here logs or touches the event loop.
@@ -124,7 +126,9 @@ typedef struct cfg {
 /* Fills c with the table's defaults. */
 void cfg_init(cfg *c);
 
-/* Sets one option from its text value.  key may use '-' or '_'. */
+/* Sets one option from its text value.  key may use '-' or '_'.  A tenant
+ * is checked against those already set (name, uids, gids) as it is
+ * appended; against the other options in cfg_finish. */
 int cfg_set(cfg *c, const char *key, const char *value, char *err,
             size_t err_len);
 
@@ -156,7 +160,9 @@ int cfg_parse_args(cfg *c, int argc, char **argv, enum cfg_action *action,
 /* Fills the defaults that depend on the environment (socket path) and
  * derives the layout (pool_bytes -> number of blocks).  With
  * gpu_memory_fraction the number of blocks is known only once the GPU is
- * open: the backend sets it (backend_open). */
+ * open: the backend sets it (backend_open).  Refuses tenants beside
+ * allow_uids or allow_gids, percent shares over 100%, and, when the pool's
+ * size is known, shares cfg_tenant_blocks refuses. */
 int cfg_finish(cfg *c, char *err, size_t err_len);
 
 /* The default socket path: $XDG_RUNTIME_DIR/kvshare/kvshared.sock when that
