@@ -449,7 +449,7 @@ static void keys_end(void *arg) { events_keys_end(((srv *)arg)->events); }
 static int start_observers(srv *s) {
   char err[256];
 
-  if (events_open(s->loop, s->cfg, s->core,
+  if (events_open(s->loop, s->cfg, &s->core, 1,
                   strcmp(s->pool->ex.backend, "cuda") == 0 ? "GPU" : "CPU",
                   s->layout.block_size, &s->events, err, sizeof(err)) < 0) {
     log_error(0, "kv events: %s", err);
@@ -473,7 +473,7 @@ static void stop_observers(srv *s) {
   metrics_stop(s->metrics);
   s->metrics = NULL;
   s->hub.metrics = NULL;
-  events_close(s->events, s->core);
+  events_close(s->events);
   s->events = NULL;
 }
 
