@@ -38,6 +38,22 @@ $(CONFIG_TESTS): $(BUILD)/%: $(BUILD)/%.o $(BUILD)/daemon/config.o \
 	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(BUILD)/daemon/config.o $(BUILD)/libkvscore.a \
 	  $(BUILD)/libkvsproto.a $(CORE_LIBS) $(PROTO_LIBS) $(TEST_LIBS)
 
+# Unit tests of the KV event stream: tests/unit/test_events*.c, linked with
+# the events module, the log, the option table and the core (a real loop
+# and ZMQ sockets on ipc:// endpoints).
+EVENTS_TEST_OBJS := $(BUILD)/daemon/observe/events.o $(BUILD)/daemon/log.o \
+                    $(BUILD)/daemon/config.o
+EVENTS_TESTS := $(patsubst %.c,$(BUILD)/%,$(wildcard tests/unit/test_events*.c))
+UNIT_TESTS += $(EVENTS_TESTS)
+$(EVENTS_TESTS:%=%.o): | $(PROTO_GEN_H)
+$(EVENTS_TESTS:%=%.o): CPPFLAGS += $(call DEP_CFLAGS,libuv libzmq msgpack)
+$(EVENTS_TESTS): $(BUILD)/%: $(BUILD)/%.o $(EVENTS_TEST_OBJS) \
+                 $(BUILD)/libkvscore.a $(BUILD)/libkvsproto.a
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(EVENTS_TEST_OBJS) $(CORE_LIBS) \
+	  $(BUILD)/libkvsproto.a $(PROTO_LIBS) \
+	  $(call DEP_LIBS,libuv libzmq msgpack) $(TEST_LIBS)
+
 # `make install`: the example config and the systemd unit, for the admin to
 # copy into /etc (see docs/operations.md); the unit runs $(PREFIX)/bin/kvshared.
 define KVS_DAEMON_INSTALL

@@ -485,9 +485,12 @@ static void keys_end(void *arg) { events_keys_end(((srv *)arg)->events); }
  * can change the index before AllBlocksCleared goes out; a failure leaves
  * no socket behind). */
 static int start_observers(srv *s) {
+  core *cores[CFG_MAX_TENANTS];
   char err[256];
 
-  if (events_open(s->loop, s->cfg, s->parts[0].core,
+  for (uint32_t i = 0; i < s->nparts; i++)
+    cores[i] = s->parts[i].core;
+  if (events_open(s->loop, s->cfg, cores, s->nparts,
                   strcmp(s->parts[0].pool->ex.backend, "cuda") == 0 ? "GPU"
                                                                    : "CPU",
                   s->layout.block_size, &s->events, err, sizeof(err)) < 0) {
@@ -514,7 +517,7 @@ static void stop_observers(srv *s) {
   metrics_stop(s->metrics);
   s->metrics = NULL;
   s->hub.metrics = NULL;
-  events_close(s->events, s->parts[0].core);
+  events_close(s->events);
   s->events = NULL;
 }
 

@@ -22,6 +22,7 @@
  * several daemons sends each the others' topics: a few, not 1024.
  */
 #include <arpa/inet.h>
+#include <assert.h>
 #include <errno.h>
 #include <msgpack.h>
 #include <netinet/in.h>
@@ -113,9 +114,17 @@ typedef struct ev_kept {
   ev_blob *blob;
 } ev_kept;
 
+/* A core observed: its callbacks' arg (they query the core they came
+ * from), and what events_close detaches. */
+typedef struct ev_src {
+  events *e;
+  core *cr;                /* (queried, never changed, from its callbacks) */
+} ev_src;
+
 struct events {
   uv_loop_t *loop;
-  const core *core;        /* (queried, never changed, from its callbacks) */
+  ev_src *srcs;            /* the cores observed */
+  uint32_t nsrcs;
   void *zctx, *pub, *router;
   uv_poll_t rpoll, ppoll;
   char pub_ep[300];        /* as bound (ZMQ_LAST_ENDPOINT) */
@@ -149,7 +158,8 @@ struct events {
   ev_key parent_key;
   kvs_hash128 last;        /* the run's last hash: the next one's parent */
   msgpack_sbuffer xb;      /* the run's extra keys */
-  /* the engine's keys: by hash, the commit's being sealed, LoRA names */
+  /* the engine's keys: by hash (the daemon's: those of different cores
+   * never collide), the commit's being sealed, LoRA names */
   ev_emap *emap;
   uint32_t emask, ecount;
   const kvs_op_keys *keys;
@@ -723,16 +733,19 @@ static void add_removed(events *e, int md, uint64_t h) {
 
 static void on_stored(void *arg, kvs_hash128 h, const kvs_hash128 *parent,
                       const uint32_t *tokens) {
-  events *e = arg;
+  events *e = ((ev_src *)arg)->e;
 
   emap_place(e, h.lo, EV_IN_POOL, 1);
   add_stored(e, EV_POOL, h, parent, tokens);
 }
 
 /* (right after on_stored for the same block) A commit sealed h at pos:
- * with the engine's keys for it, they become h's. */
+ * with the engine's keys for it, they become h's.  (Only the core that
+ * runs the commit seals while the keys are set: one core's operation never
+ * calls into another's.) */
 static void on_sealed(void *arg, kvs_hash128 h, uint32_t b, uint32_t pos) {
-  events *e = arg;
+  const ev_src *src = arg;
+  events *e = src->e;
   const kvs_op_keys *k = e->keys;
   uint32_t i;
   ev_emap *m;
@@ -743,7 +756,7 @@ static void on_sealed(void *arg, kvs_hash128 h, uint32_t b, uint32_t pos) {
     return;
   /* A block whose copies below went out under the daemon's hash keeps it:
    * their removals must name what their stores named. */
-  if (emap_find(e, h.lo) == NULL && core_tier_holds(e->core, h)) {
+  if (emap_find(e, h.lo) == NULL && core_tier_holds(src->cr, h)) {
     e->st.key_failures++;
     return;
   }
@@ -780,7 +793,7 @@ static void on_sealed(void *arg, kvs_hash128 h, uint32_t b, uint32_t pos) {
 }
 
 static void on_removed(void *arg, kvs_hash128 h) {
-  events *e = arg;
+  events *e = ((ev_src *)arg)->e;
 
   add_removed(e, EV_POOL, h.lo);
   emap_place(e, h.lo, EV_IN_POOL, 0);
@@ -789,7 +802,7 @@ static void on_removed(void *arg, kvs_hash128 h) {
 static const uint8_t tier_place[] = {EV_IN_HOST, EV_IN_DISK, 0};
 
 static void on_tier(void *arg, kvs_hash128 h, int t, int present) {
-  events *e = arg;
+  events *e = ((ev_src *)arg)->e;
 
   if (t < 0 || t > CORE_TIER_REMOTE)
     return;
@@ -1021,6 +1034,7 @@ static void on_closed(uv_handle_t *h) {
     blob_unref(NULL, e->kept[(e->head + i) % e->cap].blob);
   free(e->kept);
   free(e->peers);
+  free(e->srcs);
   free(e->ents);
   free(e->tokens);
   free(e->emap);
@@ -1062,8 +1076,9 @@ static void *bind_socket(events *e, int type, const char *ep, int hwm,
   return s;
 }
 
-int events_open(uv_loop_t *loop, const cfg *c, core *cr, const char *medium,
-                uint32_t block_size, events **out, char *err, size_t len) {
+int events_open(uv_loop_t *loop, const cfg *c, core *const *cores,
+                uint32_t ncores, const char *medium, uint32_t block_size,
+                events **out, char *err, size_t len) {
   core_observer obs;
   events *e;
   int fd, pfd = -1;
@@ -1072,15 +1087,25 @@ int events_open(uv_loop_t *loop, const cfg *c, core *cr, const char *medium,
   *out = NULL;
   if (!c->kv_events_endpoint[0])
     return 0;
+  assert(ncores >= 1);
   e = calloc(1, sizeof(*e));
-  if (e == NULL || (e->kept = calloc(c->kv_events_buffer, sizeof(ev_kept))) == NULL) {
+  if (e == NULL ||
+      (e->kept = calloc(c->kv_events_buffer, sizeof(ev_kept))) == NULL ||
+      (e->srcs = calloc(ncores, sizeof(ev_src))) == NULL) {
+    if (e)
+      free(e->kept);
     free(e);
     snprintf(err, len, "out of memory");
     return -1;
   }
   e->loop = loop;
   e->cap = c->kv_events_buffer;
-  e->core = cr;
+  for (uint32_t i = 0; i < ncores; i++) {
+    assert(cores[i] != NULL);
+    e->srcs[i].e = e;
+    e->srcs[i].cr = cores[i];
+  }
+  e->nsrcs = ncores;
   e->mediums[EV_POOL] = medium;
   /* (under a host pool, whose medium is CPU, the host tier's is told
    * apart) */
@@ -1169,15 +1194,24 @@ int events_open(uv_loop_t *loop, const cfg *c, core *cr, const char *medium,
   e->prep.data = e;
   e->open_handles++;
 
-  all_cleared(e);
+  all_cleared(e); /* (once: it clears what every core published) */
   memset(&obs, 0, sizeof(obs));
   obs.stored = on_stored;
   obs.removed = on_removed;
   obs.sealed = on_sealed;
   obs.tier = on_tier;
-  obs.arg = e;
-  core_add_observer(cr, &obs); /* (room for CORE_OBSERVERS: never full) */
-  core_tier_each(cr, tier_each, e); /* (a persisted tier, restored) */
+  for (uint32_t i = 0; i < e->nsrcs; i++) {
+    ev_src *src = &e->srcs[i];
+    int rc;
+
+    obs.arg = src;
+    rc = core_add_observer(src->cr, &obs);
+    assert(rc == 0); /* (room for CORE_OBSERVERS: the daemon adds two at
+                        most, this and the remote tier's) */
+    (void)rc;
+    /* (a persisted tier, restored) */
+    core_tier_each(src->cr, tier_each, src);
+  }
   log_info(0, "kv events: publishing on %s%s%s (topic '%s', medium %s, "
            "%s encoding)", c->kv_events_endpoint,
            e->router ? ", replay on " : "",
@@ -1195,16 +1229,18 @@ fail:
     zmq_ctx_term(e->zctx);
   free(e->kept);
   free(e->peers);
+  free(e->srcs);
   msgpack_sbuffer_destroy(&e->body);
   msgpack_sbuffer_destroy(&e->xb);
   free(e);
   return -1;
 }
 
-void events_close(events *e, core *cr) {
+void events_close(events *e) {
   if (e == NULL)
     return;
-  core_remove_observer(cr, e);
+  for (uint32_t i = 0; i < e->nsrcs; i++)
+    core_remove_observer(e->srcs[i].cr, &e->srcs[i]);
   flush(e);
   all_cleared(e);
   if (e->router) {

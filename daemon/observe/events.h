@@ -2,9 +2,10 @@
  * events.h — the KV event stream: the prefix index's changes, published for
  * KV-aware routers in the format vLLM's engines publish theirs.
  *
- * The core tells of every hash that enters or leaves its index, and of
- * every copy below the pool that comes or goes (core_observer); the events
- * of one loop iteration become one batch, msgpack-encoded as vLLM's
+ * Each core observed (one, or one per tenant) tells of every hash that
+ * enters or leaves its index, and of every copy below the pool that comes
+ * or goes (core_observer); the events of one loop iteration, of every
+ * core, become one batch, msgpack-encoded as vLLM's
  * KVEventBatch: maps (current vLLM) or arrays (older vLLM;
  * kv_events_format), the fields listed in docs/operations.md:
  *
@@ -60,15 +61,21 @@ typedef struct events_stats {
 
 /*
  * Binds the sockets of c->kv_events_endpoint (and the replay endpoint),
- * publishes AllBlocksCleared and becomes cr's observer.  *out = NULL when
- * c->kv_events_endpoint is empty.  0, or -1 with a reason in err.
+ * publishes AllBlocksCleared and becomes the observer of each of the
+ * ncores (>= 1) cores: the daemon's one, or one per tenant, whose hashes
+ * never collide (their roots differ).  Their events go out on the one
+ * stream, each as it happens; the copies below that a core holds already
+ * (a persisted tier, restored) are published after AllBlocksCleared,
+ * core by core.  The cores outlive e (events_close first).  *out = NULL
+ * when c->kv_events_endpoint is empty.  0, or -1 with a reason in err.
  */
-int events_open(uv_loop_t *loop, const cfg *c, core *cr, const char *medium,
-                uint32_t block_size, events **out, char *err, size_t len);
+int events_open(uv_loop_t *loop, const cfg *c, core *const *cores,
+                uint32_t ncores, const char *medium, uint32_t block_size,
+                events **out, char *err, size_t len);
 /* Publishes what is pending and AllBlocksCleared (the daemon's cache goes
- * away), stops observing cr and closes (the sockets linger up to half a
- * second to deliver).  NULL: nothing. */
-void events_close(events *e, core *cr);
+ * away), stops observing every core of events_open and closes (the
+ * sockets linger up to half a second to deliver).  NULL: nothing. */
+void events_close(events *e);
 void events_get_stats(const events *e, events_stats *st);
 
 /*

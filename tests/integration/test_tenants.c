@@ -266,10 +266,15 @@ static int a_pressure(void *arg) {
   CHECK_OK(c, kvs_stats_get(c, 0, &st));
   CHECK(st.num_blocks == BLOCKS_A);
   CHECK(st.evictions > 0);
+  /* Most of its share in use, then more than what is left: ENOSPC (its
+   * cached blocks evicted first), never a block of b's. */
   uint32_t tok[1] = {5};
   kvs_lookup_result lr;
   CHECK_OK(c, kvs_lookup(c, 9, tok, 1, NULL, 0, &lr));
-  CHECK_RC(c, kvs_allocate(c, 9, (BLOCKS_A + 1) * BS, &ar), KVS_ENOSPC);
+  CHECK_OK(c, kvs_allocate(c, 9, (BLOCKS_A - 8) * BS, &ar));
+  CHECK_OK(c, kvs_lookup(c, 10, tok, 1, NULL, 0, &lr));
+  CHECK_RC(c, kvs_allocate(c, 10, 16 * BS, &ar), KVS_ENOSPC);
+  CHECK_OK(c, kvs_free(c, 10));
   CHECK_OK(c, kvs_free(c, 9));
   kvs_close(c);
   return 0;
