@@ -271,9 +271,9 @@ static int a_pressure(void *arg) {
   uint32_t tok[1] = {5};
   kvs_lookup_result lr;
   CHECK_OK(c, kvs_lookup(c, 9, tok, 1, NULL, 0, &lr));
-  CHECK_OK(c, kvs_allocate(c, 9, (BLOCKS_A - 8) * BS, &ar));
+  CHECK_OK(c, kvs_allocate(c, 9, BLOCKS_A / 2 * BS, &ar));
   CHECK_OK(c, kvs_lookup(c, 10, tok, 1, NULL, 0, &lr));
-  CHECK_RC(c, kvs_allocate(c, 10, 16 * BS, &ar), KVS_ENOSPC);
+  CHECK_RC(c, kvs_allocate(c, 10, (BLOCKS_A / 2 + 8) * BS, &ar), KVS_ENOSPC);
   CHECK_OK(c, kvs_free(c, 10));
   CHECK_OK(c, kvs_free(c, 9));
   kvs_close(c);
