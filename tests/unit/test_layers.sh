@@ -6,7 +6,7 @@
 #
 # - The daemon's rooms have an order, lowest first:
 #     core/, daemon/log.c  <  daemon/config.c  <  pool/  <  tiers/
-#       <  observe/, dispatch/  <  net/  <  daemon/serve.c, main.c
+#       <  observe/, dispatch/  <  net/, part/  <  daemon/serve.c, main.c
 #   A file includes headers and calls functions of its own room or of
 #   lower ones only: state comes up as data and callbacks, never as a call
 #   to an upper room by name.
@@ -26,7 +26,7 @@ import os, re, subprocess, sys
 
 build = sys.argv[1]
 ORDER = {'core': 0, 'log': 0, 'config': 1, 'pool': 2, 'tiers': 3,
-         'observe': 4, 'dispatch': 4, 'net': 5, 'top': 6}
+         'observe': 4, 'dispatch': 4, 'net': 5, 'part': 5, 'top': 6}
 problems = []
 
 def room(path):
