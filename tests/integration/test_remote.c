@@ -48,7 +48,10 @@
  *    or the bare prefix's.  b's worker looks them up: 0 hits, its remote
  *    tier's promotions and hit blocks 0.  The daemon restarted (SIGTERM,
  *    the same tenants and server): a's worker hits every prompt from the
- *    store, every byte a's; b's still misses.
+ *    store, every byte a's; b's still misses, though it asks the server
+ *    (its GETs, seen through MONITOR, name PREFIX:b: and another root).
+ *    a's values stored under those names fail b's checks (their headers
+ *    name a's root and hashes): each a checksum failure, never served.
  * Every daemon ends with itest_daemon_finish (pool invariant, no fd left
  * open by the remote tier's connections, clean exit) or, in 6, with the
  * clean exit of a SIGTERM under load.
@@ -1673,6 +1676,54 @@ static void check_tenant_keys(uint32_t na, uint32_t nb) {
   CHECK(strcmp(root_a, root_b) != 0);
 }
 
+/* The keys of the next n GETs the server runs (m: a connection in
+ * MONITOR) whose key starts with prefix. */
+static void monitored_gets(rconn *m, const char *prefix, char (*keys)[80],
+                           uint32_t n) {
+  for (uint32_t got = 0; got < n;) {
+    rrep *r = rread(m);
+    const char *at, *end;
+
+    CHECK(r && r->type == '+');
+    at = strstr(r->str, "\"GET\" \"");
+    if (at) {
+      at += 7;
+      end = strchr(at, '"');
+      CHECK(end && (size_t)(end - at) < 80);
+      if (strncmp(at, prefix, strlen(prefix)) == 0) {
+        memcpy(keys[got], at, (size_t)(end - at));
+        keys[got++][end - at] = '\0';
+      }
+    }
+    rfree(r);
+  }
+}
+
+/* Stores a's value of block i of TP[k] under key (b's name for it). */
+static void copy_a_value(rconn *c, const rrep *keys_a, uint32_t k,
+                         uint32_t i, const char *key) {
+  for (size_t j = 0; j < keys_a->n; j++) {
+    const char *from = keys_a->el[j]->str;
+    rrep *r = rcmd(c, "GET", from, NULL);
+    uint32_t tok0;
+
+    CHECK(r && r->type == '$' && r->len == DATA_OFF + STRIDE);
+    memcpy(&tok0, r->str + HDR, 4);
+    if (tok0 == TP[k].ids[i] * 8) {
+      const char *argv[] = {"SET", key, r->str};
+      size_t argl[] = {3, strlen(key), r->len};
+      rrep *ok = rcmdv(c, 3, argv, argl);
+      CHECK(ok && ok->type == '+');
+      rfree(ok);
+      rfree(r);
+      return;
+    }
+    rfree(r);
+  }
+  fprintf(stderr, "no value of a's for block %u of prompt %u\n", i, k);
+  exit(1);
+}
+
 /* Starts the tenants' daemon on r3, open to the tenants' uids. */
 static void start_tenants(void) {
   char url[320], rd[300], wr[300], ta[64], tb[64];
@@ -1710,9 +1761,11 @@ static kvs_client *observer(void) {
 }
 
 static void test_tenants(void) {
-  static const uint64_t no_bad = 0;
+  char keys_b[TBLK][80];
+  static const uint64_t no_bad = 0, all_bad = TBLK;
   kvs_tier_stats t;
   kvs_client *obs;
+  rconn mon;
 
   if (geteuid() != 0) {
     fprintf(stderr, "(tenants case skipped: not root, it runs workers as "
@@ -1740,12 +1793,38 @@ static void test_tenants(void) {
   /* A new daemon, the pools empty: a's prompts come from the store. */
   start_tenants();
   run_as(UID_A, a_read, NULL);
+  /* b asks the store under its own names (seen through MONITOR), and
+   * misses... */
+  CHECK(rconn_open(&mon, &r3) == 0);
+  rrep *r = rcmd(&mon, "MONITOR", NULL);
+  CHECK(r && r->type == '+');
+  rfree(r);
   run_as(UID_B, b_lookup, &no_bad);
+  monitored_gets(&mon, TPREFIX ":b:", keys_b, TBLK);
+  rconn_close(&mon);
+  /* ... and a's values stored under those names fail b's checks (their
+   * headers name a's root and hashes): never served.  (b's lookups ask
+   * for each prompt's blocks in order.) */
+  {
+    rconn c;
+    rrep *keys_a;
+    uint32_t j = 0;
+    CHECK(rconn_open(&c, &r3) == 0);
+    keys_a = rcmd(&c, "KEYS", TPREFIX ":a:*", NULL);
+    CHECK(keys_a && keys_a->type == '*' && keys_a->n == TBLK);
+    for (uint32_t k = 0; k < NTP; k++)
+      for (uint32_t i = 0; i < TP[k].nblk; i++, j++)
+        copy_a_value(&c, keys_a, k, i, keys_b[j]);
+    rfree(keys_a);
+    rconn_close(&c);
+  }
+  check_tenant_keys(TBLK, TBLK);
+  run_as(UID_B, b_lookup, &all_bad);
   obs = observer();
   remote_stats(obs, &t);
   print_stats("both tenants", &t);
   CHECK(t.promotions == TBLK && t.hit_blocks == TBLK);
-  CHECK(t.checksum_failures == 0);
+  CHECK(t.checksum_failures == TBLK);
   kvs_close(obs);
   itest_daemon_finish(&TD, -1);
   redis_kill(&r3);
