@@ -41,6 +41,17 @@
  * 8. Redis Cluster (when this redis-server and redis-cli can make one):
  *    three masters; a prompt of many blocks spreads over them and is shared
  *    between two daemons, every byte checked.
+ * 9. Tenants on one remote server (as root: workers run as uids 40001 and
+ *    40002; skipped otherwise): one daemon, tenants a and b, a server of
+ *    their own.  a's worker computes prompts and waits for its writes:
+ *    every key in the server is PREFIX:a:ROOT:HASH (one root), none b's
+ *    or the bare prefix's.  b's worker looks them up: 0 hits, its remote
+ *    tier's promotions and hit blocks 0.  The daemon restarted (SIGTERM,
+ *    the same tenants and server): a's worker hits every prompt from the
+ *    store, every byte a's; b's still misses, though it asks the server
+ *    (its GETs, seen through MONITOR, name PREFIX:b: and another root).
+ *    a's values stored under those names fail b's checks (their headers
+ *    name a's root and hashes): each a checksum failure, never served.
  * Every daemon ends with itest_daemon_finish (pool invariant, no fd left
  * open by the remote tier's connections, clean exit) or, in 6, with the
  * clean exit of a SIGTERM under load.
@@ -49,6 +60,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -56,6 +68,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -1518,6 +1531,305 @@ static void test_cluster(void) {
     redis_kill(&n[i]);
 }
 
+/* ---- 9. Tenants on one remote server ------------------------------------- */
+
+#define UID_A 40001
+#define UID_B 40002
+#define TPREFIX "kvsten" /* the tenants' daemon's --remote-tier-prefix */
+#define NTP 3            /* tenant a's prompts */
+#define TBLK (3 + 4 + 5) /* their blocks */
+
+static itest_daemon TD;
+static rsrv r3; /* the tenants' server: every key in it is theirs */
+static prompt TP[NTP];
+
+/* This process becomes uid (its group: the same number). */
+static void become(uid_t uid) {
+  CHECK(setgroups(0, NULL) == 0);
+  CHECK(setresgid(uid, uid, uid) == 0);
+  CHECK(setresuid(uid, uid, uid) == 0);
+}
+
+/* Runs fn(arg) in a child that became uid; it must exit 0. */
+static void run_as(uid_t uid, int (*fn)(const void *), const void *arg) {
+  fflush(NULL);
+  pid_t pid = fork();
+  CHECK(pid >= 0);
+  if (pid == 0) {
+    become(uid);
+    prctl(PR_SET_PDEATHSIG, SIGKILL); /* (after: a new uid clears it) */
+    _exit(fn(arg));
+  }
+  itest_reap(pid, 0);
+}
+
+/* Tenant a computes its prompts and waits until the store has answered
+ * every write. */
+static int a_write(const void *arg) {
+  kvs_client *c = itest_connect(&TD, "tenant-a");
+  kvs_tier_stats t;
+  uint64_t written = 0;
+
+  (void)arg;
+  for (uint32_t k = 0; k < NTP; k++) {
+    CHECK(compute(c, 1 + k, &TP[k], 0) == 0);
+    written += TP[k].nblk;
+  }
+  CHECK(written == TBLK);
+  wait_demotions(c, written, "tenant a");
+  remote_stats(c, &t);
+  CHECK(t.drops == 0 && t.failures == 0 && t.io_errors == 0);
+  CHECK(t.promotions == 0 && t.hit_blocks == 0);
+  kvs_close(c);
+  return 0;
+}
+
+/* Tenant a, its pool empty: every prompt hits, brought up from the store,
+ * every byte a's. */
+static int a_read(const void *arg) {
+  kvs_client *c = itest_connect(&TD, "tenant-a");
+  kvs_tier_stats t;
+
+  (void)arg;
+  for (uint32_t k = 0; k < NTP; k++)
+    CHECK_HIT(c, 1 + k, &TP[k], NULL, hittable(&TP[k]) * BS);
+  remote_stats(c, &t);
+  print_stats("tenant a after the restart", &t);
+  CHECK(t.promotions == TBLK && t.hit_blocks == TBLK);
+  CHECK(t.checksum_failures == 0 && t.failures == 0 && t.io_errors == 0);
+  kvs_close(c);
+  return 0;
+}
+
+/* Tenant b looks a's prompts up: nothing hits, from the pool or the
+ * store; *bad of the values the store answers fail their checks. */
+static int b_lookup(const void *arg) {
+  const uint64_t *bad = arg;
+  kvs_client *c = itest_connect(&TD, "tenant-b");
+  kvs_tier_stats t;
+  kvs_stats st;
+
+  for (uint32_t k = 0; k < NTP; k++)
+    CHECK_HIT(c, 1 + k, &TP[k], NULL, 0);
+  CHECK_OK(c, kvs_stats_get(c, 0, &st));
+  CHECK(st.hit_tokens == 0 && st.query_tokens > 0);
+  remote_stats(c, &t);
+  print_stats("tenant b", &t);
+  CHECK(t.hit_blocks == 0 && t.promotions == 0 && t.demotions == 0);
+  CHECK(t.checksum_failures == *bad);
+  CHECK(t.io_errors == 0);
+  kvs_close(c);
+  return 0;
+}
+
+/* Splits key PREFIX:T:ROOT:HASH (T a tenant's one-letter name, ROOT 16
+ * hex digits, HASH 32): 0, or -1 for a key of any other shape. */
+static int tenant_key(const char *key, char *tenant, char root[17]) {
+  size_t pl = strlen(TPREFIX), len = strlen(key);
+
+  if (len != pl + 3 + 16 + 1 + 32 || strncmp(key, TPREFIX ":", pl + 1) ||
+      key[pl + 2] != ':' || key[pl + 19] != ':')
+    return -1;
+  for (size_t i = pl + 3; i < len; i++)
+    if (i != pl + 19 && !strchr("0123456789abcdef", key[i]))
+      return -1;
+  *tenant = key[pl + 1];
+  memcpy(root, key + pl + 3, 16);
+  root[16] = '\0';
+  return 0;
+}
+
+/* Every key of r3: na of tenant a's, nb of b's, one root each (b's, if
+ * any, another than a's), none of another shape (the bare prefix's: a
+ * daemon without tenants). */
+static void check_tenant_keys(uint32_t na, uint32_t nb) {
+  char root_a[17] = "", root_b[17] = "", root[17], t;
+  uint32_t n[2] = {0, 0};
+  rconn c;
+
+  CHECK(rconn_open(&c, &r3) == 0);
+  rrep *keys = rcmd(&c, "KEYS", "*", NULL);
+  CHECK(keys && keys->type == '*');
+  rconn_close(&c);
+  for (size_t i = 0; i < keys->n; i++) {
+    const char *key = keys->el[i]->str;
+    if (tenant_key(key, &t, root) < 0 || (t != 'a' && t != 'b')) {
+      fprintf(stderr, "key %s: not %s:a: or %s:b:\n", key, TPREFIX,
+              TPREFIX);
+      exit(1);
+    }
+    char *r = t == 'a' ? root_a : root_b;
+    if (!r[0])
+      memcpy(r, root, 17);
+    if (strcmp(r, root) != 0) {
+      fprintf(stderr, "key %s: another root than %s\n", key, r);
+      exit(1);
+    }
+    n[t == 'b']++;
+  }
+  rfree(keys);
+  if (n[0] != na || n[1] != nb) {
+    fprintf(stderr, "%u keys of a and %u of b, the model says %u and %u\n",
+            n[0], n[1], na, nb);
+    exit(1);
+  }
+  CHECK(strcmp(root_a, root_b) != 0);
+}
+
+/* The keys of the next n GETs the server runs (m: a connection in
+ * MONITOR) whose key starts with prefix. */
+static void monitored_gets(rconn *m, const char *prefix, char (*keys)[80],
+                           uint32_t n) {
+  for (uint32_t got = 0; got < n;) {
+    rrep *r = rread(m);
+    const char *at, *end;
+
+    CHECK(r && r->type == '+');
+    at = strstr(r->str, "\"GET\" \"");
+    if (at) {
+      at += 7;
+      end = strchr(at, '"');
+      CHECK(end && (size_t)(end - at) < 80);
+      if (strncmp(at, prefix, strlen(prefix)) == 0) {
+        memcpy(keys[got], at, (size_t)(end - at));
+        keys[got++][end - at] = '\0';
+      }
+    }
+    rfree(r);
+  }
+}
+
+/* Stores a's value of block i of TP[k] under key (b's name for it). */
+static void copy_a_value(rconn *c, const rrep *keys_a, uint32_t k,
+                         uint32_t i, const char *key) {
+  for (size_t j = 0; j < keys_a->n; j++) {
+    const char *from = keys_a->el[j]->str;
+    rrep *r = rcmd(c, "GET", from, NULL);
+    uint32_t tok0;
+
+    CHECK(r && r->type == '$' && r->len == DATA_OFF + STRIDE);
+    memcpy(&tok0, r->str + HDR, 4);
+    if (tok0 == TP[k].ids[i] * 8) {
+      const char *argv[] = {"SET", key, r->str};
+      size_t argl[] = {3, strlen(key), r->len};
+      rrep *ok = rcmdv(c, 3, argv, argl);
+      CHECK(ok && ok->type == '+');
+      rfree(ok);
+      rfree(r);
+      return;
+    }
+    rfree(r);
+  }
+  fprintf(stderr, "no value of a's for block %u of prompt %u\n", i, k);
+  exit(1);
+}
+
+/* Starts the tenants' daemon on r3, open to the tenants' uids. */
+static void start_tenants(void) {
+  char url[320], rd[300], wr[300], ta[64], tb[64];
+  const char *o[40];
+  double t0 = itest_now();
+
+  snprintf(ta, sizeof ta, "a uids=%d blocks=32", UID_A);
+  snprintf(tb, sizeof tb, "b uids=%d blocks=32", UID_B);
+  snprintf(url, sizeof url, "unix://%s", r3.sock);
+  daemon_opts(o, url, "--remote-tier-prefix", TPREFIX, "--tenant", ta,
+              "--tenant", tb, NULL);
+  start(&TD, o);
+  CHECK(chmod(TD.dir, 0755) == 0);
+  CHECK(chmod(TD.socket, 0666) == 0);
+  /* each partition's two connections */
+  snprintf(rd, sizeof rd, "remote tier unix:%s: connected", r3.sock);
+  snprintf(wr, sizeof wr, "remote tier unix:%s (writes): connected",
+           r3.sock);
+  while (itest_log_count(&TD, rd) < 2 || itest_log_count(&TD, wr) < 2) {
+    if (itest_now() - t0 > 20) {
+      itest_print_log(&TD);
+      fprintf(stderr, "the tenants' remote tiers never all connected\n");
+      exit(1);
+    }
+    usleep(5000);
+  }
+  TD.start_fds = itest_fd_count(TD.pid);
+}
+
+static kvs_client *observer(void) {
+  kvs_connect_opts co = {"observer", 30000, 1};
+  kvs_client *c = NULL;
+  CHECK_OK(NULL, kvs_connect(TD.socket, &co, &c));
+  return c;
+}
+
+static void test_tenants(void) {
+  char keys_b[TBLK][80];
+  static const uint64_t no_bad = 0, all_bad = TBLK;
+  kvs_tier_stats t;
+  kvs_client *obs;
+  rconn mon;
+
+  if (geteuid() != 0) {
+    fprintf(stderr, "(tenants case skipped: not root, it runs workers as "
+            "other uids)\n");
+    return;
+  }
+  snprintf(r3.name, sizeof r3.name, "redis-tenants");
+  snprintf(r3.sock, sizeof r3.sock, "%s/r3.sock", rdir);
+  redis_start_or_fail(&r3, NULL);
+  TP[0] = mkprompt(6000, 3, 1);
+  TP[1] = mkprompt(6010, 4, 2);
+  TP[2] = mkprompt(6020, 5, 1);
+  start_tenants();
+
+  /* a writes; every key is a's; b finds nothing. */
+  run_as(UID_A, a_write, NULL);
+  check_tenant_keys(TBLK, 0);
+  run_as(UID_B, b_lookup, &no_bad);
+  obs = observer(); /* (both partitions added up: b's are the rest) */
+  remote_stats(obs, &t);
+  CHECK(t.demotions == TBLK && t.promotions == 0 && t.hit_blocks == 0);
+  kvs_close(obs);
+  itest_daemon_finish(&TD, -1);
+
+  /* A new daemon, the pools empty: a's prompts come from the store. */
+  start_tenants();
+  run_as(UID_A, a_read, NULL);
+  /* b asks the store under its own names (seen through MONITOR), and
+   * misses... */
+  CHECK(rconn_open(&mon, &r3) == 0);
+  rrep *r = rcmd(&mon, "MONITOR", NULL);
+  CHECK(r && r->type == '+');
+  rfree(r);
+  run_as(UID_B, b_lookup, &no_bad);
+  monitored_gets(&mon, TPREFIX ":b:", keys_b, TBLK);
+  rconn_close(&mon);
+  /* ... and a's values stored under those names fail b's checks (their
+   * headers name a's root and hashes): never served.  (b's lookups ask
+   * for each prompt's blocks in order.) */
+  {
+    rconn c;
+    rrep *keys_a;
+    uint32_t j = 0;
+    CHECK(rconn_open(&c, &r3) == 0);
+    keys_a = rcmd(&c, "KEYS", TPREFIX ":a:*", NULL);
+    CHECK(keys_a && keys_a->type == '*' && keys_a->n == TBLK);
+    for (uint32_t k = 0; k < NTP; k++)
+      for (uint32_t i = 0; i < TP[k].nblk; i++, j++)
+        copy_a_value(&c, keys_a, k, i, keys_b[j]);
+    rfree(keys_a);
+    rconn_close(&c);
+  }
+  check_tenant_keys(TBLK, TBLK);
+  run_as(UID_B, b_lookup, &all_bad);
+  obs = observer();
+  remote_stats(obs, &t);
+  print_stats("both tenants", &t);
+  CHECK(t.promotions == TBLK && t.hit_blocks == TBLK);
+  CHECK(t.checksum_failures == TBLK);
+  kvs_close(obs);
+  itest_daemon_finish(&TD, -1);
+  redis_kill(&r3);
+}
+
 int main(void) {
   double t0 = itest_now();
   const char *tmp = getenv("TMPDIR");
@@ -1563,6 +1875,8 @@ int main(void) {
   test_auth();
   fprintf(stderr, "auth and bad options: ok (%.1f s)\n", itest_now() - t0);
   test_cluster();
+  fprintf(stderr, "redis cluster: ok (%.1f s)\n", itest_now() - t0);
+  test_tenants();
   fprintf(stderr, "all: ok (%.1f s)\n", itest_now() - t0);
   rm_tree(rdir);
   passed = 1;
