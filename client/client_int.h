@@ -34,6 +34,7 @@ struct kvs_client {
   int no_promote;        /* lookups take resident blocks only */
   uint64_t session_id;
   char model_id[128];
+  char tenant[32];       /* the Welcome's; "" without tenants, observers */
   uint32_t max_frame;
   uint32_t max_batch_ops; /* Welcome's; bounds the decode of a reply */
   int packed_batch;       /* the daemon takes PackedBatch (Welcome.features)

@@ -373,6 +373,7 @@ static int handshake(kvs_client *c, const kvs_connect_opts *opts) {
   kvs__copy_str(c->backend, sizeof c->backend, w.backend);
   kvs__copy_str(c->gpu_uuid, sizeof c->gpu_uuid, w.gpu_uuid);
   kvs__copy_str(c->model_id, sizeof c->model_id, w.model_id);
+  kvs__copy_str(c->tenant, sizeof c->tenant, w.tenant);
   uint32_t ring_fds = w.ring_bytes && hello.ring ? 2 : 0;
   if ((uint32_t)nfds != w.num_fds + ring_fds) {
     snprintf(c->msg, sizeof c->msg, "the Welcome announced %u descriptors, "
@@ -509,6 +510,7 @@ uint64_t kvs_pool_size(const kvs_client *c) { return c->pool_size; }
 const char *kvs_pool_backend(const kvs_client *c) { return c->backend; }
 uint64_t kvs_session_id(const kvs_client *c) { return c->session_id; }
 const char *kvs_model_id(const kvs_client *c) { return c->model_id; }
+const char *kvs_tenant(const kvs_client *c) { return c->tenant; }
 uint32_t kvs_max_frame(const kvs_client *c) { return c->max_frame; }
 int kvs_fd(const kvs_client *c) { return c->fd; }
 const char *kvs_last_message(const kvs_client *c) {

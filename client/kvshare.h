@@ -155,6 +155,14 @@ uint64_t kvs_session_id(const kvs_client *c);
 const char *kvs_model_id(const kvs_client *c);
 uint32_t kvs_max_frame(const kvs_client *c);
 
+/* Since 0.8.  The session's tenant, as the daemon's Welcome named it: the
+ * tenant whose partition of the pool this session uses (daemon tenants,
+ * docs/operations.md "Tenants"); "" when the daemon has no tenants, and
+ * for an observer (a peer in no tenant: root or the daemon's own uid, which
+ * must connect with no_map and may only ask for stats and ping).  Valid
+ * until kvs_close(). */
+const char *kvs_tenant(const kvs_client *c);
+
 /* The socket's file descriptor (to poll for the daemon going away).  Do not
  * read, write or close it. */
 int kvs_fd(const kvs_client *c);
@@ -255,6 +263,23 @@ typedef struct kvs_tier_stats {
                                match */
 } kvs_tier_stats;
 
+/* One tenant's partition of the pool (kvs_tenant_stats_get); since 0.8. */
+typedef struct kvs_tenant_stats {
+  char name[32];            /* the tenant's name (at most 31 characters) */
+  uint32_t num_blocks;      /* its share of the pool */
+  uint32_t free_blocks;     /* of its share: FREE, CACHED, IN USE */
+  uint32_t cached_blocks;
+  uint32_t used_blocks;
+  uint32_t num_requests;
+  uint32_t sessions;        /* its sessions now */
+  uint64_t lookups;
+  uint64_t query_tokens;    /* tokens of every looked-up prompt */
+  uint64_t hit_tokens;      /* of those, served from its cache */
+  uint64_t evictions;
+  uint64_t no_space;        /* allocations refused for want of blocks */
+  uint64_t pool_bytes;      /* bytes of its pool memory */
+} kvs_tenant_stats;
+
 /* ---- operations, one round trip each -------------------------------------- */
 
 /*
@@ -337,6 +362,17 @@ int kvs_commit_keys(kvs_client *c, uint64_t req_id, uint32_t start,
  */
 int kvs_tier_stats_get(kvs_client *c, kvs_tier_stats *out, uint32_t max,
                        uint32_t *n, uint64_t *tier_lost);
+
+/*
+ * Since 0.8.  The daemon's tenants, one line per partition this session may
+ * see: its own tenant's only, or every tenant's for an observer (kvs_tenant
+ * is ""), in the daemon's order: up to max into out, *n = how many there
+ * are (0: the daemon has no tenants).  out may be NULL when max is 0.  The
+ * figures of kvs_stats_get add up the lines an observer sees.  One round
+ * trip.
+ */
+int kvs_tenant_stats_get(kvs_client *c, kvs_tenant_stats *out, uint32_t max,
+                         uint32_t *n);
 
 /*
  * Since 0.3.  With tiers below the pool, a kvs_lookup whose prefix goes on

@@ -23,8 +23,9 @@
 static void usage(FILE *f) {
   fprintf(f,
           "usage: kvshare [--socket PATH] COMMAND [options]\n"
-          "  stats [--json] [--check]  the daemon's counters (--check: also\n"
-          "                            run the pool invariant check)\n"
+          "  stats [--json] [--check]  the daemon's counters, and a line per\n"
+          "                            tenant when it has tenants (--check:\n"
+          "                            also run the pool invariant check)\n"
           "  ping [--count N]          round trips to the daemon\n"
           "  layout [--json]           the pool layout the daemon announces\n"
           "  top [--interval S] [--count N] [-b | --batch] [--json]\n"
@@ -33,13 +34,14 @@ static void usage(FILE *f) {
           "                            the token hit rate (last interval and\n"
           "                            since the daemon started), lookups,\n"
           "                            frames, block allocations, evictions per\n"
-          "                            second, sessions, requests, errors, tiers\n"
-          "                            and swaps.  On a terminal it redraws in\n"
-          "                            place ('q' quits); -b (the default when\n"
-          "                            stdout is not a terminal): plain text\n"
-          "                            frames; --json: one object per line;\n"
-          "                            --count N: stop after N frames.  Exit 1\n"
-          "                            when the daemon goes away\n"
+          "                            second, sessions, requests, errors, a\n"
+          "                            line per tenant (when the daemon has\n"
+          "                            tenants), tiers and swaps.  On a terminal\n"
+          "                            it redraws in place ('q' quits); -b (the\n"
+          "                            default when stdout is not a terminal):\n"
+          "                            plain text frames; --json: one object per\n"
+          "                            line; --count N: stop after N frames.\n"
+          "                            Exit 1 when the daemon goes away\n"
           "PATH defaults to $KVS_SOCKET, then\n"
           "$XDG_RUNTIME_DIR/kvshare/kvshared.sock, then %s\n",
           KVS_DEFAULT_SOCKET);
@@ -102,17 +104,60 @@ void kvs__cli_json_str(const char *s) {
   X(swapped_requests) X(held_slots) X(swap_outs) X(swap_ins) X(failures)     \
   X(out_blocks) X(kept_blocks) X(in_blocks) X(resident_blocks)
 
+#define TENANT_FIELDS(X)                                                      \
+  X(num_blocks) X(free_blocks) X(cached_blocks) X(used_blocks)                \
+  X(num_requests) X(sessions) X(lookups) X(query_tokens) X(hit_tokens)        \
+  X(evictions) X(no_space) X(pool_bytes)
+
+/* The most tenant lines shown (a daemon has at most 16). */
+#define CLI_MAX_TENANTS 64
+
+/* A tenant's token hit rate as text: "-" before its first lookup. */
+static const char *hit_rate(char *buf, size_t len, const kvs_tenant_stats *t) {
+  if (!t->query_tokens)
+    snprintf(buf, len, "-");
+  else
+    snprintf(buf, len, "%.1f%%",
+             100.0 * (double)t->hit_tokens / (double)t->query_tokens);
+  return buf;
+}
+
+/* The tenants' table of `kvshare stats`: one line per tenant. */
+static void print_tenants(const kvs_tenant_stats *tn, uint32_t n) {
+  int w = 8;
+
+  for (uint32_t i = 0; i < n; i++)
+    if ((int)strlen(tn[i].name) > w)
+      w = (int)strlen(tn[i].name);
+  printf("tenants:\n  %-*s %10s %10s %10s %10s %8s %10s %8s\n", w, "name",
+         "blocks", "used", "cached", "free", "hit", "evictions", "sessions");
+  for (uint32_t i = 0; i < n; i++) {
+    const kvs_tenant_stats *t = &tn[i];
+    char hr[16];
+
+    printf("  %-*s %10u %10u %10u %10u %8s %10llu %8u\n", w, t->name,
+           t->num_blocks, t->used_blocks, t->cached_blocks, t->free_blocks,
+           hit_rate(hr, sizeof(hr), t), (unsigned long long)t->evictions,
+           t->sessions);
+  }
+}
+
 static int cmd_stats(kvs_client *c, int json, int check) {
+  static kvs_tenant_stats tn[CLI_MAX_TENANTS];
   kvs_swap_stats sw;
   kvs_stats st;
   kvs_tier_stats ts[4];
-  uint32_t nt = 0;
+  uint32_t nt = 0, nten = 0;
   uint64_t lost = 0;
   int rc = kvs_stats_get(c, check, &st);
   if (!rc)
     rc = kvs_tier_stats_get(c, ts, 4, &nt, &lost);
   if (!rc)
     rc = kvs_swap_stats_get(c, &sw);
+  if (!rc)
+    rc = kvs_tenant_stats_get(c, tn, CLI_MAX_TENANTS, &nten);
+  if (nten > CLI_MAX_TENANTS)
+    nten = CLI_MAX_TENANTS;
   if (rc) {
     fprintf(stderr, "kvshare: stats: %s%s%s\n", kvs_strerror(rc),
             *kvs_last_message(c) ? ": " : "", kvs_last_message(c));
@@ -146,6 +191,20 @@ static int cmd_stats(kvs_client *c, int json, int check) {
 #undef JSON_SWAP
       printf("}");
     }
+    if (nten) {
+      printf(", \"tenant\": ");
+      kvs__cli_json_str(kvs_tenant(c));
+      printf(", \"tenants\": [");
+      for (uint32_t i = 0; i < nten; i++) {
+        printf("%s{\"name\": ", i ? ", " : "");
+        kvs__cli_json_str(tn[i].name);
+#define JSON_TENANT(f) printf(", \"" #f "\": %llu", (unsigned long long)tn[i].f);
+        TENANT_FIELDS(JSON_TENANT)
+#undef JSON_TENANT
+        printf("}");
+      }
+      printf("]");
+    }
     if (check) {
       printf(", \"check\": %d, \"check_status\": ", (int)st.check);
       kvs__cli_json_str(kvs_status_name(st.check));
@@ -173,6 +232,10 @@ static int cmd_stats(kvs_client *c, int json, int check) {
       SWAP_FIELDS(TEXT_SWAP)
 #undef TEXT_SWAP
     }
+    if (nten && kvs_tenant(c)[0])
+      printf("%-18s %s\n", "tenant", kvs_tenant(c));
+    if (nten)
+      print_tenants(tn, nten);
     if (check)
       printf("%-18s %s\n", "check", st.check ? kvs_status_name(st.check) : "ok");
     if (check && st.check)

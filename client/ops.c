@@ -337,6 +337,37 @@ int kvs_tier_stats_get(kvs_client *c, kvs_tier_stats *out, uint32_t max,
   return 0;
 }
 
+int kvs_tenant_stats_get(kvs_client *c, kvs_tenant_stats *out, uint32_t max,
+                         uint32_t *n) {
+  if (!n || (max && !out))
+    return KVS_EINVAL;
+  *n = 0;
+  const kvs_op_stats *s;
+  int rc = stats_call(c, 0, &s);
+  if (rc)
+    return rc;
+  for (uint32_t i = 0; i < s->ntenants && i < max; i++) {
+    const kvs_op_tenant *t = &s->tenants[i];
+    kvs_tenant_stats *o = &out[i];
+    memset(o, 0, sizeof *o);
+    kvs__copy_str(o->name, sizeof o->name, t->name);
+    o->num_blocks = t->num_blocks;
+    o->free_blocks = t->free_blocks;
+    o->cached_blocks = t->cached_blocks;
+    o->used_blocks = t->used_blocks;
+    o->num_requests = t->num_requests;
+    o->sessions = t->sessions;
+    o->lookups = t->lookups;
+    o->query_tokens = t->query_tokens;
+    o->hit_tokens = t->hit_tokens;
+    o->evictions = t->evictions;
+    o->no_space = t->no_space;
+    o->pool_bytes = t->pool_bytes;
+  }
+  *n = s->ntenants;
+  return 0;
+}
+
 int kvs_swap_stats_get(kvs_client *c, kvs_swap_stats *st) {
   if (!st)
     return KVS_EINVAL;

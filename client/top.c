@@ -6,10 +6,14 @@
  *
  * Every S seconds (default 1, fractions allowed) it takes one sample of the
  * daemon's counters (kvs_stats_get, then kvs_tier_stats_get and, when tiers
- * exist, kvs_swap_stats_get) and shows a frame: the pool by state, the token
- * hit rate over the last interval and over the daemon's life, rates computed
+ * exist, kvs_swap_stats_get; when the daemon has tenants,
+ * kvs_tenant_stats_get) and shows a frame: the pool by state, the token hit
+ * rate over the last interval and over the daemon's life, rates computed
  * from counter deltas over the measured time between two samples, sessions
- * and requests, errors, the tiers and swaps.
+ * and requests, errors, a line per tenant, the tiers and swaps.  Whether
+ * the daemon has tenants is asked once, before the first sample (a daemon
+ * does not gain them while it runs): without tenants a sample makes no
+ * call more than it did before tenants existed.
  *
  * Three outputs:
  *   interactive  stdout is a terminal and neither -b nor --json: the frame
@@ -45,6 +49,7 @@
 #include "client/kvshare.h"
 
 #define TOP_MAX_TIERS 4
+#define TOP_MAX_TENANTS 16 /* a daemon's most (daemon/config.h) */
 #define TOP_CALL_TIMEOUT_MS 5000 /* a daemon that stops answering: exit 1 */
 
 /* The counters of kvs_stats shown as deltas and rates. */
@@ -61,6 +66,8 @@ typedef struct top_sample {
   uint32_t ntiers;      /* shown: at most TOP_MAX_TIERS */
   uint64_t tier_lost;
   kvs_swap_stats sw;    /* zero without tiers */
+  kvs_tenant_stats tenants[TOP_MAX_TENANTS];
+  uint32_t ntenants;    /* shown: at most TOP_MAX_TENANTS; 0 without */
   uint32_t calls_after; /* top's frames sent after the Stats call */
 } top_sample;
 
@@ -69,6 +76,7 @@ typedef struct top_opts {
   double interval;
   long count;           /* 0: forever */
   int json, batch;
+  int tenants;          /* the daemon has tenants: sample their lines */
 } top_opts;
 
 /* Where a text frame goes: lines of at most width columns (longer ones
@@ -109,7 +117,8 @@ static uint64_t top_delta(uint64_t cur, uint64_t prev) {
 
 /* ---- sampling --------------------------------------------------------- */
 
-static int top_sample_get(kvs_client *c, top_sample *s) {
+static int top_sample_get(kvs_client *c, const top_opts *op,
+                          top_sample *s) {
   double t0 = top_clock(CLOCK_MONOTONIC);
   int rc = kvs_stats_get(c, 0, &s->st);
   double t1 = top_clock(CLOCK_MONOTONIC);
@@ -119,6 +128,7 @@ static int top_sample_get(kvs_client *c, top_sample *s) {
   s->calls_after = 0;
   s->ntiers = 0;
   s->tier_lost = 0;
+  s->ntenants = 0;
   memset(&s->sw, 0, sizeof(s->sw));
   if (rc)
     return rc;
@@ -129,10 +139,29 @@ static int top_sample_get(kvs_client *c, top_sample *s) {
     return rc;
   if (s->ntiers > TOP_MAX_TIERS)
     s->ntiers = TOP_MAX_TIERS;
-  if (!s->ntiers)
+  if (s->ntiers) {
+    s->calls_after++;
+    rc = kvs_swap_stats_get(c, &s->sw);
+    if (rc)
+      return rc;
+  }
+  if (!op->tenants)
     return 0;
   s->calls_after++;
-  return kvs_swap_stats_get(c, &s->sw);
+  rc = kvs_tenant_stats_get(c, s->tenants, TOP_MAX_TENANTS, &s->ntenants);
+  if (s->ntenants > TOP_MAX_TENANTS)
+    s->ntenants = TOP_MAX_TENANTS;
+  return rc;
+}
+
+/* Tenant i of cur in prev (the same line of the same tenant), or NULL. */
+static const kvs_tenant_stats *top_prev_tenant(const top_sample *prev,
+                                               const top_sample *cur,
+                                               uint32_t i) {
+  if (!prev || i >= prev->ntenants ||
+      strcmp(prev->tenants[i].name, cur->tenants[i].name) != 0)
+    return NULL;
+  return &prev->tenants[i];
 }
 
 /* Frames the daemon counted from top itself between prev's Stats and cur's
@@ -348,6 +377,22 @@ static void top_text(top_out *o, const top_opts *op, kvs_client *c,
            (unsigned long long)st->protocol_errors,
            (unsigned long long)st->no_space,
            (unsigned long long)st->copy_errors);
+  for (uint32_t i = 0; i < cur->ntenants; i++) {
+    const kvs_tenant_stats *t = &cur->tenants[i];
+    const kvs_tenant_stats *p = top_prev_tenant(prev, cur, i);
+    int ht = have && p;
+#define NR(field) (ht ? top_rate(t->field, p->field, 0, el) : 0)
+    top_line(o, "tenant    %s  blocks %u  free %u  cached %u  used %u  hit %s  "
+             "lookups/s %s  evictions/s %s  sessions %u",
+             t->name, t->num_blocks, t->free_blocks, t->cached_blocks,
+             t->used_blocks,
+             top_fmt_pct(b[0], sizeof(b[0]),
+                         top_hit_rate(t->hit_tokens, t->query_tokens)),
+             top_fmt_rate(b[1], sizeof(b[1]), NR(lookups), ht),
+             top_fmt_rate(b[2], sizeof(b[2]), NR(evictions), ht),
+             t->sessions);
+#undef NR
+  }
   for (uint32_t i = 0; i < cur->ntiers; i++) {
     const kvs_tier_stats *t = &cur->tiers[i];
     const kvs_tier_stats *p = prev && i < prev->ntiers ? &prev->tiers[i] : NULL;
@@ -388,6 +433,53 @@ static void top_json_rate(const char *name, uint64_t cur, uint64_t prev,
     printf("%.3f", top_rate(cur, prev, own, el));
   else
     printf("null");
+}
+
+/* The tenants' part of a JSON frame: the session's tenant ("" for an
+ * observer) and a line per tenant it sees. */
+static void top_json_tenants(kvs_client *c, const top_sample *prev,
+                             const top_sample *cur, double el, int have) {
+  printf(", \"tenant\": ");
+  kvs__cli_json_str(kvs_tenant(c));
+  printf(", \"tenants\": [");
+  for (uint32_t i = 0; i < cur->ntenants; i++) {
+    const kvs_tenant_stats *t = &cur->tenants[i];
+    const kvs_tenant_stats *p = top_prev_tenant(prev, cur, i);
+    int ht = have && p;
+    double hr = top_hit_rate(t->hit_tokens, t->query_tokens);
+
+    printf("%s{\"name\": ", i ? ", " : "");
+    kvs__cli_json_str(t->name);
+    printf(", \"num_blocks\": %u, \"free_blocks\": %u, \"cached_blocks\": %u, "
+           "\"used_blocks\": %u, \"num_requests\": %u, \"sessions\": %u, "
+           "\"lookups\": %llu, \"query_tokens\": %llu, \"hit_tokens\": %llu, "
+           "\"evictions\": %llu, \"no_space\": %llu, \"pool_bytes\": %llu",
+           t->num_blocks, t->free_blocks, t->cached_blocks, t->used_blocks,
+           t->num_requests, t->sessions, (unsigned long long)t->lookups,
+           (unsigned long long)t->query_tokens,
+           (unsigned long long)t->hit_tokens,
+           (unsigned long long)t->evictions, (unsigned long long)t->no_space,
+           (unsigned long long)t->pool_bytes);
+    if (hr >= 0)
+      printf(", \"hit_rate_total\": %.6f", hr);
+    else
+      printf(", \"hit_rate_total\": null");
+    hr = ht ? top_hit_rate(top_delta(t->hit_tokens, p->hit_tokens),
+                           top_delta(t->query_tokens, p->query_tokens))
+            : -1;
+    if (hr >= 0)
+      printf(", \"hit_rate\": %.6f", hr);
+    else
+      printf(", \"hit_rate\": null");
+    printf(", \"rates\": {");
+    top_json_rate("lookups", t->lookups, ht ? p->lookups : 0, 0, el, ht, 1);
+    top_json_rate("evictions", t->evictions, ht ? p->evictions : 0, 0, el,
+                  ht, 0);
+    top_json_rate("no_space", t->no_space, ht ? p->no_space : 0, 0, el, ht,
+                  0);
+    printf("}}");
+  }
+  printf("]");
 }
 
 static void top_json(const top_opts *op, kvs_client *c,
@@ -501,6 +593,8 @@ static void top_json(const top_opts *op, kvs_client *c,
   } else {
     printf(", \"tier_lost\": 0, \"swap\": null");
   }
+  if (op->tenants)
+    top_json_tenants(c, prev, cur, el, have);
   printf("}\n");
 }
 
@@ -605,6 +699,16 @@ static int top_draw(const top_opts *op, top_term *t, kvs_client *c,
   return fflush(stdout) == 0 && !ferror(stdout) ? 0 : -1;
 }
 
+/* The daemon went away, or stopped answering (err): says so on stderr. */
+static void top_lost(const top_opts *op, kvs_client *c, int err) {
+  const char *msg = kvs_last_message(c);
+
+  fprintf(stderr, "kvshare: top: lost the daemon%s%s: %s%s%s\n",
+          op->path ? " at " : "", op->path ? op->path : "",
+          err == -EAGAIN ? "it did not answer" : kvs_strerror(err),
+          *msg ? ": " : "", msg);
+}
+
 /* argv[*i] is the option `name VALUE`, `name=VALUE` or `alias VALUE`:
  * *v = VALUE, *i moves past it. */
 static int top_opt(int argc, char **argv, int *i, const char *name,
@@ -667,7 +771,7 @@ static int top_parse(int argc, char **argv, top_opts *op) {
 
 int kvs__cli_top(int argc, char **argv, void (*usage)(FILE *)) {
   static char outbuf[1 << 16];
-  top_opts op = {NULL, 1.0, 0, 0, 0};
+  top_opts op = {NULL, 1.0, 0, 0, 0, 0};
   top_term term = {0}, *t = NULL;
   top_sample s[2];
   struct sigaction sa;
@@ -688,6 +792,17 @@ int kvs__cli_top(int argc, char **argv, void (*usage)(FILE *)) {
   rc = kvs__cli_connect(&op.path, &copts, &c);
   if (rc)
     return rc;
+  {
+    uint32_t n = 0;
+
+    rc = kvs_tenant_stats_get(c, NULL, 0, &n);
+    if (rc) {
+      top_lost(&op, c, rc);
+      kvs_close(c);
+      return 1;
+    }
+    op.tenants = n > 0;
+  }
 
   /* The handlers only set flags, without SA_RESTART: a write stalled on
    * the output returns EINTR and top stops.  Between a check of the flags
@@ -724,18 +839,13 @@ int kvs__cli_top(int argc, char **argv, void (*usage)(FILE *)) {
   next = top_clock(CLOCK_MONOTONIC);
   for (frame = 1; !quit && !top_stop_sig; frame++) {
     top_sample *cur = &s[frame & 1], *prev = frame > 1 ? &s[~frame & 1] : NULL;
-    int err = top_sample_get(c, cur);
+    int err = top_sample_get(c, &op, cur);
 
     if (err && top_stop_sig)
       break; /* stopped while it waited: not the daemon's fault */
     if (err) {
-      const char *msg = kvs_last_message(c);
-
       top_term_leave(&term);
-      fprintf(stderr, "kvshare: top: lost the daemon%s%s: %s%s%s\n",
-              op.path ? " at " : "", op.path ? op.path : "",
-              err == -EAGAIN ? "it did not answer" : kvs_strerror(err),
-              *msg ? ": " : "", msg);
+      top_lost(&op, c, err);
       rc = 1;
       break;
     }

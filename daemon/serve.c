@@ -432,6 +432,7 @@ static void snapshot(void *arg, metrics_snap *o) {
   memset(&o->rs, 0, sizeof(o->rs));
   memset(o->th, 0, sizeof(o->th));
   o->copies = o->copy_blocks = o->copy_errors = o->pool_bytes = 0;
+  o->ntenants = 0;
   for (uint32_t i = 0; i < s->nparts; i++) {
     const partition *p = &s->parts[i];
     tiers_stats ts[TIERS_MAX];
@@ -455,6 +456,14 @@ static void snapshot(void *arg, metrics_snap *o) {
     o->copy_blocks += p->copy.blocks;
     o->copy_errors += p->copy.errors;
     o->pool_bytes += p->pool->ex.size;
+    if (s->cfg->ntenants) {
+      metrics_tenant *t = &o->tenants[o->ntenants++];
+
+      snprintf(t->name, sizeof(t->name), "%s", p->name);
+      t->core = st;
+      t->sessions = p->disp.sessions;
+      t->pool_bytes = p->pool->ex.size;
+    }
   }
   o->events_on = s->events != NULL;
   events_get_stats(s->events, &o->ev);

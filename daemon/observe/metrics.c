@@ -253,6 +253,89 @@ static void tier_family(FILE *f, const msnap *sn, const struct tier_fam *t) {
             (unsigned long long)tier_value(&sn->d.tiers[i], t->field));
 }
 
+/* The tenants' numbers (with tenants only), each one family with a value
+ * per tenant. */
+enum tenant_field {
+  TN_CAPACITY, TN_POOL_BYTES, TN_REQUESTS, TN_SESSIONS, TN_LOOKUPS,
+  TN_QUERY_TOKENS, TN_HIT_TOKENS, TN_EVICTIONS, TN_NO_SPACE
+};
+
+static uint64_t tenant_value(const metrics_tenant *t, enum tenant_field f) {
+  switch (f) {
+  case TN_CAPACITY: return t->core.num_blocks;
+  case TN_POOL_BYTES: return t->pool_bytes;
+  case TN_REQUESTS: return t->core.num_requests;
+  case TN_SESSIONS: return t->sessions;
+  case TN_LOOKUPS: return t->core.lookups;
+  case TN_QUERY_TOKENS: return t->core.query_tokens;
+  case TN_HIT_TOKENS: return t->core.hit_tokens;
+  case TN_EVICTIONS: return t->core.evictions;
+  case TN_NO_SPACE: return t->core.no_space;
+  }
+  return 0;
+}
+
+static const struct tenant_fam {
+  const char *name, *type, *help;
+  enum tenant_field field;
+} tenant_fams[] = {
+    {"kvshare_tenant_capacity_blocks", "gauge",
+     "Blocks of the tenant's share of the pool.", TN_CAPACITY},
+    {"kvshare_tenant_pool_bytes", "gauge",
+     "Bytes of the tenant's pool memory.", TN_POOL_BYTES},
+    {"kvshare_tenant_requests", "gauge", "The tenant's live requests.",
+     TN_REQUESTS},
+    {"kvshare_tenant_sessions", "gauge", "The tenant's open sessions.",
+     TN_SESSIONS},
+    {"kvshare_tenant_lookups_total", "counter", "The tenant's lookups.",
+     TN_LOOKUPS},
+    {"kvshare_tenant_query_tokens_total", "counter",
+     "Tokens of every prompt the tenant looked up.", TN_QUERY_TOKENS},
+    {"kvshare_tenant_hit_tokens_total", "counter",
+     "The tenant's prompt tokens served from its cache.", TN_HIT_TOKENS},
+    {"kvshare_tenant_evictions_total", "counter",
+     "The tenant's cached blocks reused for something else.", TN_EVICTIONS},
+    {"kvshare_tenant_no_space_total", "counter",
+     "The tenant's allocations refused for want of blocks in its share "
+     "(ENOSPC).", TN_NO_SPACE},
+};
+
+/* One sample NAME{tenant="T"[,EXTRA]} V. */
+static void tenant_sample(FILE *f, const char *name, const metrics_tenant *t,
+                          const char *extra, uint64_t v) {
+  fprintf(f, "%s{tenant=\"", name);
+  put_label(f, t->name);
+  fprintf(f, "\"%s} %llu\n", extra, (unsigned long long)v);
+}
+
+/* The per-tenant series: the pool's families, one line per partition. */
+static void render_tenants(FILE *f, const msnap *sn) {
+  static const char *const states[] = {"free", "cached", "used"};
+
+  family(f, "kvshare_tenant_blocks", "gauge",
+         "Blocks of the tenant's share of the pool by state.");
+  for (uint32_t i = 0; i < sn->d.ntenants; i++) {
+    const metrics_tenant *t = &sn->d.tenants[i];
+    const uint32_t v[] = {t->core.free_blocks, t->core.cached_blocks,
+                          t->core.used_blocks};
+
+    for (size_t k = 0; k < 3; k++) {
+      char extra[32];
+
+      snprintf(extra, sizeof(extra), ",state=\"%s\"", states[k]);
+      tenant_sample(f, "kvshare_tenant_blocks", t, extra, v[k]);
+    }
+  }
+  for (size_t k = 0; k < sizeof(tenant_fams) / sizeof(tenant_fams[0]); k++) {
+    const struct tenant_fam *tf = &tenant_fams[k];
+
+    family(f, tf->name, tf->type, tf->help);
+    for (uint32_t i = 0; i < sn->d.ntenants; i++)
+      tenant_sample(f, tf->name, &sn->d.tenants[i], "",
+                    tenant_value(&sn->d.tenants[i], tf->field));
+  }
+}
+
 /* A latency histogram's samples: name{labels,le=...} for the n bounds (in
  * seconds) and +Inf, then its sum and count.  b: n + 1 counts. */
 static void put_hist(FILE *f, const char *name, const char *labels,
@@ -505,6 +588,9 @@ static void render(FILE *f, const msnap *sn) {
       "Blocks copied down by SwapOuts.", c->swap_out_blocks);
   one(f, "kvshare_swap_in_blocks_total", "counter",
       "Blocks copied up by SwapIns.", c->swap_in_blocks);
+
+  if (sn->d.ntenants)
+    render_tenants(f, sn);
 
   if (sn->d.events_on) {
     one(f, "kvshare_kv_event_batches_total", "counter",

@@ -23,6 +23,14 @@
 
 typedef struct metrics metrics;
 
+/* One tenant's partition (daemon/part/partition.h), as a scrape sees it. */
+typedef struct metrics_tenant {
+  char name[CFG_TENANT_NAME];
+  core_stats core;       /* its core's */
+  uint32_t sessions;     /* its sessions now */
+  uint64_t pool_bytes;   /* its pool memory */
+} metrics_tenant;
+
 /* One scrape's numbers, as the daemon hands them over (snapshot_fn). */
 typedef struct metrics_snap {
   core_stats core;
@@ -41,6 +49,10 @@ typedef struct metrics_snap {
   uint32_t block_size;
   char backend[16], gpu_uuid[64], policy[32], model_id[128], version[32];
   tier_hist th[TIER_HISTS]; /* the tiers' latencies (tier_hist.h) */
+  /* With tenants (cfg ntenants > 0), one line per partition, in the
+   * configuration's order; ntenants 0 without (no tenant series). */
+  metrics_tenant tenants[CFG_MAX_TENANTS];
+  uint32_t ntenants;
 } metrics_snap;
 
 /* Fills *out from the daemon's modules, on the loop thread. */

@@ -4,7 +4,10 @@
  * kvs_stats) gets the fields its struct had and nothing written past them
  * (a canary right after the old struct's end must survive); one built with
  * this header (KVSHARE_0.5) gets queued_bytes and indexed_blocks too, and
- * indexed_blocks counts the blocks a commit sealed.
+ * indexed_blocks counts the blocks a commit sealed.  The tenant calls are
+ * in KVSHARE_0.8 (bound here by version, so the link fails if they are
+ * not), and without tenants kvs_tenant is "" and kvs_tenant_stats_get
+ * finds no line (nothing written into the caller's array).
  */
 #include <stddef.h>
 #include <string.h>
@@ -15,6 +18,11 @@ int kvs_stats_get_v01(kvs_client *c, int check, kvs_stats *st);
 int kvs_stats_get_v02(kvs_client *c, int check, kvs_stats *st);
 __asm__(".symver kvs_stats_get_v01, kvs_stats_get@KVSHARE_0.1");
 __asm__(".symver kvs_stats_get_v02, kvs_stats_get@KVSHARE_0.2");
+const char *kvs_tenant_v08(const kvs_client *c);
+int kvs_tenant_stats_get_v08(kvs_client *c, kvs_tenant_stats *out,
+                             uint32_t max, uint32_t *n);
+__asm__(".symver kvs_tenant_v08, kvs_tenant@KVSHARE_0.8");
+__asm__(".symver kvs_tenant_stats_get_v08, kvs_tenant_stats_get@KVSHARE_0.8");
 
 static itest_daemon d;
 
@@ -34,6 +42,25 @@ static void check_old(kvs_client *c,
   CHECK(u.st.num_blocks == now->num_blocks);
   CHECK(u.st.cached_blocks == now->cached_blocks);
   CHECK(u.st.sealed_blocks == now->sealed_blocks);
+}
+
+/* A daemon without tenants: no tenant, no line. */
+static void check_no_tenants(kvs_client *c) {
+  kvs_tenant_stats ts[2];
+  uint32_t n = 7;
+
+  CHECK(kvs_tenant(c) != NULL && strcmp(kvs_tenant(c), "") == 0);
+  CHECK(kvs_tenant_v08(c) == kvs_tenant(c));
+  memset(ts, 0xa5, sizeof(ts));
+  CHECK_OK(c, kvs_tenant_stats_get(c, ts, 2, &n));
+  CHECK(n == 0);
+  for (size_t i = 0; i < sizeof(ts); i++)
+    CHECK(((const unsigned char *)ts)[i] == 0xa5);
+  n = 7;
+  CHECK_OK(c, kvs_tenant_stats_get_v08(c, NULL, 0, &n));
+  CHECK(n == 0);
+  CHECK(kvs_tenant_stats_get(c, NULL, 1, &n) == KVS_EINVAL);
+  CHECK(kvs_tenant_stats_get(c, ts, 2, NULL) == KVS_EINVAL);
 }
 
 int main(void) {
@@ -62,6 +89,7 @@ int main(void) {
   CHECK(st.queued_bytes == 0); /* nothing else is queued in this test */
   check_old(c, kvs_stats_get_v01, offsetof(kvs_stats, backend), &st);
   check_old(c, kvs_stats_get_v02, offsetof(kvs_stats, queued_bytes), &st);
+  check_no_tenants(c);
 
   itest_check_pool(c, 1, 0, 0);
   kvs_close(c);

@@ -15,7 +15,8 @@ from . import _lib
 from ._lib import BLOCK_NONE, DTYPE_BF16, DTYPE_FP16, DTYPE_FP32
 from .batch import Batch, Op
 from .client import (AllocResult, Client, CowPair, Layout, LookupResult,
-                     Stats, SwapResult, SwapStats, TierStats, as_u32_array)
+                     Stats, SwapResult, SwapStats, TenantStats, TierStats,
+                     as_u32_array)
 from .errors import (ConnectError, ConnectionClosedError, KvsError,
                      LimitError, MismatchError, NoSpaceError,
                      NotSupportedError, RequestExistsError, StateError,
@@ -51,7 +52,7 @@ __all__ = [
     "DTYPE_FP32", "KvsError", "Layout", "LimitError", "LookupResult",
     "MismatchError", "NoSpaceError", "NotSupportedError", "Op", "PoolTensor",
     "RequestExistsError", "StateError", "Stats", "SwapResult", "SwapStats",
-    "TierStats", "UnknownRequestError", "as_u32_array", "bf16_to_float32",
-    "dlpack_live_count", "float32_to_bf16", "library_path",
-    "library_version", "status_name", "strerror",
+    "TenantStats", "TierStats", "UnknownRequestError", "as_u32_array",
+    "bf16_to_float32", "dlpack_live_count", "float32_to_bf16",
+    "library_path", "library_version", "status_name", "strerror",
 ]

@@ -6,9 +6,9 @@ holds /usr/local/lib after `make install` and `ldconfig`).
 
 The structs below mirror kvshare.h field for field; their sizes are checked
 against the C layout rules by the tests (and the values against the CLI's
-JSON).  Functions added in a later library version (0.3: tiers, 0.4: swap)
-are resolved when first used, so an older library still loads and only
-those calls fail (NotSupportedError).
+JSON).  Functions added in a later library version (0.3: tiers, 0.4: swap,
+0.8: tenants) are resolved when first used, so an older library still
+loads and only those calls fail (NotSupportedError).
 """
 import ctypes
 import os
@@ -102,6 +102,16 @@ class kvs_tier_stats(Structure):
                 ("checksum_failures", c_uint64)]
 
 
+class kvs_tenant_stats(Structure):
+    _fields_ = [("name", c_char * 32), ("num_blocks", c_uint32),
+                ("free_blocks", c_uint32), ("cached_blocks", c_uint32),
+                ("used_blocks", c_uint32), ("num_requests", c_uint32),
+                ("sessions", c_uint32), ("lookups", c_uint64),
+                ("query_tokens", c_uint64), ("hit_tokens", c_uint64),
+                ("evictions", c_uint64), ("no_space", c_uint64),
+                ("pool_bytes", c_uint64)]
+
+
 class kvs_swap_result(Structure):
     _fields_ = [("tokens", c_uint32), ("lost_tokens", c_uint32),
                 ("copied_blocks", c_uint32), ("num_blocks", c_uint32),
@@ -171,6 +181,9 @@ _FUNCS = {
     "kvs_swap_out": (c_int, [_client, c_uint64, POINTER(kvs_swap_result)]),
     "kvs_swap_in": (c_int, [_client, c_uint64, POINTER(kvs_swap_result)]),
     "kvs_swap_stats_get": (c_int, [_client, POINTER(kvs_swap_stats)]),
+    "kvs_tenant": (c_char_p, [_client]),
+    "kvs_tenant_stats_get": (c_int, [_client, POINTER(kvs_tenant_stats),
+                                     c_uint32, _u32p]),
     "kvs_batch_new": (c_int, [POINTER(c_void_p)]),
     "kvs_batch_free": (None, [_batch]),
     "kvs_batch_reset": (None, [_batch]),

@@ -120,8 +120,33 @@ class SwapStats:
 
 
 @dataclass(frozen=True)
+class TenantStats:
+    """One tenant's partition of the pool (kvs_tenant_stats)."""
+    name: str
+    num_blocks: int      # its share of the pool
+    free_blocks: int
+    cached_blocks: int
+    used_blocks: int
+    num_requests: int
+    sessions: int        # its sessions now
+    lookups: int
+    query_tokens: int
+    hit_tokens: int
+    evictions: int
+    no_space: int
+    pool_bytes: int
+
+    @property
+    def hit_rate(self):
+        """hit_tokens / query_tokens; None before its first lookup."""
+        return self.hit_tokens / self.query_tokens if self.query_tokens \
+            else None
+
+
+@dataclass(frozen=True)
 class Stats:
-    """The daemon's counters (kvs_stats), its tiers and swap counters."""
+    """The daemon's counters (kvs_stats), its tiers and swap counters, and
+    with tenants the session's tenant and the tenants' lines it may see."""
     num_blocks: int
     free_blocks: int
     cached_blocks: int
@@ -153,6 +178,8 @@ class Stats:
     tiers: Tuple[TierStats, ...] = ()
     tier_lost: int = 0
     swap: Optional[SwapStats] = None  # None: this library has no swap
+    tenant: str = ""         # the session's tenant; "": none, or observer
+    tenants: Tuple[TenantStats, ...] = ()  # empty: the daemon has none
 
     @property
     def check_ok(self):
@@ -381,6 +408,8 @@ class Client:
         self.max_frame = L.kvs_max_frame(p)
         self.pool_size = L.kvs_pool_size(p)
         self.mapped = bool(L.kvs_pool_base(p))
+        self._tenant = (_lib.text(L.kvs_tenant(p)) if L.has("kvs_tenant")
+                        else "")
         self._cuda_ordinal = None
 
     # -- lifetime ---------------------------------------------------------------
@@ -408,6 +437,15 @@ class Client:
     @property
     def closed(self):
         return self._conn is None
+
+    @property
+    def tenant(self):
+        """The session's tenant, as the daemon named it at connect: the
+        tenant whose partition of the pool this session uses.  "" when the
+        daemon has no tenants, and for an observer (a peer in no tenant,
+        such as root: it must connect with no_map=True and may only ask
+        for stats and ping)."""
+        return self._tenant
 
     def __enter__(self):
         return self
@@ -529,8 +567,10 @@ class Client:
     def stats(self, check=False):
         """The daemon's counters; check=True also runs the pool invariant
         check (its result in .check / .check_message, .check_ok).  Includes
-        the tiers below the pool and the swap counters (one round trip
-        each, when the library has them)."""
+        the tiers below the pool, the swap counters and the tenants (one
+        round trip each, when the library has them): .tenant is the
+        session's, .tenants the lines it may see (its own tenant's, or
+        every tenant's for an observer; empty without tenants)."""
         p = self._p()
         st = _lib.kvs_stats()
         self._check(self._L.kvs_stats_get(p, 1 if check else 0, byref(st)),
@@ -541,7 +581,11 @@ class Client:
             tiers, lost = self.tier_stats()
         if self._L.has("kvs_swap_stats_get"):
             swap = self.swap_stats()
-        return Stats(**d, tiers=tiers, tier_lost=lost, swap=swap)
+        tenants = ()
+        if self._L.has("kvs_tenant_stats_get"):
+            tenants = self.tenant_stats()
+        return Stats(**d, tiers=tiers, tier_lost=lost, swap=swap,
+                     tenant=self.tenant, tenants=tenants)
 
     def tier_stats(self):
         """(tuple of TierStats top first, tier_lost): the tiers below the
@@ -553,6 +597,22 @@ class Client:
         self._check(fn(p, arr, 8, byref(n), byref(lost)), "tier_stats")
         return (tuple(TierStats(**_struct_dict(arr[i]))
                       for i in range(min(n.value, 8))), lost.value)
+
+    def tenant_stats(self):
+        """Tuple of TenantStats: one per tenant this session may see (its
+        own, or every tenant for an observer), in the daemon's order;
+        empty when the daemon has no tenants."""
+        fn = self._fn("kvs_tenant_stats_get", "0.8")
+        p = self._p()
+        cap = 16  # a daemon's most; asked again when it has more
+        while True:
+            arr = (_lib.kvs_tenant_stats * cap)()
+            n = c_uint32(0)
+            self._check(fn(p, arr, cap, byref(n)), "tenant_stats")
+            if n.value <= cap:
+                return tuple(TenantStats(**_struct_dict(arr[i]))
+                             for i in range(n.value))
+            cap = n.value
 
     def swap_stats(self):
         fn = self._fn("kvs_swap_stats_get", "0.4")

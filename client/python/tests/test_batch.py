@@ -21,8 +21,9 @@ def test_batch_step_and_per_op_errors(client, daemon):
         with pytest.raises(kvshare.StateError):
             lk.result  # not submitted yet
     # One frame for the whole batch: the daemon counted, since the first
-    # stats frame, its tier and swap frames (2), the batch and this stats.
-    assert client.stats().frames_in == frames + 2 + 1 + 1
+    # stats frame, its tier, swap and tenant frames (3), the batch and this
+    # stats.
+    assert client.stats().frames_in == frames + 3 + 1 + 1
     assert [o.index for o in (lk, al, cm, bad, lk2, pg)] == list(range(6))
     assert lk.ok and lk.result.hit_tokens == 0
     assert al.ok and len(al.result.blocks) == 3 and al.result.first_index == 0

@@ -1,5 +1,7 @@
 """The Client against a real kvshared: connecting, the Welcome's values,
 operations, errors with their status codes and daemon messages, closing."""
+import ctypes
+import dataclasses
 import errno
 import gc
 import os
@@ -99,6 +101,28 @@ def test_stats_match_the_cli(client, daemon):
     d = mine.as_dict()
     assert d["used_blocks"] == 3 and d["swap"]["swap_outs"] == 0
     client.free(1)
+
+
+def test_no_tenants(client, daemon):
+    """A daemon without tenants: the session has no tenant, and no tenant
+    line comes back (stats, tenant_stats, a no_map client, the CLI)."""
+    assert client.tenant == ""
+    st = client.stats()
+    assert st.tenant == "" and st.tenants == ()
+    assert client.tenant_stats() == ()
+    d = st.as_dict()
+    assert d["tenant"] == "" and d["tenants"] == ()
+    with kvshare.Client(daemon.socket, name="pytest-observer",
+                        no_map=True) as c:
+        assert not c.mapped and c.tenant == ""
+        assert c.stats().tenants == ()
+    cli = daemon.cli("stats", "--json")
+    assert "tenant" not in cli and "tenants" not in cli, cli
+    # kvs_tenant_stats: a 32-byte name, six uint32, six uint64.
+    assert ctypes.sizeof(kvshare._lib.kvs_tenant_stats) == 32 + 6 * 4 + 6 * 8
+    t = kvshare.TenantStats("a", 16, 10, 2, 4, 1, 1, 3, 40, 30, 0, 0, 65536)
+    assert t.hit_rate == 0.75
+    assert dataclasses.replace(t, query_tokens=0).hit_rate is None
 
 
 def naive_hit(cached_prompts, prompt, bs):
