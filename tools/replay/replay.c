@@ -42,6 +42,11 @@ static uint32_t replay_ends_in(uint64_t n, uint32_t k, uint32_t bs) {
 
 int replay_plan_make(const trace *t, const replay_config *cfg,
                      replay_plan *plan) {
+  return replay_plan_part(t, cfg, NULL, 0, plan);
+}
+
+int replay_plan_part(const trace *t, const replay_config *cfg,
+                     const uint32_t *route, uint32_t part, replay_plan *plan) {
   uint32_t bs = cfg->block_size;
   /* seen[id] = blocks ending in trace block `id` already sealed. */
   uint32_t *seen = calloc((size_t)t->max_hash_id + 1, sizeof(*seen));
@@ -54,6 +59,8 @@ int replay_plan_make(const trace *t, const replay_config *cfg,
     const trace_rec *r = &t->recs[i];
     const uint32_t *ids = trace_rec_hash_ids(t, r);
     uint64_t n = r->input_length;
+    if (route != NULL && route[i] != part)
+      continue;
     /* A lookup may hit blocks ending before the last token: the first
      * (n - 1) / bs blocks, i.e. the full blocks of a prompt of n - 1. */
     int hitting = 1;

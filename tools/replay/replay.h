@@ -63,6 +63,11 @@ typedef struct replay_plan {
 int replay_plan_make(const trace *t, const replay_config *cfg,
                      replay_plan *plan);
 
+/* The same for the records i of t with route[i] == part only (route NULL:
+ * all): what that part replayed alone needs.  KVS_ENOMEM. */
+int replay_plan_part(const trace *t, const replay_config *cfg,
+                     const uint32_t *route, uint32_t part, replay_plan *plan);
+
 /* The pool size for cfg: capacity_tokens / block_size, or
  * plan->unlimited_blocks when capacity_tokens is 0.  KVS_EINVAL when it is 0
  * blocks or does not fit a block index. */
