@@ -702,7 +702,11 @@ void core_remove_observer(core *c, void *arg) {
 int core_check(const core *c, char *msg, size_t msg_len) {
   const uint32_t nb = c->cfg.num_blocks, bs = c->cfg.block_size;
   int rc = 0;
-  uint32_t *holders = core_big_alloc((size_t)nb * sizeof(uint32_t), 1);
+  /* Room for the bitmap it becomes below too: one word is more than the
+   * counters of a pool of one block. */
+  const size_t words = ((size_t)nb + 63) / 64 * sizeof(uint64_t);
+  const size_t counts = (size_t)nb * sizeof(uint32_t);
+  uint32_t *holders = core_big_alloc(counts > words ? counts : words, 1);
   if (holders == NULL)
     return KVS_ENOMEM;
   if (msg != NULL && msg_len > 0)
@@ -792,7 +796,7 @@ int core_check(const core *c, char *msg, size_t msg_len) {
   /* holders' memory, now a bitmap of the blocks a slot names (nb bits; it
    * stays in cache where nb words would not) */
   uint64_t *seen = (uint64_t *)holders;
-  memset(seen, 0, ((size_t)nb + 63) / 64 * sizeof(uint64_t));
+  memset(seen, 0, words);
   for (uint64_t i = 0; i < c->index.nslots; i++) {
     const hidx_entry *e = &c->index.slots[i];
     if (i + 16 < c->index.nslots && c->index.slots[i + 16].b < nb) {

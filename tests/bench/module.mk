@@ -13,6 +13,8 @@ $(CORE_BENCHES): $(BUILD)/%: $(BUILD)/%.o $(BUILD)/libkvscore.a
 
 # The replayer against a Python LRU simulation of the same trace.
 BENCHES += tests/bench/bench_replay.sh
+# Hit rate of one pool against the same users over per-tenant partitions.
+BENCHES += tests/bench/bench_tenants.sh
 BENCHES += tests/bench/bench_call_instructions.sh
 BENCHES += tests/bench/bench_python.py
 BENCHES += tests/bench/bench_metrics.py

@@ -133,6 +133,24 @@ static void test_last_token_never_cached(void **state) {
   finish(c);
 }
 
+/* A pool of one block: a block sealed, cached, hit and evicted, and the
+ * invariant checked at each step (core_check's scratch memory serves as
+ * both a counter per block and a bitmap of whole 64-bit words). */
+static void test_one_block_pool(void **state) {
+  (void)state;
+  core *c = mk(1, 0);
+  uint32_t t[BS + 1], hit;
+  seq(t, BS + 1, 40);
+  core_req *a = prefill(c, t, BS, &hit);
+  check(c);
+  core_req_free(c, a);
+  check(c);
+  core_req *b = prefill(c, t, BS - 1, &hit); /* evicts the cached block */
+  assert_int_equal(hit, 0);
+  core_req_free(c, b);
+  finish(c);
+}
+
 static void test_nospace_changes_nothing(void **state) {
   (void)state;
   core *c = mk(4, 0);
@@ -598,6 +616,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_share_prefix),
       cmocka_unit_test(test_last_token_never_cached),
+      cmocka_unit_test(test_one_block_pool),
       cmocka_unit_test(test_nospace_changes_nothing),
       cmocka_unit_test(test_reserve_watermark),
       cmocka_unit_test(test_append_decode),

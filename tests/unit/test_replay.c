@@ -470,6 +470,198 @@ static void test_replay_synthetic_tiers(void **state) {
   trace_free(t);
 }
 
+/* ---- tenants ---- */
+
+/* The daemon's split (cfg_tenant_blocks): shares rounded down, the rest
+ * equal, the remainder of that division unused. */
+static void test_replay_tenant_split(void **state) {
+  (void)state;
+  replay_config cfg;
+  uint64_t b[REPLAY_MAX_TENANTS];
+
+  replay_config_init(&cfg);
+  assert_false(replay_tenant_mode(&cfg));
+  cfg.tenants = 3;
+  assert_true(replay_tenant_mode(&cfg));
+  replay_tenant_blocks(&cfg, 1000, b);
+  assert_int_equal(b[0], 333);
+  assert_int_equal(b[1], 333);
+  assert_int_equal(b[2], 333);
+  cfg.tenant_share[0] = 70;
+  replay_tenant_blocks(&cfg, 1001, b);
+  assert_int_equal(b[0], 700);
+  assert_int_equal(b[1], 150);
+  assert_int_equal(b[2], 150);
+  cfg.tenant_share[1] = 20;
+  cfg.tenant_share[2] = 10;
+  replay_tenant_blocks(&cfg, 10, b);
+  assert_int_equal(b[0], 7);
+  assert_int_equal(b[1], 2);
+  assert_int_equal(b[2], 1);
+  /* One tenant, the whole pool: tenant mode all the same. */
+  replay_config_init(&cfg);
+  cfg.tenant_share[0] = 100;
+  assert_true(replay_tenant_mode(&cfg));
+  replay_tenant_blocks(&cfg, 62500, b);
+  assert_int_equal(b[0], 62500);
+  /* Tiers of nothing: nothing each. */
+  cfg.tenants = 2;
+  cfg.tenant_share[0] = 0;
+  replay_tenant_blocks(&cfg, 1, b);
+  assert_int_equal(b[0], 0);
+  assert_int_equal(b[1], 0);
+}
+
+/* The user key: the first id, or the first after the blocks every record
+ * shares; a record with fewer blocks is keyed by its last id. */
+static void test_replay_tenant_key(void **state) {
+  (void)state;
+  trace *t = load_text(small_trace);
+  replay_config cfg;
+  uint32_t route[4];
+
+  replay_config_init(&cfg);
+  cfg.tenants = REPLAY_MAX_TENANTS;
+  /* Every record of small_trace begins with id 0: depth 2. */
+  assert_int_equal(replay_tenant_depth(t, &cfg), 2);
+  replay_tenant_route(t, &cfg, route);
+  assert_int_equal(route[0], route[1]); /* A and B: id 1 at depth 2 */
+  for (int i = 0; i < 4; i++)
+    assert_true(route[i] < REPLAY_MAX_TENANTS);
+  cfg.tenant_depth = 1; /* the literal first id: one user */
+  assert_int_equal(replay_tenant_depth(t, &cfg), 1);
+  replay_tenant_route(t, &cfg, route);
+  for (int i = 1; i < 4; i++)
+    assert_int_equal(route[i], route[0]);
+  cfg.tenant_depth = 0;
+  trace_skip(t, 3); /* D alone: all its one block shared, keyed by it */
+  assert_int_equal(replay_tenant_depth(t, &cfg), 2);
+  trace_free(t);
+
+  t = load_text(
+      "{\"timestamp\": 0, \"input_length\": 600, \"output_length\": 5, "
+      "\"hash_ids\": [0, 1]}\n"
+      "{\"timestamp\": 1, \"input_length\": 600, \"output_length\": 5, "
+      "\"hash_ids\": [2, 3]}\n");
+  assert_int_equal(replay_tenant_depth(t, &cfg), 1);
+  trace_free(t);
+}
+
+/* small_trace over 2 tenants at unlimited capacity: a record hits what
+ * its own tenant's earlier records wrote, and nothing of the other's. */
+static void test_replay_tenants_small(void **state) {
+  (void)state;
+  trace *t = load_text(small_trace);
+  replay_config cfg;
+  replay_plan plan;
+  replay_tenant tn[2];
+  replay_result total;
+  uint32_t route[4];
+  uint64_t want = 1024; /* B after A: the same user */
+
+  replay_config_init(&cfg);
+  cfg.tenants = 2;
+  replay_tenant_route(t, &cfg, route);
+  if (route[2] == route[0])
+    want += 512; /* C: trace block 0 */
+  if (route[3] == route[0] || route[3] == route[2])
+    want += 496; /* D: 31 blocks of trace block 0 */
+  assert_int_equal(replay_plan_make(t, &cfg, &plan), 0);
+  assert_int_equal(replay_tenants_run(t, &cfg, &plan, tn, &total), 0);
+  assert_int_equal(total.requests, 4);
+  assert_int_equal(total.query_tokens, 3166);
+  assert_int_equal(total.hit_tokens, want);
+  assert_int_equal(total.stats.evictions, 0);
+  assert_int_equal(tn[0].plan.ideal_hit_tokens + tn[1].plan.ideal_hit_tokens,
+                   want);
+  for (int k = 0; k < 2; k++) {
+    assert_int_equal(tn[k].res.hit_tokens, tn[k].plan.ideal_hit_tokens);
+    assert_int_equal(tn[k].num_blocks,
+                     tn[k].plan.unlimited_blocks ? tn[k].plan.unlimited_blocks
+                                                 : 1);
+  }
+  trace_free(t);
+}
+
+/* The records of part k of t, in order (hash ids shared with t: free only
+ * sub->recs). */
+static void sub_trace(const trace *t, const uint32_t *route, uint32_t k,
+                      trace *sub) {
+  *sub = *t;
+  sub->recs = malloc((t->num_recs ? t->num_recs : 1) * sizeof(*sub->recs));
+  assert_non_null(sub->recs);
+  sub->num_recs = 0;
+  for (size_t i = 0; i < t->num_recs; i++)
+    if (route[i] == k)
+      sub->recs[sub->num_recs++] = t->recs[i];
+}
+
+/* Each tenant is exactly a plain replay of its users' records on a pool of
+ * its share: counts equal, under slru and lru, at unlimited capacity (and
+ * there the ideal of its records) and bounded; the total is the sum. */
+static void test_replay_tenants_synthetic(void **state) {
+  (void)state;
+  trace *t = load_mooncake("synthetic_trace.jsonl");
+  if (t == NULL)
+    return;
+  static const uint32_t ns[] = {2, 3};
+  static const uint64_t caps[] = {0, 1000000};
+  static const char *const pols[] = {"slru", "lru"};
+  uint32_t *route = malloc(t->num_recs * sizeof(*route));
+  assert_non_null(route);
+  for (size_t a = 0; a < 2; a++)
+    for (size_t b = 0; b < 2; b++) {
+      replay_config cfg;
+      replay_plan plan;
+      replay_tenant tn[3];
+      replay_result total, sum;
+
+      replay_config_init(&cfg);
+      cfg.tenants = ns[a];
+      cfg.capacity_tokens = caps[b];
+      cfg.policy = pols[a];
+      assert_int_equal(replay_plan_make(t, &cfg, &plan), 0);
+      assert_int_equal(replay_tenants_run(t, &cfg, &plan, tn, &total), 0);
+      replay_tenant_route(t, &cfg, route);
+      memset(&sum, 0, sizeof(sum));
+      for (uint32_t k = 0; k < cfg.tenants; k++) {
+        trace sub;
+        replay_config one = cfg;
+        replay_plan sp;
+        replay_result res;
+
+        sub_trace(t, route, k, &sub);
+        one.tenants = 1;
+        one.capacity_tokens = caps[b] ? (uint64_t)tn[k].num_blocks * 16 : 0;
+        run(&sub, &one, &res, &sp);
+        if (caps[b] == 0) {
+          assert_int_equal(tn[k].num_blocks, sp.unlimited_blocks);
+          assert_int_equal(res.hit_tokens, ideal_hit_tokens(&sub, 16));
+        } else {
+          assert_int_equal(tn[k].num_blocks, caps[b] / 16 / cfg.tenants);
+          assert_true(res.stats.evictions > 0);
+        }
+        assert_int_equal(tn[k].res.requests, sub.num_recs);
+        assert_int_equal(tn[k].res.query_tokens, res.query_tokens);
+        assert_int_equal(tn[k].res.hit_tokens, res.hit_tokens);
+        assert_int_equal(tn[k].res.refused, res.refused);
+        assert_int_equal(tn[k].res.stats.evictions, res.stats.evictions);
+        assert_int_equal(tn[k].plan.ideal_hit_tokens, sp.ideal_hit_tokens);
+        replay_result_add(&sum, &tn[k].res);
+        free(sub.recs);
+      }
+      print_message("synthetic, %u tenants, %llu tokens, %s: %.4f\n",
+                    cfg.tenants, (unsigned long long)caps[b], cfg.policy,
+                    replay_token_hit_rate(&total));
+      assert_int_equal(total.requests, t->num_recs);
+      assert_int_equal(total.hit_tokens, sum.hit_tokens);
+      assert_int_equal(total.stats.evictions, sum.stats.evictions);
+      assert_true(total.hit_tokens <= plan.ideal_hit_tokens);
+    }
+  free(route);
+  trace_free(t);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_trace_parse),
@@ -481,6 +673,10 @@ int main(void) {
       cmocka_unit_test(test_replay_conversation_ideal),
       cmocka_unit_test(test_replay_synthetic_bounded),
       cmocka_unit_test(test_replay_synthetic_tiers),
+      cmocka_unit_test(test_replay_tenant_split),
+      cmocka_unit_test(test_replay_tenant_key),
+      cmocka_unit_test(test_replay_tenants_small),
+      cmocka_unit_test(test_replay_tenants_synthetic),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);
   if (failed)

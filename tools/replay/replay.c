@@ -21,6 +21,7 @@
 void replay_config_init(replay_config *cfg) {
   memset(cfg, 0, sizeof(*cfg));
   cfg->block_size = 16;
+  cfg->tenants = 1;
 }
 
 static uint64_t replay_div_up(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
@@ -42,6 +43,11 @@ static uint32_t replay_ends_in(uint64_t n, uint32_t k, uint32_t bs) {
 
 int replay_plan_make(const trace *t, const replay_config *cfg,
                      replay_plan *plan) {
+  return replay_plan_part(t, cfg, NULL, 0, plan);
+}
+
+int replay_plan_part(const trace *t, const replay_config *cfg,
+                     const uint32_t *route, uint32_t part, replay_plan *plan) {
   uint32_t bs = cfg->block_size;
   /* seen[id] = blocks ending in trace block `id` already sealed. */
   uint32_t *seen = calloc((size_t)t->max_hash_id + 1, sizeof(*seen));
@@ -54,6 +60,8 @@ int replay_plan_make(const trace *t, const replay_config *cfg,
     const trace_rec *r = &t->recs[i];
     const uint32_t *ids = trace_rec_hash_ids(t, r);
     uint64_t n = r->input_length;
+    if (route != NULL && route[i] != part)
+      continue;
     /* A lookup may hit blocks ending before the last token: the first
      * (n - 1) / bs blocks, i.e. the full blocks of a prompt of n - 1. */
     int hitting = 1;
@@ -499,6 +507,19 @@ int replay_checked(const trace *t, const replay_config *cfg,
   char msg[256];
   int rc;
 
+  if (replay_tenant_mode(cfg)) {
+    replay_tenant *tn = calloc(cfg->tenants, sizeof(*tn));
+    if (tn == NULL) {
+      fprintf(stderr, "kvshare-replay: %s\n", kvs_strerror(KVS_ENOMEM));
+      return KVS_ENOMEM;
+    }
+    rc = replay_tenants_run(t, cfg, plan, tn, res);
+    *num_blocks = 0;
+    for (uint32_t k = 0; k < cfg->tenants; k++)
+      *num_blocks += tn[k].num_blocks;
+    free(tn);
+    return rc;
+  }
   if (replay_pool_blocks(cfg, plan, num_blocks) != 0) {
     fprintf(stderr,
             "kvshare-replay: a pool of %" PRIu64
@@ -538,6 +559,8 @@ static void replay_usage(FILE *f) {
           "                      [--limit N] [--skip N] [--json] [--progress|--no-progress]\n"
           "                      [--nodes N] [--remote-tier-tokens N|unlimited]\n"
           "                      [--split rr|prefix|prefix:K]\n"
+          "                      [--tenants N] [--tenant-shares P,P,...]\n"
+          "                      [--tenant-key auto|K]\n"
           "\n"
           "Replays a Mooncake-format request trace through the block-manager core,\n"
           "one request at a time in timestamp order, and prints token and block\n"
@@ -584,7 +607,38 @@ static void replay_usage(FILE *f) {
           "                          and shared, and the gain\n"
           "  --split rr|prefix|prefix:K  record i to node i %% N (rr, default), or\n"
           "                          by a hash of its first hash id (of its id at\n"
-          "                          depth K: its first K blocks)\n");
+          "                          depth K: its first K blocks)\n"
+          "\n"
+          "Tenants (the daemon's partitions: what splitting the pool costs):\n"
+          "  --tenants N             N tenants (1..16; default 1: one pool, the\n"
+          "                          plain replay), each a core of its own: its\n"
+          "                          share of the pool (capacity / N, the daemon's\n"
+          "                          equal shares; unlimited: each holds all of its\n"
+          "                          records) and of each tier, its own prefix\n"
+          "                          index and eviction; no tenant hits another's\n"
+          "                          blocks.  Records follow their user.  The\n"
+          "                          traces have no user id: a user is a\n"
+          "                          conversation, the records with the same hash\n"
+          "                          id at the key depth (ids are chained: the same\n"
+          "                          first blocks), and its tenant is mix(that id)\n"
+          "                          mod N (splitmix64's finalizer, as --split\n"
+          "                          prefix).  Prints the totals, then each\n"
+          "                          tenant's pool and hit rate (JSON: the totals'\n"
+          "                          keys and a \"tenants\" array).  Goes with\n"
+          "                          --sweep (total hit rates), --policy and the\n"
+          "                          tiers; not with the N nodes options\n"
+          "  --tenant-key auto|K     the key depth: K, or auto (default): depth 1,\n"
+          "                          the first hash id, unless every record shares\n"
+          "                          its first blocks (a system prompt: the\n"
+          "                          conversation trace's first block is the same\n"
+          "                          in every record), then the first id after\n"
+          "                          them (depth 2 there); over the records\n"
+          "                          replayed (after --limit and --skip)\n"
+          "  --tenant-shares P,P,... percents of the pool and of each tier for\n"
+          "                          tenants 0, 1, ... (the daemon's share=P%%,\n"
+          "                          rounded down to blocks); the tenants past the\n"
+          "                          list split what is left equally; alone, one\n"
+          "                          tenant per share\n");
 }
 
 /* Splits a comma-separated list in place: its non-empty items, at most max.
@@ -621,10 +675,54 @@ static int replay_parse_count(const char *s, uint64_t max, uint64_t *out) {
   return 0;
 }
 
-static void replay_print_text(const char *path, const trace *t,
-                              const replay_config *cfg, uint32_t num_blocks,
-                              const replay_plan *plan,
-                              const replay_result *res) {
+/* --tenant-shares P,P,...: percents (0 < P <= 100, adding up to 100 at
+ * most) of tenants 0, 1, ...; without --tenants, one tenant per share.
+ * -1 (said) when the list is bad. */
+static int replay_parse_shares(char *list, replay_config *cfg,
+                               int tenants_given) {
+  const char *items[REPLAY_MAX_TENANTS + 1];
+  double sum = 0;
+  size_t n;
+
+  if (replay_split(list, items, REPLAY_MAX_TENANTS + 1, &n) != 0 ||
+      n > REPLAY_MAX_TENANTS) {
+    fprintf(stderr, "kvshare-replay: bad --tenant-shares (1..%d percents, "
+            "comma-separated)\n", REPLAY_MAX_TENANTS);
+    return -1;
+  }
+  for (size_t k = 0; k < n; k++) {
+    char *end;
+    double p;
+    errno = 0;
+    p = strtod(items[k], &end);
+    if (errno || end == items[k] || (*end != '\0' && strcmp(end, "%") != 0) ||
+        !(p > 0 && p <= 100)) {
+      fprintf(stderr, "kvshare-replay: bad --tenant-shares percent '%s' "
+              "(0 < P <= 100)\n", items[k]);
+      return -1;
+    }
+    cfg->tenant_share[k] = p;
+    sum += p;
+  }
+  if (!tenants_given)
+    cfg->tenants = (uint32_t)n;
+  if (n > cfg->tenants) {
+    fprintf(stderr, "kvshare-replay: --tenant-shares gives %zu shares for "
+            "%u tenants\n", n, cfg->tenants);
+    return -1;
+  }
+  if (sum > 100 + 1e-9 || (n < cfg->tenants && sum >= 100)) {
+    fprintf(stderr, "kvshare-replay: --tenant-shares add up to %g%%%s\n", sum,
+            n < cfg->tenants ? ", nothing left for the tenants without one"
+                             : ", more than the pool");
+    return -1;
+  }
+  return 0;
+}
+
+void replay_print_text(const char *path, const trace *t,
+                       const replay_config *cfg, uint32_t num_blocks,
+                       const replay_plan *plan, const replay_result *res) {
   const core_stats *st = &res->stats;
   printf("trace           %s: %zu requests, %" PRIu64 " prompt tokens, %" PRIu64
          " output tokens\n",
@@ -632,7 +730,9 @@ static void replay_print_text(const char *path, const trace *t,
   printf("pool            %" PRIu64 " tokens = %u blocks of %u tokens%s, "
          "policy %s, decode %s\n",
          (uint64_t)num_blocks * cfg->block_size, num_blocks, cfg->block_size,
-         cfg->capacity_tokens ? "" : " (unlimited: holds the whole trace)",
+         replay_tenant_mode(cfg) ? " in the tenants' partitions (below)"
+         : cfg->capacity_tokens  ? ""
+                                 : " (unlimited: holds the whole trace)",
          cfg->policy ? cfg->policy : REPLAY_DEFAULT_POLICY, cfg->decode ? "on" : "off");
   printf("requests        %" PRIu64 " served, %" PRIu64 " refused (%" PRIu64
          " prompt tokens larger than the pool)\n",
@@ -682,10 +782,9 @@ static void replay_print_text(const char *path, const trace *t,
          res->seconds > 0 ? (double)res->requests / res->seconds : 0.0);
 }
 
-static int replay_print_json(const char *path, const trace *t,
-                             const replay_config *cfg, uint32_t num_blocks,
-                             const replay_plan *plan,
-                             const replay_result *res) {
+json_t *replay_json(const char *path, const trace *t,
+                    const replay_config *cfg, uint32_t num_blocks,
+                    const replay_plan *plan, const replay_result *res) {
   const core_stats *st = &res->stats;
   json_t *o = json_pack(
       "{s:s, s:I, s:I, s:I, s:b, s:s, s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:f,"
@@ -706,7 +805,7 @@ static int replay_print_json(const char *path, const trace *t,
           ? (double)plan->ideal_hit_tokens / (double)plan->query_tokens
           : 0.0);
   if (o == NULL)
-    return -1;
+    return NULL;
   json_t *more = json_pack(
       "{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I,"
       " s:I, s:I, s:f}",
@@ -729,10 +828,22 @@ static int replay_print_json(const char *path, const trace *t,
   if (more == NULL || json_object_update(o, more) != 0) {
     json_decref(more);
     json_decref(o);
-    return -1;
+    return NULL;
   }
   json_decref(more);
-  int rc = json_dumpf(o, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+  return o;
+}
+
+static int replay_print_json(const char *path, const trace *t,
+                             const replay_config *cfg, uint32_t num_blocks,
+                             const replay_plan *plan,
+                             const replay_result *res) {
+  json_t *o = replay_json(path, t, cfg, num_blocks, plan, res);
+  int rc;
+
+  if (o == NULL)
+    return -1;
+  rc = json_dumpf(o, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
   fputc('\n', stdout);
   json_decref(o);
   return rc;
@@ -757,6 +868,9 @@ enum {
   OPT_NODES,
   OPT_REMOTE_TIER,
   OPT_SPLIT,
+  OPT_TENANTS,
+  OPT_TENANT_SHARES,
+  OPT_TENANT_KEY,
   OPT_HELP
 };
 
@@ -780,6 +894,9 @@ int replay_main(int argc, char **argv) {
       {"nodes", required_argument, NULL, OPT_NODES},
       {"remote-tier-tokens", required_argument, NULL, OPT_REMOTE_TIER},
       {"split", required_argument, NULL, OPT_SPLIT},
+      {"tenants", required_argument, NULL, OPT_TENANTS},
+      {"tenant-shares", required_argument, NULL, OPT_TENANT_SHARES},
+      {"tenant-key", required_argument, NULL, OPT_TENANT_KEY},
       {"help", no_argument, NULL, OPT_HELP},
       {NULL, 0, NULL, 0}};
   replay_config cfg;
@@ -787,11 +904,12 @@ int replay_main(int argc, char **argv) {
   replay_result res;
   enum { MAX_LIST = 32 };
   const char *path = NULL, *plot = NULL, *plot_script = NULL, *pols[MAX_LIST];
-  char *pol_list = NULL, *sweep_list = NULL;
+  char *pol_list = NULL, *sweep_list = NULL, *share_list = NULL;
   uint64_t v, limit = 0, skip = 0, caps[MAX_LIST];
   size_t npols = 0, ncaps = 0;
   uint32_t num_blocks;
   int json = 0, progress = -1, opt, rc, status = 1, nodes_mode = 0;
+  int tenants_given = 0, key_given = 0;
   replay_nodes_config nc = {.nodes = 1, .split = REPLAY_SPLIT_RR,
                             .prefix_blocks = 1};
   trace *t = NULL;
@@ -904,6 +1022,30 @@ int replay_main(int argc, char **argv) {
       }
       nodes_mode = 1;
       break;
+    case OPT_TENANTS:
+      if (replay_parse_count(optarg, REPLAY_MAX_TENANTS, &v) != 0) {
+        fprintf(stderr, "kvshare-replay: bad --tenants '%s' (1..%d)\n",
+                optarg, REPLAY_MAX_TENANTS);
+        return 2;
+      }
+      cfg.tenants = (uint32_t)v;
+      tenants_given = 1;
+      break;
+    case OPT_TENANT_SHARES:
+      share_list = optarg;
+      break;
+    case OPT_TENANT_KEY:
+      if (strcmp(optarg, "auto") == 0) {
+        cfg.tenant_depth = 0;
+      } else if (replay_parse_count(optarg, 1u << 20, &v) == 0) {
+        cfg.tenant_depth = (uint32_t)v;
+      } else {
+        fprintf(stderr, "kvshare-replay: bad --tenant-key '%s' (auto, or a "
+                "depth K >= 1)\n", optarg);
+        return 2;
+      }
+      key_given = 1;
+      break;
     case OPT_PROGRESS:
       progress = 1;
       break;
@@ -964,6 +1106,19 @@ int replay_main(int argc, char **argv) {
     fprintf(stderr, "kvshare-replay: --plot-script goes with --plot\n");
     return 2;
   }
+  if (share_list != NULL &&
+      replay_parse_shares(share_list, &cfg, tenants_given) != 0)
+    return 2;
+  if (key_given && !replay_tenant_mode(&cfg)) {
+    fprintf(stderr, "kvshare-replay: --tenant-key goes with --tenants\n");
+    return 2;
+  }
+  if (nodes_mode && replay_tenant_mode(&cfg)) {
+    fprintf(stderr, "kvshare-replay: --tenants and --tenant-shares do not "
+            "go with --nodes, --remote-tier-tokens or --split (each node "
+            "would hold a partition of every tenant): one or the other\n");
+    return 2;
+  }
   if (nodes_mode && (sweep_list != NULL || npols > 1)) {
     fprintf(stderr, "kvshare-replay: --nodes, --remote-tier-tokens and "
             "--split take one policy and no --sweep\n");
@@ -1011,6 +1166,13 @@ int replay_main(int argc, char **argv) {
   if (ncaps > 0) {
     status = replay_sweep(t, path, &cfg, &plan, caps, ncaps, pols, npols, json,
                           plot, plot_script) == 0 && fflush(stdout) == 0
+                 ? 0
+                 : 1;
+    goto out;
+  }
+  if (replay_tenant_mode(&cfg)) {
+    status = replay_tenants(t, path, &cfg, &plan, json) == 0 &&
+                     fflush(stdout) == 0
                  ? 0
                  : 1;
     goto out;

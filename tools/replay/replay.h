@@ -27,6 +27,11 @@
 /* The policy when none is given: the daemon's default (daemon/config.c). */
 #define REPLAY_DEFAULT_POLICY "slru"
 
+/* --tenants: as many as the daemon takes (CFG_MAX_TENANTS). */
+#define REPLAY_MAX_TENANTS 16
+
+struct json_t; /* jansson's */
+
 /* kvshare-replay's command line (main.c; `kvshared replay ...` execs it).
  * argv[0] is not read: it may be a path to kvshare-replay or "replay", and
  * every message, getopt's included, names kvshare-replay.  Returns the exit
@@ -46,9 +51,18 @@ typedef struct replay_config {
                                (core tier_sync), a lookup promotes what it
                                finds below */
   int progress;             /* progress bar on stderr */
+  /* Tenants (replay_tenants.c): the pool and the tiers split into
+   * partitions, a core each.  On when tenants > 1 or a share is given. */
+  uint32_t tenants;         /* 1 .. REPLAY_MAX_TENANTS (default 1) */
+  uint32_t tenant_depth;    /* a user: the records with the same hash id at
+                               this depth; 0: auto (replay_tenant_depth) */
+  double tenant_share[REPLAY_MAX_TENANTS]; /* percent of the pool and of
+                               each tier, 0 < P <= 100, from tenant 0 on;
+                               0: an equal part of what the shares leave */
 } replay_config;
 
-/* Defaults: unlimited, block size 16, default policy, no decode, no bar. */
+/* Defaults: unlimited, block size 16, default policy, no decode, no bar,
+ * one tenant. */
 void replay_config_init(replay_config *cfg);
 
 /* What the trace needs, from its hash ids alone (no core). */
@@ -62,6 +76,11 @@ typedef struct replay_plan {
 /* Fills *plan.  KVS_ENOMEM. */
 int replay_plan_make(const trace *t, const replay_config *cfg,
                      replay_plan *plan);
+
+/* The same for the records i of t with route[i] == part only (route NULL:
+ * all): what that part replayed alone needs.  KVS_ENOMEM. */
+int replay_plan_part(const trace *t, const replay_config *cfg,
+                     const uint32_t *route, uint32_t part, replay_plan *plan);
 
 /* The pool size for cfg: capacity_tokens / block_size, or
  * plan->unlimited_blocks when capacity_tokens is 0.  KVS_EINVAL when it is 0
@@ -180,12 +199,23 @@ int replay_run(core *c, const trace *t, const replay_config *cfg,
 
 /*
  * One replay of t on a fresh core for cfg (pool sized by replay_pool_blocks,
- * into *num_blocks), and the core's invariant checked after it.  Returns 0
- * or the first error, said on stderr.
+ * into *num_blocks), and the core's invariant checked after it; with
+ * tenants (replay_tenant_mode), replay_tenants_run: res the total,
+ * *num_blocks the tenants' pools together.  Returns 0 or the first error,
+ * said on stderr.
  */
 int replay_checked(const trace *t, const replay_config *cfg,
                    const replay_plan *plan, uint32_t *num_blocks,
                    replay_result *res);
+
+/* The report of one replay (totals, with tenants), on stdout: text, or
+ * the JSON object (NULL when out of memory; the caller owns it). */
+void replay_print_text(const char *path, const trace *t,
+                       const replay_config *cfg, uint32_t num_blocks,
+                       const replay_plan *plan, const replay_result *res);
+struct json_t *replay_json(const char *path, const trace *t,
+                           const replay_config *cfg, uint32_t num_blocks,
+                           const replay_plan *plan, const replay_result *res);
 
 /*
  * `--sweep`: replays t once per capacity (caps[k] tokens, 0 = unlimited) and
@@ -234,5 +264,63 @@ void replay_route(const trace *t, const replay_nodes_config *nc,
 int replay_nodes(const trace *t, const char *path, const replay_config *cfg,
                  const replay_plan *plan, const replay_nodes_config *nc,
                  int json);
+
+/*
+ * ---- Tenants (replay_tenants.c) -----------------------------------------
+ *
+ * `--tenants N`: the daemon's tenants.  Each has a partition of its own:
+ * pool memory, core (prefix index, free queue, eviction) and tiers, and
+ * its prefixes are salted by the tenant, so it never hits another's
+ * blocks.  Here each tenant is a core of its share of the pool and of each
+ * tier (replay_tenant_blocks) and replays the records of its users, all in
+ * timestamp order, one at a time.  The traces have no user id: a user is a
+ * conversation, the records with the same hash id at the key depth (ids
+ * are chained: the same first blocks), and its tenant is mix(that id) mod N
+ * (splitmix64's finalizer: replay_route's --split prefix:depth).
+ */
+static inline int replay_tenant_mode(const replay_config *cfg) {
+  return cfg->tenants > 1 || cfg->tenant_share[0] > 0;
+}
+
+/* The key depth over t's records: cfg->tenant_depth, or (0, auto) one more
+ * than the blocks every record shares (the conversation trace opens every
+ * request with the same block, a system prompt: 2 there; the synthetic
+ * trace 1).  A record with fewer blocks is keyed by its last id. */
+uint32_t replay_tenant_depth(const trace *t, const replay_config *cfg);
+
+/* The tenant of each record of t (out: t->num_recs entries). */
+void replay_tenant_route(const trace *t, const replay_config *cfg,
+                         uint32_t *out);
+
+/* `blocks` split among cfg's tenants as the daemon splits its pool
+ * (cfg_tenant_blocks): a share of P% gets P/100 of them rounded down, the
+ * tenants without a share split what is left equally and the remainder of
+ * that division stays unused.  out: cfg->tenants entries. */
+void replay_tenant_blocks(const replay_config *cfg, uint64_t blocks,
+                          uint64_t *out);
+
+typedef struct replay_tenant {
+  uint32_t num_blocks;  /* its pool: its share, or at unlimited capacity
+                           what its own records fill (at least 1) */
+  uint64_t tier_tokens[CORE_TIERS]; /* its share of each tier */
+  replay_plan plan;     /* of its records (replay_plan_part) */
+  replay_result res;
+} replay_tenant;
+
+/* Replays t over cfg's tenants (plan: t's): tn[0 .. cfg->tenants) gets
+ * each one's pool, plan and result, *total their sum (replay_result_add);
+ * every core is checked after the run.  Returns 0 or the first error, said
+ * on stderr (KVS_EINVAL: the pool is not 1 .. 2^32-2 blocks, or a tenant's
+ * share of it is 0 blocks). */
+int replay_tenants_run(const trace *t, const replay_config *cfg,
+                       const replay_plan *plan, replay_tenant *tn,
+                       replay_result *total);
+
+/* The run, then its report: the totals as replay_print_text and
+ * replay_json give them, and each tenant's pool and hit rates (text: a
+ * table; JSON: "tenants", an array).  Returns 0 or the first error (said
+ * on stderr). */
+int replay_tenants(const trace *t, const char *path, const replay_config *cfg,
+                   const replay_plan *plan, int json);
 
 #endif /* KVS_REPLAY_H */

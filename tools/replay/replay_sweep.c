@@ -61,9 +61,14 @@ static void sweep_cap_name(uint64_t cap, char *buf, size_t len) {
     snprintf(buf, len, "%" PRIu64 "e%d", cap, e);
 }
 
-static void sweep_print(const replay_plan *plan, const uint64_t *caps,
+static void sweep_print(const trace *t, const replay_config *base,
+                        const replay_plan *plan, const uint64_t *caps,
                         size_t ncaps, const char *const *pols, size_t npols,
                         const cell *cells) {
+  if (replay_tenant_mode(base))
+    printf("%u tenants, a partition each of the capacity (their total hit "
+           "rate); a user: the\nrecords with the same hash id at depth %u\n",
+           base->tenants, replay_tenant_depth(t, base));
   printf("token hit rate by capacity (tokens) and policy; wall time of each "
          "replay in ()\n%-12s", "capacity");
   for (size_t p = 0; p < npols; p++)
@@ -85,7 +90,8 @@ static void sweep_print(const replay_plan *plan, const uint64_t *caps,
              : 0.0);
 }
 
-static int sweep_json(const replay_plan *plan, const uint64_t *caps,
+static int sweep_json(const trace *t, const replay_config *base,
+                      const replay_plan *plan, const uint64_t *caps,
                       size_t ncaps, const char *const *pols, size_t npols,
                       const cell *cells) {
   json_t *runs = json_array(), *o;
@@ -111,6 +117,13 @@ static int sweep_json(const replay_plan *plan, const uint64_t *caps,
                                    : 0.0);
   if (o == NULL)
     return -1;
+  if (replay_tenant_mode(base) &&
+      (json_object_set_new(o, "tenant_count", json_integer(base->tenants)) ||
+       json_object_set_new(o, "tenant_key_depth",
+                           json_integer(replay_tenant_depth(t, base))))) {
+    json_decref(o);
+    return -1;
+  }
   rc = json_dumpf(o, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
   fputc('\n', stdout);
   json_decref(o);
@@ -289,9 +302,11 @@ int replay_sweep(const trace *t, const char *path, const replay_config *base,
     }
   if (rc == 0) {
     if (json)
-      rc = sweep_json(plan, caps, ncaps, pols, npols, cells) != 0 ? KVS_EIO : 0;
+      rc = sweep_json(t, base, plan, caps, ncaps, pols, npols, cells) != 0
+               ? KVS_EIO
+               : 0;
     else
-      sweep_print(plan, caps, ncaps, pols, npols, cells);
+      sweep_print(t, base, plan, caps, ncaps, pols, npols, cells);
   }
   if (rc == 0 && plot != NULL)
     rc = sweep_plot(plot, plot_script_path, path, caps, ncaps, pols, npols,
