@@ -182,6 +182,8 @@ def serve(r, w):
         "hold": hold, "fill": fill, "probe": probe,
         "free": c.free,
         "stats": lambda: c.stats(check=True).as_dict(),
+        "view": lambda b: list(c.block_tensor(b).shape),
+        "pool_view": lambda: list(c.pool_tensor().shape)[:1],
     }
     for line in r:
         cmd, *args = json.loads(line)
@@ -246,6 +248,12 @@ for t, w in workers.items():
     h = w.call("hello")
     check(h["tenant"] == t, f"worker of uid {UIDS[t]}: tenant {h}")
     check(h["num_blocks"] == SHARES[t] and h["mapped"], f"{t}: Welcome {h}")
+    # The Python views reach the partition's blocks only: the whole pool
+    # view is the partition, a block id past it is refused.
+    check(w.call("pool_view") == [SHARES[t]], f"{t}: pool view")
+    w.call("view", SHARES[t] - 1)
+    w.call("view", SHARES[t], status="ERANGE")
+    w.call("view", SHARES["a"] + SHARES["b"], status="ERANGE")
 
 # a: a request holding 5 blocks; b's prompt probed (another partition: no
 # hit); an allocation larger than its share refused.  b: a prompt filled
