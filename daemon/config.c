@@ -83,6 +83,14 @@ static const cfg_option options[] = {
      "Listening",
      "Most sessions at once.  A connection over the limit gets a Welcome "
      "with status ELIMIT and is closed."},
+    {"max_tenant_connections", T_U32, F(max_tenant_connections), 0, 65536,
+     "0", NULL, "N", "Listening",
+     "With tenants: most sessions of one tenant at once, so that one tenant "
+     "cannot take every connection slot from the others.  A connection over "
+     "it gets a Welcome with status ELIMIT and is closed.  0: "
+     "max_connections divided by the number of tenants (at least 1).  "
+     "Observers (root, the daemon's uid) count against max_connections "
+     "only."},
     {"max_requests", T_U32, F(max_requests), 1, 1u << 24, "65536", NULL, "N",
      "Listening",
      "Most live requests per session; creating one more fails with ELIMIT."},

@@ -59,6 +59,7 @@ typedef struct cfg {
   cfg_idlist allow_uids;
   cfg_idlist allow_gids;
   uint32_t max_connections;
+  uint32_t max_tenant_connections; /* 0: max_connections / tenants */
   uint32_t max_requests;  /* per session */
   uint32_t max_batch_ops;
   uint64_t max_session_tokens;

@@ -1082,6 +1082,22 @@ void sess_accept(sess_hub *h, uv_stream_t *listener) {
     protocol_error(c, 0, 1, KVS_ELIMIT, what);
     return;
   }
+  if (cf->ntenants && c->ds.env->core != NULL) {
+    uint32_t lim = cf->max_tenant_connections;
+
+    if (!lim)
+      lim = cf->max_connections / cf->ntenants ? cf->max_connections /
+                                                     cf->ntenants
+                                               : 1;
+    if (c->ds.env->sessions >= lim) {
+      char what[160];
+
+      snprintf(what, sizeof(what), "too many connections of tenant %s "
+               "(max_tenant_connections %u)", c->ds.env->tenant, lim);
+      protocol_error(c, 0, 1, KVS_ELIMIT, what);
+      return;
+    }
+  }
   c->counted = 1;
   h->counts.sessions++;
   c->ds.env->sessions++;

@@ -9,7 +9,8 @@
  * that drop to their tenant's uid, as an attacker's worker would run:
  *  - observers and strangers: root without no_map is refused, with no_map
  *    it may only run Stats and Ping, and sees every partition; uid 40003
- *    (no tenant) is refused;
+ *    (no tenant) is refused; a tenant at its max_tenant_connections is
+ *    refused one more, and the other tenant still connects;
  *  - memory: a worker maps its own partition only (/proc/self/maps holds
  *    one pool mapping of its partition's size; on the stand-in CUDA driver,
  *    only its partition's chunks), cannot open the daemon's descriptors or
@@ -319,6 +320,12 @@ static int hold_fd;
 static int a_holder(void *arg) { return holder(hold_fd, *(uint32_t *)arg, "a-holder"); }
 static int b_holder(void *arg) { return holder(hold_fd, *(uint32_t *)arg, "b-holder"); }
 
+static int b_connects(void *arg) {
+  (void)arg;
+  kvs_close(connect_as("b-while-a-is-full"));
+  return 0;
+}
+
 static int stranger(void *arg) {
   (void)arg;
   kvs_client *c;
@@ -330,6 +337,29 @@ static int stranger(void *arg) {
   }
   rc = try_connect("stranger", 1, &c);
   CHECK(rc == KVS_EPERM);
+  return 0;
+}
+
+/* a opens its max_tenant_connections (3) and is refused a fourth; it
+ * holds the three until told (the test connects b meanwhile). */
+static int limit_ready[2], limit_go[2];
+static int a_conn_limit(void *arg) {
+  kvs_client *cs[3], *extra;
+  char ch;
+  (void)arg;
+  for (int i = 0; i < 3; i++)
+    cs[i] = connect_as("a-many");
+  int rc = try_connect("a-many", 0, &extra);
+  if (rc != KVS_ELIMIT ||
+      !strstr(kvs_last_message(NULL), "too many connections of tenant a")) {
+    fprintf(stderr, "a's fourth session: %s (%s)\n", kvs_status_name(rc),
+            kvs_last_message(NULL));
+    exit(1);
+  }
+  CHECK(write(limit_ready[1], "r", 1) == 1);
+  CHECK(read(limit_go[0], &ch, 1) == 1);
+  for (int i = 0; i < 3; i++)
+    kvs_close(cs[i]);
   return 0;
 }
 
@@ -399,7 +429,8 @@ static void scenario(void) {
                         "--host-tier-bytes", host, "--disk-tier", disk,
                         "--disk-tier-bytes", "2M",
                         "--backend", cuda ? "cuda" : "host",
-                        "--gpu-chunk-size", "2M", NULL};
+                        "--gpu-chunk-size", "2M",
+                        "--max-tenant-connections", "3", NULL};
   itest_daemon_start(&d, args);
   CHECK(chmod(d.dir, 0755) == 0);
   CHECK(chmod(d.socket, 0666) == 0);
@@ -423,6 +454,21 @@ static void scenario(void) {
   }
   run_as(UID_NONE, stranger, NULL);
 
+  {
+    /* a at its connection limit; b still connects. */
+    char ch;
+    CHECK(pipe(limit_ready) == 0 && pipe(limit_go) == 0);
+    pid_t a = spawn(UID_A, a_conn_limit, NULL);
+    close(limit_ready[1]); /* (a's death: the read ends) */
+    close(limit_go[0]);
+    limit_ready[1] = limit_go[0] = -1;
+    CHECK(read(limit_ready[0], &ch, 1) == 1);
+    run_as(UID_B, b_connects, NULL);
+    CHECK(write(limit_go[1], "g", 1) == 1);
+    CHECK(itest_reap(a, 0) == 0);
+    close(limit_ready[0]);
+    close(limit_go[1]);
+  }
   run_as(UID_A, a_first, NULL);
   run_as(UID_B, b_first, NULL);
   run_as(UID_A, a_again, NULL);
