@@ -530,6 +530,24 @@ static void packed_sizes(size_t nops, size_t words, size_t nblocks,
 /* Said after the batched steps' title (which daemon). */
 static const char *batch_label = "";
 
+/* One prefill step into b: PREFILL_REQS requests from id on, each a
+ * lookup of the 2-block system prompt (token ids 7...) and a turn of its
+ * own (ids from first + 64 r), then allocate, commit, free. */
+static void prefill_batch(kvs_batch *b, uint32_t *tok, uint32_t plen,
+                          uint32_t bs, uint32_t first, uint64_t id) {
+  kvs_batch_reset(b);
+  for (int r = 0; r < PREFILL_REQS; r++) {
+    uint32_t *t = tok + (size_t)r * plen;
+    for (uint32_t i = 0; i < plen; i++)
+      t[i] = i < 2 * bs ? 7 + i : first + (uint32_t)r * 64 + i;
+    kvs_batch_lookup(b, id + (uint64_t)r, t, plen, NULL, 0);
+    kvs_batch_allocate(b, id + (uint64_t)r, plen - 2 * bs);
+    kvs_batch_commit(b, id + (uint64_t)r, 2 * bs, NULL, plen - 2 * bs, NULL,
+                     0);
+    kvs_batch_free_req(b, id + (uint64_t)r);
+  }
+}
+
 static void bench_batch(kvs_client *c, double raw_small, int packed) {
   uint32_t bs = kvs_layout_of(c)->block_size;
   uint32_t plen = 2 * bs + 5; /* 2 shared system blocks + the user's turn */
@@ -553,17 +571,8 @@ static void bench_batch(kvs_client *c, double raw_small, int packed) {
 
   /* Prefill steps. */
   for (int s = 0; s < steps; s++) {
-    kvs_batch_reset(b);
-    for (int r = 0; r < PREFILL_REQS; r++) {
-      uint32_t *t = tok + (size_t)r * plen;
-      for (uint32_t i = 0; i < plen; i++)
-        t[i] = i < 2 * bs ? 7 + i : 100000 + (uint32_t)(s * PREFILL_REQS + r) * 64 + i;
-      kvs_batch_lookup(b, id + (uint64_t)r, t, plen, NULL, 0);
-      kvs_batch_allocate(b, id + (uint64_t)r, plen - 2 * bs);
-      kvs_batch_commit(b, id + (uint64_t)r, 2 * bs, NULL, plen - 2 * bs,
-                       NULL, 0);
-      kvs_batch_free_req(b, id + (uint64_t)r);
-    }
+    prefill_batch(b, tok, plen, bs, 100000 + (uint32_t)s * PREFILL_REQS * 64,
+                  id);
     double t0 = itest_now();
     CHECK_OK(c, kvs_batch_submit(c, b));
     add(&sp, (itest_now() - t0) * 1e6);
@@ -916,18 +925,8 @@ static void bench_tenant_cost(kvs_client *plain, kvs_client *part) {
   }
   for (int s = 0; s < 2 * steps; s++) {
     kvs_client *c = cs[s & 1];
-    kvs_batch_reset(b);
-    for (int r = 0; r < PREFILL_REQS; r++) {
-      uint32_t *t = tok + (size_t)r * plen;
-      for (uint32_t i = 0; i < plen; i++)
-        t[i] = i < 2 * bs ? 7 + i
-                          : 900000 + (uint32_t)(s * PREFILL_REQS + r) * 64 + i;
-      kvs_batch_lookup(b, id + (uint64_t)r, t, plen, NULL, 0);
-      kvs_batch_allocate(b, id + (uint64_t)r, plen - 2 * bs);
-      kvs_batch_commit(b, id + (uint64_t)r, 2 * bs, NULL, plen - 2 * bs,
-                       NULL, 0);
-      kvs_batch_free_req(b, id + (uint64_t)r);
-    }
+    prefill_batch(b, tok, plen, bs, 900000 + (uint32_t)s * PREFILL_REQS * 64,
+                  id);
     double t0 = itest_now();
     CHECK_OK(c, kvs_batch_submit(c, b));
     add(&sv[s & 1], (itest_now() - t0) * 1e6);
