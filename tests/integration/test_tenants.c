@@ -17,6 +17,8 @@
  *    partition;
  *  - index: b's lookup of a's prompt misses; b writes the same prompt with
  *    its own bytes, and a later reads back its own bytes, unchanged;
+ *  - traffic: b's Stats counts its own sessions, frames and protocol
+ *    errors, never the daemon's (they would tell b when a works);
  *  - quotas: a churns through twice its share (evictions in a), and a
  *    request over its share fails with ENOSPC; b's cached prompt still
  *    hits with b's bytes, b evicted nothing, and b's host tier is b's size;
@@ -233,6 +235,13 @@ static int b_first(void *arg) {
   uint32_t tok[PLEN];
   kvs_lookup_result lr;
   kvs_stats st;
+  /* Its own traffic only: its one session (not the observer's), its own
+   * frames (Hello and this Stats, none of a's), no protocol error (the
+   * stranger's refusal is not b's). */
+  CHECK_OK(c, kvs_stats_get(c, 0, &st));
+  CHECK(st.sessions == 1);
+  CHECK(st.frames_in == 2);
+  CHECK(st.protocol_errors == 0);
   check_mapping(c, BLOCKS_B);
   /* a's prompt, word for word: a miss. */
   prompt(tok, PLEN, 1);
