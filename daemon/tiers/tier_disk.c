@@ -446,6 +446,17 @@ int tier_disk_open(uv_loop_t *loop, const char *path, uint64_t bytes,
     snprintf(err, err_len, "disk_tier %s is not a regular file or a block "
              "device", path);
     goto fail;
+  } else if (sb.st_uid != geteuid() && sb.st_uid != 0) {
+    /* Made by someone else before the daemon came (where its folder lets
+     * them): they would read every block written down, and with
+     * disk_tier_persist write blocks that the next start serves. */
+    rc = KVS_EPERM;
+    snprintf(err, err_len, "disk_tier %s belongs to uid %u, not to the "
+             "daemon's (%u) or root: its owner could read the KV data "
+             "written into it; remove it, and keep the tier's folder "
+             "writable by the daemon only", path, (unsigned)sb.st_uid,
+             (unsigned)geteuid());
+    goto fail;
   }
   if (have < (uint64_t)d->nslots * d->slot_bytes) {
     if (S_ISBLK(sb.st_mode) ||
