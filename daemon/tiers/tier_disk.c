@@ -426,6 +426,14 @@ int tier_disk_open(uv_loop_t *loop, const char *path, uint64_t bytes,
     goto fail;
   }
   d->nslots = (uint32_t)(bytes / d->slot_bytes);
+  /* No more staging buffers than slots (TIER_DISK_BUFS_MIN at least): a
+   * small tier (a tenant's share of one) has no use for more I/O in
+   * flight, and each buffer is a slot's worth of memory, pinned under a
+   * GPU pool, for every partition. */
+  if (nbufs > d->nslots)
+    nbufs = d->nslots > TIER_DISK_BUFS_MIN ? d->nslots
+            : nbufs < TIER_DISK_BUFS_MIN   ? nbufs
+                                           : TIER_DISK_BUFS_MIN;
   d->direct = 1;
   d->fd = open(path, O_RDWR | O_CREAT | O_DIRECT | O_CLOEXEC, 0600);
   if (d->fd < 0 && errno == EINVAL) { /* tmpfs and friends */
@@ -590,6 +598,7 @@ void tier_disk_buf_put(tier_disk *d, uint32_t buf) {
 }
 
 uint32_t tier_disk_bufs_free(const tier_disk *d) { return d->nfree; }
+uint32_t tier_disk_bufs(const tier_disk *d) { return d->nbufs; }
 
 /* ---- restart --------------------------------------------------------------- */
 

@@ -21,7 +21,8 @@
  *    errors, never the daemon's (they would tell b when a works);
  *  - quotas: a churns through twice its share (evictions in a), and a
  *    request over its share fails with ENOSPC; b's cached prompt still
- *    hits with b's bytes, b evicted nothing, and b's host tier is b's size;
+ *    hits with b's bytes, b evicted nothing, and b's host tier is b's size
+ *    (its disk tier's staging buffers as many as its slots);
  *  - kill -9 of a's worker and SIGTERM of b's, each holding blocks: each
  *    partition gets its blocks back;
  *  - the invariant check of every partition; no leak; the daemon's stop.
@@ -418,6 +419,14 @@ static void scenario(void) {
   CHECK(stat(path, &sb) == 0);
   snprintf(path, sizeof path, "%s.b", disk);
   CHECK(stat(path, &sb) == 0);
+  {
+    /* Staging buffers for b's 128 slots, not the 512 of a whole pool's
+     * tier: every partition has its own. */
+    char line[256];
+    snprintf(line, sizeof line, "disk tier: %s, 128 slots, 128 staging "
+             "buffers", path);
+    CHECK(itest_log_says(&d, line));
+  }
   int my_fds = itest_fd_count(0);
 
   kvs_client *obs = observer();
