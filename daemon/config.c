@@ -11,6 +11,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "daemon/core/core.h"
@@ -1267,6 +1268,7 @@ void cfg_default_socket(char *out, size_t len) {
 static int check_tenants(const cfg *c, char *err, size_t err_len) {
   uint32_t blocks[CFG_MAX_TENANTS], t;
   double frac = 0;
+  struct stat sb;
 
   if (!c->ntenants)
     return 0;
@@ -1274,6 +1276,20 @@ static int check_tenants(const cfg *c, char *err, size_t err_len) {
     return fail(err, err_len, "%s does not go with tenants: with tenants, "
                 "list the users in a tenant (uids=, gids=)",
                 c->allow_uids.n ? "allow_uids" : "allow_gids");
+  /* Each tenant's disk tier is the file disk_tier.NAME: beside a block
+   * device (or any other special file, or a folder) that would be a
+   * regular file in its folder (/dev/nvme1n1.a, on devtmpfs), not the
+   * disk that was named. */
+  if (c->disk_tier[0] && stat(c->disk_tier, &sb) == 0 &&
+      !S_ISREG(sb.st_mode))
+    return fail(err, err_len, "disk_tier %s is %s: with tenants each "
+                "tenant's disk tier is a file of its own (%s.NAME); name a "
+                "file on the disk instead", c->disk_tier,
+                S_ISBLK(sb.st_mode)   ? "a block device, which cannot be "
+                                        "split among tenants"
+                : S_ISDIR(sb.st_mode) ? "a folder"
+                                      : "not a regular file",
+                c->disk_tier);
   for (t = 0; t < c->ntenants; t++)
     frac += c->tenants[t].share_frac;
   if (frac > 1.0 + 1e-9)

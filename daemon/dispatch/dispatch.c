@@ -789,11 +789,19 @@ static void do_stats(disp_sess *ds, const kvs_op *op, kvs_op_result *res,
   s->swap_in_blocks = st.swap_in_blocks;
   s->swap_resident_blocks = st.swap_resident_blocks;
   s->indexed_blocks = st.indexed_blocks;
-  s->sessions = cnt->sessions;
-  s->frames_in = cnt->frames_in;
-  s->compact_frames = cnt->compact_frames;
-  s->protocol_errors = cnt->protocol_errors;
-  s->queued_bytes = cnt->queued_bytes;
+  if (env->core != NULL && env->cfg->ntenants) { /* its own traffic only */
+    s->sessions = env->sessions;
+    s->frames_in = env->frames_in;
+    s->compact_frames = env->compact_frames;
+    s->protocol_errors = env->protocol_errors;
+    s->queued_bytes = env->queued_bytes;
+  } else {
+    s->sessions = cnt->sessions;
+    s->frames_in = cnt->frames_in;
+    s->compact_frames = cnt->compact_frames;
+    s->protocol_errors = cnt->protocol_errors;
+    s->queued_bytes = cnt->queued_bytes;
+  }
   s->backend = env->pool->ex.backend;
   s->gpu_uuid = env->pool->ex.gpu_uuid;
   s->check_message = "";

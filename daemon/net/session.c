@@ -295,6 +295,7 @@ static void on_write(uv_write_t *req, int status) {
   sess *c = w->c;
 
   c->hub->counts.queued_bytes -= w->queued;
+  c->ds.env->queued_bytes -= w->queued;
   wreq_free(c->hub, w);
   c->writes--;
   if (c->life >= SESS_CLOSED)
@@ -359,6 +360,7 @@ static int queue_bytes(sess *c, struct wreq *w, size_t off) {
     return rc;
   }
   c->hub->counts.queued_bytes += w->queued;
+  c->ds.env->queued_bytes += w->queued;
   c->writes++;
   return 0;
 }
@@ -446,6 +448,7 @@ static void send_error(sess *c, uint64_t seq, int code, const char *what) {
 static void note_protocol_error(sess *c, int close, int code,
                                 const char *what) {
   c->hub->counts.protocol_errors++;
+  c->ds.env->protocol_errors++;
   log_warn(0, "session %llu (pid %d): %s: %s%s", (unsigned long long)c->id,
            (int)c->pid, kvs_status_name(code), what,
            close ? "; closing" : "");
@@ -774,6 +777,7 @@ static void handle_frame(sess *c, unsigned flags, const uint8_t *payload,
   int rc;
 
   h->counts.frames_in++;
+  c->ds.env->frames_in++;
   if (flags & KVS_FRAME_COMPACT) {
     if (c->life == SESS_NEW) {
       protocol_error(c, 0, 1, KVS_EPROTO, "a compact frame before the "
@@ -781,6 +785,7 @@ static void handle_frame(sess *c, unsigned flags, const uint8_t *payload,
       return;
     }
     h->counts.compact_frames++;
+    c->ds.env->compact_frames++;
     rc = kvs_compact_decode_request(payload, len, max_ops, &h->arena, &call);
     if (rc == 0) {
       run_call(c, &call);

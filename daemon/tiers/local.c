@@ -830,8 +830,8 @@ int local_open(uv_loop_t *loop, const cfg *c, core *cr, backend *pool,
              (unsigned long long)(t->host.bytes >> 20),
              t->host.pinned_by ? ", pinned" : "");
   if (t->disk)
-    log_info(0, "disk tier: %s, %u slots, %s, %s%s", c->disk_tier,
-             tier_disk_slots(t->disk),
+    log_info(0, "disk tier: %s, %u slots, %u staging buffers, %s, %s%s",
+             c->disk_tier, tier_disk_slots(t->disk), tier_disk_bufs(t->disk),
              tier_disk_direct(t->disk) ? "O_DIRECT"
                                        : "buffered (no O_DIRECT here)",
              tier_disk_registered(t->disk) ? "registered buffers and file"

@@ -426,6 +426,14 @@ int tier_disk_open(uv_loop_t *loop, const char *path, uint64_t bytes,
     goto fail;
   }
   d->nslots = (uint32_t)(bytes / d->slot_bytes);
+  /* No more staging buffers than slots (TIER_DISK_BUFS_MIN at least): a
+   * small tier (a tenant's share of one) has no use for more I/O in
+   * flight, and each buffer is a slot's worth of memory, pinned under a
+   * GPU pool, for every partition. */
+  if (nbufs > d->nslots)
+    nbufs = d->nslots > TIER_DISK_BUFS_MIN ? d->nslots
+            : nbufs < TIER_DISK_BUFS_MIN   ? nbufs
+                                           : TIER_DISK_BUFS_MIN;
   d->direct = 1;
   d->fd = open(path, O_RDWR | O_CREAT | O_DIRECT | O_CLOEXEC, 0600);
   if (d->fd < 0 && errno == EINVAL) { /* tmpfs and friends */
@@ -445,6 +453,17 @@ int tier_disk_open(uv_loop_t *loop, const char *path, uint64_t bytes,
     rc = KVS_EINVAL;
     snprintf(err, err_len, "disk_tier %s is not a regular file or a block "
              "device", path);
+    goto fail;
+  } else if (sb.st_uid != geteuid() && sb.st_uid != 0) {
+    /* Made by someone else before the daemon came (where its folder lets
+     * them): they would read every block written down, and with
+     * disk_tier_persist write blocks that the next start serves. */
+    rc = KVS_EPERM;
+    snprintf(err, err_len, "disk_tier %s belongs to uid %u, not to the "
+             "daemon's (%u) or root: its owner could read the KV data "
+             "written into it; remove it, and keep the tier's folder "
+             "writable by the daemon only", path, (unsigned)sb.st_uid,
+             (unsigned)geteuid());
     goto fail;
   }
   if (have < (uint64_t)d->nslots * d->slot_bytes) {
@@ -579,6 +598,7 @@ void tier_disk_buf_put(tier_disk *d, uint32_t buf) {
 }
 
 uint32_t tier_disk_bufs_free(const tier_disk *d) { return d->nfree; }
+uint32_t tier_disk_bufs(const tier_disk *d) { return d->nbufs; }
 
 /* ---- restart --------------------------------------------------------------- */
 

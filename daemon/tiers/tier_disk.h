@@ -86,10 +86,14 @@ typedef struct tier_disk_stamp {
   kvs_hash128 root; /* core_root_hash: the layout and the model id */
 } tier_disk_stamp;
 
+/* The fewest staging buffers a disk tier gets (tier_disk_open). */
+#define TIER_DISK_BUFS_MIN 64
+
 /*
  * Opens path (created when missing; a regular file is sized to hold the
  * slots) for slots of block_bytes, as many as fit in bytes, with nbufs
- * staging buffers.  O_DIRECT, unless the file system refuses it (tmpfs):
+ * staging buffers (fewer for a tier of fewer slots: as many as its slots,
+ * TIER_DISK_BUFS_MIN at least; tier_disk_bufs says how many).  O_DIRECT, unless the file system refuses it (tmpfs):
  * then buffered, and *direct = 0.  fault: NULL or a spec (above).  0, or a
  * negative status with a reason in err.
  */
@@ -109,6 +113,8 @@ int tier_disk_buf_get(tier_disk *d, uint32_t *buf);
 void *tier_disk_buf_data(const tier_disk *d, uint32_t buf);
 void tier_disk_buf_put(tier_disk *d, uint32_t buf);
 uint32_t tier_disk_bufs_free(const tier_disk *d);
+/* How many staging buffers it has. */
+uint32_t tier_disk_bufs(const tier_disk *d);
 /* The checksum a slot's header holds of a staging buffer's data area
  * (any thread: it reads only the buffer). */
 uint64_t tier_disk_sum(const tier_disk *d, uint32_t buf);

@@ -18,9 +18,12 @@
  *    partition;
  *  - index: b's lookup of a's prompt misses; b writes the same prompt with
  *    its own bytes, and a later reads back its own bytes, unchanged;
+ *  - traffic: b's Stats counts its own sessions, frames and protocol
+ *    errors, never the daemon's (they would tell b when a works);
  *  - quotas: a churns through twice its share (evictions in a), and a
  *    request over its share fails with ENOSPC; b's cached prompt still
- *    hits with b's bytes, b evicted nothing, and b's host tier is b's size;
+ *    hits with b's bytes, b evicted nothing, and b's host tier is b's size
+ *    (its disk tier's staging buffers as many as its slots);
  *  - kill -9 of a's worker and SIGTERM of b's, each holding blocks: each
  *    partition gets its blocks back;
  *  - the invariant check of every partition; no leak; the daemon's stop.
@@ -234,6 +237,13 @@ static int b_first(void *arg) {
   uint32_t tok[PLEN];
   kvs_lookup_result lr;
   kvs_stats st;
+  /* Its own traffic only: its one session (not the observer's), its own
+   * frames (Hello and this Stats, none of a's), no protocol error (the
+   * stranger's refusal is not b's). */
+  CHECK_OK(c, kvs_stats_get(c, 0, &st));
+  CHECK(st.sessions == 1);
+  CHECK(st.frames_in == 2);
+  CHECK(st.protocol_errors == 0);
   check_mapping(c, BLOCKS_B);
   /* a's prompt, word for word: a miss. */
   prompt(tok, PLEN, 1);
@@ -440,6 +450,14 @@ static void scenario(void) {
   CHECK(stat(path, &sb) == 0);
   snprintf(path, sizeof path, "%s.b", disk);
   CHECK(stat(path, &sb) == 0);
+  {
+    /* Staging buffers for b's 128 slots, not the 512 of a whole pool's
+     * tier: every partition has its own. */
+    char line[256];
+    snprintf(line, sizeof line, "disk tier: %s, 128 slots, 128 staging "
+             "buffers", path);
+    CHECK(itest_log_says(&d, line));
+  }
   int my_fds = itest_fd_count(0);
 
   kvs_client *obs = observer();

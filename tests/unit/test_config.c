@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -820,6 +821,37 @@ static void test_tenant_finish(void **state) {
   load_ok(&c, "tenant = a uids=1001 share=60%\n"
               "tenant = b uids=1002 share=30%\n"
               "tenant = c uids=1003 share=10%\n");
+  assert_int_equal(cfg_finish(&c, err, sizeof(err)), 0);
+
+  /* A disk tier that is not a file: each tenant's would be PATH.NAME
+   * beside it (/dev/nvme1n1.a on devtmpfs for a block device).  A file,
+   * or a path not made yet, is the tenants' prefix. */
+  load_ok(&c, "tenant = a uids=1001\ndisk_tier = /dev/null\n"
+              "disk_tier_bytes = 1M\n");
+  assert_int_equal(cfg_finish(&c, err, sizeof(err)), KVS_EINVAL);
+  assert_string_equal(err, "disk_tier /dev/null is not a regular file: with "
+                           "tenants each tenant's disk tier is a file of its "
+                           "own (/dev/null.NAME); name a file on the disk "
+                           "instead");
+  load_ok(&c, "tenant = a uids=1001\ndisk_tier = /\ndisk_tier_bytes = 1M\n");
+  assert_int_equal(cfg_finish(&c, err, sizeof(err)), KVS_EINVAL);
+  assert_non_null(strstr(err, "disk_tier / is a folder"));
+  load_ok(&c, "tenant = a uids=1001\ndisk_tier = /nonexistent/kvs.tier\n"
+              "disk_tier_bytes = 1M\n");
+  assert_int_equal(cfg_finish(&c, err, sizeof(err)), 0);
+  {
+    struct stat sb; /* a block device, where the machine has one */
+
+    if (stat("/dev/loop0", &sb) == 0 && S_ISBLK(sb.st_mode)) {
+      load_ok(&c, "tenant = a uids=1001\ndisk_tier = /dev/loop0\n"
+                  "disk_tier_bytes = 1M\n");
+      assert_int_equal(cfg_finish(&c, err, sizeof(err)), KVS_EINVAL);
+      assert_non_null(strstr(err, "disk_tier /dev/loop0 is a block device, "
+                                  "which cannot be split among tenants"));
+    }
+  }
+  /* without tenants the tier's own checks apply (at open) */
+  load_ok(&c, "disk_tier = /dev/null\ndisk_tier_bytes = 1M\n");
   assert_int_equal(cfg_finish(&c, err, sizeof(err)), 0);
 }
 
