@@ -472,6 +472,12 @@ static void scenario(void) {
   }
   run_as(UID_NONE, stranger, NULL);
 
+  run_as(UID_A, a_first, NULL);
+  run_as(UID_B, b_first, NULL);
+  run_as(UID_A, a_again, NULL);
+  run_as(UID_A, a_pressure, NULL);
+  run_as(UID_B, b_after_pressure, NULL);
+  wait_used(obs, 0);
   {
     /* a at its connection limit; b still connects. */
     char ch;
@@ -487,12 +493,6 @@ static void scenario(void) {
     close(limit_ready[0]);
     close(limit_go[1]);
   }
-  run_as(UID_A, a_first, NULL);
-  run_as(UID_B, b_first, NULL);
-  run_as(UID_A, a_again, NULL);
-  run_as(UID_A, a_pressure, NULL);
-  run_as(UID_B, b_after_pressure, NULL);
-  wait_used(obs, 0);
 
   /* kill -9 and SIGTERM, one holder per tenant. */
   int p[2];
