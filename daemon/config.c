@@ -92,6 +92,14 @@ static const cfg_option options[] = {
      "max_connections divided by the number of tenants (at least 1).  "
      "Observers (root, the daemon's uid) count against max_connections "
      "only."},
+    {"max_tenant_tokens", T_U64, F(max_tenant_tokens), 0, 1ull << 44, "0",
+     NULL, "N", "Listening",
+     "With tenants: most token positions the requests of all of one "
+     "tenant's sessions may hold together (counted as max_session_tokens "
+     "counts them), so that one tenant cannot make the daemon keep more "
+     "than about 4 bytes times this for it.  A Lookup, Allocate, Append or "
+     "Fork that would go over it fails with ELIMIT.  0: 4 x "
+     "max_session_tokens."},
     {"max_requests", T_U32, F(max_requests), 1, 1u << 24, "65536", NULL, "N",
      "Listening",
      "Most live requests per session; creating one more fails with ELIMIT."},

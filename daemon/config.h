@@ -63,6 +63,7 @@ typedef struct cfg {
   uint32_t max_requests;  /* per session */
   uint32_t max_batch_ops;
   uint64_t max_session_tokens;
+  uint64_t max_tenant_tokens;  /* 0: 4 x max_session_tokens */
   uint64_t max_frame;
   uint64_t max_queued_bytes;
   /* the pool */

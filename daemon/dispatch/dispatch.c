@@ -150,8 +150,18 @@ static uint64_t req_cost(const core_req *r) {
 static int over_budget(disp_sess *ds, uint64_t more, uint64_t released,
                        const char *op, uint64_t id, kvs_op_result *res,
                        kvs__arena *a) {
-  uint64_t max = ds->env->cfg->max_session_tokens;
+  disp_env *env = ds->env;
+  uint64_t max = env->cfg->max_session_tokens;
 
+  if (env->cfg->ntenants &&
+      env->tokens_held - released + more > env->max_tokens) {
+    ERR(KVS_ELIMIT, "%s of request %llu: tenant %s would hold %llu token "
+        "positions, over max_tenant_tokens (%llu); free requests first", op,
+        (unsigned long long)id, env->tenant,
+        (unsigned long long)(env->tokens_held - released + more),
+        (unsigned long long)env->max_tokens);
+    return 1;
+  }
   if (ds->tokens_held - released + more <= max)
     return 0;
   ERR(KVS_ELIMIT, "%s of request %llu: the session would hold %llu token "
@@ -169,6 +179,7 @@ static void account(disp_sess *ds, uint64_t id, const core_req *r) {
   if (!cost)
     return;
   ds->tokens_held = ds->tokens_held - *cost + now;
+  ds->env->tokens_held = ds->env->tokens_held - *cost + now;
   *cost = now;
 }
 
@@ -541,6 +552,7 @@ static void do_free(disp_sess *ds, const kvs_op *op, kvs_op_result *res,
     return;
   }
   ds->tokens_held -= cost;
+  ds->env->tokens_held -= cost;
   core_req_free(ds->env->core, r);
   res->status = 0;
 }
@@ -963,6 +975,7 @@ void disp_sess_free_requests(disp_sess *ds) {
   else if (ds->held == DISP_HELD_SWAP)
     ds->swap.r = NULL;
   reqmap_drain(&ds->reqs, free_one, ds->env->core);
+  ds->env->tokens_held -= ds->tokens_held;
   ds->tokens_held = 0;
 }
 

@@ -73,6 +73,9 @@ typedef struct disp_env {
    * tenant's frames would tell when and how much it works. */
   const char *tenant;
   uint32_t sessions;
+  /* With tenants: the token positions its sessions' requests hold
+   * together, and the most they may (max_tenant_tokens). */
+  uint64_t tokens_held, max_tokens;
   uint64_t frames_in;
   uint64_t compact_frames;
   uint64_t protocol_errors;

@@ -154,6 +154,9 @@ int part_start(partition *p, uv_loop_t *loop, const disp_counts *counts) {
   p->disp.pool = p->pool;
   p->disp.counts = counts;
   p->disp.tenant = p->name;
+  p->disp.max_tokens = p->cfg.max_tenant_tokens
+                           ? p->cfg.max_tenant_tokens
+                           : 4 * p->cfg.max_session_tokens;
   return 0;
 }
 

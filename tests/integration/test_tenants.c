@@ -10,7 +10,9 @@
  *  - observers and strangers: root without no_map is refused, with no_map
  *    it may only run Stats and Ping, and sees every partition; uid 40003
  *    (no tenant) is refused; a tenant at its max_tenant_connections is
- *    refused one more, and the other tenant still connects;
+ *    refused one more, and the other tenant still connects; a tenant's
+ *    sessions share its token budget (max_tenant_tokens), the other's is
+ *    its own;
  *  - memory: a worker maps its own partition only (/proc/self/maps holds
  *    one pool mapping of its partition's size; on the stand-in CUDA driver,
  *    only its partition's chunks), cannot open the daemon's descriptors or
@@ -373,6 +375,41 @@ static int a_conn_limit(void *arg) {
   return 0;
 }
 
+/* Two sessions of a share its token budget (max_tenant_tokens 1500);
+ * b's is its own. */
+static int a_token_budget(void *arg) {
+  kvs_client *c1 = connect_as("a-budget-1"), *c2 = connect_as("a-budget-2");
+  uint32_t tok[1] = {9};
+  kvs_lookup_result lr;
+  kvs_alloc_result ar;
+  (void)arg;
+  CHECK_OK(c1, kvs_lookup(c1, 1, tok, 1, NULL, 0, &lr));
+  CHECK_OK(c1, kvs_allocate(c1, 1, 1000, &ar));
+  CHECK_OK(c2, kvs_lookup(c2, 1, tok, 1, NULL, 0, &lr));
+  CHECK_RC(c2, kvs_allocate(c2, 1, 600, &ar), KVS_ELIMIT);
+  CHECK(strstr(kvs_last_message(c2), "max_tenant_tokens"));
+  CHECK_OK(c1, kvs_free(c1, 1));
+  CHECK_OK(c2, kvs_allocate(c2, 1, 600, &ar));
+  CHECK_OK(c2, kvs_free(c2, 1));
+  kvs_close(c1);
+  kvs_close(c2);
+  return 0;
+}
+
+static int b_token_budget(void *arg) {
+  kvs_client *c = connect_as("b-budget");
+  uint32_t tok[1] = {9};
+  kvs_lookup_result lr;
+  kvs_alloc_result ar;
+  (void)arg;
+  CHECK_OK(c, kvs_lookup(c, 1, tok, 1, NULL, 0, &lr));
+  CHECK_OK(c, kvs_allocate(c, 1, 1400, &ar));
+  CHECK_RC(c, kvs_append(c, 1, 200, &ar), KVS_ELIMIT);
+  CHECK_OK(c, kvs_free(c, 1));
+  kvs_close(c);
+  return 0;
+}
+
 /* A worker of a that loops until it is killed (the daemon's SIGTERM). */
 static _Noreturn int a_busy(void *arg) {
   (void)arg;
@@ -440,7 +477,8 @@ static void scenario(void) {
                         "--disk-tier-bytes", "2M",
                         "--backend", cuda ? "cuda" : "host",
                         "--gpu-chunk-size", "2M",
-                        "--max-tenant-connections", "3", NULL};
+                        "--max-tenant-connections", "3",
+                        "--max-tenant-tokens", "1500", NULL};
   itest_daemon_start(&d, args);
   CHECK(chmod(d.dir, 0755) == 0);
   CHECK(chmod(d.socket, 0666) == 0);
@@ -493,6 +531,10 @@ static void scenario(void) {
     close(limit_ready[0]);
     close(limit_go[1]);
   }
+
+  run_as(UID_A, a_token_budget, NULL);
+  run_as(UID_B, b_token_budget, NULL);
+  wait_used(obs, 0);
 
   /* kill -9 and SIGTERM, one holder per tenant. */
   int p[2];
