@@ -121,6 +121,11 @@ typedef struct cfg {
   uint32_t ntenants;
   cfg_tenant tenants[CFG_MAX_TENANTS];
 
+  /* A partition's (daemon/part/partition.c), not an option: its tenant,
+   * whose name salts the root hash of its core and tiers; "" without
+   * tenants. */
+  char part_tenant[CFG_TENANT_NAME];
+
   /* Derived by cfg_finish. */
   kvs_layout layout;
 } cfg;

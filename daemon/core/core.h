@@ -86,6 +86,9 @@ void core_config_init(core_config *cfg);
 
 /* The root parent hash for a layout and a model id (any string). */
 kvs_hash128 core_root_hash(const kvs_layout *layout, const char *model_id);
+/* root salted with a tenant's name (docs/operations.md "Tenants"); root
+ * itself when tenant is NULL or "". */
+kvs_hash128 core_tenant_root(kvs_hash128 root, const char *tenant);
 
 /* The default block hash (XXH3-128). */
 kvs_hash128 core_block_hash(kvs_hash128 parent, kvs_hash128 salt,

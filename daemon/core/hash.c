@@ -44,3 +44,16 @@ kvs_hash128 core_root_hash(const kvs_layout *l, const char *model_id) {
     XXH3_128bits_update(&st, model_id, strlen(model_id));
   return from_xxh(XXH3_128bits_digest(&st));
 }
+
+kvs_hash128 core_tenant_root(kvs_hash128 root, const char *tenant) {
+  XXH3_state_t st;
+  static const char tag[] = "kvshare/tenant/v1";
+
+  if (tenant == NULL || tenant[0] == '\0')
+    return root;
+  XXH3_128bits_reset(&st);
+  XXH3_128bits_update(&st, tag, sizeof(tag));
+  XXH3_128bits_update(&st, &root, sizeof(root));
+  XXH3_128bits_update(&st, tenant, strlen(tenant));
+  return from_xxh(XXH3_128bits_digest(&st));
+}

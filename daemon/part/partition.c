@@ -9,10 +9,6 @@
 #include "daemon/part/partition.h"
 #include "kvs_status.h"
 
-/* What separates the model id from the tenant's name in the salted model
- * identity: a byte no option value holds. */
-#define PART_SEP "\x1f"
-
 /* x * blocks / pool_blocks, without overflow. */
 static uint64_t share_of(uint64_t x, uint32_t blocks, uint32_t pool_blocks) {
   if (!pool_blocks)
@@ -60,14 +56,7 @@ int part_config(const cfg *c, uint32_t index, uint32_t blocks,
              t->name, sizeof(out->remote_tier_prefix) - 1);
     return KVS_EINVAL;
   }
-  n = snprintf(out->model_id, sizeof(out->model_id), "%s" PART_SEP "%s",
-               c->model_id, t->name);
-  if (n < 0 || (size_t)n >= sizeof(out->model_id)) {
-    snprintf(err, err_len, "tenant %s: model_id and the tenant's name "
-             "together are too long (%zu bytes at most)", t->name,
-             sizeof(out->model_id) - 2);
-    return KVS_EINVAL;
-  }
+  snprintf(out->part_tenant, sizeof(out->part_tenant), "%s", t->name);
   return 0;
 }
 
@@ -80,7 +69,8 @@ static int make_core(partition *p) {
   cc.num_blocks = p->layout.num_blocks;
   cc.block_size = p->layout.block_size;
   cc.reserve_blocks = p->cfg.reserve_blocks;
-  cc.root = core_root_hash(&p->layout, p->cfg.model_id);
+  cc.root = core_tenant_root(core_root_hash(&p->layout, p->cfg.model_id),
+                             p->cfg.part_tenant);
   cc.verify_tokens = p->cfg.verify_tokens;
   /* The KV events carry token ids, also for blocks brought up from a tier. */
   cc.keep_tokens = p->cfg.kv_events_endpoint[0] != '\0';

@@ -53,8 +53,8 @@ typedef struct partition {
 
 /* The configuration of partition index of a daemon configured as c (after
  * cfg_finish), holding blocks blocks: into out.  KVS_EINVAL with the
- * reason when a derived value does not fit (a disk path, a key prefix, the
- * model id with the tenant's name).  Pure: tests call it. */
+ * reason when a derived value does not fit (a disk path, a key prefix).
+ * No I/O. */
 int part_config(const cfg *c, uint32_t index, uint32_t blocks,
                 uint32_t pool_blocks, cfg *out, char *err, size_t err_len);
 

@@ -734,8 +734,9 @@ static int restore_disk(local *t, const cfg *c, char *err, size_t err_len) {
              st.layout_note);
   if (st.other_model)
     log_warn(0, "disk tier %s: %u slots written for another model id (not "
-             "'%s') are not restored", c->disk_tier, st.other_model,
-             c->model_id);
+             "'%s'%s%s) are not restored", c->disk_tier, st.other_model,
+             c->model_id, c->part_tenant[0] ? " of tenant " : "",
+             c->part_tenant);
   return 0;
 }
 
@@ -800,7 +801,8 @@ int local_open(uv_loop_t *loop, const cfg *c, core *cr, backend *pool,
     const kvs_layout *l = &pool->layout;
     tier_disk_stamp stamp = {l->block_size, l->num_layers, l->num_kv_heads,
                              l->head_dim, (uint32_t)l->dtype,
-                             core_root_hash(l, c->model_id)};
+                             core_tenant_root(core_root_hash(l, c->model_id),
+                                              c->part_tenant)};
 
     rc = tier_disk_open(loop, c->disk_tier, c->disk_tier_bytes, t->stride,
                         &stamp, STAGING, c->tier_fault, &t->disk, err,

@@ -486,7 +486,8 @@ int remote_open(uv_loop_t *loop, const cfg *c, core *cr, backend *pool,
   rc.inflight_bytes = c->remote_tier_inflight_bytes;
   rc.block_bytes = m->stride;
   rc.block_size = pool->layout.block_size;
-  rc.root = core_root_hash(&pool->layout, c->model_id);
+  rc.root = core_tenant_root(core_root_hash(&pool->layout, c->model_id),
+                             c->part_tenant);
   rcode = tier_remote_open(loop, &rc, &m->store, err, err_len);
   if (rcode < 0) {
     free(m);

@@ -29,6 +29,9 @@
  *  - kill -9 of a's worker and SIGTERM of b's, each holding blocks: each
  *    partition gets its blocks back;
  *  - the invariant check of every partition; no leak; the daemon's stop.
+ * Then persisted disk tiers: after a restart each tenant hits its own
+ * prompts with its own bytes; with the tenants' files swapped nothing is
+ * restored and nothing hits (their slots commit to the other tenant).
  * Then the same on the stand-in CUDA driver (each partition its own VMM
  * chunks), ending with SIGTERM of the daemon under a worker's load.
  */
@@ -574,6 +577,112 @@ static void scenario(void) {
   CHECK(rmdir(disk_dir) == 0);
 }
 
+/* ---- persisted disk tiers -------------------------------------------------- */
+
+#define NPERSIST 48 /* prompts per tenant: 144 full blocks, past a pool */
+
+/* Writes prompts 500.. with the bytes of key (the same prompts for both
+ * tenants, different bytes). */
+static int persist_write(void *arg) {
+  uint64_t key = *(uint64_t *)arg;
+  kvs_client *c = connect_as("persist-writer");
+  for (uint32_t p = 0; p < NPERSIST; p++)
+    write_prompt(c, 500 + p, key + p);
+  kvs_close(c);
+  return 0;
+}
+
+/* Looks the prompts up: how many hit in full (want_hits: at least so
+ * many; -1: none may hit); every byte of a hit is key's. */
+static int persist_read(void *arg) {
+  const int64_t *w = arg;
+  uint64_t key = (uint64_t)w[0];
+  int64_t want = w[1];
+  kvs_client *c = connect_as("persist-reader");
+  uint32_t hits = 0;
+  for (uint32_t p = 0; p < NPERSIST; p++) {
+    uint32_t tok[PLEN];
+    kvs_lookup_result lr;
+    prompt(tok, PLEN, 500 + p);
+    CHECK_OK(c, kvs_lookup(c, 2, tok, PLEN, NULL, 0, &lr));
+    for (uint32_t i = 0; i < lr.num_blocks; i++) {
+      long bad = itest_block_bytes(c, lr.blocks[i], key + p, i, 1);
+      if (bad) {
+        fprintf(stderr, "prompt %u block %u: %ld bytes not this tenant's\n",
+                500 + p, i, bad);
+        exit(1);
+      }
+    }
+    hits += lr.hit_tokens == (PLEN / BS) * BS;
+    CHECK(want >= 0 || lr.hit_tokens == 0);
+    CHECK_OK(c, kvs_free(c, 2));
+  }
+  if (want >= 0 && hits < (uint64_t)want) {
+    fprintf(stderr, "%u prompts of %u hit after the restart, wanted %lld\n",
+            hits, NPERSIST, (long long)want);
+    exit(1);
+  }
+  kvs_close(c);
+  return 0;
+}
+
+static void start_persisting(const char *disk) {
+  static char ta[64], tb[64];
+  snprintf(ta, sizeof ta, "a uids=%d blocks=%d", UID_A, BLOCKS_A);
+  snprintf(tb, sizeof tb, "b uids=%d blocks=%d", UID_B, BLOCKS_B);
+  const char *args[] = {"--pool-blocks", "256", "--block-size", "16",
+                        "--num-layers", "2", "--num-kv-heads", "2",
+                        "--head-dim", "16", "--dtype", "fp16",
+                        "--tenant", ta, "--tenant", tb,
+                        "--disk-tier", disk, "--disk-tier-bytes", "4M",
+                        "--disk-tier-persist", "yes", NULL};
+  itest_daemon_start(&d, args);
+  CHECK(chmod(d.dir, 0755) == 0);
+  CHECK(chmod(d.socket, 0666) == 0);
+}
+
+/* Each tenant's disk tier comes back to it after a restart, and never to
+ * the other: with the two files swapped, nothing is restored (their slots
+ * commit to the other tenant's root) and nothing hits. */
+static void persist_scenario(void) {
+  char disk[128], fa[160], fb[160], tmp[160];
+  uint64_t ka = 0xA000, kb = 0xB000;
+  int64_t ra[2] = {(int64_t)ka, 1}, rb[2] = {(int64_t)kb, 1};
+  int64_t na[2] = {(int64_t)ka, -1}, nb[2] = {(int64_t)kb, -1};
+  snprintf(disk_dir, sizeof disk_dir, "/tmp/kvs-tenants-XXXXXX");
+  CHECK(mkdtemp(disk_dir) != NULL);
+  snprintf(disk, sizeof disk, "%s/disk", disk_dir);
+  snprintf(fa, sizeof fa, "%s.a", disk);
+  snprintf(fb, sizeof fb, "%s.b", disk);
+  snprintf(tmp, sizeof tmp, "%s.swap", disk);
+
+  start_persisting(disk);
+  run_as(UID_A, persist_write, &ka);
+  run_as(UID_B, persist_write, &kb);
+  itest_daemon_finish(&d, -1);
+
+  /* The same files: each tenant gets its own blocks back. */
+  start_persisting(disk);
+  CHECK(itest_log_count(&d, "slots restored") == 2);
+  run_as(UID_A, persist_read, ra);
+  run_as(UID_B, persist_read, rb);
+  itest_daemon_finish(&d, -1);
+
+  /* Swapped: a's partition reads b's file and the other way round. */
+  CHECK(rename(fa, tmp) == 0 && rename(fb, fa) == 0 && rename(tmp, fb) == 0);
+  start_persisting(disk);
+  if (itest_log_count(&d, "written for another model id") != 2) {
+    itest_print_log(&d);
+    exit(1);
+  }
+  run_as(UID_A, persist_read, na);
+  run_as(UID_B, persist_read, nb);
+  itest_daemon_finish(&d, -1);
+  unlink(fa);
+  unlink(fb);
+  CHECK(rmdir(disk_dir) == 0);
+}
+
 int main(void) {
   if (geteuid() != 0) {
     printf("skipped: needs root (it runs workers as other uids)\n");
@@ -582,6 +691,8 @@ int main(void) {
   signal(SIGPIPE, SIG_IGN);
   scenario();
   printf("host pool: tenants isolated\n");
+  persist_scenario();
+  printf("persisted disk tiers: each tenant's back to it only\n");
 
   char driver[512];
   const char *build = getenv("KVS_BUILD") ? getenv("KVS_BUILD") : "build";
