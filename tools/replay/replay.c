@@ -481,6 +481,19 @@ void replay_runner_finish(replay_runner *x, replay_result *res) {
   replay_runner_free(x);
 }
 
+void replay_runners_free(core **cores, replay_runner **runners, uint32_t n) {
+  for (uint32_t k = 0; cores != NULL && k < n; k++) {
+    if (runners != NULL && runners[k] != NULL) {
+      replay_result scratch;
+      replay_runner_finish(runners[k], &scratch);
+    }
+    if (cores[k] != NULL)
+      core_destroy(cores[k]);
+  }
+  free(runners);
+  free(cores);
+}
+
 int replay_run(core *c, const trace *t, const replay_config *cfg,
                replay_result *res) {
   size_t step = t->num_recs / 200 + 1;

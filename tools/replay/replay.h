@@ -184,6 +184,9 @@ int replay_runner_step(replay_runner *x, size_t i, replay_result *res);
 /* The run is over: res gets its wall time and the core's counters; the
  * runner is freed (NULL is fine) and its observer removed. */
 void replay_runner_finish(replay_runner *x, replay_result *res);
+/* Frees n runners and their cores (either array may be NULL, any entry
+ * NULL), and the two arrays: the end of a run over several cores. */
+void replay_runners_free(core **cores, replay_runner **runners, uint32_t n);
 
 /* Shared by replay*.c: a monotonic clock in seconds, and the progress bar
  * on stderr. */

@@ -297,16 +297,7 @@ static int nodes_replay(const trace *t, const replay_config *cfg,
   if (store != NULL)
     replay_store_get_stats(store, &run->store);
 out:
-  for (uint32_t k = 0; cores != NULL && k < n; k++) {
-    if (runners != NULL && runners[k] != NULL) {
-      replay_result scratch;
-      replay_runner_finish(runners[k], &scratch);
-    }
-    if (cores[k] != NULL)
-      core_destroy(cores[k]);
-  }
-  free(runners);
-  free(cores);
+  replay_runners_free(cores, runners, n);
   replay_store_destroy(store);
   return rc;
 }

@@ -183,16 +183,7 @@ int replay_tenants_run(const trace *t, const replay_config *cfg,
   /* One run: its wall time, not the longest tenant's. */
   total->seconds = replay_now() - t0;
 out:
-  for (k = 0; cores != NULL && k < n; k++) {
-    if (runners != NULL && runners[k] != NULL) {
-      replay_result scratch;
-      replay_runner_finish(runners[k], &scratch);
-    }
-    if (cores[k] != NULL)
-      core_destroy(cores[k]);
-  }
-  free(runners);
-  free(cores);
+  replay_runners_free(cores, runners, n);
   free(tcfg);
   free(route);
   return rc;
