@@ -35,7 +35,9 @@ def decode_plane(raw, dtype, bs, kvh, dim):
     scales = np.ascontiguousarray(raw[soff:soff + 4 * bs * kvh]).view("<f4")
     vals = (data.view(np.int8).astype(np.float64) if dtype == 3
             else e4m3(data))
-    return vals.reshape(bs, kvh, dim) * scales.astype(np.float64).reshape(bs, kvh, 1)
+    with np.errstate(invalid="ignore"):  # unused slots: poisoned scales
+        return (vals.reshape(bs, kvh, dim) *
+                scales.astype(np.float64).reshape(bs, kvh, 1))
 
 
 def plane_size(dtype, bs, kvh, dim):
