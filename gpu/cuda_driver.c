@@ -248,6 +248,11 @@ static int launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
 int kvs_cuda_write_kv(const kvs_write_args *a, void *stream) {
   if (!a || kvs__check_paged_kv(&a->kv) || kvs_dtype_size(a->src_dtype) == 0)
     return KVS_EINVAL;
+  if (kvs_dtype_quantized(a->src_dtype))
+    return KVS_EINVAL;
+  /* int8/fp8 caches: the C twins only, for now. */
+  if (kvs_dtype_quantized(a->kv.dtype))
+    return KVS_ENOTSUP;
   if (a->num_tokens == 0)
     return 0;
   if (!a->k || !a->v || !a->slots ||
@@ -302,8 +307,14 @@ int kvs_cuda_scatter_blocks(const kvs_xfer_args *a, void *stream) {
 
 static int cuda_attention(const kvs_attn_args *a, int prefill, void *stream) {
   int rc = kvs__check_attn(a, prefill);
-  if (rc || a->num_seqs == 0 || a->num_rows == 0)
+  if (rc)
     return rc;
+  /* int8/fp8 caches: the C twins only, for now (the kernels are compiled
+   * per 16/32-bit cache dtype and would misread bytes and scales). */
+  if (kvs_dtype_quantized(a->kv.dtype))
+    return KVS_ENOTSUP;
+  if (a->num_seqs == 0 || a->num_rows == 0)
+    return 0;
   const kvs_paged_kv *kv = &a->kv;
   size_t es = kvs_dtype_size(kv->dtype);
   uint64_t row_bytes = (uint64_t)kv->head_dim * es;

@@ -2,6 +2,7 @@
  * kernels_common.c — what both backends share: dtype conversion, the paged
  * view of a layer, argument checks, workspace size.
  */
+#include <math.h>
 #include <string.h>
 
 #include "kvs_kernels_int.h"
@@ -61,9 +62,79 @@ uint16_t kvs_float_to_bf16(float f) {
   return (uint16_t)(x >> 16);
 }
 
+/* ---- fp8 e4m3 and the per-row quantizer ----------------------------------- */
+
+float kvs_fp8_to_float(uint8_t b) {
+  uint32_t e = (b >> 3) & 15u, m = b & 7u;
+  float v;
+  if (e == 15 && m == 7)
+    v = u2f(0x7fc00000u);
+  else if (e == 0)
+    v = (float)m * 0x1p-9f; /* subnormal: m/8 * 2^-6 */
+  else
+    v = u2f(((e + 120u) << 23) | (m << 20)); /* rebias 7 -> 127 */
+  return (b & 0x80u) ? -v : v;
+}
+
+uint8_t kvs_float_to_fp8(float f) {
+  uint32_t x = f2u(f);
+  uint8_t sign = (uint8_t)((x >> 24) & 0x80u);
+  x &= 0x7fffffffu;
+  if (x > 0x7f800000u) /* NaN */
+    return sign | 0x7fu;
+  if (x >= 0x43e80000u) /* >= 464 (inf included): 448 wins or saturates */
+    return sign | 0x7eu;
+  if (x < 0x3c800000u) { /* below 2^-6: subnormal or zero, steps of 2^-9 */
+    /* Adding 2^14 makes the sum's last mantissa bit worth 2^-9, so the FPU
+     * rounds to nearest even for us; 8 steps (2^-6) is the smallest normal,
+     * whose code (0x08) follows 0x07. */
+    uint32_t r = f2u(u2f(x) + 0x1p14f) - f2u(0x1p14f);
+    return sign | (uint8_t)r;
+  }
+  /* Normal: round the 20 dropped mantissa bits to even, then rebias. */
+  uint32_t odd = (x >> 20) & 1u;
+  x += 0x7ffffu + odd;
+  uint32_t code = (x >> 20) - (120u << 3);
+  return sign | (uint8_t)(code > 0x7eu ? 0x7eu : code);
+}
+
+int kvs_quantize_row(void *dst, float *scale, uint32_t dtype, const float *src,
+                     size_t n) {
+  if (!kvs_dtype_quantized(dtype) || !scale || (n && (!dst || !src)))
+    return KVS_EINVAL;
+  int8_t *d8 = dst;
+  uint8_t *du = dst;
+  float amax = 0.f;
+  int bad = 0;
+  for (size_t i = 0; i < n; i++) {
+    float a = src[i] < 0.f ? -src[i] : src[i];
+    bad |= !(a <= 0x1.fffffep127f); /* NaN or infinite */
+    amax = a > amax ? a : amax;
+  }
+  if (bad || amax == 0.f) {
+    memset(dst, 0, n);
+    *scale = bad ? u2f(0x7fc00000u) : 0.f;
+    return 0;
+  }
+  float s = amax / (dtype == KVS_DTYPE_INT8 ? 127.f : 448.f);
+  *scale = s;
+  for (size_t i = 0; i < n; i++) {
+    float y = src[i] / s;
+    if (dtype == KVS_DTYPE_INT8) {
+      float r = rintf(y); /* round to nearest even (the default mode) */
+      r = r > 127.f ? 127.f : r < -127.f ? -127.f : r;
+      d8[i] = (int8_t)r;
+    } else {
+      du[i] = kvs_float_to_fp8(y);
+    }
+  }
+  return 0;
+}
+
 int kvs_convert(void *dst, uint32_t dst_dtype, const void *src,
                 uint32_t src_dtype, size_t n) {
   if (kvs_dtype_size(dst_dtype) == 0 || kvs_dtype_size(src_dtype) == 0 ||
+      kvs_dtype_quantized(dst_dtype) || kvs_dtype_quantized(src_dtype) ||
       (n && (!dst || !src)))
     return KVS_EINVAL;
   if (dst_dtype == src_dtype) {
@@ -119,6 +190,8 @@ int kvs_paged_kv_init(kvs_paged_kv *kv, void *base, const kvs_layout *l,
   kv->head_dim = l->head_dim;
   kv->dtype = l->dtype;
   kv->num_blocks = l->num_blocks;
+  kv->scale_offset =
+      kvs_dtype_quantized(l->dtype) ? (uint32_t)kvs_scale_offset(l) : 0;
   return 0;
 }
 
@@ -128,11 +201,19 @@ int kvs__check_paged_kv(const kvs_paged_kv *kv) {
       kv->head_stride < kv->head_dim ||
       kv->token_stride < (uint64_t)kv->head_stride * kv->num_kv_heads)
     return KVS_EINVAL;
+  /* Quantized: the scales follow the plane's last element, 4-byte aligned. */
+  if (kvs_dtype_quantized(kv->dtype) &&
+      (kv->scale_offset % 4 ||
+       kv->scale_offset < (uint64_t)(kv->block_size - 1) * kv->token_stride +
+                              (uint64_t)(kv->num_kv_heads - 1) * kv->head_stride +
+                              kv->head_dim))
+    return KVS_EINVAL;
   return 0;
 }
 
 int kvs__check_attn(const kvs_attn_args *a, int prefill) {
   if (!a || kvs__check_paged_kv(&a->kv) || kvs_dtype_size(a->qo_dtype) == 0 ||
+      kvs_dtype_quantized(a->qo_dtype) ||
       a->num_heads == 0 || a->num_heads % a->kv.num_kv_heads != 0)
     return KVS_EINVAL;
   if (a->num_seqs == 0)

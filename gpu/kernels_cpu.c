@@ -41,6 +41,31 @@ KVS_INLINE float h2f(uint16_t h) {
   return u2f((inf & big) | (fin & ~big) | sign);
 }
 
+/* fp8 e4m3 bits -> float, exact, branch-free; same result as
+ * kvs_fp8_to_float.  The 7 bits below the sign, moved to the top of a
+ * float's exponent and mantissa, rebias by 2^120 (subnormals included). */
+KVS_INLINE float e4m3f(uint8_t b) {
+  uint32_t em = b & 0x7fu;
+  uint32_t sign = (uint32_t)(b & 0x80u) << 24;
+  uint32_t fin = f2u(u2f(em << 20) * 0x1p120f);
+  uint32_t nan = 0u - (uint32_t)(em == 0x7fu);
+  return u2f((0x7fc00000u & nan) | (fin & ~nan) | sign);
+}
+
+/* One quantized row of n bytes with its scale -> floats. */
+KVS_INLINE void load_row_q(float *restrict dst, const void *restrict src,
+                           uint32_t dtype, uint32_t n, float scale) {
+  if (dtype == KVS_DTYPE_INT8) {
+    const int8_t *s = src;
+    for (uint32_t i = 0; i < n; i++)
+      dst[i] = (float)s[i] * scale;
+  } else {
+    const uint8_t *s = src;
+    for (uint32_t i = 0; i < n; i++)
+      dst[i] = e4m3f(s[i]) * scale;
+  }
+}
+
 /* Bits -> float for one row of n elements. */
 KVS_INLINE void load_row(float *restrict dst, const void *restrict src,
                          uint32_t dtype, uint32_t n) {
@@ -236,6 +261,41 @@ static inline int prefetch_mode(int own) {
 
 /* ---- write ---------------------------------------------------------------- */
 
+/* The write kernel for an int8/fp8 cache: each (token, kv head) row is
+ * converted to floats, then quantized with its own scale, which goes to the
+ * plane's scale array (slots already checked). */
+static int write_quantized(const kvs_write_args *a) {
+  const kvs_paged_kv *kv = &a->kv;
+  size_t ses = kvs_dtype_size(a->src_dtype);
+  float *row = malloc((size_t)kv->head_dim * sizeof(float));
+  if (!row)
+    return KVS_ENOMEM;
+  for (uint32_t i = 0; i < a->num_tokens; i++) {
+    int64_t slot = a->slots[i];
+    if (slot < 0)
+      continue;
+    uint64_t b = (uint64_t)slot / kv->block_size;
+    uint64_t t = (uint64_t)slot % kv->block_size;
+    char *blk = (char *)kv->base + b * kv->block_stride;
+    for (uint32_t h = 0; h < kv->num_kv_heads; h++) {
+      uint64_t doff = t * kv->token_stride + h * kv->head_stride;
+      uint64_t sidx = kv->scale_offset + (t * kv->num_kv_heads + h) * 4;
+      uint64_t soff = ((uint64_t)i * a->src_token_stride +
+                       (uint64_t)h * kv->head_dim) * ses;
+      for (int p = 0; p < 2; p++) {
+        char *plane = blk + (p ? kv->v_offset : kv->k_offset);
+        float scale;
+        kvs_convert(row, KVS_DTYPE_FP32, (const char *)(p ? a->v : a->k) + soff,
+                    a->src_dtype, kv->head_dim);
+        kvs_quantize_row(plane + doff, &scale, kv->dtype, row, kv->head_dim);
+        memcpy(plane + sidx, &scale, sizeof scale);
+      }
+    }
+  }
+  free(row);
+  return 0;
+}
+
 int kvs_cpu_write_kv(const kvs_write_args *a, void *stream) {
   (void)stream;
   if (!a || kvs__check_paged_kv(&a->kv) || kvs_dtype_size(a->src_dtype) == 0)
@@ -246,11 +306,15 @@ int kvs_cpu_write_kv(const kvs_write_args *a, void *stream) {
   uint32_t row = kv->num_kv_heads * kv->head_dim;
   if (!a->k || !a->v || !a->slots || a->src_token_stride < row)
     return KVS_EINVAL;
+  if (kvs_dtype_quantized(a->src_dtype))
+    return KVS_EINVAL;
   size_t ses = kvs_dtype_size(a->src_dtype), des = kvs_dtype_size(kv->dtype);
   uint64_t limit = (uint64_t)kv->num_blocks * kv->block_size;
   for (uint32_t i = 0; i < a->num_tokens; i++) /* check before writing */
     if (kv->num_blocks && a->slots[i] >= 0 && (uint64_t)a->slots[i] >= limit)
       return KVS_ERANGE;
+  if (kvs_dtype_quantized(kv->dtype))
+    return write_quantized(a);
   for (uint32_t i = 0; i < a->num_tokens; i++) {
     int64_t slot = a->slots[i];
     if (slot < 0)
@@ -299,9 +363,10 @@ KVS_INLINE uint32_t tile_rows(const kvs_attn_args *a, const uint32_t *bt,
   uint32_t T = kv->block_size - off;
   T = T < n - j0 ? T : n - j0;
   T = T < KVS__CPU_TILE ? T : KVS__CPU_TILE;
-  const char *tok0 = (const char *)kv->base +
-                     (uint64_t)bt[j0 / kv->block_size] * kv->block_stride +
-                     plane_off + (uint64_t)off * kv->token_stride * es;
+  const char *plane = (const char *)kv->base +
+                      (uint64_t)bt[j0 / kv->block_size] * kv->block_stride +
+                      plane_off;
+  const char *tok0 = plane + (uint64_t)off * kv->token_stride * es;
   int packed = kv->head_stride == D;
   /* Prefetch the next tile (often in another block, where the hardware
    * prefetcher has to start over). */
@@ -329,6 +394,20 @@ KVS_INLINE uint32_t tile_rows(const kvs_attn_args *a, const uint32_t *bt,
     float *dst = buf + (size_t)t * KVH * D;
     if (packed && kv->dtype == KVS_DTYPE_FP32) {
       rows[t] = (const float *)(const void *)tok;
+      continue;
+    }
+    if (kvs_dtype_quantized(kv->dtype)) {
+      /* Dequantized into the tile, each head with its own scale (the
+       * scales of one token are contiguous). */
+      const char *sc = plane + kv->scale_offset +
+                       (uint64_t)(off + t) * KVH * 4;
+      for (uint32_t h = 0; h < KVH; h++) {
+        float scale;
+        memcpy(&scale, sc + (uint64_t)h * 4, sizeof scale);
+        load_row_q(dst + (size_t)h * D, tok + (uint64_t)h * kv->head_stride,
+                   kv->dtype, D, scale);
+      }
+      rows[t] = dst;
       continue;
     }
     if (packed)
@@ -1082,6 +1161,7 @@ int kvs__cpu_attn_simd512(void) {
 }
 
 const char *kvs__cpu_attn_body(void) {
+  /* (for fp32/fp16/bf16 caches; int8/fp8 always run the portable body) */
   if (kvs__cpu_attn_portable || !kvs__cpu_attn_simd())
     return "portable C";
   if (kvs__cpu_attn_avx512 && kvs__cpu_attn_simd512())
@@ -1090,6 +1170,10 @@ const char *kvs__cpu_attn_body(void) {
 }
 
 static attend_fn pick_attend(uint32_t dtype) {
+  /* Quantized caches (int8, fp8) have the portable body only for now: it
+   * dequantizes each tile of rows with their scales as it reads them. */
+  if (kvs_dtype_quantized(dtype))
+    return attend_row_base;
 #if defined(__x86_64__) || defined(__i386__)
   if (!kvs__cpu_attn_portable && kvs__cpu_attn_avx512 &&
       kvs__cpu_attn_simd512())

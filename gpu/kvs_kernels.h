@@ -34,6 +34,14 @@
  *   kvs_paged_kv_init() fills from a kvs_layout and a layer index with the
  *   layout header's own offset math.
  *
+ * Quantized caches (int8, fp8)
+ *   An element is one byte; each (token, kv head) of a plane has a float32
+ *   scale in the plane's scale array (kvs_paged_kv.scale_offset).  The write
+ *   kernel quantizes (kvs_quantize_row); attention dequantizes as it reads
+ *   (the C twins; the CUDA kernels refuse quantized caches with KVS_ENOTSUP
+ *   for now); copy/gather/scatter move whole blocks, scales included.  q,
+ *   out and the write kernel's sources are never quantized (KVS_EINVAL).
+ *
  * Errors: every function returns 0 or a negative status (kvs_status.h codes,
  * or -errno).  The libraries never log.  kvs_cuda_* return KVS_ENODEV when no
  * CUDA device is usable (see kvs_cuda_available()) and KVS_ENOTSUP for a shape
@@ -67,9 +75,36 @@ float kvs_bf16_to_float(uint16_t b);
 uint16_t kvs_float_to_bf16(float f);
 
 /* Convert n elements between dtypes (any of fp32/fp16/bf16, either way; the
- * same dtype is a copy).  Returns 0 or KVS_EINVAL. */
+ * same dtype is a copy).  Returns 0, or KVS_EINVAL for an unknown dtype or a
+ * quantized one (int8/fp8 bytes mean nothing without their scale: see
+ * kvs_quantize_row). */
 int kvs_convert(void *dst, uint32_t dst_dtype, const void *src,
                 uint32_t src_dtype, size_t n);
+
+/* ---- quantized K/V (int8, fp8 e4m3) --------------------------------------- */
+
+/* fp8 e4m3 (the "FN" variant: no infinities, 0x7f/0xff NaN, largest finite
+ * 448) bits -> float (exact). */
+float kvs_fp8_to_float(uint8_t b);
+/* float -> fp8 e4m3 bits, round to nearest even, saturating to +-448
+ * (infinities included); NaN becomes 0x7f (with the sign). */
+uint8_t kvs_float_to_fp8(float f);
+
+/*
+ * Quantize one row (the head_dim elements of one token and kv head) of n
+ * floats into n bytes of dtype (KVS_DTYPE_INT8 or KVS_DTYPE_FP8) and its
+ * scale, as the write kernel does:
+ *   amax = max |src[i]|;
+ *   int8: scale = amax / 127, byte i = round_even(src[i] / scale) clamped to
+ *         [-127, 127] (two's complement);
+ *   fp8:  scale = amax / 448, byte i = kvs_float_to_fp8(src[i] / scale);
+ * every operation in float32.  amax == 0: scale 0 and bytes 0.  A row with a
+ * NaN or an infinity: scale NaN and bytes 0 (the row then reads as NaN, as a
+ * NaN stored in an fp16 cache does).  Element i reads back as
+ * decode(byte i) * scale.  Returns 0 or KVS_EINVAL.
+ */
+int kvs_quantize_row(void *dst, float *scale, uint32_t dtype, const float *src,
+                     size_t n);
 
 /* ---- the paged K/V view of one layer ------------------------------------ */
 
@@ -86,7 +121,9 @@ typedef struct kvs_paged_kv {
   uint32_t dtype;         /* kvs_dtype of the cache */
   uint32_t num_blocks;    /* blocks in the pool: block indexes are checked
                              against it on the CPU (0 = unchecked) */
-  uint32_t reserved_;
+  uint32_t scale_offset;  /* quantized dtypes: bytes from a plane's start
+                             (k_offset or v_offset) to its float32 scales
+                             [block_size][num_kv_heads]; 0 otherwise */
 } kvs_paged_kv;
 
 /* Fill kv for layer `layer` of the pool at base described by l (which must
@@ -103,7 +140,8 @@ int kvs_paged_kv_init(kvs_paged_kv *kv, void *base, const kvs_layout *l,
  * num_kv_heads * head_dim for packed rows), heads packed inside a row.  Token
  * i goes to slot slots[i] = block * block_size + offset; a negative slot is
  * skipped (padding).  Values are converted to the cache dtype (round to
- * nearest even).  Two tokens with the same slot: one of them wins.
+ * nearest even; for int8/fp8 each head's row is quantized with its own scale,
+ * kvs_quantize_row).  Two tokens with the same slot: one of them wins.
  */
 typedef struct kvs_write_args {
   kvs_paged_kv kv;

@@ -44,6 +44,7 @@ all: $(BUILD)/libkvsgpu.a
 GPU_CMOCKA_TESTS := $(BUILD)/tests/unit/test_gpu_kernels \
                     $(BUILD)/tests/unit/test_gpu_toymodel
 GPU_PLAIN_TESTS  := $(BUILD)/tests/unit/test_gpu_numpy \
+                    $(BUILD)/tests/unit/test_gpu_quant \
                     $(BUILD)/tests/unit/test_gpu_cuda
 UNIT_TESTS += $(GPU_CMOCKA_TESTS) $(GPU_PLAIN_TESTS)
 

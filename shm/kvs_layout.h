@@ -8,6 +8,14 @@
  * [block_size][num_kv_heads][head_dim] (NHD).  block_stride is rounded up to
  * KVS_BLOCK_ALIGN bytes so that one block is one O_DIRECT I/O.
  *
+ * Quantized dtypes (int8, fp8 e4m3) store one byte per element and a float32
+ * scale per (token, kv head) inside the plane: a quantized plane is its data
+ * [block_size][num_kv_heads][head_dim] bytes, zero padding up to a multiple
+ * of 16 bytes, then its scales [block_size][num_kv_heads] float32, padded to
+ * a multiple of 16 bytes.  Element x of (token t, head h) reads as
+ * decode(byte) * scale[t][h].  A block thus carries everything needed to
+ * read it (docs/kernels.md, "Quantized KV blocks").
+ *
  * The handle of a block is its index in the pool; addresses are per process.
  * This header is pure C (no system headers beyond <stdint.h>/<stddef.h>).
  */
@@ -30,11 +38,15 @@ extern "C" {
 #define KVS_HD
 #endif
 
-/* Element types of K/V.  Values are part of the wire format: never renumber. */
+/* Element types of K/V.  Values are part of the wire format: never renumber.
+ * The size is the bytes of one element (without the scales of the quantized
+ * ones: INT8 and FP8, see kvs_dtype_quantized). */
 #define KVS_DTYPE_MAP(X) \
   X(FP32, 0, 4, "fp32")  \
   X(FP16, 1, 2, "fp16")  \
-  X(BF16, 2, 2, "bf16")
+  X(BF16, 2, 2, "bf16")  \
+  X(INT8, 3, 1, "int8")  \
+  X(FP8, 4, 1, "fp8")
 
 typedef enum kvs_dtype {
 #define KVS_DTYPE_ENUM(name, val, size, str) KVS_DTYPE_##name = val,
@@ -78,10 +90,42 @@ static inline const char *kvs_dtype_name(uint32_t dtype) {
   }
 }
 
-/* Bytes of one K (or V) plane of one layer of one block. */
-static inline KVS_HD uint64_t kvs_plane_bytes(const kvs_layout *l) {
+/* 1 for the dtypes stored as bytes with a float32 scale per (token, kv
+ * head): INT8 (symmetric, scale = amax / 127) and FP8 (e4m3, scale = amax /
+ * 448). */
+static inline KVS_HD int kvs_dtype_quantized(uint32_t dtype) {
+  return dtype == KVS_DTYPE_INT8 || dtype == KVS_DTYPE_FP8;
+}
+
+/* Alignment of a quantized plane's scales and of its end. */
+#define KVS_SCALE_ALIGN 16u
+
+static inline KVS_HD uint64_t kvs_round_up(uint64_t x, uint64_t a) {
+  return (x + a - 1) / a * a;
+}
+
+/* Bytes of the elements of one K (or V) plane of one layer of one block. */
+static inline KVS_HD uint64_t kvs_plane_data_bytes(const kvs_layout *l) {
   return (uint64_t)l->block_size * l->num_kv_heads * l->head_dim *
          kvs_dtype_size(l->dtype);
+}
+
+/* Byte offset, from a plane's start, of its scales [block_size][num_kv_heads]
+ * float32 (quantized dtypes; for the others, the plane's end). */
+static inline KVS_HD uint64_t kvs_scale_offset(const kvs_layout *l) {
+  return kvs_dtype_quantized(l->dtype)
+             ? kvs_round_up(kvs_plane_data_bytes(l), KVS_SCALE_ALIGN)
+             : kvs_plane_data_bytes(l);
+}
+
+/* Bytes of one K (or V) plane of one layer of one block: its elements, and
+ * for a quantized dtype its scales. */
+static inline KVS_HD uint64_t kvs_plane_bytes(const kvs_layout *l) {
+  if (!kvs_dtype_quantized(l->dtype))
+    return kvs_plane_data_bytes(l);
+  return kvs_scale_offset(l) +
+         kvs_round_up((uint64_t)l->block_size * l->num_kv_heads * 4,
+                      KVS_SCALE_ALIGN);
 }
 
 /* Bytes of one layer (K plane + V plane) of one block. */
@@ -92,10 +136,6 @@ static inline KVS_HD uint64_t kvs_layer_bytes(const kvs_layout *l) {
 /* Useful bytes of one block, before rounding. */
 static inline KVS_HD uint64_t kvs_block_bytes(const kvs_layout *l) {
   return kvs_layer_bytes(l) * l->num_layers;
-}
-
-static inline KVS_HD uint64_t kvs_round_up(uint64_t x, uint64_t a) {
-  return (x + a - 1) / a * a;
 }
 
 /*
@@ -151,11 +191,29 @@ static inline KVS_HD uint64_t kvs_elem_offset(const kvs_layout *l, uint32_t b,
              kvs_dtype_size(l->dtype);
 }
 
+/* Byte offset from the pool base of the float32 scale of (block b, layer,
+ * kv, token t, head h): quantized dtypes only. */
+static inline KVS_HD uint64_t kvs_scale_elem_offset(const kvs_layout *l,
+                                                   uint32_t b, uint32_t layer,
+                                                   uint32_t kv, uint32_t t,
+                                                   uint32_t h) {
+  return kvs_block_offset(l, b) + kvs_plane_offset(l, layer, kv) +
+         kvs_scale_offset(l) + ((uint64_t)t * l->num_kv_heads + h) * 4;
+}
+
 /* Pointer to that element inside one process's mapping of the pool. */
 static inline void *kvs_elem_ptr(void *base, const kvs_layout *l, uint32_t b,
                                  uint32_t layer, uint32_t kv, uint32_t t,
                                  uint32_t h) {
   return (char *)base + kvs_elem_offset(l, b, layer, kv, t, h);
+}
+
+/* Pointer to that scale inside one process's mapping of the pool. */
+static inline float *kvs_scale_ptr(void *base, const kvs_layout *l, uint32_t b,
+                                   uint32_t layer, uint32_t kv, uint32_t t,
+                                   uint32_t h) {
+  return (float *)(void *)((char *)base +
+                           kvs_scale_elem_offset(l, b, layer, kv, t, h));
 }
 
 #ifdef __cplusplus

@@ -37,7 +37,7 @@ class PagedKV(ctypes.Structure):
                 ("token_stride", ctypes.c_uint64), ("head_stride", ctypes.c_uint64),
                 ("block_size", ctypes.c_uint32), ("num_kv_heads", ctypes.c_uint32),
                 ("head_dim", ctypes.c_uint32), ("dtype", ctypes.c_uint32),
-                ("num_blocks", ctypes.c_uint32), ("reserved_", ctypes.c_uint32)]
+                ("num_blocks", ctypes.c_uint32), ("scale_offset", ctypes.c_uint32)]
 
 
 class AttnArgs(ctypes.Structure):

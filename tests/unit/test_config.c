@@ -128,7 +128,7 @@ static void test_file_errors(void **state) {
                "byte count (a decimal number, optionally followed by K, M, G "
                "or T)");
   expect_error("max_frame = 100\n", "out of range");
-  expect_error("dtype = fp64\n", "fp32|fp16|bf16");
+  expect_error("dtype = fp64\n", "fp32|fp16|bf16|int8|fp8");
   expect_error("backend = cuda9\n", "auto|host");
   expect_error("verify_tokens = maybe\n", "yes or no");
   expect_error("allow_uids = 1,x\n", "numeric id");

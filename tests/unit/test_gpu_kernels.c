@@ -133,6 +133,19 @@ static void check_write(uint32_t dtype, uint32_t src_dtype) {
       continue;
     uint32_t b = (uint32_t)(slots[i] / l.block_size), t = (uint32_t)(slots[i] % l.block_size);
     for (uint32_t h = 0; h < l.num_kv_heads; h++) {
+      if (kvs_dtype_quantized(dtype)) { /* each row with its own scale */
+        float fr[64];
+        for (uint32_t kv = 0; kv < 2; kv++) {
+          kvs_convert(fr, KVS_DTYPE_FP32,
+                      (kv ? v : k) + ((size_t)i * stride + h * l.head_dim) * ses,
+                      src_dtype, l.head_dim);
+          assert_int_equal(kvs_quantize_row(
+                               kvs_elem_ptr(want, &l, b, layer, kv, t, h),
+                               kvs_scale_ptr(want, &l, b, layer, kv, t, h),
+                               dtype, fr, l.head_dim), 0);
+        }
+        continue;
+      }
       kvs_convert(kvs_elem_ptr(want, &l, b, layer, 0, t, h), dtype,
                   k + ((size_t)i * stride + h * l.head_dim) * ses, src_dtype, l.head_dim);
       kvs_convert(kvs_elem_ptr(want, &l, b, layer, 1, t, h), dtype,
@@ -145,9 +158,13 @@ static void check_write(uint32_t dtype, uint32_t src_dtype) {
   assert_int_equal(kvs_cpu_write_kv(&a, NULL), 0);
   assert_memory_equal(pool, want, bytes);
   (void)es;
-  /* A slot past the pool is refused before anything is written. */
+  /* A slot past the pool is refused before anything is written; so is a
+   * quantized source. */
   slots[0] = (int64_t)l.num_blocks * l.block_size;
   assert_int_equal(kvs_cpu_write_kv(&a, NULL), KVS_ERANGE);
+  slots[0] = 0;
+  a.src_dtype = KVS_DTYPE_INT8;
+  assert_int_equal(kvs_cpu_write_kv(&a, NULL), KVS_EINVAL);
   assert_memory_equal(pool, want, bytes);
   free(pool);
   free(want);
@@ -157,9 +174,119 @@ static void check_write(uint32_t dtype, uint32_t src_dtype) {
 
 static void test_write(void **state) {
   (void)state;
-  for (uint32_t d = 0; d < 3; d++)
+  for (uint32_t d = 0; d < KVS_DTYPE__COUNT; d++)
     for (uint32_t s = 0; s < 3; s++)
       check_write(d, s);
+}
+
+/* ---- quantized dtypes ------------------------------------------------------- */
+
+/* The layout of a quantized plane: data, padding to 16 bytes, scales. */
+static void test_quant_layout(void **state) {
+  (void)state;
+  kvs_layout l = {.block_size = 5, .num_layers = 3, .num_kv_heads = 3,
+                  .head_dim = 37, .dtype = KVS_DTYPE_FP8, .num_blocks = 4};
+  assert_int_equal(kvs_layout_finish(&l), 0);
+  assert_int_equal(kvs_dtype_size(KVS_DTYPE_INT8), 1);
+  assert_int_equal(kvs_dtype_size(KVS_DTYPE_FP8), 1);
+  assert_true(kvs_dtype_quantized(KVS_DTYPE_INT8) && kvs_dtype_quantized(KVS_DTYPE_FP8));
+  assert_false(kvs_dtype_quantized(KVS_DTYPE_FP16) || kvs_dtype_quantized(7));
+  assert_string_equal(kvs_dtype_name(KVS_DTYPE_INT8), "int8");
+  assert_string_equal(kvs_dtype_name(KVS_DTYPE_FP8), "fp8");
+  assert_int_equal(kvs_plane_data_bytes(&l), 5 * 3 * 37);       /* 555 */
+  assert_int_equal(kvs_scale_offset(&l), 560);
+  assert_int_equal(kvs_plane_bytes(&l), 560 + 64);               /* 15 scales */
+  assert_int_equal(kvs_block_bytes(&l), 3 * 2 * 624);
+  assert_int_equal(l.block_stride, 4096);
+  assert_int_equal(kvs_scale_elem_offset(&l, 2, 1, 1, 4, 2),
+                   2 * 4096 + 624 * 3 + 560 + (4 * 3 + 2) * 4);
+  kvs_paged_kv kv;
+  assert_int_equal(kvs_paged_kv_init(&kv, &l, &l, 2), 0);
+  assert_int_equal(kv.scale_offset, 560);
+  assert_int_equal(kv.k_offset, 4 * 624);
+  /* A view whose scales would overlap its elements is refused. */
+  kv.scale_offset = 100;
+  kvs_write_args w = {.kv = kv, .k = &l, .v = &l, .slots = (int64_t[]){0},
+                      .src_token_stride = 111, .num_tokens = 1};
+  assert_int_equal(kvs_cpu_write_kv(&w, NULL), KVS_EINVAL);
+  /* Unquantized layouts keep their sizes. */
+  l.dtype = KVS_DTYPE_FP16;
+  assert_int_equal(kvs_layout_finish(&l), 0);
+  assert_int_equal(kvs_plane_bytes(&l), 5 * 3 * 37 * 2);
+  assert_int_equal(kvs_scale_offset(&l), kvs_plane_bytes(&l));
+  assert_int_equal(kvs_paged_kv_init(&kv, &l, &l, 0), 0);
+  assert_int_equal(kv.scale_offset, 0);
+  /* Quantized bytes mean nothing alone: kvs_convert refuses them. */
+  uint8_t b = 0;
+  float f = 1.f;
+  assert_int_equal(kvs_convert(&b, KVS_DTYPE_INT8, &f, KVS_DTYPE_FP32, 1), KVS_EINVAL);
+  assert_int_equal(kvs_convert(&f, KVS_DTYPE_FP32, &b, KVS_DTYPE_FP8, 1), KVS_EINVAL);
+}
+
+/* fp8 e4m3: every code round-trips, ties go to even, the range saturates,
+ * NaN stays NaN; the quantizer's corner cases. */
+static void test_quant_rounding(void **state) {
+  (void)state;
+  for (uint32_t c = 0; c < 256; c++) {
+    float f = kvs_fp8_to_float((uint8_t)c);
+    if ((c & 0x7f) == 0x7f) {
+      assert_true(isnan(f));
+      continue;
+    }
+    assert_int_equal(kvs_float_to_fp8(f), c);
+    if ((c & 0x7f) < 0x7e) { /* the midpoint to the next code: even wins */
+      float next = kvs_fp8_to_float((uint8_t)(c + 1));
+      float mid = (f + next) / 2;
+      assert_int_equal(kvs_float_to_fp8(mid), (c & 1) ? c + 1 : c);
+    }
+  }
+  assert_true(kvs_fp8_to_float(0x7e) == 448.f && kvs_fp8_to_float(0x01) == 0x1p-9f);
+  assert_int_equal(kvs_float_to_fp8(1e6f), 0x7e);
+  assert_int_equal(kvs_float_to_fp8(-INFINITY), 0xfe);
+  assert_int_equal(kvs_float_to_fp8(NAN) & 0x7f, 0x7f);
+  assert_int_equal(kvs_float_to_fp8(1e-30f), 0);
+
+  float row[4] = {0.5f, -2.f, 1.f, 0.f}, sc;
+  int8_t q[4];
+  assert_int_equal(kvs_quantize_row(q, &sc, KVS_DTYPE_INT8, row, 4), 0);
+  assert_true(sc == 2.f / 127.f);
+  assert_true(q[0] == 32 && q[1] == -127 && q[2] == 64 && q[3] == 0); /* 31.75 */
+  uint8_t e[4];
+  assert_int_equal(kvs_quantize_row(e, &sc, KVS_DTYPE_FP8, row, 4), 0);
+  assert_true(sc == 2.f / 448.f && e[1] == 0xfe && e[3] == 0);
+  float zero[4] = {0};
+  assert_int_equal(kvs_quantize_row(q, &sc, KVS_DTYPE_INT8, zero, 4), 0);
+  assert_true(sc == 0.f && q[0] == 0 && q[3] == 0);
+  row[2] = INFINITY; /* a row with an infinity (or a NaN) reads as NaN */
+  assert_int_equal(kvs_quantize_row(q, &sc, KVS_DTYPE_INT8, row, 4), 0);
+  assert_true(isnan(sc) && q[0] == 0);
+  assert_int_equal(kvs_quantize_row(q, &sc, KVS_DTYPE_FP16, row, 4), KVS_EINVAL);
+}
+
+/* Attention over a quantized cache refuses quantized q/out; the CUDA
+ * kernels refuse quantized caches (KVS_ENOTSUP) or have no device. */
+static void test_quant_refusals(void **state) {
+  (void)state;
+  uint32_t lens[] = {10, 20};
+  tg_params p = {.block_size = 8, .num_kv_heads = 2, .head_dim = 64,
+                 .ratio = 2, .dtype = KVS_DTYPE_INT8, .qo_dtype = KVS_DTYPE_FP32,
+                 .num_layers = 1, .num_seqs = 2, .lens = lens,
+                 .spare_blocks = 1, .q_scale = 1.f, .seed = 1};
+  tg_case c;
+  assert_int_equal(tg_case_build(&c, &p), 0);
+  float out[2 * 4 * 64];
+  kvs_attn_args a;
+  tg_case_args(&c, &a, c.pool, out, c.q, c.seq_lens, NULL, c.tables);
+  assert_int_equal(kvs_cpu_decode_attention(&a, NULL), 0);
+  kvs_attn_args b = a;
+  b.qo_dtype = KVS_DTYPE_FP8;
+  assert_int_equal(kvs_cpu_decode_attention(&b, NULL), KVS_EINVAL);
+  int rc = kvs_cuda_decode_attention(&a, NULL);
+  assert_true(rc == KVS_ENOTSUP);
+  kvs_write_args w = {.kv = a.kv, .k = out, .v = out, .slots = (int64_t[]){0},
+                      .src_token_stride = 128, .num_tokens = 1};
+  assert_int_equal(kvs_cuda_write_kv(&w, NULL), KVS_ENOTSUP);
+  tg_case_free(&c);
 }
 
 /* ---- attention -------------------------------------------------------------- */
@@ -201,7 +328,7 @@ static void test_decode_shapes(void **state) {
   static const uint32_t bss[] = {8, 16, 32}, ratios[] = {1, 4, 8, 16},
                         dims[] = {64, 128};
   int cases = 0;
-  for (uint32_t dt = 0; dt < 3; dt++)
+  for (uint32_t dt = 0; dt < KVS_DTYPE__COUNT; dt++)
     for (size_t ib = 0; ib < 3; ib++)
       for (size_t ir = 0; ir < 4; ir++)
         for (size_t id = 0; id < 2; id++) {
@@ -210,7 +337,7 @@ static void test_decode_shapes(void **state) {
           uint32_t lens[] = {bs, bs + 1, 3 * bs - 1, 1, 4 * bs, 7 * bs + 5};
           tg_params p = {.block_size = bs, .num_kv_heads = 2,
                          .head_dim = dims[id], .ratio = ratios[ir], .dtype = dt,
-                         .qo_dtype = (dt + ir) % 3, .num_layers = 3,
+                         .qo_dtype = (uint32_t)(dt + ir) % 3, .num_layers = 3,
                          .layer = (uint32_t)(ib % 3), .num_seqs = 6,
                          .lens = lens, .spare_blocks = 5,
                          .q_scale = ir % 2 ? 6.f : 1.f,
@@ -218,7 +345,7 @@ static void test_decode_shapes(void **state) {
           assert_int_equal(run_case(&p, 0), 0);
           cases++;
         }
-  assert_int_equal(cases, 72);
+  assert_int_equal(cases, 24 * KVS_DTYPE__COUNT);
 }
 
 static void test_decode_empty_and_one_head(void **state) {
@@ -239,7 +366,7 @@ static void test_prefill_shapes(void **state) {
   (void)state;
   static const uint32_t bss[] = {8, 16, 32}, ratios[] = {1, 4, 8};
   int cases = 0;
-  for (uint32_t dt = 0; dt < 3; dt++)
+  for (uint32_t dt = 0; dt < KVS_DTYPE__COUNT; dt++)
     for (size_t ib = 0; ib < 3; ib++)
       for (size_t ir = 0; ir < 3; ir++) {
         uint32_t bs = bss[ib];
@@ -249,7 +376,7 @@ static void test_prefill_shapes(void **state) {
         uint32_t qlens[] = {2 * bs + 3, bs, 9, 1, 0};
         tg_params p = {.block_size = bs, .num_kv_heads = 2,
                        .head_dim = ir == 1 ? 128 : 64, .ratio = ratios[ir],
-                       .dtype = dt, .qo_dtype = dt, .num_layers = 2,
+                       .dtype = dt, .qo_dtype = dt % 3, .num_layers = 2,
                        .layer = 1, .num_seqs = 5, .lens = lens, .qlens = qlens,
                        .spare_blocks = 3, .q_scale = 3.f, .seed = 77 + cases};
         assert_int_equal(run_case(&p, 1), 0);
@@ -265,7 +392,7 @@ static void test_decode_odd_groups(void **state) {
   static const uint32_t ratios[] = {2, 3, 6, 12}, dims[] = {8, 24, 37, 72, 130},
                         bss[] = {1, 4, 5, 16};
   int cases = 0;
-  for (uint32_t dt = 0; dt < 3; dt++)
+  for (uint32_t dt = 0; dt < KVS_DTYPE__COUNT; dt++)
     for (size_t ir = 0; ir < 4; ir++)
       for (size_t id = 0; id < 5; id++) {
         uint32_t bs = bss[(ir + id) % 4];
@@ -282,7 +409,7 @@ static void test_decode_odd_groups(void **state) {
         assert_int_equal(rc, 0);
         cases++;
       }
-  assert_int_equal(cases, 60);
+  assert_int_equal(cases, 20 * KVS_DTYPE__COUNT);
 }
 
 /* Which bodies this CPU runs: the tests run on the one it picks (AVX-512F
@@ -331,7 +458,7 @@ static void test_nan_propagates(void **state) {
   static const uint32_t where[] = {0, 7, 8, 37, 39};
   int cases = 0;
   for (int body = 0; body < 3; body++) /* picked, AVX2, portable */
-    for (uint32_t dt = 0; dt < 3; dt++)
+    for (uint32_t dt = 0; dt < 3; dt++) /* (quantized: tg_case_build poisons) */
       for (size_t w = 0; w < sizeof where / sizeof *where; w++) {
         uint32_t lens[] = {40, 40, 23};
         tg_params p = {.block_size = 16, .num_kv_heads = 2, .head_dim = 64,
@@ -566,6 +693,9 @@ int main(void) {
       cmocka_unit_test(test_fp16_rounding),
       cmocka_unit_test(test_bf16),
       cmocka_unit_test(test_write),
+      cmocka_unit_test(test_quant_layout),
+      cmocka_unit_test(test_quant_rounding),
+      cmocka_unit_test(test_quant_refusals),
       cmocka_unit_test(test_decode_shapes),
       cmocka_unit_test(test_decode_empty_and_one_head),
       cmocka_unit_test(test_decode_odd_groups),

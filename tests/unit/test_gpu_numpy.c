@@ -109,7 +109,7 @@ int main(void) {
     return 1;
   int k = 0, bad = 0;
   static const uint32_t bss[] = {8, 16, 32}, ratios[] = {1, 4, 8};
-  for (uint32_t dt = 0; dt < 3; dt++)
+  for (uint32_t dt = 0; dt < KVS_DTYPE__COUNT; dt++) /* int8, fp8 too */
     for (int ir = 0; ir < 3; ir++) {
       uint32_t bs = bss[(dt + (uint32_t)ir) % 3];
       uint32_t lens[] = {bs, 2 * bs + 3, 1, 5 * bs - 1, 0};

@@ -3,7 +3,8 @@
 Reads the cases that test_gpu_numpy wrote (raw pool bytes, q, block tables,
 lengths, and the C kernels' output), decodes the pool with its own layout
 arithmetic (block-major: block, then layer, then K plane / V plane, each
-[block_size][num_kv_heads][head_dim]) and its own dtype decoding, computes
+[block_size][num_kv_heads][head_dim], an int8/fp8 plane followed by its
+scales) and its own dtype decoding (dequantized for int8/fp8), computes
 attention with numpy in float64, and compares.  Exit 0 pass, 1 fail.
 Usage: test_gpu_numpy.py DIR
 """
@@ -11,6 +12,39 @@ import os
 import sys
 
 import numpy as np
+
+
+def e4m3(codes):
+    """fp8 e4m3 (FN) codes -> float64, from the format's definition."""
+    c = codes.astype(np.int64)
+    e = (c >> 3) & 15
+    m = (c & 7).astype(np.float64)
+    mag = np.where(e == 0, m / 8 * 2.0 ** -6, (1 + m / 8) * 2.0 ** (e - 7))
+    mag = np.where((c & 0x7f) == 0x7f, np.nan, mag)
+    return np.where(c & 0x80, -mag, mag)
+
+
+def decode_plane(raw, dtype, bs, kvh, dim):
+    """One K or V plane -> [bs][kvh][dim] float64.  int8/fp8 planes: the
+    bytes, padded to 16, then float32 scales [bs][kvh] (docs/kernels.md)."""
+    if dtype not in (3, 4):
+        return decode(raw, dtype).reshape(bs, kvh, dim)
+    n = bs * kvh * dim
+    data = np.ascontiguousarray(raw[:n])
+    soff = (n + 15) // 16 * 16
+    scales = np.ascontiguousarray(raw[soff:soff + 4 * bs * kvh]).view("<f4")
+    vals = (data.view(np.int8).astype(np.float64) if dtype == 3
+            else e4m3(data))
+    with np.errstate(invalid="ignore"):  # unused slots: poisoned scales
+        return (vals.reshape(bs, kvh, dim) *
+                scales.astype(np.float64).reshape(bs, kvh, 1))
+
+
+def plane_size(dtype, bs, kvh, dim):
+    if dtype not in (3, 4):
+        return bs * kvh * dim * ESIZE[dtype]
+    r16 = lambda x: (x + 15) // 16 * 16
+    return r16(bs * kvh * dim) + r16(4 * bs * kvh)
 
 
 def decode(raw, dtype):
@@ -23,7 +57,7 @@ def decode(raw, dtype):
     return u.view("<f4").astype(np.float64)
 
 
-ESIZE = {0: 4, 1: 2, 2: 2}
+ESIZE = {0: 4, 1: 2, 2: 2, 3: 1, 4: 1}
 TOL = {0: 5e-5, 1: 2e-3, 2: 1.6e-2}
 
 
@@ -31,7 +65,6 @@ def check(d, name, meta):
     (dt, qdt, bs, nl, layer, kvh, dim, nh, nblk, stride, nseq, mb, prefill) = (
         int(x) for x in meta[:13])
     scale = float(meta[13])
-    es = ESIZE[dt]
     rd = lambda ext, t: np.fromfile(os.path.join(d, name + ext), dtype=t)
     pool = rd(".pool", np.uint8)
     assert pool.size == nblk * stride, "pool size"
@@ -42,11 +75,11 @@ def check(d, name, meta):
     q = decode(rd(".q", np.uint8), qdt).reshape(rows, nh, dim)
     out = decode(rd(".out", np.uint8), qdt).reshape(rows, nh, dim)
 
-    plane = bs * kvh * dim * es
+    plane = plane_size(dt, bs, kvh, dim)
 
     def plane_of(b, kv):
         off = b * stride + (layer * 2 + kv) * plane
-        return decode(pool[off:off + plane], dt).reshape(bs, kvh, dim)
+        return decode_plane(pool[off:off + plane], dt, bs, kvh, dim)
 
     worst = 0.0
     group = nh // kvh

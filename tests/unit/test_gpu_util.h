@@ -88,6 +88,46 @@ static inline void tg_case_free(tg_case *c) {
   memset(c, 0, sizeof *c);
 }
 
+/* Element i of a quantized row (dtype int8 or fp8) with its scale, as a
+ * float (what the kernels read; the reference attends over these). */
+static inline float tg_dequant(const void *row, uint32_t dtype, uint32_t i,
+                               float scale) {
+  uint8_t b = ((const uint8_t *)row)[i];
+  return (dtype == KVS_DTYPE_INT8 ? (float)(int8_t)b : kvs_fp8_to_float(b)) *
+         scale;
+}
+
+/* Quantized cache: request s's tokens go in through the write kernel (its
+ * bytes and scales are checked against numpy in test_gpu_quant), and its
+ * contiguous K/V become what the cache now holds, dequantized. */
+static inline void tg_write_quantized(tg_case *c, uint32_t s) {
+  const kvs_layout *l = &c->layout;
+  uint32_t len = c->p.lens[s], bs = l->block_size, kvh = l->num_kv_heads;
+  uint32_t D = l->head_dim;
+  int64_t *slots = tg_xmalloc(sizeof(int64_t) * len);
+  for (uint32_t t = 0; t < len; t++)
+    slots[t] = (int64_t)c->tables[s * c->max_blocks + t / bs] * bs + t % bs;
+  kvs_write_args w = {.k = c->k[s], .v = c->v[s], .slots = slots,
+                      .src_token_stride = (uint64_t)kvh * D,
+                      .src_dtype = KVS_DTYPE_FP32, .num_tokens = len};
+  if (kvs_paged_kv_init(&w.kv, c->pool, l, c->p.layer) ||
+      kvs_cpu_write_kv(&w, NULL)) {
+    fprintf(stderr, "tg_write_quantized: the write kernel failed\n");
+    exit(2);
+  }
+  for (uint32_t t = 0; t < len; t++)
+    for (uint32_t kv = 0; kv < 2; kv++)
+      for (uint32_t h = 0; h < kvh; h++) {
+        uint32_t b = (uint32_t)(slots[t] / bs);
+        const void *row = kvs_elem_ptr(c->pool, l, b, c->p.layer, kv, t % bs, h);
+        float sc = *kvs_scale_ptr(c->pool, l, b, c->p.layer, kv, t % bs, h);
+        float *dst = (kv ? c->v[s] : c->k[s]) + ((size_t)t * kvh + h) * D;
+        for (uint32_t d = 0; d < D; d++)
+          dst[d] = tg_dequant(row, l->dtype, d, sc);
+      }
+  free(slots);
+}
+
 /* Build a case.  Returns 0, or -1 when the layout is refused. */
 static inline int tg_case_build(tg_case *c, const tg_params *p) {
   memset(c, 0, sizeof *c);
@@ -116,11 +156,27 @@ static inline int tg_case_build(tg_case *c, const tg_params *p) {
     return -1;
   c->layout = l;
   size_t es = kvs_dtype_size(p->dtype);
+  const int quant = kvs_dtype_quantized(p->dtype);
 
-  /* Garbage everywhere (other layers, spare blocks, unused slots). */
+  /* Garbage everywhere (other layers, spare blocks, unused slots).  A
+   * quantized pool gets random bytes (fp8 NaN codes among them) and every
+   * scale NaN, +Inf or -Inf until a token is written: nothing of an unused
+   * slot may reach an output. */
   uint64_t pool_elems = kvs_pool_bytes(&l) / es;
   c->pool = tg_xmalloc(kvs_pool_bytes(&l));
-  for (uint64_t i = 0; i < pool_elems; i++) {
+  if (quant) {
+    for (uint64_t i = 0; i < pool_elems; i++)
+      ((uint8_t *)c->pool)[i] = (uint8_t)tg_next(&rng);
+    static const float poison[] = {NAN, INFINITY, -INFINITY};
+    for (uint32_t b = 0; b < l.num_blocks; b++)
+      for (uint32_t ly = 0; ly < l.num_layers; ly++)
+        for (uint32_t kv = 0; kv < 2; kv++)
+          for (uint32_t t = 0; t < bs; t++)
+            for (uint32_t h = 0; h < kvh; h++)
+              *kvs_scale_ptr(c->pool, &l, b, ly, kv, t, h) =
+                  poison[(b + t + h + kv) % 3];
+  }
+  for (uint64_t i = 0; !quant && i < pool_elems; i++) {
     float g = 40.f * tg_unif(&rng);
     kvs_convert((char *)c->pool + i * es, p->dtype, &g, KVS_DTYPE_FP32, 1);
   }
@@ -156,12 +212,16 @@ static inline int tg_case_build(tg_case *c, const tg_params *p) {
           size_t i = ((size_t)t * kvh + h) * D + d;
           c->k[s][i] = tg_round(tg_unif(&rng), p->dtype);
           c->v[s][i] = tg_round(tg_unif(&rng), p->dtype);
+          if (quant)
+            continue;
           uint32_t blk = c->tables[s * c->max_blocks + t / bs];
           char *kp = kvs_elem_ptr(c->pool, &l, blk, p->layer, 0, t % bs, h);
           char *vp = kvs_elem_ptr(c->pool, &l, blk, p->layer, 1, t % bs, h);
           kvs_convert(kp + d * es, p->dtype, &c->k[s][i], KVS_DTYPE_FP32, 1);
           kvs_convert(vp + d * es, p->dtype, &c->v[s][i], KVS_DTYPE_FP32, 1);
         }
+    if (quant && len)
+      tg_write_quantized(c, s);
   }
   free(perm);
 

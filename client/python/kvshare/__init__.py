@@ -12,7 +12,8 @@ KV-cache service (ctypes over libkvshare.so.0; docs/python.md).
         c.free(1)
 """
 from . import _lib
-from ._lib import BLOCK_NONE, DTYPE_BF16, DTYPE_FP16, DTYPE_FP32
+from ._lib import (BLOCK_NONE, DTYPE_BF16, DTYPE_FP16, DTYPE_FP32, DTYPE_FP8,
+                   DTYPE_INT8)
 from .batch import Batch, Op
 from .client import (AllocResult, Client, CowPair, Layout, LookupResult,
                      Stats, SwapResult, SwapStats, TenantStats, TierStats,
@@ -49,7 +50,8 @@ def library_path():
 __all__ = [
     "AllocResult", "Batch", "BLOCK_NONE", "Client", "ConnectError",
     "ConnectionClosedError", "CowPair", "DTYPE_BF16", "DTYPE_FP16",
-    "DTYPE_FP32", "KvsError", "Layout", "LimitError", "LookupResult",
+    "DTYPE_FP32", "DTYPE_FP8", "DTYPE_INT8", "KvsError", "Layout",
+    "LimitError", "LookupResult",
     "MismatchError", "NoSpaceError", "NotSupportedError", "Op", "PoolTensor",
     "RequestExistsError", "StateError", "Stats", "SwapResult", "SwapStats",
     "TenantStats", "TierStats", "UnknownRequestError", "as_u32_array",

@@ -25,7 +25,7 @@ class Layout:
     num_layers: int
     num_kv_heads: int
     head_dim: int
-    dtype: int          # kvs_dtype: 0 fp32, 1 fp16, 2 bf16
+    dtype: int          # kvs_dtype: 0 fp32, 1 fp16, 2 bf16, 3 int8, 4 fp8
     num_blocks: int
     block_stride: int   # bytes from one block to the next
 
@@ -51,11 +51,15 @@ class Layout:
 
     @property
     def block_bytes(self):
-        """Useful bytes of a block (block_stride rounds this up to 4096)."""
+        """Useful bytes of a block (block_stride rounds this up to 4096);
+        an int8/fp8 plane also holds its scales (kvs_plane_bytes)."""
         n = _lib.DTYPES[self.dtype][1]
-        for d in self.block_shape:
+        for d in self.plane_shape:
             n *= d
-        return n
+        if self.dtype in (_lib.DTYPE_INT8, _lib.DTYPE_FP8):
+            r16 = lambda x: (x + 15) // 16 * 16
+            n = r16(n) + r16(4 * self.block_size * self.num_kv_heads)
+        return n * 2 * self.num_layers
 
 
 @dataclass(frozen=True)
@@ -698,6 +702,12 @@ class Client:
         return ("cuda", self._cuda_ordinal)
 
     def _export(self, ptr, shape, strides=None):
+        if self.layout.dtype not in NUMPY_DTYPES:
+            raise error_for(
+                _lib.ENOTSUP, f"a {self.layout.dtype_name} pool has no "
+                "tensor views yet (bytes plus a float32 scale per token and "
+                "kv head in each plane: docs/kernels.md, Quantized KV "
+                "blocks)", "views")
         conn = self._conn
         t = PoolTensor(ptr, shape, self.layout.dtype, strides,
                        self._device(), owner=conn)

@@ -269,3 +269,18 @@ c.close()
                        text=True, timeout=60)
     assert r.returncode == 0, (r.returncode, r.stderr)
     assert r.stdout.startswith("sum "), r.stdout
+
+
+@pytest.mark.parametrize("dtype", ["int8", "fp8"])
+def test_quantized_pool_connects_views_refused(daemon_factory, dtype):
+    """An int8/fp8 pool: the layout says so (block bytes with the scales);
+    tensor views are refused clearly until they can carry the scales."""
+    d = daemon_factory(SMALL + ["--dtype", dtype])
+    with kvshare.Client(d.socket) as c:
+        L = c.layout
+        assert L.dtype_name == dtype
+        assert L.dtype == {"int8": kvshare.DTYPE_INT8,
+                           "fp8": kvshare.DTYPE_FP8}[dtype]
+        assert L.block_stride == (L.block_bytes + 4095) // 4096 * 4096
+        with pytest.raises(kvshare.NotSupportedError, match="no tensor views"):
+            c.block_tensor(0)

@@ -1,0 +1,210 @@
+"""int8/fp8 caches, checked with numpy (cases written by test_gpu_quant.c).
+
+For every case: the bytes and scales the C write kernel left in the pool
+against this file's own quantizer (exact: int8 by float32 arithmetic and
+round-half-even, fp8 e4m3 by a nearest search over the format's values with
+ties to the even code); the C decode and chunked-prefill outputs against
+float64 attention over the dequantized cache (fp32 tolerance); and the
+quantization error, the relative RMS of the C outputs against float64
+attention over the unquantized K/V, bounded (int8 1%, fp8 4%) and printed.
+For the record, the same error with an int8 quantizer that has a zero point
+(asymmetric, 255 steps from min to max) is measured in numpy alongside.
+Usage: test_gpu_quant.py DIR.  Exit 0 pass, 1 fail.
+"""
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_gpu_numpy import decode, decode_plane, e4m3, plane_size  # noqa: E402
+
+# Bounds of the quantization error, (dtype, distribution) -> relative RMS.
+# The aim is 1% for int8 and 4% for fp8; int8 with one scale per (token, kv
+# head) misses it on heavy-tailed K/V (one outlier sets the step of its
+# whole row): that bound holds today's figure with a margin, so a
+# regression still fails (docs/kernels.md, "Quantized KV blocks").
+BOUND = {(3, 0): 0.01, (3, 1): 0.08, (4, 0): 0.04, (4, 1): 0.04}
+NAME = {3: "int8", 4: "fp8"}
+DIST = {0: "gauss", 1: "student-t3"}
+F32_TOL = 1e-5   # relative to the largest |V| (>= 1): fp32 sums, 8192 keys
+
+# The 127 non-negative finite e4m3 values, code c at index c (monotonic).
+E4M3 = e4m3(np.arange(127))
+
+
+def q_int8(x):
+    """[rows][D] float32 -> (int8 bytes, float32 scales), symmetric."""
+    x = x.astype(np.float32)
+    amax = np.abs(x).max(axis=1)
+    scale = (amax / np.float32(127)).astype(np.float32)
+    safe = np.where(scale == 0, np.float32(1), scale)
+    q = np.rint(x / safe[:, None]).clip(-127, 127)
+    q = np.where(scale[:, None] == 0, 0, q)
+    return q.astype(np.int8), scale
+
+
+def to_e4m3(y):
+    """float32 -> e4m3 codes: the nearest value, ties to the even code,
+    saturating at 448 (no value above it to be nearer)."""
+    a = np.abs(y.astype(np.float64))
+    hi = np.searchsorted(E4M3, a).clip(1, 126)
+    lo = hi - 1
+    dlo, dhi = a - E4M3[lo], E4M3[hi] - a
+    code = np.where(dlo < dhi, lo, np.where(dhi < dlo, hi,
+                                            np.where(lo % 2 == 0, lo, hi)))
+    code = np.where(a >= E4M3[126], 126, code)
+    return (code | np.where(np.signbit(y), 0x80, 0)).astype(np.uint8)
+
+
+def q_fp8(x):
+    x = x.astype(np.float32)
+    amax = np.abs(x).max(axis=1)
+    scale = (amax / np.float32(448)).astype(np.float32)
+    safe = np.where(scale == 0, np.float32(1), scale)
+    codes = to_e4m3(x / safe[:, None])
+    codes = np.where(scale[:, None] == 0, 0, codes).astype(np.uint8)
+    return codes, scale
+
+
+def dq_zero_point(x):
+    """int8 with a zero point: scale (max - min) / 255, q = rint(x / scale)
+    + zp in [-128, 127]; returns the dequantized rows (float64)."""
+    x = x.astype(np.float64)
+    lo, hi = x.min(axis=1), x.max(axis=1)
+    scale = np.where(hi > lo, (hi - lo) / 255, 1.0)
+    zp = np.rint(-lo / scale) - 128
+    q = (np.rint(x / scale[:, None]) + zp[:, None]).clip(-128, 127)
+    return (q - zp[:, None]) * scale[:, None]
+
+
+def dq_sym(x, dt):
+    q, s = (q_int8 if dt == 3 else q_fp8)(x)
+    vals = q.astype(np.float64) if dt == 3 else e4m3(q)
+    return vals * s.astype(np.float64)[:, None]
+
+
+def attention(q, K, V, scale, n, qr, kvh):
+    """q [qr][H][D]; K, V [n][kvh][D]; row i at position n - qr + i."""
+    H = q.shape[1]
+    out = np.zeros(q.shape)
+    for i in range(qr):
+        nk = n - qr + i + 1
+        for hq in range(H):
+            h = hq // (H // kvh)
+            sc = K[:nk, h, :] @ q[i, hq] * scale
+            p = np.exp(sc - sc.max())
+            out[i, hq] = (p / p.sum()) @ V[:nk, h, :]
+    return out
+
+
+def rel_rms(out, ref):
+    return float(np.sqrt(np.mean((out - ref) ** 2) / np.mean(ref ** 2)))
+
+
+def check(d, name, meta, table_rows):
+    (dt, dist, n, sdt, stride, rows, bs, kvh, dim, H, bstride, layer,
+     qr) = (int(x) for x in meta[:13])
+    scale = float(meta[13])
+    rd = lambda ext, t: np.fromfile(os.path.join(d, name + ext), dtype=t)
+    pool = rd(".pool", np.uint8)
+    table = rd(".table", "<u4")
+    slots = rd(".slots", "<i8")
+    src_k = decode(rd(".k", np.uint8), sdt).reshape(rows, stride)
+    src_v = decode(rd(".v", np.uint8), sdt).reshape(rows, stride)
+    keep = slots >= 0
+    assert keep.sum() == n, "slots"
+    K32 = src_k[keep, :kvh * dim].reshape(n * kvh, dim)
+    V32 = src_v[keep, :kvh * dim].reshape(n * kvh, dim)
+    q = rd(".q", "<f4").astype(np.float64).reshape(qr, H, dim)
+    dec = rd(".dec", "<f4").astype(np.float64).reshape(1, H, dim)
+    pre = rd(".pre", "<f4").astype(np.float64).reshape(qr, H, dim)
+    plane = plane_size(dt, bs, kvh, dim)
+    ok = True
+
+    # 1. the bytes and scales of every written token, exactly
+    nd = bs * kvh * dim
+    soff = (nd + 15) // 16 * 16
+    mism = 0
+    for kv, src in ((0, K32), (1, V32)):
+        want_q, want_s = (q_int8 if dt == 3 else q_fp8)(src.astype(np.float32))
+        want_q = want_q.view(np.uint8).reshape(n, kvh, dim)
+        want_s = want_s.reshape(n, kvh)
+        for j in range((n + bs - 1) // bs):
+            off = int(table[j]) * bstride + (layer * 2 + kv) * plane
+            t = min(bs, n - j * bs)
+            got_q = pool[off:off + nd].reshape(bs, kvh, dim)[:t]
+            got_s = pool[off + soff:off + soff + 4 * bs * kvh].view("<f4")
+            got_s = got_s.reshape(bs, kvh)[:t]
+            mism += int((got_q != want_q[j * bs:j * bs + t]).sum())
+            mism += int((got_s.view("<u4") !=
+                         want_s[j * bs:j * bs + t].view("<u4")).sum())
+    if mism:
+        print("FAIL %s: %d bytes or scales differ from numpy's quantizer"
+              % (name, mism))
+        ok = False
+
+    # 2. attention over the dequantized cache, fp32 tolerance
+    blocks = [decode_plane(pool[int(table[j]) * bstride + (layer * 2 + kv) *
+                                plane:][:plane], dt, bs, kvh, dim)
+              for kv in (0, 1) for j in range((n + bs - 1) // bs)]
+    nb = (n + bs - 1) // bs
+    Kq = np.concatenate(blocks[:nb])[:n]
+    Vq = np.concatenate(blocks[nb:])[:n]
+    ref_q = attention(q, Kq, Vq, scale, n, qr, kvh)
+    tol = F32_TOL * max(1.0, float(np.abs(Vq).max()))
+    err = max(float(np.abs(pre - ref_q).max()),
+              float(np.abs(dec[0] - ref_q[-1]).max()))
+    if not err <= tol:
+        print("FAIL %s: attention over the dequantized cache: max err %.3g "
+              "(tolerance %.3g)" % (name, err, tol))
+        ok = False
+
+    # 3. the quantization error against the unquantized K/V
+    K = K32.reshape(n, kvh, dim)
+    V = V32.reshape(n, kvh, dim)
+    ref = attention(q, K, V, scale, n, qr, kvh)
+    e = rel_rms(pre, ref)
+    zp = ""
+    if dt == 3:
+        Kz = dq_zero_point(K32).reshape(n, kvh, dim)
+        Vz = dq_zero_point(V32).reshape(n, kvh, dim)
+        zp = "%.3f%%" % (100 * rel_rms(attention(q, Kz, Vz, scale, n, qr, kvh),
+                                       ref))
+    if name.startswith("err"):
+        table_rows.append((NAME[dt], DIST[dist], n, 100 * e, zp))
+        if not e <= BOUND[dt, dist]:
+            print("FAIL %s: %s %s n=%d: relative RMS error %.3f%% over the "
+                  "bound %.1f%%" % (name, NAME[dt], DIST[dist], n, 100 * e,
+                                    100 * BOUND[dt, dist]))
+            ok = False
+    print("%s %s: %s dist=%s n=%d src=%d: dequantized max err %.2g; "
+          "quantization error %.3f%%%s" % ("ok  " if ok else "FAIL", name,
+                                          NAME[dt], DIST[dist], n, sdt,
+                                          err, 100 * e,
+                                          " (zero point: %s)" % zp if zp else ""))
+    return ok
+
+
+def main():
+    d = sys.argv[1]
+    ok, count, table_rows = True, 0, []
+    with open(os.path.join(d, "cases.txt")) as f:
+        for line in f:
+            parts = line.split()
+            if parts:
+                ok = check(d, parts[0], parts[1:], table_rows) and ok
+                count += 1
+    print("\nquantization error (relative RMS of attention outputs against "
+          "fp32 K/V; prefill rows, fp32 q/out):")
+    print("| dtype | K/V | keys | error | int8 with a zero point |")
+    print("|---|---|---:|---:|---:|")
+    for r in table_rows:
+        print("| %s | %s | %d | %.3f%% | %s |" % (r[0], r[1], r[2], r[3],
+                                                  r[4] or "-"))
+    print("numpy %s, %d cases" % (np.__version__, count))
+    sys.exit(0 if ok and count else 1)
+
+
+if __name__ == "__main__":
+    main()
