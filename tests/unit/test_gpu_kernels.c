@@ -284,6 +284,11 @@ static void test_quant_rounding(void **state) {
   assert_true(isnan(sc[0]) && isnan(sc[1]) && q[0] == 0);
   assert_int_equal(kvs_quantize_row(e, sc, KVS_DTYPE_FP8, row2, 4), 0);
   assert_true(isnan(sc[0]) && e[0] == 0);
+  float tiny[2] = {0x1p-149f, -0x1p-149f}; /* a scale that underflows: 0 */
+  assert_int_equal(kvs_quantize_row(q, sc, KVS_DTYPE_INT8, tiny, 2), 0);
+  assert_true(sc[0] == 0.f && sc[1] == -0x1p-149f && q[0] == 0 && q[1] == 0);
+  assert_int_equal(kvs_quantize_row(e, sc, KVS_DTYPE_FP8, tiny, 2), 0);
+  assert_true(sc[0] == 0.f && e[0] == 0 && e[1] == 0);
   float wide[2] = {-3e38f, 3e38f}; /* a range past float32's: NaN too */
   assert_int_equal(kvs_quantize_row(q, sc, KVS_DTYPE_INT8, wide, 2), 0);
   assert_true(isnan(sc[0]) && isnan(sc[1]) && q[1] == 0);
