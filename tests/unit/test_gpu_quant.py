@@ -20,12 +20,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_gpu_numpy import (decode, decode_plane, e4m3, plane_size,  # noqa: E402
                             scale_floats)
 
-# Bounds of the quantization error, (dtype, distribution) -> relative RMS.
-# The aim is 1% for int8 and 4% for fp8; int8 with one scale per (token, kv
-# head) misses it on heavy-tailed K/V (one outlier sets the step of its
-# whole row): that bound holds today's figure with a margin, so a
-# regression still fails (docs/kernels.md, "Quantized KV blocks").
-BOUND = {(3, 0): 0.01, (3, 1): 0.08, (4, 0): 0.04, (4, 1): 0.04}
+# Bounds of the quantization error, (dtype, distribution) -> relative RMS,
+# each just above the largest figure measured (docs/kernels.md, "Quantized
+# KV blocks").  The aim is 1% for int8 and 4% for fp8; int8 with one scale
+# and minimum per (token, kv head) misses it on heavy-tailed K/V (3.8% at
+# 8192 keys: one outlier sets the step of its whole row), so its bound there
+# only catches a regression; finer groups would be needed for 1%.
+BOUND = {(3, 0): 0.01, (3, 1): 0.05, (4, 0): 0.04, (4, 1): 0.04}
 NAME = {3: "int8", 4: "fp8"}
 DIST = {0: "gauss", 1: "student-t3"}
 F32_TOL = 1e-5   # relative to the largest |V| (>= 1): fp32 sums, 8192 keys
