@@ -98,12 +98,38 @@ uint8_t kvs_float_to_fp8(float f) {
   return sign | (uint8_t)(code > 0x7eu ? 0x7eu : code);
 }
 
-int kvs_quantize_row(void *dst, float *scale, uint32_t dtype, const float *src,
-                     size_t n) {
-  if (!kvs_dtype_quantized(dtype) || !scale || (n && (!dst || !src)))
-    return KVS_EINVAL;
-  int8_t *d8 = dst;
-  uint8_t *du = dst;
+/* int8, asymmetric: scales[0] = (max - min) / 255, scales[1] = min, byte i
+ * = round_even((src[i] - min) / scale) in 0..255. */
+static void quantize_int8(uint8_t *dst, float *scales, const float *src,
+                          size_t n) {
+  float lo = n ? src[0] : 0.f, hi = lo;
+  int bad = 0;
+  for (size_t i = 0; i < n; i++) {
+    bad |= !(src[i] - src[i] == 0.f); /* NaN or infinite */
+    lo = src[i] < lo ? src[i] : lo;
+    hi = src[i] > hi ? src[i] : hi;
+  }
+  float range = hi - lo;
+  bad |= !(range <= 0x1.fffffep127f); /* the range overflows float32 */
+  float s = bad ? 0.f : range / 255.f;
+  if (bad || s == 0.f) { /* constant (or next to constant) row: reads as min */
+    memset(dst, 0, n);
+    scales[0] = bad ? u2f(0x7fc00000u) : 0.f;
+    scales[1] = bad ? u2f(0x7fc00000u) : lo;
+    return;
+  }
+  scales[0] = s;
+  scales[1] = lo;
+  for (size_t i = 0; i < n; i++) {
+    float r = rintf((src[i] - lo) / s); /* nearest even (the default mode) */
+    dst[i] = (uint8_t)(r > 255.f ? 255.f : r < 0.f ? 0.f : r);
+  }
+}
+
+/* fp8 e4m3: scales[0] = amax / 448, byte i = kvs_float_to_fp8(src[i] /
+ * scale). */
+static void quantize_fp8(uint8_t *dst, float *scales, const float *src,
+                         size_t n) {
   float amax = 0.f;
   int bad = 0;
   for (size_t i = 0; i < n; i++) {
@@ -111,23 +137,25 @@ int kvs_quantize_row(void *dst, float *scale, uint32_t dtype, const float *src,
     bad |= !(a <= 0x1.fffffep127f); /* NaN or infinite */
     amax = a > amax ? a : amax;
   }
-  if (bad || amax == 0.f) {
+  float s = bad ? 0.f : amax / 448.f;
+  if (bad || s == 0.f) {
     memset(dst, 0, n);
-    *scale = bad ? u2f(0x7fc00000u) : 0.f;
-    return 0;
+    scales[0] = bad ? u2f(0x7fc00000u) : 0.f;
+    return;
   }
-  float s = amax / (dtype == KVS_DTYPE_INT8 ? 127.f : 448.f);
-  *scale = s;
-  for (size_t i = 0; i < n; i++) {
-    float y = src[i] / s;
-    if (dtype == KVS_DTYPE_INT8) {
-      float r = rintf(y); /* round to nearest even (the default mode) */
-      r = r > 127.f ? 127.f : r < -127.f ? -127.f : r;
-      d8[i] = (int8_t)r;
-    } else {
-      du[i] = kvs_float_to_fp8(y);
-    }
-  }
+  scales[0] = s;
+  for (size_t i = 0; i < n; i++)
+    dst[i] = kvs_float_to_fp8(src[i] / s);
+}
+
+int kvs_quantize_row(void *dst, float *scales, uint32_t dtype,
+                     const float *src, size_t n) {
+  if (!kvs_dtype_quantized(dtype) || !scales || (n && (!dst || !src)))
+    return KVS_EINVAL;
+  if (dtype == KVS_DTYPE_INT8)
+    quantize_int8(dst, scales, src, n);
+  else
+    quantize_fp8(dst, scales, src, n);
   return 0;
 }
 

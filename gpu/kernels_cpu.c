@@ -52,15 +52,17 @@ KVS_INLINE float e4m3f(uint8_t b) {
   return u2f((0x7fc00000u & nan) | (fin & ~nan) | sign);
 }
 
-/* One quantized row of n bytes with its scale -> floats. */
+/* One quantized row of n bytes with its scales -> floats: int8 byte *
+ * scale + lo (the byte unsigned), fp8 value * scale. */
 KVS_INLINE void load_row_q(float *restrict dst, const void *restrict src,
-                           uint32_t dtype, uint32_t n, float scale) {
+                           uint32_t dtype, uint32_t n, const float *sc) {
+  const uint8_t *s = src;
   if (dtype == KVS_DTYPE_INT8) {
-    const int8_t *s = src;
+    float scale = sc[0], lo = sc[1];
     for (uint32_t i = 0; i < n; i++)
-      dst[i] = (float)s[i] * scale;
+      dst[i] = (float)s[i] * scale + lo;
   } else {
-    const uint8_t *s = src;
+    float scale = sc[0];
     for (uint32_t i = 0; i < n; i++)
       dst[i] = e4m3f(s[i]) * scale;
   }
@@ -262,11 +264,12 @@ static inline int prefetch_mode(int own) {
 /* ---- write ---------------------------------------------------------------- */
 
 /* The write kernel for an int8/fp8 cache: each (token, kv head) row is
- * converted to floats, then quantized with its own scale, which goes to the
+ * converted to floats, then quantized with its own scales, which go to the
  * plane's scale array (slots already checked). */
 static int write_quantized(const kvs_write_args *a) {
   const kvs_paged_kv *kv = &a->kv;
   size_t ses = kvs_dtype_size(a->src_dtype);
+  const uint32_t nf = kvs_scale_floats(kv->dtype);
   float *row = malloc((size_t)kv->head_dim * sizeof(float));
   if (!row)
     return KVS_ENOMEM;
@@ -279,16 +282,16 @@ static int write_quantized(const kvs_write_args *a) {
     char *blk = (char *)kv->base + b * kv->block_stride;
     for (uint32_t h = 0; h < kv->num_kv_heads; h++) {
       uint64_t doff = t * kv->token_stride + h * kv->head_stride;
-      uint64_t sidx = kv->scale_offset + (t * kv->num_kv_heads + h) * 4;
+      uint64_t sidx = kv->scale_offset + (t * kv->num_kv_heads + h) * nf * 4;
       uint64_t soff = ((uint64_t)i * a->src_token_stride +
                        (uint64_t)h * kv->head_dim) * ses;
       for (int p = 0; p < 2; p++) {
         char *plane = blk + (p ? kv->v_offset : kv->k_offset);
-        float scale;
+        float scales[2];
         kvs_convert(row, KVS_DTYPE_FP32, (const char *)(p ? a->v : a->k) + soff,
                     a->src_dtype, kv->head_dim);
-        kvs_quantize_row(plane + doff, &scale, kv->dtype, row, kv->head_dim);
-        memcpy(plane + sidx, &scale, sizeof scale);
+        kvs_quantize_row(plane + doff, scales, kv->dtype, row, kv->head_dim);
+        memcpy(plane + sidx, scales, nf * sizeof(float));
       }
     }
   }
@@ -397,15 +400,16 @@ KVS_INLINE uint32_t tile_rows(const kvs_attn_args *a, const uint32_t *bt,
       continue;
     }
     if (kvs_dtype_quantized(kv->dtype)) {
-      /* Dequantized into the tile, each head with its own scale (the
-       * scales of one token are contiguous). */
+      /* Dequantized into the tile, each head with its own scales (those
+       * of one token are contiguous: nf floats per head). */
+      const uint32_t nf = kvs_scale_floats(kv->dtype);
       const char *sc = plane + kv->scale_offset +
-                       (uint64_t)(off + t) * KVH * 4;
+                       (uint64_t)(off + t) * KVH * nf * 4;
       for (uint32_t h = 0; h < KVH; h++) {
-        float scale;
-        memcpy(&scale, sc + (uint64_t)h * 4, sizeof scale);
+        float scales[2];
+        memcpy(scales, sc + (uint64_t)h * nf * 4, nf * sizeof(float));
         load_row_q(dst + (size_t)h * D, tok + (uint64_t)h * kv->head_stride,
-                   kv->dtype, D, scale);
+                   kv->dtype, D, scales);
       }
       rows[t] = dst;
       continue;

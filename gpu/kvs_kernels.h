@@ -35,8 +35,10 @@
  *   layout header's own offset math.
  *
  * Quantized caches (int8, fp8)
- *   An element is one byte; each (token, kv head) of a plane has a float32
- *   scale in the plane's scale array (kvs_paged_kv.scale_offset).  The write
+ *   An element is one byte; each (token, kv head) of a plane has
+ *   kvs_scale_floats(dtype) float32 in the plane's scale array
+ *   (kvs_paged_kv.scale_offset): int8 a scale and the row's minimum, fp8 a
+ *   scale (kvs_quantize_row).  The write
  *   kernel quantizes (kvs_quantize_row); attention dequantizes as it reads
  *   (the C twins; the CUDA kernels refuse quantized caches with KVS_ENOTSUP
  *   for now); copy/gather/scatter move whole blocks, scales included.  q,
@@ -93,18 +95,22 @@ uint8_t kvs_float_to_fp8(float f);
 /*
  * Quantize one row (the head_dim elements of one token and kv head) of n
  * floats into n bytes of dtype (KVS_DTYPE_INT8 or KVS_DTYPE_FP8) and its
- * scale, as the write kernel does:
- *   amax = max |src[i]|;
- *   int8: scale = amax / 127, byte i = round_even(src[i] / scale) clamped to
- *         [-127, 127] (two's complement);
- *   fp8:  scale = amax / 448, byte i = kvs_float_to_fp8(src[i] / scale);
- * every operation in float32.  amax == 0: scale 0 and bytes 0.  A row with a
- * NaN or an infinity: scale NaN and bytes 0 (the row then reads as NaN, as a
- * NaN stored in an fp16 cache does).  Element i reads back as
- * decode(byte i) * scale.  Returns 0 or KVS_EINVAL.
+ * kvs_scale_floats(dtype) float32 scales[], as the write kernel does, every
+ * operation in float32:
+ *   int8 (asymmetric): lo = min src[i], hi = max src[i];
+ *         scales[0] = (hi - lo) / 255, scales[1] = lo;
+ *         byte i = round_even((src[i] - lo) / scales[0]) clamped to [0, 255];
+ *         reads back as byte * scales[0] + scales[1] (one multiply-add).
+ *         A constant row (scales[0] == 0): bytes 0, reads back as lo.
+ *   fp8:  scales[0] = max |src[i]| / 448, byte i = kvs_float_to_fp8(src[i] /
+ *         scales[0]); reads back as kvs_fp8_to_float(byte i) * scales[0].
+ *         An all-zero row (scales[0] == 0): bytes 0.
+ * A row with a NaN or an infinity (or, int8, whose range hi - lo overflows
+ * float32): bytes 0 and every scale NaN (the row then reads as NaN, as a
+ * NaN stored in an fp16 cache does).  Returns 0 or KVS_EINVAL.
  */
-int kvs_quantize_row(void *dst, float *scale, uint32_t dtype, const float *src,
-                     size_t n);
+int kvs_quantize_row(void *dst, float *scales, uint32_t dtype,
+                     const float *src, size_t n);
 
 /* ---- the paged K/V view of one layer ------------------------------------ */
 
@@ -123,7 +129,8 @@ typedef struct kvs_paged_kv {
                              against it on the CPU (0 = unchecked) */
   uint32_t scale_offset;  /* quantized dtypes: bytes from a plane's start
                              (k_offset or v_offset) to its float32 scales
-                             [block_size][num_kv_heads]; 0 otherwise */
+                             [block_size][num_kv_heads][kvs_scale_floats];
+                             0 otherwise */
 } kvs_paged_kv;
 
 /* Fill kv for layer `layer` of the pool at base described by l (which must

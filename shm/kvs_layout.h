@@ -8,13 +8,16 @@
  * [block_size][num_kv_heads][head_dim] (NHD).  block_stride is rounded up to
  * KVS_BLOCK_ALIGN bytes so that one block is one O_DIRECT I/O.
  *
- * Quantized dtypes (int8, fp8 e4m3) store one byte per element and a float32
- * scale per (token, kv head) inside the plane: a quantized plane is its data
- * [block_size][num_kv_heads][head_dim] bytes, zero padding up to a multiple
- * of 16 bytes, then its scales [block_size][num_kv_heads] float32, padded to
- * a multiple of 16 bytes.  Element x of (token t, head h) reads as
- * decode(byte) * scale[t][h].  A block thus carries everything needed to
- * read it (docs/kernels.md, "Quantized KV blocks").
+ * Quantized dtypes (int8, fp8 e4m3) store one byte per element and, per
+ * (token, kv head), kvs_scale_floats(dtype) float32 inside the plane: a
+ * quantized plane is its data [block_size][num_kv_heads][head_dim] bytes,
+ * padding up to a multiple of 16 bytes, then its scales
+ * [block_size][num_kv_heads][kvs_scale_floats] float32, padded to a multiple
+ * of 16 bytes.  Element x of (token t, head h) reads as, for int8 (asymmetric:
+ * a scale and the row's minimum), byte * scale[t][h][0] + scale[t][h][1] with
+ * the byte unsigned (0..255); for fp8, fp8_to_float(byte) * scale[t][h][0].
+ * A block thus carries everything needed to read it (docs/kernels.md,
+ * "Quantized KV blocks").
  *
  * The handle of a block is its index in the pool; addresses are per process.
  * This header is pure C (no system headers beyond <stdint.h>/<stddef.h>).
@@ -90,11 +93,18 @@ static inline const char *kvs_dtype_name(uint32_t dtype) {
   }
 }
 
-/* 1 for the dtypes stored as bytes with a float32 scale per (token, kv
- * head): INT8 (symmetric, scale = amax / 127) and FP8 (e4m3, scale = amax /
- * 448). */
+/* 1 for the dtypes stored as bytes with float32 scales per (token, kv
+ * head): INT8 (asymmetric: scale = (max - min) / 255 and the minimum) and
+ * FP8 (e4m3, scale = amax / 448). */
 static inline KVS_HD int kvs_dtype_quantized(uint32_t dtype) {
   return dtype == KVS_DTYPE_INT8 || dtype == KVS_DTYPE_FP8;
+}
+
+/* The float32 a quantized dtype stores per (token, kv head): 2 for INT8
+ * (the scale, then the row's minimum), 1 for FP8 (the scale); 0 for the
+ * others. */
+static inline KVS_HD uint32_t kvs_scale_floats(uint32_t dtype) {
+  return dtype == KVS_DTYPE_INT8 ? 2u : dtype == KVS_DTYPE_FP8 ? 1u : 0u;
 }
 
 /* Alignment of a quantized plane's scales and of its end. */
@@ -110,8 +120,9 @@ static inline KVS_HD uint64_t kvs_plane_data_bytes(const kvs_layout *l) {
          kvs_dtype_size(l->dtype);
 }
 
-/* Byte offset, from a plane's start, of its scales [block_size][num_kv_heads]
- * float32 (quantized dtypes; for the others, the plane's end). */
+/* Byte offset, from a plane's start, of its scales
+ * [block_size][num_kv_heads][kvs_scale_floats] float32 (quantized dtypes;
+ * for the others, the plane's end). */
 static inline KVS_HD uint64_t kvs_scale_offset(const kvs_layout *l) {
   return kvs_dtype_quantized(l->dtype)
              ? kvs_round_up(kvs_plane_data_bytes(l), KVS_SCALE_ALIGN)
@@ -124,7 +135,8 @@ static inline KVS_HD uint64_t kvs_plane_bytes(const kvs_layout *l) {
   if (!kvs_dtype_quantized(l->dtype))
     return kvs_plane_data_bytes(l);
   return kvs_scale_offset(l) +
-         kvs_round_up((uint64_t)l->block_size * l->num_kv_heads * 4,
+         kvs_round_up((uint64_t)l->block_size * l->num_kv_heads *
+                          kvs_scale_floats(l->dtype) * 4,
                       KVS_SCALE_ALIGN);
 }
 
@@ -191,14 +203,16 @@ static inline KVS_HD uint64_t kvs_elem_offset(const kvs_layout *l, uint32_t b,
              kvs_dtype_size(l->dtype);
 }
 
-/* Byte offset from the pool base of the float32 scale of (block b, layer,
- * kv, token t, head h): quantized dtypes only. */
+/* Byte offset from the pool base of the float32 scales of (block b, layer,
+ * kv, token t, head h), kvs_scale_floats(dtype) of them: quantized dtypes
+ * only. */
 static inline KVS_HD uint64_t kvs_scale_elem_offset(const kvs_layout *l,
                                                    uint32_t b, uint32_t layer,
                                                    uint32_t kv, uint32_t t,
                                                    uint32_t h) {
   return kvs_block_offset(l, b) + kvs_plane_offset(l, layer, kv) +
-         kvs_scale_offset(l) + ((uint64_t)t * l->num_kv_heads + h) * 4;
+         kvs_scale_offset(l) + ((uint64_t)t * l->num_kv_heads + h) *
+                                   kvs_scale_floats(l->dtype) * 4;
 }
 
 /* Pointer to that element inside one process's mapping of the pool. */
@@ -208,7 +222,8 @@ static inline void *kvs_elem_ptr(void *base, const kvs_layout *l, uint32_t b,
   return (char *)base + kvs_elem_offset(l, b, layer, kv, t, h);
 }
 
-/* Pointer to that scale inside one process's mapping of the pool. */
+/* Pointer to those scales inside one process's mapping of the pool: [0] the
+ * scale, [1] (int8) the row's minimum. */
 static inline float *kvs_scale_ptr(void *base, const kvs_layout *l, uint32_t b,
                                    uint32_t layer, uint32_t kv, uint32_t t,
                                    uint32_t h) {

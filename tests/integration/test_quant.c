@@ -135,9 +135,11 @@ static void run(const char *dtype, uint32_t want_dtype) {
   const kvs_layout *l = kvs_layout_of(c);
   CHECK(l->dtype == want_dtype);
   CHECK(strcmp(kvs_dtype_name(l->dtype), dtype) == 0);
-  /* 16 x 4 x 32 bytes, then 16 x 4 float32 scales, per plane */
-  CHECK(kvs_plane_bytes(l) == 2048 + 256);
-  CHECK(l->block_stride == kvs_round_up(4 * 2 * (2048 + 256), 4096));
+  /* 16 x 4 x 32 bytes, then 16 x 4 float32 scales per plane (int8: a
+   * scale and a minimum each, 16 x 4 x 2) */
+  const uint64_t plane = 2048 + (want_dtype == KVS_DTYPE_INT8 ? 512 : 256);
+  CHECK(kvs_plane_bytes(l) == plane);
+  CHECK(l->block_stride == kvs_round_up(4 * 2 * plane, 4096));
 
   int up[2], go[2];
   CHECK(pipe(up) == 0 && pipe(go) == 0);

@@ -204,6 +204,18 @@ static void test_quant_layout(void **state) {
   assert_int_equal(kvs_paged_kv_init(&kv, &l, &l, 2), 0);
   assert_int_equal(kv.scale_offset, 560);
   assert_int_equal(kv.k_offset, 4 * 624);
+  /* int8 keeps two floats per row (the scale and the minimum). */
+  assert_int_equal(kvs_scale_floats(KVS_DTYPE_INT8), 2);
+  assert_int_equal(kvs_scale_floats(KVS_DTYPE_FP8), 1);
+  assert_int_equal(kvs_scale_floats(KVS_DTYPE_BF16), 0);
+  kvs_layout l8 = l;
+  l8.dtype = KVS_DTYPE_INT8;
+  assert_int_equal(kvs_layout_finish(&l8), 0);
+  assert_int_equal(kvs_scale_offset(&l8), 560);
+  assert_int_equal(kvs_plane_bytes(&l8), 560 + 128);             /* 15 x 2 */
+  assert_int_equal(kvs_block_bytes(&l8), 3 * 2 * 688);
+  assert_int_equal(kvs_scale_elem_offset(&l8, 2, 1, 1, 4, 2),
+                   2 * 8192 + 688 * 3 + 560 + (4 * 3 + 2) * 8);
   /* A view whose scales would overlap its elements is refused. */
   kv.scale_offset = 100;
   kvs_write_args w = {.kv = kv, .k = &l, .v = &l, .slots = (int64_t[]){0},
@@ -246,21 +258,41 @@ static void test_quant_rounding(void **state) {
   assert_int_equal(kvs_float_to_fp8(NAN) & 0x7f, 0x7f);
   assert_int_equal(kvs_float_to_fp8(1e-30f), 0);
 
-  float row[4] = {0.5f, -2.f, 1.f, 0.f}, sc;
-  int8_t q[4];
-  assert_int_equal(kvs_quantize_row(q, &sc, KVS_DTYPE_INT8, row, 4), 0);
-  assert_true(sc == 2.f / 127.f);
-  assert_true(q[0] == 32 && q[1] == -127 && q[2] == 64 && q[3] == 0); /* 31.75 */
+  /* int8: 255 steps from the minimum, ties to even, one multiply-add back */
+  float row[4] = {-1.f, 254.f, 1.5f, 0.f}, sc[2];
+  uint8_t q[4];
+  assert_int_equal(kvs_quantize_row(q, sc, KVS_DTYPE_INT8, row, 4), 0);
+  assert_true(sc[0] == 1.f && sc[1] == -1.f);
+  assert_true(q[0] == 0 && q[1] == 255 && q[2] == 2 && q[3] == 1); /* 2.5 */
+  float row2[4] = {0.5f, -2.f, 1.f, 0.f};
+  assert_int_equal(kvs_quantize_row(q, sc, KVS_DTYPE_INT8, row2, 4), 0);
+  assert_true(sc[0] == 3.f / 255.f && sc[1] == -2.f);
+  assert_true(q[0] == 212 && q[1] == 0 && q[2] == 255 && q[3] == 170); /* 212.5 */
+  for (int i = 0; i < 4; i++) /* within half a step */
+    assert_true(fabsf(q[i] * sc[0] + sc[1] - row2[i]) <= sc[0] / 2 * 1.001f);
+  float flat[4] = {3.f, 3.f, 3.f, 3.f}; /* constant: scale 0, reads as min */
+  assert_int_equal(kvs_quantize_row(q, sc, KVS_DTYPE_INT8, flat, 4), 0);
+  assert_true(sc[0] == 0.f && sc[1] == 3.f && q[0] == 0 && q[3] == 0);
   uint8_t e[4];
-  assert_int_equal(kvs_quantize_row(e, &sc, KVS_DTYPE_FP8, row, 4), 0);
-  assert_true(sc == 2.f / 448.f && e[1] == 0xfe && e[3] == 0);
+  assert_int_equal(kvs_quantize_row(e, sc, KVS_DTYPE_FP8, row2, 4), 0);
+  assert_true(sc[0] == 2.f / 448.f && e[1] == 0xfe && e[3] == 0);
   float zero[4] = {0};
-  assert_int_equal(kvs_quantize_row(q, &sc, KVS_DTYPE_INT8, zero, 4), 0);
-  assert_true(sc == 0.f && q[0] == 0 && q[3] == 0);
-  row[2] = INFINITY; /* a row with an infinity (or a NaN) reads as NaN */
-  assert_int_equal(kvs_quantize_row(q, &sc, KVS_DTYPE_INT8, row, 4), 0);
-  assert_true(isnan(sc) && q[0] == 0);
-  assert_int_equal(kvs_quantize_row(q, &sc, KVS_DTYPE_FP16, row, 4), KVS_EINVAL);
+  assert_int_equal(kvs_quantize_row(e, sc, KVS_DTYPE_FP8, zero, 4), 0);
+  assert_true(sc[0] == 0.f && e[0] == 0 && e[3] == 0);
+  row2[2] = INFINITY; /* a row with an infinity (or a NaN) reads as NaN */
+  assert_int_equal(kvs_quantize_row(q, sc, KVS_DTYPE_INT8, row2, 4), 0);
+  assert_true(isnan(sc[0]) && isnan(sc[1]) && q[0] == 0);
+  assert_int_equal(kvs_quantize_row(e, sc, KVS_DTYPE_FP8, row2, 4), 0);
+  assert_true(isnan(sc[0]) && e[0] == 0);
+  float tiny[2] = {0x1p-149f, -0x1p-149f}; /* a scale that underflows: 0 */
+  assert_int_equal(kvs_quantize_row(q, sc, KVS_DTYPE_INT8, tiny, 2), 0);
+  assert_true(sc[0] == 0.f && sc[1] == -0x1p-149f && q[0] == 0 && q[1] == 0);
+  assert_int_equal(kvs_quantize_row(e, sc, KVS_DTYPE_FP8, tiny, 2), 0);
+  assert_true(sc[0] == 0.f && e[0] == 0 && e[1] == 0);
+  float wide[2] = {-3e38f, 3e38f}; /* a range past float32's: NaN too */
+  assert_int_equal(kvs_quantize_row(q, sc, KVS_DTYPE_INT8, wide, 2), 0);
+  assert_true(isnan(sc[0]) && isnan(sc[1]) && q[1] == 0);
+  assert_int_equal(kvs_quantize_row(q, sc, KVS_DTYPE_FP16, row2, 4), KVS_EINVAL);
 }
 
 /* Attention over a quantized cache refuses quantized q/out; the CUDA

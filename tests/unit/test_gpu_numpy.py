@@ -4,7 +4,8 @@ Reads the cases that test_gpu_numpy wrote (raw pool bytes, q, block tables,
 lengths, and the C kernels' output), decodes the pool with its own layout
 arithmetic (block-major: block, then layer, then K plane / V plane, each
 [block_size][num_kv_heads][head_dim], an int8/fp8 plane followed by its
-scales) and its own dtype decoding (dequantized for int8/fp8), computes
+scales, int8's with the rows' minimums) and its own dtype decoding
+(dequantized for int8/fp8), computes
 attention with numpy in float64, and compares.  Exit 0 pass, 1 fail.
 Usage: test_gpu_numpy.py DIR
 """
@@ -24,27 +25,36 @@ def e4m3(codes):
     return np.where(c & 0x80, -mag, mag)
 
 
+def scale_floats(dtype):
+    """float32 per (token, kv head): int8 a scale and the row's minimum, fp8
+    a scale."""
+    return {3: 2, 4: 1}.get(dtype, 0)
+
+
 def decode_plane(raw, dtype, bs, kvh, dim):
     """One K or V plane -> [bs][kvh][dim] float64.  int8/fp8 planes: the
-    bytes, padded to 16, then float32 scales [bs][kvh] (docs/kernels.md)."""
+    bytes, padded to 16, then float32 [bs][kvh][scale_floats] (docs/kernels.md):
+    int8 reads as byte (unsigned) * scale + minimum, fp8 as value * scale."""
     if dtype not in (3, 4):
         return decode(raw, dtype).reshape(bs, kvh, dim)
-    n = bs * kvh * dim
+    n, nf = bs * kvh * dim, scale_floats(dtype)
     data = np.ascontiguousarray(raw[:n])
     soff = (n + 15) // 16 * 16
-    scales = np.ascontiguousarray(raw[soff:soff + 4 * bs * kvh]).view("<f4")
-    vals = (data.view(np.int8).astype(np.float64) if dtype == 3
-            else e4m3(data))
+    sc = np.ascontiguousarray(raw[soff:soff + 4 * bs * kvh * nf]).view("<f4")
+    sc = sc.astype(np.float64).reshape(bs, kvh, nf)
+    vals = (data.astype(np.float64) if dtype == 3
+            else e4m3(data)).reshape(bs, kvh, dim)
     with np.errstate(invalid="ignore"):  # unused slots: poisoned scales
-        return (vals.reshape(bs, kvh, dim) *
-                scales.astype(np.float64).reshape(bs, kvh, 1))
+        if dtype == 3:
+            return vals * sc[:, :, 0:1] + sc[:, :, 1:2]
+        return vals * sc[:, :, 0:1]
 
 
 def plane_size(dtype, bs, kvh, dim):
     if dtype not in (3, 4):
         return bs * kvh * dim * ESIZE[dtype]
     r16 = lambda x: (x + 15) // 16 * 16
-    return r16(bs * kvh * dim) + r16(4 * bs * kvh)
+    return r16(bs * kvh * dim) + r16(4 * bs * kvh * scale_floats(dtype))
 
 
 def decode(raw, dtype):

@@ -3,10 +3,11 @@
  * test_gpu_quant.py).  For each quantized dtype, K/V distribution (Gaussian,
  * Student-t with 3 degrees of freedom) and length (1, 17, 512, 8192), the C
  * write kernel quantizes fp32 K/V into a pool whose unused bytes are random
- * and whose unused scales are NaN/Inf, then decode and chunked-prefill
- * attention run over it.  A few more cases write fp16/bf16 sources through
- * strided rows and padding slots.  Everything goes to a temporary directory
- * and numpy checks: the bytes and scales against its own quantizer (exact),
+ * and whose unused scales and int8 minimums are NaN/Inf, then decode and
+ * chunked-prefill attention run over it.  A few more cases write fp16/bf16
+ * sources through strided rows and padding slots.  Everything goes to a
+ * temporary directory and numpy checks: the bytes, scales and minimums
+ * against its own quantizer (exact),
  * the outputs against float64 attention over the dequantized cache (fp32
  * tolerance), and the quantization error against attention over the
  * unquantized K/V (relative RMS, bounded, printed).  Plain C; skipped (77)
@@ -77,7 +78,9 @@ static int run_case(const char *dir, FILE *idx, const char *name,
       for (uint32_t kv = 0; kv < 2; kv++)
         for (uint32_t t = 0; t < BS; t++)
           for (uint32_t h = 0; h < KVH; h++)
-            *kvs_scale_ptr(pool, &l, b, ly, kv, t, h) = poison[(b + t + kv) % 3];
+            for (uint32_t f = 0; f < kvs_scale_floats(dtype); f++)
+              kvs_scale_ptr(pool, &l, b, ly, kv, t, h)[f] =
+                  poison[(b + t + kv + f) % 3];
 
   /* Shuffled blocks; every 5th source row a padding slot (-1) followed by
    * the real one, so the write kernel skips rows. */

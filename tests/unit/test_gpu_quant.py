@@ -1,14 +1,14 @@
 """int8/fp8 caches, checked with numpy (cases written by test_gpu_quant.c).
 
-For every case: the bytes and scales the C write kernel left in the pool
-against this file's own quantizer (exact: int8 by float32 arithmetic and
-round-half-even, fp8 e4m3 by a nearest search over the format's values with
-ties to the even code); the C decode and chunked-prefill outputs against
-float64 attention over the dequantized cache (fp32 tolerance); and the
-quantization error, the relative RMS of the C outputs against float64
-attention over the unquantized K/V, bounded (int8 1%, fp8 4%) and printed.
-For the record, the same error with an int8 quantizer that has a zero point
-(asymmetric, 255 steps from min to max) is measured in numpy alongside.
+For every case: the bytes, scales and int8 minimums the C write kernel left
+in the pool against this file's own quantizer (exact: int8 asymmetric by
+float32 arithmetic and round-half-even, fp8 e4m3 by a nearest search over
+the format's values with ties to the even code); the C decode and
+chunked-prefill outputs against float64 attention over the dequantized cache
+(fp32 tolerance); and the quantization error, the relative RMS of the C
+outputs against float64 attention over the unquantized K/V, bounded (BOUND)
+and printed.  For the record, the same error with a symmetric int8 quantizer
+(scale max |x| / 127, no minimum) is measured in numpy alongside.
 Usage: test_gpu_quant.py DIR.  Exit 0 pass, 1 fail.
 """
 import os
@@ -17,14 +17,16 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_gpu_numpy import decode, decode_plane, e4m3, plane_size  # noqa: E402
+from test_gpu_numpy import (decode, decode_plane, e4m3, plane_size,  # noqa: E402
+                            scale_floats)
 
-# Bounds of the quantization error, (dtype, distribution) -> relative RMS.
-# The aim is 1% for int8 and 4% for fp8; int8 with one scale per (token, kv
-# head) misses it on heavy-tailed K/V (one outlier sets the step of its
-# whole row): that bound holds today's figure with a margin, so a
-# regression still fails (docs/kernels.md, "Quantized KV blocks").
-BOUND = {(3, 0): 0.01, (3, 1): 0.08, (4, 0): 0.04, (4, 1): 0.04}
+# Bounds of the quantization error, (dtype, distribution) -> relative RMS,
+# each just above the largest figure measured (docs/kernels.md, "Quantized
+# KV blocks").  The aim is 1% for int8 and 4% for fp8; int8 with one scale
+# and minimum per (token, kv head) misses it on heavy-tailed K/V (3.8% at
+# 8192 keys: one outlier sets the step of its whole row), so its bound there
+# only catches a regression; finer groups would be needed for 1%.
+BOUND = {(3, 0): 0.01, (3, 1): 0.05, (4, 0): 0.04, (4, 1): 0.04}
 NAME = {3: "int8", 4: "fp8"}
 DIST = {0: "gauss", 1: "student-t3"}
 F32_TOL = 1e-5   # relative to the largest |V| (>= 1): fp32 sums, 8192 keys
@@ -34,7 +36,29 @@ E4M3 = e4m3(np.arange(127))
 
 
 def q_int8(x):
-    """[rows][D] float32 -> (int8 bytes, float32 scales), symmetric."""
+    """[rows][D] float32 -> (uint8 bytes, float32 [rows][2]: the scale and
+    the minimum), asymmetric: scale (max - min) / 255, byte rint((x - min)
+    / scale) in 0..255.  A constant row: scale 0, bytes 0.  A row with a NaN
+    or an infinity, or whose range overflows float32: bytes 0, both NaN."""
+    x = x.astype(np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        lo, hi = x.min(axis=1), x.max(axis=1)
+        rng = (hi - lo).astype(np.float32)
+        bad = ~np.isfinite(x).all(axis=1) | ~np.isfinite(rng)
+        scale = (rng / np.float32(255)).astype(np.float32)
+        flat = bad | (scale == 0)
+        safe = np.where(flat, np.float32(1), scale).astype(np.float32)
+        q = np.rint((x - lo[:, None]) / safe[:, None]).clip(0, 255)
+    q = np.where(flat[:, None], 0, q).astype(np.uint8)
+    nan = np.float32(np.nan)
+    scale = np.where(bad, nan, np.where(flat, 0, scale)).astype(np.float32)
+    lo = np.where(bad, nan, lo).astype(np.float32)
+    return q, np.stack([scale, lo], axis=1)
+
+
+def q_int8_sym(x):
+    """[rows][D] float32 -> (int8 bytes, float32 scales), symmetric: scale
+    max |x| / 127 (the measured alternative)."""
     x = x.astype(np.float32)
     amax = np.abs(x).max(axis=1)
     scale = (amax / np.float32(127)).astype(np.float32)
@@ -58,30 +82,20 @@ def to_e4m3(y):
 
 
 def q_fp8(x):
+    """[rows][D] float32 -> (e4m3 codes, float32 [rows][1]: the scale)."""
     x = x.astype(np.float32)
     amax = np.abs(x).max(axis=1)
     scale = (amax / np.float32(448)).astype(np.float32)
     safe = np.where(scale == 0, np.float32(1), scale)
     codes = to_e4m3(x / safe[:, None])
     codes = np.where(scale[:, None] == 0, 0, codes).astype(np.uint8)
-    return codes, scale
+    return codes, scale[:, None]
 
 
-def dq_zero_point(x):
-    """int8 with a zero point: scale (max - min) / 255, q = rint(x / scale)
-    + zp in [-128, 127]; returns the dequantized rows (float64)."""
-    x = x.astype(np.float64)
-    lo, hi = x.min(axis=1), x.max(axis=1)
-    scale = np.where(hi > lo, (hi - lo) / 255, 1.0)
-    zp = np.rint(-lo / scale) - 128
-    q = (np.rint(x / scale[:, None]) + zp[:, None]).clip(-128, 127)
-    return (q - zp[:, None]) * scale[:, None]
-
-
-def dq_sym(x, dt):
-    q, s = (q_int8 if dt == 3 else q_fp8)(x)
-    vals = q.astype(np.float64) if dt == 3 else e4m3(q)
-    return vals * s.astype(np.float64)[:, None]
+def dq_sym(x):
+    """The rows through symmetric int8 and back (float64)."""
+    q, s = q_int8_sym(x)
+    return q.astype(np.float64) * s.astype(np.float64)[:, None]
 
 
 def attention(q, K, V, scale, n, qr, kvh):
@@ -122,20 +136,21 @@ def check(d, name, meta, table_rows):
     plane = plane_size(dt, bs, kvh, dim)
     ok = True
 
-    # 1. the bytes and scales of every written token, exactly
-    nd = bs * kvh * dim
+    # 1. the bytes and scales (int8: and minimums) of every written token,
+    # exactly
+    nd, nf = bs * kvh * dim, scale_floats(dt)
     soff = (nd + 15) // 16 * 16
     mism = 0
     for kv, src in ((0, K32), (1, V32)):
         want_q, want_s = (q_int8 if dt == 3 else q_fp8)(src.astype(np.float32))
-        want_q = want_q.view(np.uint8).reshape(n, kvh, dim)
-        want_s = want_s.reshape(n, kvh)
+        want_q = want_q.reshape(n, kvh, dim)
+        want_s = want_s.reshape(n, kvh, nf)
         for j in range((n + bs - 1) // bs):
             off = int(table[j]) * bstride + (layer * 2 + kv) * plane
             t = min(bs, n - j * bs)
             got_q = pool[off:off + nd].reshape(bs, kvh, dim)[:t]
-            got_s = pool[off + soff:off + soff + 4 * bs * kvh].view("<f4")
-            got_s = got_s.reshape(bs, kvh)[:t]
+            got_s = pool[off + soff:off + soff + 4 * bs * kvh * nf]
+            got_s = got_s.view("<f4").reshape(bs, kvh, nf)[:t]
             mism += int((got_q != want_q[j * bs:j * bs + t]).sum())
             mism += int((got_s.view("<u4") !=
                          want_s[j * bs:j * bs + t].view("<u4")).sum())
@@ -165,14 +180,14 @@ def check(d, name, meta, table_rows):
     V = V32.reshape(n, kvh, dim)
     ref = attention(q, K, V, scale, n, qr, kvh)
     e = rel_rms(pre, ref)
-    zp = ""
+    sym = ""
     if dt == 3:
-        Kz = dq_zero_point(K32).reshape(n, kvh, dim)
-        Vz = dq_zero_point(V32).reshape(n, kvh, dim)
-        zp = "%.3f%%" % (100 * rel_rms(attention(q, Kz, Vz, scale, n, qr, kvh),
-                                       ref))
+        Ks = dq_sym(K32).reshape(n, kvh, dim)
+        Vs = dq_sym(V32).reshape(n, kvh, dim)
+        sym = "%.3f%%" % (100 * rel_rms(attention(q, Ks, Vs, scale, n, qr,
+                                                  kvh), ref))
     if name.startswith("err"):
-        table_rows.append((NAME[dt], DIST[dist], n, 100 * e, zp))
+        table_rows.append((NAME[dt], DIST[dist], n, 100 * e, sym))
         if not e <= BOUND[dt, dist]:
             print("FAIL %s: %s %s n=%d: relative RMS error %.3f%% over the "
                   "bound %.1f%%" % (name, NAME[dt], DIST[dist], n, 100 * e,
@@ -182,7 +197,7 @@ def check(d, name, meta, table_rows):
           "quantization error %.3f%%%s" % ("ok  " if ok else "FAIL", name,
                                           NAME[dt], DIST[dist], n, sdt,
                                           err, 100 * e,
-                                          " (zero point: %s)" % zp if zp else ""))
+                                          " (symmetric: %s)" % sym if sym else ""))
     return ok
 
 
@@ -197,7 +212,7 @@ def main():
                 count += 1
     print("\nquantization error (relative RMS of attention outputs against "
           "fp32 K/V; prefill rows, fp32 q/out):")
-    print("| dtype | K/V | keys | error | int8 with a zero point |")
+    print("| dtype | K/V | keys | error | int8 symmetric |")
     print("|---|---|---:|---:|---:|")
     for r in table_rows:
         print("| %s | %s | %d | %.3f%% | %s |" % (r[0], r[1], r[2], r[3],

@@ -88,13 +88,15 @@ static inline void tg_case_free(tg_case *c) {
   memset(c, 0, sizeof *c);
 }
 
-/* Element i of a quantized row (dtype int8 or fp8) with its scale, as a
- * float (what the kernels read; the reference attends over these). */
+/* Element i of a quantized row (dtype int8 or fp8) with its scales, as a
+ * float (what the kernels read; the reference attends over these): int8
+ * byte * scale + min with the byte unsigned, fp8 value * scale. */
 static inline float tg_dequant(const void *row, uint32_t dtype, uint32_t i,
-                               float scale) {
+                               const float *scales) {
   uint8_t b = ((const uint8_t *)row)[i];
-  return (dtype == KVS_DTYPE_INT8 ? (float)(int8_t)b : kvs_fp8_to_float(b)) *
-         scale;
+  if (dtype == KVS_DTYPE_INT8)
+    return (float)b * scales[0] + scales[1];
+  return kvs_fp8_to_float(b) * scales[0];
 }
 
 /* Quantized cache: request s's tokens go in through the write kernel (its
@@ -120,7 +122,7 @@ static inline void tg_write_quantized(tg_case *c, uint32_t s) {
       for (uint32_t h = 0; h < kvh; h++) {
         uint32_t b = (uint32_t)(slots[t] / bs);
         const void *row = kvs_elem_ptr(c->pool, l, b, c->p.layer, kv, t % bs, h);
-        float sc = *kvs_scale_ptr(c->pool, l, b, c->p.layer, kv, t % bs, h);
+        const float *sc = kvs_scale_ptr(c->pool, l, b, c->p.layer, kv, t % bs, h);
         float *dst = (kv ? c->v[s] : c->k[s]) + ((size_t)t * kvh + h) * D;
         for (uint32_t d = 0; d < D; d++)
           dst[d] = tg_dequant(row, l->dtype, d, sc);
@@ -160,8 +162,8 @@ static inline int tg_case_build(tg_case *c, const tg_params *p) {
 
   /* Garbage everywhere (other layers, spare blocks, unused slots).  A
    * quantized pool gets random bytes (fp8 NaN codes among them) and every
-   * scale NaN, +Inf or -Inf until a token is written: nothing of an unused
-   * slot may reach an output. */
+   * scale and int8 minimum NaN, +Inf or -Inf until a token is written:
+   * nothing of an unused slot may reach an output. */
   uint64_t pool_elems = kvs_pool_bytes(&l) / es;
   c->pool = tg_xmalloc(kvs_pool_bytes(&l));
   if (quant) {
@@ -173,8 +175,9 @@ static inline int tg_case_build(tg_case *c, const tg_params *p) {
         for (uint32_t kv = 0; kv < 2; kv++)
           for (uint32_t t = 0; t < bs; t++)
             for (uint32_t h = 0; h < kvh; h++)
-              *kvs_scale_ptr(c->pool, &l, b, ly, kv, t, h) =
-                  poison[(b + t + h + kv) % 3];
+              for (uint32_t f = 0; f < kvs_scale_floats(l.dtype); f++)
+                kvs_scale_ptr(c->pool, &l, b, ly, kv, t, h)[f] =
+                    poison[(b + t + h + kv + f) % 3];
   }
   for (uint64_t i = 0; !quant && i < pool_elems; i++) {
     float g = 40.f * tg_unif(&rng);

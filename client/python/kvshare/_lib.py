@@ -44,11 +44,14 @@ ECHECKSUM = -4021
 DTYPE_FP32 = 0
 DTYPE_FP16 = 1
 DTYPE_BF16 = 2
-DTYPE_INT8 = 3     # quantized: 1 byte per element + a float32 scale per
+DTYPE_INT8 = 3     # quantized: 1 byte per element + float32 scales per
 DTYPE_FP8 = 4      # (token, kv head) inside each plane (docs/kernels.md)
 DTYPES = {DTYPE_FP32: ("fp32", 4), DTYPE_FP16: ("fp16", 2),
           DTYPE_BF16: ("bf16", 2), DTYPE_INT8: ("int8", 1),
           DTYPE_FP8: ("fp8", 1)}
+# kvs_scale_floats: float32 per (token, kv head) of a quantized plane (int8:
+# the scale and the row's minimum; fp8: the scale)
+SCALE_FLOATS = {DTYPE_INT8: 2, DTYPE_FP8: 1}
 BLOCK_NONE = 0xFFFFFFFF
 
 

@@ -52,13 +52,15 @@ class Layout:
     @property
     def block_bytes(self):
         """Useful bytes of a block (block_stride rounds this up to 4096);
-        an int8/fp8 plane also holds its scales (kvs_plane_bytes)."""
+        an int8/fp8 plane also holds its scales (kvs_plane_bytes): per
+        (token, kv head) int8 a float32 scale and minimum, fp8 a scale."""
         n = _lib.DTYPES[self.dtype][1]
         for d in self.plane_shape:
             n *= d
-        if self.dtype in (_lib.DTYPE_INT8, _lib.DTYPE_FP8):
+        nf = _lib.SCALE_FLOATS.get(self.dtype, 0)
+        if nf:
             r16 = lambda x: (x + 15) // 16 * 16
-            n = r16(n) + r16(4 * self.block_size * self.num_kv_heads)
+            n = r16(n) + r16(4 * nf * self.block_size * self.num_kv_heads)
         return n * 2 * self.num_layers
 
 
@@ -705,7 +707,7 @@ class Client:
         if self.layout.dtype not in NUMPY_DTYPES:
             raise error_for(
                 _lib.ENOTSUP, f"a {self.layout.dtype_name} pool has no "
-                "tensor views yet (bytes plus a float32 scale per token and "
+                "tensor views yet (bytes plus float32 scales per token and "
                 "kv head in each plane: docs/kernels.md, Quantized KV "
                 "blocks)", "views")
         conn = self._conn

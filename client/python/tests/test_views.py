@@ -282,5 +282,8 @@ def test_quantized_pool_connects_views_refused(daemon_factory, dtype):
         assert L.dtype == {"int8": kvshare.DTYPE_INT8,
                            "fp8": kvshare.DTYPE_FP8}[dtype]
         assert L.block_stride == (L.block_bytes + 4095) // 4096 * 4096
+        # 2 layers x (K, V) x (4 x 2 x 8 bytes + the scales: per token and
+        # head, int8 a float32 scale and minimum, fp8 a scale)
+        assert L.block_bytes == 2 * 2 * (64 + {"int8": 64, "fp8": 32}[dtype])
         with pytest.raises(kvshare.NotSupportedError, match="no tensor views"):
             c.block_tensor(0)
