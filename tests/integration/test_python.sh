@@ -6,7 +6,8 @@
 # interpreter against real kvshared daemons of this build: the Client's
 # calls and errors, batches, numpy views read back byte for byte by a
 # second client, DLPack, tiers and swap, a cuda pool through the stand-in
-# driver, the toy engine example; every daemon checked for leaks and
+# driver, int8/fp8 views, scales and dequantizing against an independent
+# decode, the toy engine example; every daemon checked for leaks and
 # stopped with SIGTERM.  Also:
 #   - nothing is written into client/python, by pip or by pytest (every
 #     path under it is listed before and after);

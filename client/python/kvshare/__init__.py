@@ -22,8 +22,9 @@ from .errors import (ConnectError, ConnectionClosedError, KvsError,
                      LimitError, MismatchError, NoSpaceError,
                      NotSupportedError, RequestExistsError, StateError,
                      UnknownRequestError, status_name, strerror)
-from .views import (PoolTensor, bf16_to_float32, dlpack_live_count,
-                    float32_to_bf16)
+from .views import (FP8_E4M3_TABLE, PoolTensor, bf16_to_float32, dequantize,
+                    dlpack_live_count, float32_to_bf16, fp8_e4m3_to_float32,
+                    to_torch)
 
 __version__ = "0.1.0"  # the project's version (client/module.mk KVS_VERSION)
 
@@ -55,6 +56,7 @@ __all__ = [
     "MismatchError", "NoSpaceError", "NotSupportedError", "Op", "PoolTensor",
     "RequestExistsError", "StateError", "Stats", "SwapResult", "SwapStats",
     "TenantStats", "TierStats", "UnknownRequestError", "as_u32_array",
-    "bf16_to_float32", "dlpack_live_count", "float32_to_bf16",
+    "FP8_E4M3_TABLE", "bf16_to_float32", "dequantize", "dlpack_live_count",
+    "float32_to_bf16", "fp8_e4m3_to_float32", "to_torch",
     "library_path", "library_version", "status_name", "strerror",
 ]

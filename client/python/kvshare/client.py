@@ -11,7 +11,7 @@ import numpy as np
 
 from . import _lib
 from .errors import ConnectError, KvsError, error_for
-from .views import NUMPY_DTYPES, PoolTensor
+from .views import NUMPY_DTYPES, PoolTensor, bf16_to_float32, dequantize
 
 _U32_MAX = 0xFFFFFFFF
 _U64_MAX = 0xFFFFFFFFFFFFFFFF
@@ -35,7 +35,8 @@ class Layout:
 
     @property
     def numpy_dtype(self):
-        """float32, float16, or uint16 for bf16 (its raw bits)."""
+        """float32, float16, uint16 for bf16 (its raw bits), uint8 for int8
+        and fp8 (the stored bytes; the scales are float32)."""
         return NUMPY_DTYPES[self.dtype]
 
     @property
@@ -50,18 +51,53 @@ class Layout:
         return (self.block_size, self.num_kv_heads, self.head_dim)
 
     @property
+    def quantized(self):
+        """int8 or fp8: one byte per element plus float32 row parameters."""
+        return self.dtype in _lib.SCALE_FLOATS
+
+    @property
+    def scale_floats(self):
+        """kvs_scale_floats: float32 per (token, kv head) of a plane (int8
+        2, [scale, min]; fp8 1; 0 for fp32/fp16/bf16)."""
+        return _lib.SCALE_FLOATS.get(self.dtype, 0)
+
+    @property
+    def scale_offset(self):
+        """kvs_scale_offset: bytes from a plane's start to its scales (the
+        elements' bytes rounded up to 16); None for an unquantized pool."""
+        if not self.quantized:
+            return None
+        n = self.block_size * self.num_kv_heads * self.head_dim
+        return (n + 15) // 16 * 16
+
+    @property
+    def scales_shape(self):
+        """The scales of one plane: int8 (block_size, num_kv_heads, 2),
+        fp8 (block_size, num_kv_heads); None for an unquantized pool."""
+        if not self.quantized:
+            return None
+        s = (self.block_size, self.num_kv_heads)
+        return s + (2,) if self.scale_floats == 2 else s
+
+    @property
+    def plane_bytes(self):
+        """kvs_plane_bytes: bytes of one K or V plane, an int8/fp8 plane's
+        scales and padding included."""
+        n = _lib.DTYPES[self.dtype][1]
+        for d in self.plane_shape:
+            n *= d
+        nf = self.scale_floats
+        if nf:
+            r16 = lambda x: (x + 15) // 16 * 16
+            n = r16(n) + r16(4 * nf * self.block_size * self.num_kv_heads)
+        return n
+
+    @property
     def block_bytes(self):
         """Useful bytes of a block (block_stride rounds this up to 4096);
         an int8/fp8 plane also holds its scales (kvs_plane_bytes): per
         (token, kv head) int8 a float32 scale and minimum, fp8 a scale."""
-        n = _lib.DTYPES[self.dtype][1]
-        for d in self.plane_shape:
-            n *= d
-        nf = _lib.SCALE_FLOATS.get(self.dtype, 0)
-        if nf:
-            r16 = lambda x: (x + 15) // 16 * 16
-            n = r16(n) + r16(4 * nf * self.block_size * self.num_kv_heads)
-        return n * 2 * self.num_layers
+        return self.plane_bytes * 2 * self.num_layers
 
 
 @dataclass(frozen=True)
@@ -703,16 +739,13 @@ class Client:
             self._cuda_ordinal = device_ordinal(self.gpu_uuid)
         return ("cuda", self._cuda_ordinal)
 
-    def _export(self, ptr, shape, strides=None):
-        if self.layout.dtype not in NUMPY_DTYPES:
-            raise error_for(
-                _lib.ENOTSUP, f"a {self.layout.dtype_name} pool has no "
-                "tensor views yet (bytes plus float32 scales per token and "
-                "kv head in each plane: docs/kernels.md, Quantized KV "
-                "blocks)", "views")
+    def _export(self, ptr, shape, strides=None, dtype=None):
+        dtype = self.layout.dtype if dtype is None else dtype
+        if dtype not in NUMPY_DTYPES:
+            raise error_for(_lib.ENOTSUP, f"kvs_dtype {dtype} has no tensor "
+                            "views in this binding", "views")
         conn = self._conn
-        t = PoolTensor(ptr, shape, self.layout.dtype, strides,
-                       self._device(), owner=conn)
+        t = PoolTensor(ptr, shape, dtype, strides, self._device(), owner=conn)
         conn.exports.add(t)
         return t
 
@@ -723,47 +756,98 @@ class Client:
                             f"{self.layout.num_blocks})", "block")
         return b
 
-    def block_tensor(self, b):
-        """Block b as a PoolTensor [layers][2][block_size][heads][head_dim]
-        (host or cuda; DLPack, array interfaces; no copy)."""
-        p = self._p()
-        b = self._check_block(b)
-        ptr = self._mapped_ptr(self._L.kvs_block_ptr(p, b), "block_tensor")
-        return self._export(ptr, self.layout.block_shape)
-
-    def plane_tensor(self, b, layer, kv):
-        """Layer `layer`'s K (kv=0) or V (kv=1) plane of block b as a
-        PoolTensor [block_size][heads][head_dim]."""
-        p = self._p()
-        b = self._check_block(b)
+    def _check_plane(self, layer, kv, what):
         layer, kv = _u32(layer, "layer"), _u32(kv, "kv")
         if layer >= self.layout.num_layers or kv > 1:
             raise error_for(_lib.ERANGE, f"layer {layer} / kv {kv} out of "
-                            "range", "plane_tensor")
+                            f"range ({self.layout.num_layers} layers, kv 0 "
+                            "or 1)", what)
+        return layer, kv
+
+    def _block_strides(self, elem_strides, itemsize):
+        """Strides of [layers][2] + a plane's inner shape, in bytes."""
+        pb = self.layout.plane_bytes
+        return (2 * pb, pb) + tuple(s * itemsize for s in elem_strides)
+
+    def _inner_strides(self, shape):
+        out, s = [], 1
+        for d in reversed(shape):
+            out.append(s)
+            s *= d
+        return tuple(reversed(out))
+
+    def block_tensor(self, b):
+        """Block b as a PoolTensor [layers][2][block_size][heads][head_dim]
+        (host or cuda; DLPack, array interfaces; no copy).  int8/fp8: the
+        bytes (uint8), strided (each plane's scales lie between its bytes
+        and the next plane's: scales_tensor(b))."""
+        p = self._p()
+        b = self._check_block(b)
+        ptr = self._mapped_ptr(self._L.kvs_block_ptr(p, b), "block_tensor")
+        L = self.layout
+        strides = None
+        if L.quantized:
+            strides = self._block_strides(self._inner_strides(L.plane_shape), 1)
+        return self._export(ptr, L.block_shape, strides)
+
+    def plane_tensor(self, b, layer, kv):
+        """Layer `layer`'s K (kv=0) or V (kv=1) plane of block b as a
+        PoolTensor [block_size][heads][head_dim] (int8/fp8: its bytes,
+        uint8; the scales: scales_tensor)."""
+        p = self._p()
+        b = self._check_block(b)
+        layer, kv = self._check_plane(layer, kv, "plane_tensor")
         ptr = self._mapped_ptr(self._L.kvs_plane_ptr(p, b, layer, kv),
                                "plane_tensor")
         return self._export(ptr, self.layout.plane_shape)
 
+    def scales_tensor(self, b, layer=None, kv=None):
+        """An int8/fp8 pool's row parameters, float32, no copy (writable):
+        of one plane, int8 [block_size][heads][2] ([scale, min] per token
+        and kv head), fp8 [block_size][heads] (the scale); with layer and
+        kv None, of the whole block: [layers][2] + that (strided).
+        NotSupportedError on an fp32/fp16/bf16 pool (it has none)."""
+        p = self._p()
+        L = self.layout
+        if not L.quantized:
+            raise error_for(_lib.ENOTSUP, f"a {L.dtype_name} pool has no "
+                            "scales (only int8 and fp8 pools do)",
+                            "scales_tensor")
+        b = self._check_block(b)
+        if (layer is None) != (kv is None):
+            raise TypeError("scales_tensor: give both layer and kv, or "
+                            "neither (the whole block)")
+        if layer is None:
+            ptr = self._mapped_ptr(self._L.kvs_block_ptr(p, b),
+                                   "scales_tensor")
+            shape = L.scales_shape
+            strides = self._block_strides(self._inner_strides(shape), 4)
+            return self._export(ptr + L.scale_offset, (L.num_layers, 2) + shape,
+                                strides, _lib.DTYPE_FP32)
+        layer, kv = self._check_plane(layer, kv, "scales_tensor")
+        ptr = self._mapped_ptr(self._L.kvs_plane_ptr(p, b, layer, kv),
+                               "scales_tensor")
+        return self._export(ptr + L.scale_offset, L.scales_shape, None,
+                            _lib.DTYPE_FP32)
+
     def pool_tensor(self):
         """The whole pool as a strided PoolTensor [num_blocks][layers][2]
-        [block_size][heads][head_dim] (block axis stride: block_stride)."""
+        [block_size][heads][head_dim] (block axis stride: block_stride;
+        int8/fp8: the bytes, the planes' strides skipping their scales)."""
         p = self._p()
         ptr = self._mapped_ptr(self._L.kvs_pool_base(p), "pool_tensor")
         L = self.layout
         isz = _lib.DTYPES[L.dtype][1]
         shape = (L.num_blocks,) + L.block_shape
-        inner, strides = isz, []
-        for d in reversed(L.block_shape):
-            strides.append(inner)
-            inner *= d
-        strides = (L.block_stride,) + tuple(reversed(strides))
+        strides = (L.block_stride,) + self._block_strides(
+            self._inner_strides(L.plane_shape), isz)
         return self._export(ptr, shape, strides)
 
     def block_array(self, b):
         """Block b as a writable numpy array (host pool), no copy:
         [num_layers][2][block_size][num_kv_heads][head_dim], dtype float32,
-        float16, or uint16 holding bf16 bits.  NotSupportedError on a cuda
-        pool (use block_tensor)."""
+        float16, uint16 holding bf16 bits, or uint8 (int8/fp8 bytes,
+        strided).  NotSupportedError on a cuda pool (use block_tensor)."""
         self._check_host("block_array")
         return np.asarray(self.block_tensor(b))
 
@@ -772,11 +856,49 @@ class Client:
         self._check_host("plane_array")
         return np.asarray(self.plane_tensor(b, layer, kv))
 
+    def scales_array(self, b, layer=None, kv=None):
+        """scales_tensor as a writable numpy array (host pool), no copy."""
+        self._check_host("scales_array")
+        return np.asarray(self.scales_tensor(b, layer, kv))
+
     def pool_array(self):
         """The whole pool: [num_blocks][layers][2][block_size][heads]
         [head_dim], strided by block_stride (no copy)."""
         self._check_host("pool_array")
         return np.asarray(self.pool_tensor())
+
+    def _as_float32(self, data, scales, torch):
+        L = self.layout
+        if L.quantized:
+            out = dequantize(data, scales, L.dtype)
+        elif L.dtype == _lib.DTYPE_BF16:
+            out = bf16_to_float32(data)
+        else:
+            out = np.array(data, dtype=np.float32)
+        if torch:
+            from .views import to_torch
+            return to_torch(out)
+        return out
+
+    def dequantize_plane(self, b, layer, kv, torch=False):
+        """The float32 values of one K (kv=0) or V (kv=1) plane of a host
+        pool, [block_size][heads][head_dim], a copy: int8 byte * scale +
+        min, fp8 e4m3(byte) * scale (kvshare.dequantize), and for an
+        fp32/fp16/bf16 pool its values as float32.  torch=True: a torch
+        tensor instead (ImportError without PyTorch)."""
+        self._check_host("dequantize_plane")
+        data = self.plane_array(b, layer, kv)
+        scales = (self.scales_array(b, layer, kv) if self.layout.quantized
+                  else None)
+        return self._as_float32(data, scales, torch)
+
+    def dequantize_block(self, b, torch=False):
+        """The float32 values of block b (host pool), [layers][2]
+        [block_size][heads][head_dim], a copy (as dequantize_plane)."""
+        self._check_host("dequantize_block")
+        data = self.block_array(b)
+        scales = self.scales_array(b) if self.layout.quantized else None
+        return self._as_float32(data, scales, torch)
 
     @property
     def views_alive(self):

@@ -15,6 +15,10 @@ Element types: fp32 -> float32 ("<f4"), fp16 -> float16 ("<f2"), bf16 ->
 uint16 ("<u2", the raw bits: numpy and the CUDA array interface have no
 bfloat16; see bf16_to_float32 / float32_to_bf16, or view a DLPack import
 as torch.bfloat16).  DLPack carries bf16 as itself (kDLBfloat, 16 bits).
+int8 and fp8 -> uint8 ("|u1", kDLUInt 8: the stored bytes); each plane's
+float32 scales follow its bytes (docs/kernels.md, Quantized KV blocks), so
+a block or pool view of the bytes is strided, and the scales have views of
+their own; dequantize() turns bytes and scales into float32.
 
 Every view keeps the client's connection (and so the mapping) alive: see
 Client.close().
@@ -29,9 +33,13 @@ import numpy as np
 from . import _lib
 
 # numpy dtype and array-interface typestr per kvs_dtype.
+# int8/fp8: the raw bytes ("|u1"); their float32 scales are views of
+# their own (Client.scales_tensor), dtype fp32.
 NUMPY_DTYPES = {_lib.DTYPE_FP32: np.dtype("<f4"),
                 _lib.DTYPE_FP16: np.dtype("<f2"),
-                _lib.DTYPE_BF16: np.dtype("<u2")}
+                _lib.DTYPE_BF16: np.dtype("<u2"),
+                _lib.DTYPE_INT8: np.dtype("|u1"),
+                _lib.DTYPE_FP8: np.dtype("|u1")}
 
 # ---- DLPack (dlpack.h, the DLManagedTensor ABI every framework takes) -----
 KDL_CPU = 1
@@ -42,7 +50,9 @@ _KDL_BFLOAT = 4
 # kvs_dtype -> DLDataType (code, bits)
 _DL_DTYPES = {_lib.DTYPE_FP32: (_KDL_FLOAT, 32),
               _lib.DTYPE_FP16: (_KDL_FLOAT, 16),
-              _lib.DTYPE_BF16: (_KDL_BFLOAT, 16)}
+              _lib.DTYPE_BF16: (_KDL_BFLOAT, 16),
+              _lib.DTYPE_INT8: (_KDL_UINT, 8),
+              _lib.DTYPE_FP8: (_KDL_UINT, 8)}
 
 
 class _DLDevice(Structure):
@@ -122,8 +132,10 @@ class PoolTensor:
             cuda pool)
     shape   tuple of ints; strides: bytes per step of each axis (None: C
             order, contiguous)
-    dtype   the pool's kvs_dtype (0 fp32, 1 fp16, 2 bf16); dtype_name
-            "fp32" / "fp16" / "bf16"
+    dtype   the elements' kvs_dtype (0 fp32, 1 fp16, 2 bf16, 3 int8 and
+            4 fp8 as their raw bytes); dtype_name "fp32" / "fp16" /
+            "bf16" / "int8" / "fp8".  A quantized pool's scales are an
+            fp32 tensor.
     device  ("cpu", 0) or ("cuda", ordinal)
 
     Protocols: on the cpu, __array_interface__ (np.asarray(t) is a view)
@@ -262,7 +274,8 @@ class PoolTensor:
             raise
 
     def numpy(self):
-        """A numpy view (cpu only; the pool's dtype, bf16 as uint16)."""
+        """A numpy view (cpu only; the pool's dtype, bf16 as uint16, int8
+        and fp8 as uint8)."""
         return np.asarray(self)
 
 
@@ -283,3 +296,78 @@ def float32_to_bf16(a):
     out = rounded.astype(np.uint16)
     out[nan] = ((u[nan] >> 16) | np.uint32(0x40)).astype(np.uint16)
     return out
+
+
+# ---- quantized blocks --------------------------------------------------------
+def _fp8_e4m3_table():
+    """The 256 values of OCP fp8 e4m3 ("FN"), from the format's definition:
+    sign bit, 4 exponent bits with bias 7, 3 mantissa bits; exponent 0 is
+    subnormal (m / 8 * 2**-6); 0x7f and 0xff (exponent and mantissa all
+    ones) are NaN; no infinities (largest finite 448)."""
+    t = np.empty(256, dtype=np.float32)
+    for b in range(256):
+        sign = -1.0 if b & 0x80 else 1.0
+        e, m = (b >> 3) & 0xF, b & 0x7
+        if e == 0xF and m == 0x7:
+            v = float("nan")
+        elif e == 0:
+            v = sign * (m / 8.0) * 2.0 ** -6
+        else:
+            v = sign * (1.0 + m / 8.0) * 2.0 ** (e - 7)
+        t[b] = v
+    t.flags.writeable = False
+    return t
+
+
+FP8_E4M3_TABLE = _fp8_e4m3_table()
+
+
+def fp8_e4m3_to_float32(a):
+    """fp8 e4m3 bytes (uint8 array) -> float32, exactly (FP8_E4M3_TABLE)."""
+    return FP8_E4M3_TABLE[np.asarray(a, dtype=np.uint8)]
+
+
+def dequantize(data, scales, dtype):
+    """float32 values of quantized bytes and their row parameters (numpy
+    arrays or host PoolTensors; a copy), every operation in float32:
+
+    dtype int8 (3):  data [..., head_dim] uint8, scales [..., 2] float32
+                     ([scale, min] per row): byte * scale + min
+    dtype fp8 (4):   data [..., head_dim] uint8, scales [...] float32:
+                     e4m3(byte) * scale
+
+    (the multiply and the add are rounded apart; a GPU's fused multiply-add
+    may differ by one float32 rounding).  A row whose scale is NaN reads
+    as NaN."""
+    d = np.asarray(data)
+    s = np.asarray(scales, dtype=np.float32)
+    if d.dtype != np.uint8:
+        raise TypeError(f"data must be uint8 bytes, not {d.dtype}")
+    if dtype == _lib.DTYPE_INT8:
+        if s.shape != d.shape[:-1] + (2,):
+            raise ValueError(f"int8 scales of shape {s.shape} for data "
+                             f"{d.shape}: want {d.shape[:-1] + (2,)}")
+        out = d.astype(np.float32)
+        out *= s[..., 0:1]
+        out += s[..., 1:2]
+        return out
+    if dtype == _lib.DTYPE_FP8:
+        if s.shape != d.shape[:-1]:
+            raise ValueError(f"fp8 scales of shape {s.shape} for data "
+                             f"{d.shape}: want {d.shape[:-1]}")
+        out = FP8_E4M3_TABLE[d]
+        out *= s[..., None]
+        return out
+    raise ValueError(f"kvs_dtype {dtype} is not quantized (int8 3, fp8 4)")
+
+
+def to_torch(a):
+    """A torch tensor sharing a numpy array's memory (torch.from_numpy).
+    ImportError when PyTorch is not installed (the binding does not need
+    it)."""
+    try:
+        import torch
+    except ImportError as e:
+        raise ImportError("kvshare.to_torch needs PyTorch, which is not "
+                          f"importable here ({e})") from e
+    return torch.from_numpy(np.asarray(a))

@@ -272,9 +272,9 @@ c.close()
 
 
 @pytest.mark.parametrize("dtype", ["int8", "fp8"])
-def test_quantized_pool_connects_views_refused(daemon_factory, dtype):
+def test_quantized_pool_layout(daemon_factory, dtype):
     """An int8/fp8 pool: the layout says so (block bytes with the scales);
-    tensor views are refused clearly until they can carry the scales."""
+    its views are the bytes as uint8 (test_quant.py covers them)."""
     d = daemon_factory(SMALL + ["--dtype", dtype])
     with kvshare.Client(d.socket) as c:
         L = c.layout
@@ -285,5 +285,9 @@ def test_quantized_pool_connects_views_refused(daemon_factory, dtype):
         # 2 layers x (K, V) x (4 x 2 x 8 bytes + the scales: per token and
         # head, int8 a float32 scale and minimum, fp8 a scale)
         assert L.block_bytes == 2 * 2 * (64 + {"int8": 64, "fp8": 32}[dtype])
-        with pytest.raises(kvshare.NotSupportedError, match="no tensor views"):
-            c.block_tensor(0)
+        assert L.scale_offset == 64 and L.plane_bytes == L.block_bytes // 4
+        assert L.numpy_dtype == np.uint8
+        t = c.block_tensor(0)
+        assert t.typestr == "|u1" and t.shape == L.block_shape
+        assert t.strides == (2 * L.plane_bytes, L.plane_bytes, 16, 8, 1)
+        del t
