@@ -20,6 +20,7 @@ $(REPLAY_TESTS): $(BUILD)/%: $(BUILD)/%.o $(REPLAY_TEST_OBJS) $(BUILD)/libkvscor
 	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(REPLAY_TEST_OBJS) $(CORE_LIBS) \
 	  $(call DEP_LIBS,jansson) $(TEST_LIBS) -lm
 TEST_SCRIPTS += tests/unit/test_replay_cli.sh tests/unit/test_replay_tenants.sh \
+                tests/unit/test_replay_bytes.sh \
                 tests/unit/test_layers.sh
 
 # The remote tier's reply gate (daemon/tiers/resp_gate.c: pure).

@@ -4,6 +4,7 @@
  */
 #include "tools/replay/replay.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -21,7 +22,40 @@
 void replay_config_init(replay_config *cfg) {
   memset(cfg, 0, sizeof(*cfg));
   cfg->block_size = 16;
+  cfg->num_layers = 32;
+  cfg->num_kv_heads = 8;
+  cfg->head_dim = 128;
+  cfg->dtype = KVS_DTYPE_FP16;
   cfg->tenants = 1;
+}
+
+int replay_layout(const replay_config *cfg, uint32_t num_blocks,
+                  kvs_layout *out) {
+  kvs_layout l = {.block_size = cfg->block_size,
+                  .num_layers = cfg->num_layers,
+                  .num_kv_heads = cfg->num_kv_heads,
+                  .head_dim = cfg->head_dim,
+                  .dtype = cfg->dtype,
+                  .num_blocks = num_blocks};
+  if (kvs_layout_finish(&l) != 0)
+    return KVS_EINVAL;
+  *out = l;
+  return 0;
+}
+
+int replay_bytes_tokens(const replay_config *cfg, uint64_t bytes,
+                        uint64_t *blocks, uint64_t *tokens) {
+  kvs_layout l;
+  uint64_t nb;
+  if (replay_layout(cfg, 1, &l) != 0)
+    return KVS_EINVAL;
+  nb = bytes / l.block_stride;
+  if (nb == 0)
+    return KVS_EINVAL;
+  if (blocks != NULL)
+    *blocks = nb;
+  *tokens = nb * cfg->block_size;
+  return 0;
 }
 
 static uint64_t replay_div_up(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
@@ -115,13 +149,10 @@ int replay_core_create(const replay_config *cfg, uint32_t num_blocks,
                        const replay_plan *plan, core **out) {
   /* The replay has no memory behind its blocks; the layout only seeds the
    * root hash. */
-  kvs_layout layout = {.block_size = cfg->block_size,
-                       .num_layers = 32,
-                       .num_kv_heads = 8,
-                       .head_dim = 128,
-                       .dtype = KVS_DTYPE_FP16,
-                       .num_blocks = num_blocks};
+  kvs_layout layout;
   core_config cc;
+  if (replay_layout(cfg, num_blocks, &layout) != 0)
+    return KVS_EINVAL;
   core_config_init(&cc);
   cc.num_blocks = num_blocks;
   cc.block_size = cfg->block_size;
@@ -565,6 +596,8 @@ int replay_checked(const trace *t, const replay_config *cfg,
 static void replay_usage(FILE *f) {
   fprintf(f,
           "usage: kvshare-replay [--trace] FILE [--capacity-tokens N|unlimited]\n"
+          "                      [--capacity-bytes SIZE] [--dtype fp16]\n"
+          "                      [--layers 32] [--kv-heads 8] [--head-dim 128]\n"
           "                      [--block-size 16] [--policy NAME[,NAME...]]\n"
           "                      [--sweep N,N,...] [--plot FILE.png] [--decode]\n"
           "                      [--plot-script FILE.gp]\n"
@@ -585,12 +618,23 @@ static void replay_usage(FILE *f) {
           "  --capacity-tokens N     pool size in tokens (1e6 notation accepted);\n"
           "                          'unlimited' (default) sizes the pool to hold\n"
           "                          the whole trace without eviction\n"
+          "  --capacity-bytes SIZE   pool size in bytes of the layout below (K, M,\n"
+          "                          G, T: powers of 1024): floor(SIZE / block\n"
+          "                          stride) blocks, the stride as the daemon's\n"
+          "                          (shm/kvs_layout.h: int8/fp8 blocks carry\n"
+          "                          their scales, rounded up to 4096 bytes);\n"
+          "                          not with --capacity-tokens\n"
+          "  --layers N, --kv-heads N, --head-dim N, --dtype fp32|fp16|bf16|int8|fp8\n"
+          "                          the layout of a block (default 32, 8, 128,\n"
+          "                          fp16: a Llama-3-8B-like model)\n"
           "  --block-size N          tokens per block (default 16)\n"
           "  --policy NAME[,NAME...] eviction policy: slru (default, as the daemon),\n"
           "                          lru, mq, or opt (Belady's offline optimum: it\n"
           "                          reads the trace's future; replayer only)\n"
           "  --sweep N,N,...         replay once per capacity (tokens, 1e6 notation\n"
-          "                          or 'unlimited') and policy; print a table\n"
+          "                          or 'unlimited'; bytes of the layout when it\n"
+          "                          has a K, M, G or T suffix) and policy; print\n"
+          "                          a table\n"
           "  --plot FILE.png         with --sweep: draw hit rate vs capacity per\n"
           "                          policy, and the ideal (needs gnuplot)\n"
           "  --plot-script FILE      with --plot: keep the gnuplot script (its\n"
@@ -688,6 +732,72 @@ static int replay_parse_count(const char *s, uint64_t max, uint64_t *out) {
   return 0;
 }
 
+/* A size in bytes as the daemon takes them (daemon/config.c): decimal
+ * digits, then K, M, G or T (powers of 1024, "KiB" and "KB" too) or
+ * nothing.  suffixed: set to whether a suffix was given.  -1 when it is
+ * not one, or is 0. */
+static int replay_parse_size(const char *s, uint64_t *out, int *suffixed) {
+  static const char units[] = "KMGT";
+  unsigned long long v;
+  uint64_t mul = 1;
+  const char *u;
+  char *end;
+
+  if (*s < '0' || *s > '9')
+    return -1;
+  errno = 0;
+  v = strtoull(s, &end, 10);
+  if (errno || v == 0)
+    return -1;
+  *suffixed = *end != '\0';
+  if (*end) {
+    u = strchr(units, toupper((unsigned char)*end));
+    if (u == NULL)
+      return -1;
+    mul = 1ull << (10 * (u - units + 1));
+    end++;
+    if (toupper((unsigned char)*end) == 'I')
+      end++;
+    if (toupper((unsigned char)*end) == 'B')
+      end++;
+  }
+  if (*end || v > UINT64_MAX / mul)
+    return -1;
+  *out = v * mul;
+  return 0;
+}
+
+/* --dtype NAME: kvs_dtype_name's names.  -1 when unknown. */
+static int replay_parse_dtype(const char *s, uint32_t *out) {
+  for (uint32_t d = 0; d < KVS_DTYPE__COUNT; d++)
+    if (strcmp(s, kvs_dtype_name(d)) == 0) {
+      *out = d;
+      return 0;
+    }
+  return -1;
+}
+
+/* Bytes given (cfg->capacity_bytes) into cfg->capacity_tokens; -1 (said)
+ * when the layout is refused or the bytes hold no block. */
+static int replay_bytes_capacity(replay_config *cfg, uint64_t bytes,
+                                 uint64_t *tokens) {
+  kvs_layout l;
+  if (replay_layout(cfg, 1, &l) != 0) {
+    fprintf(stderr, "kvshare-replay: bad layout (block size %u, %u layers, "
+            "%u kv heads, head dim %u, %s: a block is 1 byte .. 1 GiB)\n",
+            cfg->block_size, cfg->num_layers, cfg->num_kv_heads,
+            cfg->head_dim, kvs_dtype_name(cfg->dtype));
+    return -1;
+  }
+  if (replay_bytes_tokens(cfg, bytes, NULL, tokens) != 0) {
+    fprintf(stderr, "kvshare-replay: %" PRIu64 " bytes hold no block of "
+            "%" PRIu64 " bytes (%s)\n", bytes, l.block_stride,
+            kvs_dtype_name(cfg->dtype));
+    return -1;
+  }
+  return 0;
+}
+
 /* --tenant-shares P,P,...: percents (0 < P <= 100, adding up to 100 at
  * most) of tenants 0, 1, ...; without --tenants, one tenant per share.
  * -1 (said) when the list is bad. */
@@ -747,6 +857,18 @@ void replay_print_text(const char *path, const trace *t,
          : cfg->capacity_tokens  ? ""
                                  : " (unlimited: holds the whole trace)",
          cfg->policy ? cfg->policy : REPLAY_DEFAULT_POLICY, cfg->decode ? "on" : "off");
+  if (cfg->capacity_bytes) {
+    kvs_layout l;
+    uint64_t blocks = 0, tokens = 0;
+    if (replay_layout(cfg, 1, &l) == 0)
+      (void)replay_bytes_tokens(cfg, cfg->capacity_bytes, &blocks, &tokens);
+    printf("bytes           %" PRIu64 " = %" PRIu64 " blocks of %" PRIu64
+           " bytes = %" PRIu64 " tokens (%s, %u layers, %u kv heads, head "
+           "dim %u)\n",
+           cfg->capacity_bytes, blocks, l.block_stride, tokens,
+           kvs_dtype_name(cfg->dtype), cfg->num_layers, cfg->num_kv_heads,
+           cfg->head_dim);
+  }
   printf("requests        %" PRIu64 " served, %" PRIu64 " refused (%" PRIu64
          " prompt tokens larger than the pool)\n",
          res->served, res->refused, res->refused_tokens);
@@ -793,6 +915,26 @@ void replay_print_text(const char *path, const trace *t,
            res->decode_tokens, res->decode_truncated);
   printf("time            %.2f s (%.0f requests/s)\n", res->seconds,
          res->seconds > 0 ? (double)res->requests / res->seconds : 0.0);
+}
+
+int replay_json_layout(json_t *o, const replay_config *cfg) {
+  kvs_layout l;
+  json_t *more;
+  int rc;
+
+  if (replay_layout(cfg, 1, &l) != 0)
+    l.block_stride = 0;
+  more = json_pack("{s:s, s:I, s:I, s:I, s:I}", "dtype",
+                   kvs_dtype_name(cfg->dtype), "num_layers",
+                   (json_int_t)cfg->num_layers, "num_kv_heads",
+                   (json_int_t)cfg->num_kv_heads, "head_dim",
+                   (json_int_t)cfg->head_dim, "block_stride",
+                   (json_int_t)l.block_stride);
+  if (more == NULL)
+    return -1;
+  rc = json_object_update(o, more);
+  json_decref(more);
+  return rc;
 }
 
 json_t *replay_json(const char *path, const trace *t,
@@ -844,6 +986,15 @@ json_t *replay_json(const char *path, const trace *t,
     return NULL;
   }
   json_decref(more);
+  if (replay_json_layout(o, cfg) != 0 ||
+      json_object_set_new(o, "capacity_bytes",
+                          json_integer((json_int_t)cfg->capacity_bytes)) ||
+      json_object_set_new(
+          o, "capacity_blocks",
+          json_integer((json_int_t)(cfg->capacity_tokens / cfg->block_size)))) {
+    json_decref(o);
+    return NULL;
+  }
   return o;
 }
 
@@ -884,6 +1035,11 @@ enum {
   OPT_TENANTS,
   OPT_TENANT_SHARES,
   OPT_TENANT_KEY,
+  OPT_CAPACITY_BYTES,
+  OPT_LAYERS,
+  OPT_KV_HEADS,
+  OPT_HEAD_DIM,
+  OPT_DTYPE,
   OPT_HELP
 };
 
@@ -910,6 +1066,11 @@ int replay_main(int argc, char **argv) {
       {"tenants", required_argument, NULL, OPT_TENANTS},
       {"tenant-shares", required_argument, NULL, OPT_TENANT_SHARES},
       {"tenant-key", required_argument, NULL, OPT_TENANT_KEY},
+      {"capacity-bytes", required_argument, NULL, OPT_CAPACITY_BYTES},
+      {"layers", required_argument, NULL, OPT_LAYERS},
+      {"kv-heads", required_argument, NULL, OPT_KV_HEADS},
+      {"head-dim", required_argument, NULL, OPT_HEAD_DIM},
+      {"dtype", required_argument, NULL, OPT_DTYPE},
       {"help", no_argument, NULL, OPT_HELP},
       {NULL, 0, NULL, 0}};
   replay_config cfg;
@@ -918,11 +1079,11 @@ int replay_main(int argc, char **argv) {
   enum { MAX_LIST = 32 };
   const char *path = NULL, *plot = NULL, *plot_script = NULL, *pols[MAX_LIST];
   char *pol_list = NULL, *sweep_list = NULL, *share_list = NULL;
-  uint64_t v, limit = 0, skip = 0, caps[MAX_LIST];
+  uint64_t v, limit = 0, skip = 0, caps[MAX_LIST], cap_bytes[MAX_LIST];
   size_t npols = 0, ncaps = 0;
   uint32_t num_blocks;
   int json = 0, progress = -1, opt, rc, status = 1, nodes_mode = 0;
-  int tenants_given = 0, key_given = 0;
+  int tenants_given = 0, key_given = 0, tokens_given = 0, suffixed;
   replay_nodes_config nc = {.nodes = 1, .split = REPLAY_SPLIT_RR,
                             .prefix_blocks = 1};
   trace *t = NULL;
@@ -943,6 +1104,37 @@ int replay_main(int argc, char **argv) {
         cfg.capacity_tokens = v;
       } else {
         fprintf(stderr, "kvshare-replay: bad --capacity-tokens '%s'\n", optarg);
+        return 2;
+      }
+      tokens_given = 1;
+      break;
+    case OPT_CAPACITY_BYTES:
+      if (replay_parse_size(optarg, &cfg.capacity_bytes, &suffixed) != 0) {
+        fprintf(stderr, "kvshare-replay: bad --capacity-bytes '%s' (bytes, "
+                "or with K, M, G or T)\n", optarg);
+        return 2;
+      }
+      break;
+    case OPT_LAYERS:
+    case OPT_KV_HEADS:
+    case OPT_HEAD_DIM:
+      if (replay_parse_count(optarg, opt == OPT_HEAD_DIM ? 4096 : 1024,
+                             &v) != 0) {
+        fprintf(stderr, "kvshare-replay: bad --%s '%s' (1..%d)\n",
+                opt == OPT_LAYERS     ? "layers"
+                : opt == OPT_KV_HEADS ? "kv-heads"
+                                      : "head-dim",
+                optarg, opt == OPT_HEAD_DIM ? 4096 : 1024);
+        return 2;
+      }
+      *(opt == OPT_LAYERS     ? &cfg.num_layers
+        : opt == OPT_KV_HEADS ? &cfg.num_kv_heads
+                              : &cfg.head_dim) = (uint32_t)v;
+      break;
+    case OPT_DTYPE:
+      if (replay_parse_dtype(optarg, &cfg.dtype) != 0) {
+        fprintf(stderr, "kvshare-replay: bad --dtype '%s' (fp32, fp16, bf16, "
+                "int8, fp8)\n", optarg);
         return 2;
       }
       break;
@@ -1102,8 +1294,14 @@ int replay_main(int argc, char **argv) {
       return 2;
     }
     for (size_t i = 0; i < ncaps; i++) {
+      cap_bytes[i] = 0;
       if (strcmp(items[i], "unlimited") == 0) {
         caps[i] = 0;
+      } else if (replay_parse_size(items[i], &cap_bytes[i], &suffixed) == 0 &&
+                 suffixed) {
+        /* Bytes of the layout (a K, M, G or T suffix). */
+        if (replay_bytes_capacity(&cfg, cap_bytes[i], &caps[i]) != 0)
+          return 2;
       } else if (replay_parse_count(items[i], UINT64_MAX >> 1, &caps[i]) != 0) {
         fprintf(stderr, "kvshare-replay: bad --sweep capacity '%s'\n",
                 items[i]);
@@ -1111,6 +1309,15 @@ int replay_main(int argc, char **argv) {
       }
     }
   }
+  if (cfg.capacity_bytes && tokens_given) {
+    fprintf(stderr, "kvshare-replay: --capacity-bytes and --capacity-tokens "
+            "are two ways to give one capacity: one or the other\n");
+    return 2;
+  }
+  if (cfg.capacity_bytes &&
+      replay_bytes_capacity(&cfg, cfg.capacity_bytes, &cfg.capacity_tokens) !=
+          0)
+    return 2;
   if (plot != NULL && sweep_list == NULL) {
     fprintf(stderr, "kvshare-replay: --plot goes with --sweep\n");
     return 2;
@@ -1139,6 +1346,7 @@ int replay_main(int argc, char **argv) {
   }
   if (npols > 1 && sweep_list == NULL) {
     caps[0] = cfg.capacity_tokens;
+    cap_bytes[0] = cfg.capacity_bytes;
     ncaps = 1;
   }
   if (npols == 0)
@@ -1177,7 +1385,8 @@ int replay_main(int argc, char **argv) {
     goto out;
   }
   if (ncaps > 0) {
-    status = replay_sweep(t, path, &cfg, &plan, caps, ncaps, pols, npols, json,
+    status = replay_sweep(t, path, &cfg, &plan, caps, cap_bytes, ncaps, pols,
+                          npols, json,
                           plot, plot_script) == 0 && fflush(stdout) == 0
                  ? 0
                  : 1;

@@ -43,6 +43,16 @@ typedef struct replay_config {
                                that holds the whole trace, see
                                replay_plan) */
   uint32_t block_size;      /* tokens per block (default 16) */
+  /* The layout of a block (--layers, --kv-heads, --head-dim, --dtype):
+   * what --capacity-bytes divides by (replay_bytes_tokens), and the root
+   * hash's seed.  Default: a Llama-3-8B-like model, 32 layers, 8 kv heads,
+   * head dim 128, fp16. */
+  uint32_t num_layers;
+  uint32_t num_kv_heads;
+  uint32_t head_dim;
+  uint32_t dtype;           /* kvs_dtype */
+  uint64_t capacity_bytes;  /* the --capacity-bytes that capacity_tokens
+                               was derived from; 0: given in tokens */
   const char *policy;       /* eviction policy; NULL = the daemon's default
                                (slru) */
   int decode;               /* also append and commit output tokens */
@@ -61,9 +71,21 @@ typedef struct replay_config {
                                0: an equal part of what the shares leave */
 } replay_config;
 
-/* Defaults: unlimited, block size 16, default policy, no decode, no bar,
- * one tenant. */
+/* Defaults: unlimited, block size 16, the layout above, default policy,
+ * no decode, no bar, one tenant. */
 void replay_config_init(replay_config *cfg);
+
+/* The layout of one block of cfg, of num_blocks blocks (>= 1), its
+ * block_stride filled in by kvs_layout_finish.  KVS_EINVAL when that
+ * refuses it. */
+int replay_layout(const replay_config *cfg, uint32_t num_blocks,
+                  kvs_layout *out);
+
+/* The pool `bytes` of cfg's layout hold: floor(bytes / block_stride)
+ * blocks (*blocks, may be NULL) of block_size tokens (*tokens).
+ * KVS_EINVAL when the layout is refused or not one block fits. */
+int replay_bytes_tokens(const replay_config *cfg, uint64_t bytes,
+                        uint64_t *blocks, uint64_t *tokens);
 
 /* What the trace needs, from its hash ids alone (no core). */
 typedef struct replay_plan {
@@ -220,8 +242,17 @@ struct json_t *replay_json(const char *path, const trace *t,
                            const replay_config *cfg, uint32_t num_blocks,
                            const replay_plan *plan, const replay_result *res);
 
+/* Adds cfg's layout to o: "dtype", "num_layers", "num_kv_heads",
+ * "head_dim" and "block_stride".  0, or -1 when out of memory.
+ * replay_json adds it, and "capacity_bytes" (0: the capacity was given in
+ * tokens) and "capacity_blocks" (capacity_tokens / block_size; 0:
+ * unlimited). */
+int replay_json_layout(struct json_t *o, const replay_config *cfg);
+
 /*
- * `--sweep`: replays t once per capacity (caps[k] tokens, 0 = unlimited) and
+ * `--sweep`: replays t once per capacity (caps[k] tokens, 0 = unlimited;
+ * derived from cap_bytes[k] bytes of base's layout when that is not 0, and
+ * the table and JSON say so; cap_bytes may be NULL: none) and
  * policy on a fresh core each (base gives the rest), checks the core after
  * each, prints the table of token hit rates and wall times (or JSON), and,
  * with plot != NULL, has gnuplot draw hit rate against capacity into that
@@ -230,7 +261,8 @@ struct json_t *replay_json(const char *path, const trace *t,
  * first error (reported on stderr).
  */
 int replay_sweep(const trace *t, const char *path, const replay_config *base,
-                 const replay_plan *plan, const uint64_t *caps, size_t ncaps,
+                 const replay_plan *plan, const uint64_t *caps,
+                 const uint64_t *cap_bytes, size_t ncaps,
                  const char *const *pols, size_t npols, int json,
                  const char *plot, const char *plot_script);
 

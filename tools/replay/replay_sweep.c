@@ -25,14 +25,15 @@ typedef struct cell {
 
 /* One replay of t at capacity cap under policy pol. */
 static int sweep_one(const trace *t, const replay_config *base,
-                     const replay_plan *plan, uint64_t cap, const char *pol,
-                     cell *out) {
+                     const replay_plan *plan, uint64_t cap, uint64_t bytes,
+                     const char *pol, cell *out) {
   replay_config cfg = *base;
   replay_result res;
   uint32_t nb;
   int rc;
 
   cfg.capacity_tokens = cap;
+  cfg.capacity_bytes = bytes;
   cfg.policy = pol;
   cfg.progress = 0;
   if ((rc = replay_checked(t, &cfg, plan, &nb, &res)) != 0)
@@ -61,23 +62,56 @@ static void sweep_cap_name(uint64_t cap, char *buf, size_t len) {
     snprintf(buf, len, "%" PRIu64 "e%d", cap, e);
 }
 
+/* 8589934592 -> "8G", 1536 -> "1536": bytes, in the largest power of 1024
+ * that divides them. */
+static void sweep_bytes_name(uint64_t bytes, char *buf, size_t len) {
+  static const char units[] = "KMGT";
+  int u = -1;
+  while (u < 3 && bytes >= 1024 && bytes % 1024 == 0) {
+    bytes /= 1024;
+    u++;
+  }
+  if (u < 0)
+    snprintf(buf, len, "%" PRIu64, bytes);
+  else
+    snprintf(buf, len, "%" PRIu64 "%c", bytes, units[u]);
+}
+
 static void sweep_print(const trace *t, const replay_config *base,
                         const replay_plan *plan, const uint64_t *caps,
-                        size_t ncaps, const char *const *pols, size_t npols,
+                        const uint64_t *cap_bytes, size_t ncaps,
+                        const char *const *pols, size_t npols,
                         const cell *cells) {
+  int bytes = 0;
+  kvs_layout l;
+  for (size_t k = 0; k < ncaps && cap_bytes != NULL; k++)
+    bytes |= cap_bytes[k] != 0;
+  if (bytes && replay_layout(base, 1, &l) == 0)
+    printf("capacity in bytes of %s blocks of %" PRIu64 " bytes (%u layers, "
+           "%u kv heads, head dim %u, %u tokens): floor(bytes / block) "
+           "blocks\n",
+           kvs_dtype_name(base->dtype), l.block_stride, base->num_layers,
+           base->num_kv_heads, base->head_dim, base->block_size);
   if (replay_tenant_mode(base))
     printf("%u tenants, a partition each of the capacity (their total hit "
            "rate); a user: the\nrecords with the same hash id at depth %u\n",
            base->tenants, replay_tenant_depth(t, base));
   printf("token hit rate by capacity (tokens) and policy; wall time of each "
          "replay in ()\n%-12s", "capacity");
+  if (bytes)
+    printf(" %12s", "tokens");
   for (size_t p = 0; p < npols; p++)
     printf(" %16s", pols[p]);
   printf("\n");
   for (size_t k = 0; k < ncaps; k++) {
     char cap[32];
-    sweep_cap_name(caps[k], cap, sizeof(cap));
+    if (bytes && cap_bytes[k])
+      sweep_bytes_name(cap_bytes[k], cap, sizeof(cap));
+    else
+      sweep_cap_name(caps[k], cap, sizeof(cap));
     printf("%-12s", cap);
+    if (bytes)
+      printf(" %12" PRIu64, caps[k]);
     for (size_t p = 0; p < npols; p++) {
       const cell *x = &cells[k * npols + p];
       printf("   %.4f (%5.2fs)", x->hit, x->seconds);
@@ -92,7 +126,7 @@ static void sweep_print(const trace *t, const replay_config *base,
 
 static int sweep_json(const trace *t, const replay_config *base,
                       const replay_plan *plan, const uint64_t *caps,
-                      size_t ncaps, const char *const *pols, size_t npols,
+                      const uint64_t *cap_bytes, size_t ncaps, const char *const *pols, size_t npols,
                       const cell *cells) {
   json_t *runs = json_array(), *o;
   int rc = -1;
@@ -101,8 +135,11 @@ static int sweep_json(const trace *t, const replay_config *base,
   for (size_t k = 0; k < ncaps; k++)
     for (size_t p = 0; p < npols; p++) {
       const cell *x = &cells[k * npols + p];
-      json_t *r = json_pack("{s:I, s:s, s:f, s:f, s:I, s:f}", "capacity_tokens",
-                            (json_int_t)caps[k], "policy", pols[p],
+      json_t *r = json_pack("{s:I, s:I, s:s, s:f, s:f, s:I, s:f}",
+                            "capacity_tokens", (json_int_t)caps[k],
+                            "capacity_bytes",
+                            (json_int_t)(cap_bytes ? cap_bytes[k] : 0),
+                            "policy", pols[p],
                             "token_hit_rate", x->hit, "block_hit_rate",
                             x->block_hit, "tier_hit_tokens",
                             (json_int_t)x->tier_hits, "seconds", x->seconds);
@@ -117,6 +154,10 @@ static int sweep_json(const trace *t, const replay_config *base,
                                    : 0.0);
   if (o == NULL)
     return -1;
+  if (replay_json_layout(o, base) != 0) {
+    json_decref(o);
+    return -1;
+  }
   if (replay_tenant_mode(base) &&
       (json_object_set_new(o, "tenant_count", json_integer(base->tenants)) ||
        json_object_set_new(o, "tenant_key_depth",
@@ -284,7 +325,8 @@ out:
 }
 
 int replay_sweep(const trace *t, const char *path, const replay_config *base,
-                 const replay_plan *plan, const uint64_t *caps, size_t ncaps,
+                 const replay_plan *plan, const uint64_t *caps,
+                 const uint64_t *cap_bytes, size_t ncaps,
                  const char *const *pols, size_t npols, int json,
                  const char *plot, const char *plot_script_path) {
   cell *cells = calloc(ncaps * npols, sizeof(*cells));
@@ -298,15 +340,17 @@ int replay_sweep(const trace *t, const char *path, const replay_config *base,
         sweep_cap_name(caps[k], cap, sizeof(cap));
         fprintf(stderr, "replay: %s at %s tokens...\n", pols[p], cap);
       }
-      rc = sweep_one(t, base, plan, caps[k], pols[p], &cells[k * npols + p]);
+      rc = sweep_one(t, base, plan, caps[k], cap_bytes ? cap_bytes[k] : 0,
+                     pols[p], &cells[k * npols + p]);
     }
   if (rc == 0) {
     if (json)
-      rc = sweep_json(t, base, plan, caps, ncaps, pols, npols, cells) != 0
+      rc = sweep_json(t, base, plan, caps, cap_bytes, ncaps, pols, npols,
+                      cells) != 0
                ? KVS_EIO
                : 0;
     else
-      sweep_print(t, base, plan, caps, ncaps, pols, npols, cells);
+      sweep_print(t, base, plan, caps, cap_bytes, ncaps, pols, npols, cells);
   }
   if (rc == 0 && plot != NULL)
     rc = sweep_plot(plot, plot_script_path, path, caps, ncaps, pols, npols,
