@@ -378,10 +378,11 @@ static int a_conn_limit(void *arg) {
   return 0;
 }
 
-/* Two sessions of a share its token budget (max_tenant_tokens 1500);
- * b's is its own. */
-static int a_token_budget(void *arg) {
-  kvs_client *c1 = connect_as("a-budget-1"), *c2 = connect_as("a-budget-2");
+/* Two sessions of b share its token budget (max_tenant_tokens 1500; b,
+ * whose share is 128 blocks, so that the 63 blocks asked for never wait
+ * on blocks still being demoted); a's budget is its own. */
+static int b_shared_budget(void *arg) {
+  kvs_client *c1 = connect_as("b-budget-1"), *c2 = connect_as("b-budget-2");
   uint32_t tok[1] = {9};
   kvs_lookup_result lr;
   kvs_alloc_result ar;
@@ -399,15 +400,18 @@ static int a_token_budget(void *arg) {
   return 0;
 }
 
-static int b_token_budget(void *arg) {
-  kvs_client *c = connect_as("b-budget");
+static int a_own_budget(void *arg) {
+  kvs_client *c = connect_as("a-budget");
   uint32_t tok[1] = {9};
   kvs_lookup_result lr;
   kvs_alloc_result ar;
   (void)arg;
   CHECK_OK(c, kvs_lookup(c, 1, tok, 1, NULL, 0, &lr));
-  CHECK_OK(c, kvs_allocate(c, 1, 1400, &ar));
-  CHECK_RC(c, kvs_append(c, 1, 200, &ar), KVS_ELIMIT);
+  CHECK_OK(c, kvs_allocate(c, 1, 700, &ar));
+  CHECK_OK(c, kvs_lookup(c, 2, tok, 1, NULL, 0, &lr));
+  CHECK_RC(c, kvs_allocate(c, 2, 900, &ar), KVS_ELIMIT);
+  CHECK(strstr(kvs_last_message(c), "tenant a would hold"));
+  CHECK_OK(c, kvs_free(c, 2));
   CHECK_OK(c, kvs_free(c, 1));
   kvs_close(c);
   return 0;
@@ -535,8 +539,8 @@ static void scenario(void) {
     close(limit_go[1]);
   }
 
-  run_as(UID_A, a_token_budget, NULL);
-  run_as(UID_B, b_token_budget, NULL);
+  run_as(UID_B, b_shared_budget, NULL);
+  run_as(UID_A, a_own_budget, NULL);
   wait_used(obs, 0);
 
   /* kill -9 and SIGTERM, one holder per tenant. */
