@@ -461,7 +461,7 @@ static void snapshot(void *arg, metrics_snap *o) {
 
       snprintf(t->name, sizeof(t->name), "%s", p->name);
       t->core = st;
-      t->sessions = p->disp.sessions;
+      t->sessions = p->disp.own.sessions;
       t->pool_bytes = p->pool->ex.size;
     }
   }
@@ -815,7 +815,7 @@ static int start_partitions(srv *s) {
   s->observer.layout = s->layout;
   s->observer.cfg = s->cfg;
   s->observer.tenant = "";
-  s->observer.sessions = 0;
+  memset(&s->observer.own, 0, sizeof(s->observer.own));
   s->observer.parts = s->envs;
   s->observer.nparts = s->nparts;
   s->hub.parts = s->envs;

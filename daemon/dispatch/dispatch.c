@@ -729,7 +729,7 @@ static kvs_op_tenant *tenant_lines(disp_env *const *parts, uint32_t n,
     t[i].cached_blocks = st.cached_blocks;
     t[i].used_blocks = st.used_blocks;
     t[i].num_requests = st.num_requests;
-    t[i].sessions = p->sessions;
+    t[i].sessions = p->own.sessions;
     t[i].lookups = st.lookups;
     t[i].query_tokens = st.query_tokens;
     t[i].hit_tokens = st.hit_tokens;
@@ -744,7 +744,7 @@ static void do_stats(disp_sess *ds, const kvs_op *op, kvs_op_result *res,
                      kvs__arena *a) {
   disp_env *env = ds->env;
   disp_env *const *parts, *self[1];
-  const disp_counts *cnt = env->counts;
+  const disp_counts *cnt = env->counts, *traffic = cnt;
   kvs_op_stats *s = kvs__arena_alloc(a, sizeof(*s));
   tiers_stats ts[TIERS_MAX], one[TIERS_MAX];
   kvs_op_tier *ot;
@@ -801,19 +801,13 @@ static void do_stats(disp_sess *ds, const kvs_op *op, kvs_op_result *res,
   s->swap_in_blocks = st.swap_in_blocks;
   s->swap_resident_blocks = st.swap_resident_blocks;
   s->indexed_blocks = st.indexed_blocks;
-  if (env->core != NULL && env->cfg->ntenants) { /* its own traffic only */
-    s->sessions = env->sessions;
-    s->frames_in = env->frames_in;
-    s->compact_frames = env->compact_frames;
-    s->protocol_errors = env->protocol_errors;
-    s->queued_bytes = env->queued_bytes;
-  } else {
-    s->sessions = cnt->sessions;
-    s->frames_in = cnt->frames_in;
-    s->compact_frames = cnt->compact_frames;
-    s->protocol_errors = cnt->protocol_errors;
-    s->queued_bytes = cnt->queued_bytes;
-  }
+  if (env->core != NULL && env->cfg->ntenants)
+    traffic = &env->own; /* a tenant's: its own traffic only */
+  s->sessions = traffic->sessions;
+  s->frames_in = traffic->frames_in;
+  s->compact_frames = traffic->compact_frames;
+  s->protocol_errors = traffic->protocol_errors;
+  s->queued_bytes = traffic->queued_bytes;
   s->backend = env->pool->ex.backend;
   s->gpu_uuid = env->pool->ex.gpu_uuid;
   s->check_message = "";

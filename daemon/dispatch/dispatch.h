@@ -67,19 +67,15 @@ typedef struct disp_env {
    * tenants) and its sessions now, kept by the session layer.  An observer
    * (a peer in no tenant that maps nothing) runs against an env with no
    * core: only Stats and Ping, and its Stats adds up every partition in
-   * parts[0..nparts).  With tenants, a tenant's Stats reports its own
-   * sessions and their traffic (frames_in ... queued_bytes, kept by the
-   * session layer beside the daemon's counts), never the daemon's: another
-   * tenant's frames would tell when and how much it works. */
+   * parts[0..nparts).  own: its sessions and their traffic, kept by the
+   * session layer beside the daemon's counts; with tenants, a tenant's
+   * Stats reports these, never the daemon's (another tenant's frames would
+   * tell when and how much it works). */
   const char *tenant;
-  uint32_t sessions;
+  disp_counts own;
   /* With tenants: the token positions its sessions' requests hold
    * together, and the most they may (max_tenant_tokens). */
   uint64_t tokens_held, max_tokens;
-  uint64_t frames_in;
-  uint64_t compact_frames;
-  uint64_t protocol_errors;
-  uint64_t queued_bytes;
   struct disp_env *const *parts;
   uint32_t nparts;
 } disp_env;

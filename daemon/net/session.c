@@ -199,7 +199,7 @@ static void close_now(sess *c) {
       ring_describe(c->ring, ring + 2, sizeof(ring) - 2);
     }
     h->counts.sessions--;
-    c->ds.env->sessions--;
+    c->ds.env->own.sessions--;
     log_info(0, "session %llu closed (pid %d%s%s%s)", (unsigned long long)c->id,
              (int)c->pid, c->name[0] ? ", " : "", c->name, ring);
   }
@@ -295,7 +295,7 @@ static void on_write(uv_write_t *req, int status) {
   sess *c = w->c;
 
   c->hub->counts.queued_bytes -= w->queued;
-  c->ds.env->queued_bytes -= w->queued;
+  c->ds.env->own.queued_bytes -= w->queued;
   wreq_free(c->hub, w);
   c->writes--;
   if (c->life >= SESS_CLOSED)
@@ -360,7 +360,7 @@ static int queue_bytes(sess *c, struct wreq *w, size_t off) {
     return rc;
   }
   c->hub->counts.queued_bytes += w->queued;
-  c->ds.env->queued_bytes += w->queued;
+  c->ds.env->own.queued_bytes += w->queued;
   c->writes++;
   return 0;
 }
@@ -448,7 +448,7 @@ static void send_error(sess *c, uint64_t seq, int code, const char *what) {
 static void note_protocol_error(sess *c, int close, int code,
                                 const char *what) {
   c->hub->counts.protocol_errors++;
-  c->ds.env->protocol_errors++;
+  c->ds.env->own.protocol_errors++;
   log_warn(0, "session %llu (pid %d): %s: %s%s", (unsigned long long)c->id,
            (int)c->pid, kvs_status_name(code), what,
            close ? "; closing" : "");
@@ -777,7 +777,7 @@ static void handle_frame(sess *c, unsigned flags, const uint8_t *payload,
   int rc;
 
   h->counts.frames_in++;
-  c->ds.env->frames_in++;
+  c->ds.env->own.frames_in++;
   if (flags & KVS_FRAME_COMPACT) {
     if (c->life == SESS_NEW) {
       protocol_error(c, 0, 1, KVS_EPROTO, "a compact frame before the "
@@ -785,7 +785,7 @@ static void handle_frame(sess *c, unsigned flags, const uint8_t *payload,
       return;
     }
     h->counts.compact_frames++;
-    c->ds.env->compact_frames++;
+    c->ds.env->own.compact_frames++;
     rc = kvs_compact_decode_request(payload, len, max_ops, &h->arena, &call);
     if (rc == 0) {
       run_call(c, &call);
@@ -1094,7 +1094,7 @@ void sess_accept(sess_hub *h, uv_stream_t *listener) {
       lim = cf->max_connections / cf->ntenants ? cf->max_connections /
                                                      cf->ntenants
                                                : 1;
-    if (c->ds.env->sessions >= lim) {
+    if (c->ds.env->own.sessions >= lim) {
       char what[160];
 
       snprintf(what, sizeof(what), "too many connections of tenant %s "
@@ -1105,7 +1105,7 @@ void sess_accept(sess_hub *h, uv_stream_t *listener) {
   }
   c->counted = 1;
   h->counts.sessions++;
-  c->ds.env->sessions++;
+  c->ds.env->own.sessions++;
   start_reading(c);
   if (!c->reading) {
     log_warn(0, "session %llu: cannot read", (unsigned long long)c->id);
