@@ -93,6 +93,27 @@ static float round_to(float f, uint32_t dtype) {
   return r;
 }
 
+/* One (token, kv head) row of n floats as a cache of dtype holds it: each
+ * element rounded (fp16/bf16), or the row quantized with its own scales
+ * and read back (int8/fp8, kvs_quantize_row; docs/kernels.md). */
+static void round_row(float *x, uint32_t n, uint32_t dtype) {
+  if (!kvs_dtype_quantized(dtype)) {
+    for (uint32_t e = 0; e < n; e++)
+      x[e] = round_to(x[e], dtype);
+    return;
+  }
+  uint8_t q[4096]; /* the layout's largest head_dim (kvs_layout_check) */
+  float sc[2];
+  if (n > sizeof q || kvs_quantize_row(q, sc, dtype, x, n)) {
+    for (uint32_t e = 0; e < n; e++)
+      x[e] = NAN;
+    return;
+  }
+  for (uint32_t e = 0; e < n; e++)
+    x[e] = dtype == KVS_DTYPE_INT8 ? fmaf((float)q[e], sc[0], sc[1])
+                                   : kvs_fp8_to_float(q[e]) * sc[0];
+}
+
 int toy_reference(const toy_model *m, uint32_t layer, const uint32_t *tokens,
                   uint32_t n, uint32_t i, uint32_t kv_dtype, uint32_t q_dtype,
                   float *out) {
@@ -110,9 +131,9 @@ int toy_reference(const toy_model *m, uint32_t layer, const uint32_t *tokens,
   for (uint32_t t = 0; t < nk; t++) {
     toy_qkv(m, layer, tokens[t], t, NULL, k + (size_t)t * KVH * D,
             v + (size_t)t * KVH * D);
-    for (uint32_t e = 0; e < KVH * D; e++) {
-      k[(size_t)t * KVH * D + e] = round_to(k[(size_t)t * KVH * D + e], kv_dtype);
-      v[(size_t)t * KVH * D + e] = round_to(v[(size_t)t * KVH * D + e], kv_dtype);
+    for (uint32_t h = 0; h < KVH; h++) {
+      round_row(k + ((size_t)t * KVH + h) * D, D, kv_dtype);
+      round_row(v + ((size_t)t * KVH + h) * D, D, kv_dtype);
     }
   }
   toy_qkv(m, layer, tokens[i], i, q, NULL, NULL);

@@ -45,7 +45,9 @@ float toy_scale(const toy_model *m);
  * Attention output of token i (0 <= i < n) of the request tokens[0..n) in
  * `layer`: it attends to tokens 0..i (causal), out [num_heads][head_dim].
  * K and V are first rounded through kv_dtype and q through q_dtype (what a
- * cache of that dtype holds), then everything is computed in double.
+ * cache of that dtype holds: for int8/fp8 each (token, kv head) row is
+ * quantized with its own scales and read back), then everything is
+ * computed in double.
  * Returns 0 or -EINVAL / -ENOMEM.
  */
 int toy_reference(const toy_model *m, uint32_t layer, const uint32_t *tokens,

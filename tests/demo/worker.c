@@ -136,6 +136,32 @@ static const void *staged(void *d, const void *host, size_t bytes) {
   return d;
 }
 
+/* Where the byte at pool offset off of block b is in this process: the
+ * mapping, or (cuda pool) the copy of the block in blockbuf. */
+static const void *cached(uint32_t b, uint64_t off) {
+  if (dev)
+    return blockbuf + (off - kvs_block_offset(L, b));
+  return (const char *)kvs_pool_base(c) + off;
+}
+
+/* Does an int8/fp8 cache hold the rows x [num_kv_heads][head_dim] of token
+ * t in (block b, layer, kv), each head's bytes and scales exactly as
+ * kvs_quantize_row makes them? */
+static int quantized_row_equal(uint32_t b, uint32_t layer, uint32_t kv,
+                               uint32_t t, const float *x) {
+  uint32_t hd = L->head_dim, nsc = kvs_scale_floats(L->dtype);
+  uint8_t want[4096]; /* the layout's largest head_dim */
+  float sc[2];
+  for (uint32_t h = 0; h < L->num_kv_heads; h++) {
+    MUST(kvs_quantize_row(want, sc, L->dtype, x + (size_t)h * hd, hd));
+    if (memcmp(cached(b, kvs_elem_offset(L, b, layer, kv, t, h)), want, hd) ||
+        memcmp(cached(b, kvs_scale_elem_offset(L, b, layer, kv, t, h)), sc,
+               nsc * sizeof *sc))
+      return 0;
+  }
+  return 1;
+}
+
 /* Checks the cached K/V of positions [0, upto) of tok in the blocks of
  * table against the model, block by block. */
 static void check_hit_blocks(const uint32_t *tok, const uint32_t *table,
@@ -150,18 +176,17 @@ static void check_hit_blocks(const uint32_t *tok, const uint32_t *table,
       for (uint32_t layer = 0; layer < L->num_layers && ok; layer++) {
         toy_qkv(&M, layer, tok[p], p, NULL, k, v);
         for (uint32_t kv = 0; kv < 2 && ok; kv++) {
-          kvs_convert(want, L->dtype, kv ? v : k, KVS_DTYPE_FP32, row);
-          const void *got;
-          if (dev) { /* the block as the device holds it */
-            if (t == 0 && layer == 0 && kv == 0)
-              MUST(kvs_cuda_memcpy_dtoh(blockbuf, kvs_block_ptr(c, table[b]),
-                                        L->block_stride));
-            got = blockbuf + (kvs_elem_offset(L, table[b], layer, kv, t, 0) -
-                              kvs_block_offset(L, table[b]));
-          } else {
-            got = kvs_elem_ptr(kvs_pool_base(c), L, table[b], layer, kv, t, 0);
+          if (dev && t == 0 && layer == 0 && kv == 0) /* as the device holds it */
+            MUST(kvs_cuda_memcpy_dtoh(blockbuf, kvs_block_ptr(c, table[b]),
+                                      L->block_stride));
+          if (kvs_dtype_quantized(L->dtype))
+            ok = quantized_row_equal(table[b], layer, kv, t, kv ? v : k);
+          else {
+            kvs_convert(want, L->dtype, kv ? v : k, KVS_DTYPE_FP32, row);
+            ok = memcmp(cached(table[b], kvs_elem_offset(L, table[b], layer,
+                                                         kv, t, 0)),
+                        want, row * es) == 0;
           }
-          ok = memcmp(got, want, row * es) == 0;
         }
       }
     }

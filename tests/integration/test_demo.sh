@@ -1,13 +1,15 @@
 #!/bin/bash
 # test_demo — the demo (tests/demo.sh) at a small size with half-precision
-# pools: fp16 and bf16 caches, where every cached block must still match
-# byte for byte and every attention row must match the from-scratch output
-# within the dtype's tolerance.  (make demo runs the fp32 defaults.)
+# and quantized pools: fp16, bf16, int8 and fp8 caches, where every cached
+# block must still match byte for byte (int8/fp8: each row's bytes and
+# scales as kvs_quantize_row makes them) and every attention row must match
+# the from-scratch output over K/V rounded or quantized the same way, within
+# the dtype's tolerance.  (make demo runs the fp32 defaults.)
 set -u
 build=${KVS_BUILD:-build}
 [ -x "$build/tests/demo/worker" ] || { echo "FAIL: demo worker not built"; exit 1; }
 [ -x "$build/kvshared" ] || { echo "SKIP: kvshared not built"; exit 77; }
-for dt in fp16 bf16; do
+for dt in fp16 bf16 int8 fp8; do
   echo "== $dt"
   KVS_DEMO_WORKERS=3 KVS_DEMO_USERS=2 KVS_DEMO_TURNS=3 KVS_DEMO_SYS=40 \
   KVS_DEMO_REPLY=3 \
