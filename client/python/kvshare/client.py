@@ -843,6 +843,25 @@ class Client:
             self._inner_strides(L.plane_shape), isz)
         return self._export(ptr, shape, strides)
 
+    def pool_scales_tensor(self):
+        """An int8/fp8 pool's row parameters for every block, float32, no
+        copy: [num_blocks][layers][2] + layout.scales_shape, strided (block
+        axis stride: block_stride).  NotSupportedError on an fp32/fp16/bf16
+        pool."""
+        p = self._p()
+        L = self.layout
+        if not L.quantized:
+            raise error_for(_lib.ENOTSUP, f"a {L.dtype_name} pool has no "
+                            "scales (only int8 and fp8 pools do)",
+                            "pool_scales_tensor")
+        ptr = self._mapped_ptr(self._L.kvs_pool_base(p), "pool_scales_tensor")
+        shape = L.scales_shape
+        strides = (L.block_stride,) + self._block_strides(
+            self._inner_strides(shape), 4)
+        return self._export(ptr + L.scale_offset,
+                            (L.num_blocks, L.num_layers, 2) + shape, strides,
+                            _lib.DTYPE_FP32)
+
     def block_array(self, b):
         """Block b as a writable numpy array (host pool), no copy:
         [num_layers][2][block_size][num_kv_heads][head_dim], dtype float32,
