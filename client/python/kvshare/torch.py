@@ -84,7 +84,8 @@ def _index(t, what, device, dtype, shape):
 
 
 def _shape(shape):
-    return "(" + ", ".join("*" if d is None else str(d) for d in shape) + ")"
+    dims = ["*" if d is None else str(d) for d in shape]
+    return f"({dims[0]},)" if len(dims) == 1 else f"({', '.join(dims)})"
 
 
 def _ptr(t):
