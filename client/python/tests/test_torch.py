@@ -7,7 +7,6 @@ the Step helper's single round trip, tables and errors.  Every pool dtype
 on a host pool; the cuda pool on the stand-in driver (no torch CUDA here:
 refused clearly) and on a real GPU when PyTorch has CUDA (skipped
 otherwise, saying so)."""
-import ctypes
 import math
 import os
 import subprocess
@@ -18,6 +17,7 @@ import pytest
 
 import kvshare
 from conftest import SMALL, SMALL_LAYOUT
+from test_cuda_standin import STANDIN, pytestmark as on_standin
 from test_quant import _clib, int8_quantize_ref
 
 try:
@@ -90,7 +90,7 @@ def pool(daemon_factory):
         p.close()
 
 
-def new_request(c, req, tokens, step=None):
+def new_request(c, req, tokens):
     """lookup + allocate for the tokens not cached; (hit, table)."""
     h = c.lookup(req, tokens)
     a = c.allocate(req, len(tokens) - h.hit_tokens)
@@ -273,7 +273,7 @@ def test_decode_and_prefill(pool, dt):
     p = pool(dt)
     c, kv, L = p.c, p.kv, p.L
     gen = torch.Generator().manual_seed(25)
-    bs, H = L.block_size, 2 * L.num_kv_heads          # GQA, group 2
+    H = 2 * L.num_kv_heads                            # GQA, group 2
     qdtypes = [torch.float32, torch.float16, torch.bfloat16] \
         if dt == "fp16" else [torch.float32]
     # Request 1: 10 tokens, committed; request 2 shares its first 8
@@ -469,14 +469,8 @@ def test_step_two_requests_share_a_prefix(pool, daemon_factory):
 
 
 # ---- cuda pools ------------------------------------------------------------------------
-STANDIN = os.environ.get("KVS_CUDA_DRIVER", "")
-
-
 @needs_torch
-@pytest.mark.skipif(
-    "standin" not in os.path.basename(STANDIN) or not os.path.exists(STANDIN),
-    reason="KVS_CUDA_DRIVER does not name the stand-in driver "
-           "(tests/integration/test_python.sh sets it)")
+@on_standin
 def test_cuda_pool_on_the_standin(daemon_factory):
     d = daemon_factory(SMALL_LAYOUT + ["--backend", "cuda", "--dtype", "fp16"],
                        env={"KVS_CUDA_DRIVER": STANDIN})
