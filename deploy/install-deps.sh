@@ -9,7 +9,7 @@ set -eu
 PKGS="build-essential pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler \
 liburing-dev libcmocka-dev libxxhash-dev libjansson-dev python3 python3-numpy \
 gnuplot-nox libmicrohttpd-dev libzmq3-dev libmsgpack-dev libsystemd-dev systemd curl \
-python3-prometheus-client python3-zmq python3-msgpack python3-pytest python3-yaml \
+python3-prometheus-client python3-zmq python3-msgpack python3-pytest python3-yaml python3-torch \
 yamllint python3-venv python3-pip python3-setuptools python3-kubernetes \
 libhiredis-dev redis-server redis-tools"
 if [ "${1:-}" = "--fuzz" ]; then

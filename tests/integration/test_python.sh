@@ -7,8 +7,11 @@
 # calls and errors, batches, numpy views read back byte for byte by a
 # second client, DLPack, tiers and swap, a cuda pool through the stand-in
 # driver, int8/fp8 views, scales and dequantizing against an independent
-# decode, the toy engine example; every daemon checked for leaks and
-# stopped with SIGTERM.  Also:
+# decode, the toy engine example, kvshare.torch (writes, decode and
+# chunked prefill on every pool dtype against float64 attention, refusals,
+# the per-step batch helper; skipped, saying so, without PyTorch: Debian's
+# python3-torch, which the venv sees through --system-site-packages);
+# every daemon checked for leaks and stopped with SIGTERM.  Also:
 #   - nothing is written into client/python, by pip or by pytest (every
 #     path under it is listed before and after);
 #   - pytest run from client/python with neither KVS_BUILD nor KVS_LIBRARY

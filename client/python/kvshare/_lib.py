@@ -139,6 +139,33 @@ class kvs_block_keys(Structure):
                 ("extra_len", POINTER(c_uint32))]
 
 
+# ---- kvs_kernels.h: the kernels' arguments (kvshare.torch calls them)
+class kvs_paged_kv(Structure):
+    _fields_ = [("base", c_void_p), ("block_stride", c_uint64),
+                ("k_offset", c_uint64), ("v_offset", c_uint64),
+                ("token_stride", c_uint64), ("head_stride", c_uint64),
+                ("block_size", c_uint32), ("num_kv_heads", c_uint32),
+                ("head_dim", c_uint32), ("dtype", c_uint32),
+                ("num_blocks", c_uint32), ("scale_offset", c_uint32)]
+
+
+class kvs_write_args(Structure):
+    _fields_ = [("kv", kvs_paged_kv), ("k", c_void_p), ("v", c_void_p),
+                ("slots", c_void_p), ("src_token_stride", c_uint64),
+                ("src_dtype", c_uint32), ("num_tokens", c_uint32)]
+
+
+class kvs_attn_args(Structure):
+    _fields_ = [("kv", kvs_paged_kv), ("out", c_void_p), ("q", c_void_p),
+                ("seq_lens", c_void_p), ("q_start", c_void_p),
+                ("block_tables", c_void_p), ("workspace", c_void_p),
+                ("workspace_bytes", c_uint64), ("num_seqs", c_uint32),
+                ("num_rows", c_uint32), ("num_heads", c_uint32),
+                ("max_blocks_per_seq", c_uint32), ("max_seq_len", c_uint32),
+                ("qo_dtype", c_uint32), ("scale", ctypes.c_float),
+                ("reserved_", c_uint32)]
+
+
 _u32p = POINTER(c_uint32)
 _client = c_void_p  # kvs_client *
 _batch = c_void_p   # kvs_batch *
@@ -215,7 +242,16 @@ _FUNCS = {
     "kvs_batch_alloc_result": (c_int, [_batch, c_uint32,
                                        POINTER(kvs_alloc_result)]),
     "kvs_batch_commit_result": (c_int, [_batch, c_uint32, _u32p]),
-    # CUDA helpers of kvs_kernels.h (device pointers travel as void *)
+    # kvs_kernels.h (device pointers travel as void *)
+    "kvs_paged_kv_of": (c_int, [_client, c_uint32, POINTER(kvs_paged_kv)]),
+    "kvs_attn_workspace_bytes": (c_uint64, [POINTER(kvs_attn_args)]),
+    "kvs_cpu_write_kv": (c_int, [POINTER(kvs_write_args), c_void_p]),
+    "kvs_cpu_decode_attention": (c_int, [POINTER(kvs_attn_args), c_void_p]),
+    "kvs_cpu_prefill_attention": (c_int, [POINTER(kvs_attn_args), c_void_p]),
+    "kvs_cuda_write_kv": (c_int, [POINTER(kvs_write_args), c_void_p]),
+    "kvs_cuda_decode_attention": (c_int, [POINTER(kvs_attn_args), c_void_p]),
+    "kvs_cuda_prefill_attention": (c_int, [POINTER(kvs_attn_args), c_void_p]),
+    "kvs_cuda_open": (c_int, [c_char_p]),
     "kvs_cuda_available": (c_int, [POINTER(c_char_p)]),
     "kvs_cuda_device_uuid": (c_char_p, []),
     "kvs_cuda_memcpy_htod": (c_int, [c_void_p, c_void_p, c_size_t]),

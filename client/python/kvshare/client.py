@@ -764,6 +764,14 @@ class Client:
                             "or 1)", what)
         return layer, kv
 
+    def _check_quantized(self, what):
+        """The layout, when the pool has scales (NotSupportedError else)."""
+        L = self.layout
+        if not L.quantized:
+            raise error_for(_lib.ENOTSUP, f"a {L.dtype_name} pool has no "
+                            "scales (only int8 and fp8 pools do)", what)
+        return L
+
     def _block_strides(self, elem_strides, itemsize):
         """Strides of [layers][2] + a plane's inner shape, in bytes."""
         pb = self.layout.plane_bytes
@@ -808,11 +816,7 @@ class Client:
         kv None, of the whole block: [layers][2] + that (strided).
         NotSupportedError on an fp32/fp16/bf16 pool (it has none)."""
         p = self._p()
-        L = self.layout
-        if not L.quantized:
-            raise error_for(_lib.ENOTSUP, f"a {L.dtype_name} pool has no "
-                            "scales (only int8 and fp8 pools do)",
-                            "scales_tensor")
+        L = self._check_quantized("scales_tensor")
         b = self._check_block(b)
         if (layer is None) != (kv is None):
             raise TypeError("scales_tensor: give both layer and kv, or "
@@ -842,6 +846,21 @@ class Client:
         strides = (L.block_stride,) + self._block_strides(
             self._inner_strides(L.plane_shape), isz)
         return self._export(ptr, shape, strides)
+
+    def pool_scales_tensor(self):
+        """An int8/fp8 pool's row parameters for every block, float32, no
+        copy: [num_blocks][layers][2] + layout.scales_shape, strided (block
+        axis stride: block_stride).  NotSupportedError on an fp32/fp16/bf16
+        pool."""
+        p = self._p()
+        L = self._check_quantized("pool_scales_tensor")
+        ptr = self._mapped_ptr(self._L.kvs_pool_base(p), "pool_scales_tensor")
+        shape = L.scales_shape
+        strides = (L.block_stride,) + self._block_strides(
+            self._inner_strides(shape), 4)
+        return self._export(ptr + L.scale_offset,
+                            (L.num_blocks, L.num_layers, 2) + shape, strides,
+                            _lib.DTYPE_FP32)
 
     def block_array(self, b):
         """Block b as a writable numpy array (host pool), no copy:
