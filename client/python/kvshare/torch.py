@@ -30,7 +30,7 @@ except ImportError as _e:
 import numpy as np
 
 from . import _lib
-from .client import _req, as_u32_array
+from .client import LookupResult, _req, as_u32_array
 from .errors import error_for
 from .views import FP8_E4M3_TABLE
 
@@ -657,6 +657,19 @@ class Step:
         """Tokens the request's last lookup found cached."""
         self.table(req)
         return self._hits.get(req, 0)
+
+    def adopt(self, req, looked_up):
+        """Track a request looked up outside the step: looked_up is the
+        LookupResult of Client.lookup, which (unlike a lookup inside a
+        Batch) waits while the prefix's blocks come up from the tiers
+        below the pool.  Submit the step's pending ops first when they
+        must run before that lookup."""
+        if not isinstance(looked_up, LookupResult):
+            raise TypeError(f"adopt: a LookupResult, not "
+                            f"{type(looked_up).__name__}")
+        req = _req(req)
+        self._tables[req] = list(looked_up.blocks)
+        self._hits[req] = looked_up.hit_tokens
 
     @property
     def requests(self):
