@@ -102,6 +102,23 @@ static void *dev_copy(const void *host, size_t bytes) {
   return d;
 }
 
+/* Write-kernel arguments for n tokens of layer `layer` from k, v
+ * (rows of `row` elements of `dtype`) into slots. */
+static kvs_write_args write_args(kvs_client *c, uint32_t layer, const void *k,
+                                 const void *v, const int64_t *slots,
+                                 uint32_t row, uint32_t dtype, uint32_t n) {
+  kvs_write_args w;
+  memset(&w, 0, sizeof w);
+  MUST(c, kvs_paged_kv_of(c, layer, &w.kv));
+  w.k = k;
+  w.v = v;
+  w.slots = slots;
+  w.src_token_stride = row;
+  w.src_dtype = dtype;
+  w.num_tokens = n;
+  return w;
+}
+
 /* Writes K/V of positions [from, to) of the prompt with the CUDA write
  * kernel, then synchronises (the stream rule: before the commit). */
 static void write_positions(kvs_client *c, const uint32_t *table,
@@ -123,15 +140,7 @@ static void write_positions(kvs_client *c, const uint32_t *table,
         }
     void *dk = dev_copy(k, (size_t)n * row * sizeof *k);
     void *dv = dev_copy(v, (size_t)n * row * sizeof *v);
-    kvs_write_args w;
-    memset(&w, 0, sizeof w);
-    MUST(c, kvs_paged_kv_of(c, layer, &w.kv));
-    w.k = dk;
-    w.v = dv;
-    w.slots = dslots;
-    w.src_token_stride = row;
-    w.src_dtype = KVS_DTYPE_FP32;
-    w.num_tokens = n;
+    kvs_write_args w = write_args(c, layer, dk, dv, dslots, row, KVS_DTYPE_FP32, n);
     MUST(c, kvs_pool_kernels(c)->write_kv(&w, NULL));
     MUST(c, kvs_cuda_sync(NULL));
     kvs_cuda_free(dk);
@@ -678,15 +687,7 @@ static int role_quant(const char *sock) {
     }
     void *dk = dev_copy(k, (size_t)QTOK * row * 2);
     void *dv = dev_copy(v, (size_t)QTOK * row * 2);
-    kvs_write_args w;
-    memset(&w, 0, sizeof w);
-    MUST(c, kvs_paged_kv_of(c, layer, &w.kv));
-    w.k = dk;
-    w.v = dv;
-    w.slots = dslots;
-    w.src_token_stride = row;
-    w.src_dtype = KVS_DTYPE_FP16;
-    w.num_tokens = QTOK;
+    kvs_write_args w = write_args(c, layer, dk, dv, dslots, row, KVS_DTYPE_FP16, QTOK);
     MUST(c, kvs_pool_kernels(c)->write_kv(&w, NULL));
     /* the same on the host image */
     MUST(c, kvs_paged_kv_init(&w.kv, before, l, layer));
