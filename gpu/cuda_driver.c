@@ -22,7 +22,9 @@ extern const unsigned long long kvs__cuda_fatbin_size;
 
 /* ---- process-wide state ------------------------------------------------------ */
 
-enum { DT_N = 3, NV_N = 2, G_N = 4 };
+/* Attention kernels per cache dtype (kvs_dtype order: fp32, fp16, bf16,
+ * int8, fp8), vectors per lane and query-head group. */
+enum { DT_N = 5, NV_N = 2, G_N = 4 };
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static char reason_buf[512];
@@ -39,7 +41,7 @@ int kvs__cuda_attn_max_group = 8;
 /* Use the tensor-core kernel where it applies (bench knob). */
 int kvs__cuda_attn_mma = 1;
 uint32_t kvs__cuda_attn_last_nsplit = 1;
-static CUfunction f_write, f_blocks, f_merge;
+static CUfunction f_write, f_write_q, f_blocks, f_merge;
 static CUfunction f_attn[DT_N][NV_N][G_N];
 static CUfunction f_mma[2][2]; /* [fp16, bf16][d64, d128] */
 /* The context is current in this thread: kvshare made it current once and
@@ -88,14 +90,17 @@ static int load_kernels_locked(void) {
     return kernels_rc = kvs__cu_status(r);
   }
   if ((r = kvs__cu.cuModuleGetFunction(&f_write, mod, "kvs_write_kv_kernel")) ||
+      (r = kvs__cu.cuModuleGetFunction(&f_write_q, mod, "kvs_write_kv_q_kernel")) ||
       (r = kvs__cu.cuModuleGetFunction(&f_blocks, mod, "kvs_blocks_kernel")) ||
       (r = kvs__cu.cuModuleGetFunction(&f_merge, mod, "kvs_attn_merge_kernel")))
     return kernels_rc = kvs__cu_status(r);
-  static const char *dts[DT_N] = {"fp32", "fp16", "bf16"};
+  static const char *dts[DT_N] = {"fp32", "fp16", "bf16", "int8", "fp8"};
   for (int t = 0; t < DT_N; t++)
     for (int v = 0; v < NV_N; v++)
       for (int g = 0; g < G_N; g++) {
         char name[64];
+        if (kvs_dtype_quantized((uint32_t)t) && v == 1 && g == 3)
+          continue; /* not built (it would spill): groups of 4 at most */
         snprintf(name, sizeof name, "kvs_attn_%s_nv%d_g%d", dts[t], v + 1,
                  1 << g);
         if ((r = kvs__cu.cuModuleGetFunction(&f_attn[t][v][g], mod, name)))
@@ -250,9 +255,6 @@ int kvs_cuda_write_kv(const kvs_write_args *a, void *stream) {
     return KVS_EINVAL;
   if (kvs_dtype_quantized(a->src_dtype))
     return KVS_EINVAL;
-  /* int8/fp8 caches: the C twins only, for now. */
-  if (kvs_dtype_quantized(a->kv.dtype))
-    return KVS_ENOTSUP;
   if (a->num_tokens == 0)
     return 0;
   if (!a->k || !a->v || !a->slots ||
@@ -263,7 +265,10 @@ int kvs_cuda_write_kv(const kvs_write_args *a, void *stream) {
     return rc;
   kvs_write_args copy = *a;
   void *params[] = {&copy};
-  return launch(f_write, a->num_tokens, 1, 1, 128, 0, stream, params);
+  /* int8/fp8: a warp per row (its scales need the whole row), so the
+   * quantizing kernel; else one thread per element. */
+  return launch(kvs_dtype_quantized(a->kv.dtype) ? f_write_q : f_write,
+                a->num_tokens, 1, 1, 128, 0, stream, params);
 }
 
 static int cuda_blocks(void *base, uint64_t stride, void *staging,
@@ -309,20 +314,18 @@ static int cuda_attention(const kvs_attn_args *a, int prefill, void *stream) {
   int rc = kvs__check_attn(a, prefill);
   if (rc)
     return rc;
-  /* int8/fp8 caches: the C twins only, for now (the kernels are compiled
-   * per 16/32-bit cache dtype and would misread bytes and scales). */
-  if (kvs_dtype_quantized(a->kv.dtype))
-    return KVS_ENOTSUP;
   if (a->num_seqs == 0 || a->num_rows == 0)
     return 0;
   const kvs_paged_kv *kv = &a->kv;
   size_t es = kvs_dtype_size(kv->dtype);
   uint64_t row_bytes = (uint64_t)kv->head_dim * es;
   /* 16-byte loads of key rows: everything a row address is made of must be a
-   * multiple of 16 bytes. */
+   * multiple of 16 bytes; int8/fp8 scales are read as 8-byte pairs from
+   * arrays that kvs_layout.h aligns to 16 bytes. */
   if (row_bytes % 16 || ((uintptr_t)kv->base | kv->block_stride | kv->k_offset |
                          kv->v_offset | kv->token_stride * es |
-                         kv->head_stride * es) % 16)
+                         kv->head_stride * es |
+                         (kvs_dtype_quantized(kv->dtype) ? kv->scale_offset : 0)) % 16)
     return KVS_ENOTSUP;
   uint64_t chunks = row_bytes / 16;
   uint32_t lanes, nv;
@@ -339,13 +342,15 @@ static int cuda_attention(const kvs_attn_args *a, int prefill, void *stream) {
   if (rc)
     return rc;
   uint32_t ratio = a->num_heads / kv->num_kv_heads;
+  const int quant = kvs_dtype_quantized(kv->dtype);
   /* Tensor cores for GQA groups of 4 or more over a 16-bit cache, q/out in
    * the same dtype (the products then round nothing the C twin keeps). */
   int mma = kvs__cuda_attn_mma && kvs__cuda_attn_max_group >= 8 && ratio >= 4 &&
             (kv->dtype == KVS_DTYPE_FP16 || kv->dtype == KVS_DTYPE_BF16) &&
             a->qo_dtype == kv->dtype && (kv->head_dim == 64 || kv->head_dim == 128);
   int gi = ratio >= 8 || mma ? 3 : ratio >= 4 ? 2 : ratio >= 2 ? 1 : 0;
-  while (gi > 0 && (1 << gi) > kvs__cuda_attn_max_group)
+  while (gi > 0 && ((1 << gi) > kvs__cuda_attn_max_group ||
+                    (quant && nv == 2 && gi == 3)))
     gi--;
   uint32_t G = 1u << gi;
   uint32_t gchunks = (ratio + G - 1) / G;
@@ -363,7 +368,8 @@ static int cuda_attention(const kvs_attn_args *a, int prefill, void *stream) {
   if (parts > 1 && a->workspace &&
       a->workspace_bytes >= kvs_attn_workspace_bytes(a)) {
     uint32_t w = G * nv * (uint32_t)(16 / es);
-    uint32_t per_sm = nv == 1 ? (w <= 32 ? 3 : w <= 64 ? 2 : 1) : (w <= 32 ? 2 : 1);
+    uint32_t per_sm = quant ? (nv == 1 && G <= 4 ? 2 : 1)
+                      : nv == 1 ? (w <= 32 ? 3 : w <= 64 ? 2 : 1) : (w <= 32 ? 2 : 1);
     if (mma)
       per_sm = 2;
     uint64_t slots = (uint64_t)per_sm * dev_sms;

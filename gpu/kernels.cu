@@ -44,10 +44,24 @@ __device__ __forceinline__ void st_elem(void *p, uint64_t i, uint32_t dtype,
   }
 }
 
-/* 16 bytes -> 16 / sizeof(T) floats. */
+/* int8 / fp8 caches: one byte (a code) per element; a row of one token
+ * and kv head reads as code * scale + min (int8, the byte unsigned) or
+ * e4m3(code) * scale (fp8) with the row's float32 scales (kvs_layout.h). */
+struct KvInt8 {
+  uint8_t code;
+};
+struct KvFp8 {
+  uint8_t code;
+};
+
+/* 16 bytes -> N = 16 / sizeof(T) floats; NF float32 scales per row (0 for
+ * the unquantized dtypes).  For int8 and fp8 the floats are the codes' own
+ * values (the byte, the e4m3 number): the attention body applies the
+ * scales once per row where it can (phase 1, phase 3 for fp8) rather than
+ * once per element. */
 template <typename T> struct Vec;
 template <> struct Vec<float> {
-  enum { N = 4 };
+  enum { N = 4, NF = 0 };
   static __device__ __forceinline__ void cvt(const uint4 &r, float *f) {
     f[0] = __uint_as_float(r.x);
     f[1] = __uint_as_float(r.y);
@@ -56,7 +70,7 @@ template <> struct Vec<float> {
   }
 };
 template <> struct Vec<__half> {
-  enum { N = 8 };
+  enum { N = 8, NF = 0 };
   static __device__ __forceinline__ void cvt(const uint4 &r, float *f) {
     const __half2 *h = (const __half2 *)&r;
 #pragma unroll
@@ -68,7 +82,7 @@ template <> struct Vec<__half> {
   }
 };
 template <> struct Vec<__nv_bfloat16> {
-  enum { N = 8 };
+  enum { N = 8, NF = 0 };
   static __device__ __forceinline__ void cvt(const uint4 &r, float *f) {
     const uint32_t w[4] = {r.x, r.y, r.z, r.w};
 #pragma unroll
@@ -78,6 +92,70 @@ template <> struct Vec<__nv_bfloat16> {
     }
   }
 };
+
+/* Four bytes -> four floats 0..255, exactly: each byte under the exponent
+ * of 2^23 (0x4b000000 | b is 2^23 + b), then 2^23 off.  A byte permute and
+ * an add per element, no integer-to-float conversion (a quarter-rate
+ * instruction). */
+__device__ __forceinline__ void u8x4_to_float(uint32_t w, float *f) {
+#pragma unroll
+  for (int k = 0; k < 4; k++)
+    f[k] = __uint_as_float(__byte_perm(w, 0x4b000000u, 0x7440u | k)) - 8388608.f;
+}
+template <> struct Vec<KvInt8> {
+  enum { N = 16, NF = 2 };
+  static __device__ __forceinline__ void cvt(const uint4 &r, float *f) {
+    u8x4_to_float(r.x, f);
+    u8x4_to_float(r.y, f + 4);
+    u8x4_to_float(r.z, f + 8);
+    u8x4_to_float(r.w, f + 12);
+  }
+};
+
+/* fp8 e4m3 bits -> float, exact, as kvs_fp8_to_float (0x7f/0xff NaN).
+ * sm_89 and later convert two codes per instruction to half2 (e4m3 values
+ * are all fp16 values); sm_80 has no fp8 instruction and takes the C
+ * twin's branch-free form: the 7 bits below the sign moved under a float's
+ * exponent rebias by 2^120 (subnormals included; needs no flush-to-zero,
+ * which nvcc does not do without --use_fast_math). */
+__device__ __forceinline__ void e4m3x2_to_float(uint32_t two, float *f) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint32_t h2;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"((unsigned short)two));
+  float2 t = __half22float2(*(const __half2 *)&h2);
+  f[0] = t.x;
+  f[1] = t.y;
+#else
+#pragma unroll
+  for (int k = 0; k < 2; k++) {
+    uint32_t b = (two >> (8 * k)) & 0xffu, em = b & 0x7fu;
+    float v = em == 0x7fu ? __uint_as_float(0x7fc00000u)
+                          : __uint_as_float(em << 20) * 0x1p120f;
+    f[k] = __uint_as_float(__float_as_uint(v) | ((b & 0x80u) << 24));
+  }
+#endif
+}
+template <> struct Vec<KvFp8> {
+  enum { N = 16, NF = 1 };
+  static __device__ __forceinline__ void cvt(const uint4 &r, float *f) {
+    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      e4m3x2_to_float(w[i] & 0xffffu, f + 4 * i);
+      e4m3x2_to_float(w[i] >> 16, f + 4 * i + 2);
+    }
+  }
+};
+
+/* The NF scales of one row: int8 (scale, min), fp8 (scale, 0).  The scale
+ * arrays are 16-byte aligned (KVS_SCALE_ALIGN), so the pair is 8-byte
+ * aligned. */
+template <int NF>
+__device__ __forceinline__ float2 ld_scales(const char *p) {
+  if (NF == 2)
+    return __ldg((const float2 *)p);
+  return make_float2(NF ? __ldg((const float *)p) : 0.f, 0.f);
+}
 
 /* ---- write ------------------------------------------------------------------ */
 
@@ -101,6 +179,115 @@ extern "C" __global__ void kvs_write_kv_kernel(kvs_write_args a) {
     uint64_t dst = t * kv.token_stride + (uint64_t)h * kv.head_stride + d;
     st_elem(blk + kv.k_offset, dst, kv.dtype, ld_elem(a.k, src, a.src_dtype));
     st_elem(blk + kv.v_offset, dst, kv.dtype, ld_elem(a.v, src, a.src_dtype));
+  }
+}
+
+/* float -> fp8 e4m3 bits, the C twin's kvs_float_to_fp8 step for step
+ * (integer operations and one float add, the same bits): round to nearest
+ * even, saturating at +-448, NaN -> 0x7f with the sign. */
+__device__ __forceinline__ uint32_t float_to_e4m3(float f) {
+  uint32_t x = __float_as_uint(f);
+  uint32_t sign = (x >> 24) & 0x80u;
+  x &= 0x7fffffffu;
+  if (x > 0x7f800000u)
+    return sign | 0x7fu;
+  if (x >= 0x43e80000u) /* >= 464: 448 wins or saturates */
+    return sign | 0x7eu;
+  if (x < 0x3c800000u) /* below 2^-6: the add rounds to steps of 2^-9 */
+    return sign | (__float_as_uint(__uint_as_float(x) + 0x1p14f) - 0x46800000u);
+  uint32_t code = ((x + 0x7ffffu + ((x >> 20) & 1u)) >> 20) - (120u << 3);
+  return sign | (code > 0x7eu ? 0x7eu : code);
+}
+
+/*
+ * The write kernel for an int8 / fp8 cache: one block per token, one warp
+ * per (kv head, K or V) row at a time, lanes over the row's elements.  The
+ * row's minimum and maximum (int8) or largest magnitude (fp8) are reduced
+ * over the warp, then each lane quantizes its elements as
+ * kvs_quantize_row does, every step one correctly rounded float32
+ * operation (a subtraction, a division, rintf; no contraction is
+ * possible), so bytes and scales equal the C twin's.  The one choice a
+ * reduction could make differently is the sign of a zero minimum: the twin
+ * keeps the first of equal minima (-0 == +0), so the warp keeps the one of
+ * lowest index too.
+ */
+extern "C" __global__ void __launch_bounds__(128)
+    kvs_write_kv_q_kernel(kvs_write_args a) {
+  const kvs_paged_kv &kv = a.kv;
+  uint32_t i = blockIdx.x;
+  int64_t slot = a.slots[i];
+  if (slot < 0 ||
+      (kv.num_blocks && (uint64_t)slot >= (uint64_t)kv.num_blocks * kv.block_size))
+    return;
+  uint64_t t = (uint64_t)slot % kv.block_size;
+  char *blk = (char *)kv.base + (uint64_t)slot / kv.block_size * kv.block_stride;
+  const uint32_t D = kv.head_dim, nf = kvs_scale_floats(kv.dtype);
+  const uint32_t lane = threadIdx.x % 32;
+  const bool int8 = kv.dtype == KVS_DTYPE_INT8;
+  for (uint32_t r = threadIdx.x / 32; r < 2 * kv.num_kv_heads; r += blockDim.x / 32) {
+    const uint32_t h = r / 2;
+    const void *src = r % 2 ? a.v : a.k;
+    const uint64_t s0 = (uint64_t)i * a.src_token_stride + (uint64_t)h * D;
+    char *plane = blk + (r % 2 ? kv.v_offset : kv.k_offset);
+    uint8_t *dst = (uint8_t *)plane + t * kv.token_stride + (uint64_t)h * kv.head_stride;
+    float *sc = (float *)(plane + kv.scale_offset + (t * kv.num_kv_heads + h) * nf * 4);
+    int bad = 0;
+    float lo = INFINITY, hi = -INFINITY, amax = 0.f;
+    uint32_t lo_at = UINT32_MAX;
+    for (uint32_t d = lane; d < D; d += 32) {
+      float x = ld_elem(src, s0 + d, a.src_dtype);
+      bad |= !(x - x == 0.f); /* NaN or infinite */
+      if (x < lo) {
+        lo = x;
+        lo_at = d;
+      }
+      hi = fmaxf(hi, x);
+      amax = fmaxf(amax, fabsf(x));
+    }
+    for (int o = 16; o >= 1; o /= 2) {
+      float olo = __shfl_xor_sync(0xffffffffu, lo, o);
+      uint32_t oat = __shfl_xor_sync(0xffffffffu, lo_at, o);
+      if (olo < lo || (olo == lo && oat < lo_at)) {
+        lo = olo;
+        lo_at = oat;
+      }
+      bad |= __shfl_xor_sync(0xffffffffu, bad, o);
+      hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    }
+    float s;
+    if (int8) {
+      float range = hi - lo;
+      bad |= !(range <= 0x1.fffffep127f); /* the range overflows float32 */
+      s = bad ? 0.f : range / 255.f;
+    } else {
+      s = bad ? 0.f : amax / 448.f;
+    }
+    if (bad || s == 0.f) { /* bytes 0; a bad row's scales NaN (reads NaN) */
+      const float nan = __uint_as_float(0x7fc00000u);
+      for (uint32_t d = lane; d < D; d += 32)
+        dst[d] = 0;
+      if (lane == 0) {
+        sc[0] = bad ? nan : 0.f;
+        if (int8)
+          sc[1] = bad ? nan : lo;
+      }
+      continue;
+    }
+    if (lane == 0) {
+      sc[0] = s;
+      if (int8)
+        sc[1] = lo;
+    }
+    for (uint32_t d = lane; d < D; d += 32) {
+      float x = ld_elem(src, s0 + d, a.src_dtype);
+      if (int8) {
+        float q = rintf((x - lo) / s); /* nearest even */
+        dst[d] = (uint8_t)(q > 255.f ? 255.f : q < 0.f ? 0.f : q);
+      } else {
+        dst[d] = (uint8_t)float_to_e4m3(x / s);
+      }
+    }
   }
 }
 
@@ -151,19 +338,32 @@ extern "C" __global__ void kvs_blocks_kernel(char *base, uint64_t stride,
  * Lanes: a key row of head_dim elements is `lanes` lanes x NV vectors of 16
  * bytes; a warp reads 32 / lanes tokens at a time.  Lane c of a token holds
  * elements (v * lanes + c) * VEC + [0, VEC) for v < NV.
+ *
+ * int8 / fp8 caches (NF scales per row): each lane loads its token's
+ * scales once, with the row's vectors, and applies them per row where the
+ * algebra allows: a score is scale * sum(q * code) (+ min * sum(q) for
+ * int8, sum(q) computed once per block), so the dot product runs on the
+ * codes; fp8 values are weighted by p * scale;
+ * int8 values are dequantized (code * scale + min, one fma) before they
+ * are weighted, since splitting off min * sum(p) there would cancel.
  */
 template <typename T, int NV, int G>
 __device__ __forceinline__ void attn_body(const kvs_attn_args &a, int prefill,
                                           uint32_t lanes, uint32_t span) {
   constexpr int VEC = Vec<T>::N;
   constexpr int E = NV * VEC;
+  constexpr int NF = Vec<T>::NF;
+  /* Token groups in flight: int8 keeps 3 (its minimum and the fma that
+   * dequantizes values take the registers a fourth would need at two
+   * blocks per SM; ptxas -v: no spill). */
+  constexpr int U = NF == 2 ? 3 : UNR;
   extern __shared__ float smem[];
   const kvs_paged_kv &kv = a.kv;
   const uint32_t D = kv.head_dim;
   float *logits = smem;                    /* [G][PART] */
   float *red = logits + G * KVS__ATTN_PART; /* [G][D]: output accumulator */
   float *sq = red + G * D;                  /* [G][D]: q as floats */
-  __shared__ float sm_m[G], sm_l[G];
+  __shared__ float sm_m[G], sm_l[G], sm_qsum[G];
 
   const uint32_t row = blockIdx.x;
   uint32_t s, n;
@@ -223,11 +423,23 @@ __device__ __forceinline__ void attn_body(const kvs_attn_args &a, int prefill,
     sm_l[tid] = 0.f;
   }
   __syncthreads();
+  if (NF == 2) { /* int8: sum(q) of head `warp`, for min * sum(q) */
+    if (warp < G) {
+      float x = 0.f;
+      for (uint32_t d = lane; d < D; d += 32)
+        x += sq[warp * D + d];
+      for (int o = 16; o >= 1; o /= 2)
+        x += __shfl_xor_sync(0xffffffffu, x, o);
+      if (lane == 0)
+        sm_qsum[warp] = x;
+    }
+    __syncthreads();
+  }
 
   for (uint32_t c0 = t0; c0 < t1; c0 += KVS__ATTN_PART) {
     const uint32_t C = min(KVS__ATTN_PART, t1 - c0);
 
-    /* Phase 1: scores of the chunk.  Each warp issues the loads of UNR
+    /* Phase 1: scores of the chunk.  Each warp issues the loads of U
      * token groups before it uses any of them (bytes in flight). */
     {
       float q[G][E];
@@ -243,29 +455,35 @@ __device__ __forceinline__ void attn_body(const kvs_attn_args &a, int prefill,
             q[g][v * VEC + k + 2] = t.z;
             q[g][v * VEC + k + 3] = t.w;
           }
-      for (uint32_t ib = warp * tpw; ib < C; ib += UNR * tpc) {
-        uint4 raw[UNR][NV];
+      for (uint32_t ib = warp * tpw; ib < C; ib += U * tpc) {
+        uint4 raw[U][NV];
+        float2 scl[U];
 #pragma unroll
-        for (int u = 0; u < UNR; u++) {
+        for (int u = 0; u < U; u++) {
           uint32_t idx = ib + u * tpc + sub;
           if (idx < C) {
             uint32_t j = c0 + idx;
             uint32_t bi = bs_pow2 ? j >> bs_shift : j / kv.block_size;
             uint32_t bo = bs_pow2 ? j & bs_mask : j % kv.block_size;
-            const char *row_p = base + (uint64_t)bt[bi] * kv.block_stride +
-                                kv.k_offset + bo * tok_bytes + head_off;
+            const char *plane = base + (uint64_t)bt[bi] * kv.block_stride + kv.k_offset;
+            const char *row_p = plane + bo * tok_bytes + head_off;
 #pragma unroll
             for (int v = 0; v < NV; v++)
               raw[u][v] = __ldg(
                   (const uint4 *)(row_p + ((uint64_t)v * lanes + c) * 16));
+            scl[u] = ld_scales<NF>(plane + kv.scale_offset +
+                                   ((uint64_t)bo * kv.num_kv_heads + h) * (NF * 4));
           } else {
+            /* zero codes and scales: a score of 0, never stored (a slot
+             * past the row is not read, its poison never loaded) */
 #pragma unroll
             for (int v = 0; v < NV; v++)
               raw[u][v] = make_uint4(0, 0, 0, 0);
+            scl[u] = make_float2(0.f, 0.f);
           }
         }
 #pragma unroll
-        for (int u = 0; u < UNR; u++) {
+        for (int u = 0; u < U; u++) {
           uint32_t idx = ib + u * tpc + sub;
           float dotp[G];
 #pragma unroll
@@ -280,6 +498,11 @@ __device__ __forceinline__ void attn_body(const kvs_attn_args &a, int prefill,
 #pragma unroll
               for (int k = 0; k < VEC; k++)
                 dotp[g] += q[g][v * VEC + k] * f[k];
+          }
+          if (NF) {
+#pragma unroll
+            for (int g = 0; g < G; g++)
+              dotp[g] *= scl[u].x;
           }
           if (G <= lanes) {
             /* Transposing butterfly: each step halves the values a lane
@@ -299,15 +522,19 @@ __device__ __forceinline__ void attn_body(const kvs_attn_args &a, int prefill,
             uint32_t per = lanes / G;
             for (uint32_t o = per / 2; o >= 1; o /= 2)
               dotp[0] += __shfl_xor_sync(0xffffffffu, dotp[0], o);
-            if (idx < C && c % per == 0)
+            if (idx < C && c % per == 0) {
+              if (NF == 2)
+                dotp[0] += scl[u].y * sm_qsum[c / per];
               logits[(c / per) * KVS__ATTN_PART + idx] = dotp[0] * a.scale;
+            }
           } else {
 #pragma unroll
             for (int g = 0; g < G; g++) {
               for (uint32_t o = lanes / 2; o >= 1; o /= 2)
                 dotp[g] += __shfl_xor_sync(0xffffffffu, dotp[g], o);
               if (idx < C && c == 0)
-                logits[g * KVS__ATTN_PART + idx] = dotp[g] * a.scale;
+                logits[g * KVS__ATTN_PART + idx] =
+                    (NF == 2 ? dotp[g] + scl[u].y * sm_qsum[g] : dotp[g]) * a.scale;
             }
           }
         }
@@ -353,36 +580,44 @@ __device__ __forceinline__ void attn_body(const kvs_attn_args &a, int prefill,
 #pragma unroll
         for (int e = 0; e < E; e++)
           acc[g][e] = 0.f;
-      for (uint32_t ib = warp * tpw; ib < C; ib += UNR * tpc) {
-        uint4 raw[UNR][NV];
+      for (uint32_t ib = warp * tpw; ib < C; ib += U * tpc) {
+        uint4 raw[U][NV];
+        float2 scl[U];
 #pragma unroll
-        for (int u = 0; u < UNR; u++) {
+        for (int u = 0; u < U; u++) {
           uint32_t idx = ib + u * tpc + sub;
           if (idx < C) {
             uint32_t j = c0 + idx;
             uint32_t bi = bs_pow2 ? j >> bs_shift : j / kv.block_size;
             uint32_t bo = bs_pow2 ? j & bs_mask : j % kv.block_size;
-            const char *row_p = base + (uint64_t)bt[bi] * kv.block_stride +
-                                kv.v_offset + bo * tok_bytes + head_off;
+            const char *plane = base + (uint64_t)bt[bi] * kv.block_stride + kv.v_offset;
+            const char *row_p = plane + bo * tok_bytes + head_off;
 #pragma unroll
             for (int v = 0; v < NV; v++)
               raw[u][v] = __ldg(
                   (const uint4 *)(row_p + ((uint64_t)v * lanes + c) * 16));
+            scl[u] = ld_scales<NF>(plane + kv.scale_offset +
+                                   ((uint64_t)bo * kv.num_kv_heads + h) * (NF * 4));
           }
         }
 #pragma unroll
-        for (int u = 0; u < UNR; u++) {
+        for (int u = 0; u < U; u++) {
           uint32_t idx = ib + u * tpc + sub;
           if (idx >= C)
             break;
           float p[G];
 #pragma unroll
           for (int g = 0; g < G; g++)
-            p[g] = logits[g * KVS__ATTN_PART + idx];
+            p[g] = logits[g * KVS__ATTN_PART + idx] * (NF == 1 ? scl[u].x : 1.f);
 #pragma unroll
           for (int v = 0; v < NV; v++) {
             float f[VEC];
             Vec<T>::cvt(raw[u][v], f);
+            if (NF == 2) {
+#pragma unroll
+              for (int k = 0; k < VEC; k++)
+                f[k] = fmaf(f[k], scl[u].x, scl[u].y);
+            }
 #pragma unroll
             for (int g = 0; g < G; g++)
 #pragma unroll
@@ -444,8 +679,9 @@ __device__ __forceinline__ void attn_body(const kvs_attn_args &a, int prefill,
  * lane (G query heads x E elements) leave room for more. */
 #define KVS_ATTN_W(T, NV, G) ((G) * (NV) * (16 / (int)sizeof(T)))
 #define KVS_ATTN_MINB(T, NV, G)                                  \
-  ((NV) == 1 ? (KVS_ATTN_W(T, NV, G) <= 32 ? 3 : KVS_ATTN_W(T, NV, G) <= 64 ? 2 : 1) \
-             : (KVS_ATTN_W(T, NV, G) <= 32 ? 2 : 1))
+  (Vec<T>::NF ? ((NV) == 1 && (G) <= 4 ? 2 : 1)                   \
+   : (NV) == 1 ? (KVS_ATTN_W(T, NV, G) <= 32 ? 3 : KVS_ATTN_W(T, NV, G) <= 64 ? 2 : 1) \
+               : (KVS_ATTN_W(T, NV, G) <= 32 ? 2 : 1))
 
 #define KVS_ATTN_INST(NAME, T, NV, G)                                        \
   extern "C" __global__ void __launch_bounds__(                             \
@@ -466,6 +702,17 @@ __device__ __forceinline__ void attn_body(const kvs_attn_args &a, int prefill,
 KVS_ATTN_INST_NV(fp32, float)
 KVS_ATTN_INST_NV(fp16, __half)
 KVS_ATTN_INST_NV(bf16, __nv_bfloat16)
+/* int8 / fp8: 16 codes per vector, so the lanes hold twice the values of
+ * fp16 (and the scales): two blocks per SM up to 4 query heads, one for 8;
+ * head_dim 1024 (two vectors per lane) takes up to 4 heads per block (8
+ * would spill), which the launcher respects. */
+#define KVS_ATTN_INST_Q(NAME, T) \
+  KVS_ATTN_INST_G(NAME, T, 1)    \
+  KVS_ATTN_INST(NAME, T, 2, 1)   \
+  KVS_ATTN_INST(NAME, T, 2, 2)   \
+  KVS_ATTN_INST(NAME, T, 2, 4)
+KVS_ATTN_INST_Q(int8, KvInt8)
+KVS_ATTN_INST_Q(fp8, KvFp8)
 
 /* ---- attention on tensor cores (GQA, 16-bit caches) ---------------------------- */
 

@@ -39,9 +39,9 @@
  *   kvs_scale_floats(dtype) float32 in the plane's scale array
  *   (kvs_paged_kv.scale_offset): int8 a scale and the row's minimum, fp8 a
  *   scale (kvs_quantize_row).  The write
- *   kernel quantizes (kvs_quantize_row); attention dequantizes as it reads
- *   (the C twins; the CUDA kernels refuse quantized caches with KVS_ENOTSUP
- *   for now); copy/gather/scatter move whole blocks, scales included.  q,
+ *   kernel quantizes (kvs_quantize_row; the CUDA kernel gives the same
+ *   bytes); attention dequantizes in registers as it reads, on both
+ *   backends; copy/gather/scatter move whole blocks, scales included.  q,
  *   out and the write kernel's sources are never quantized (KVS_EINVAL).
  *
  * Errors: every function returns 0 or a negative status (kvs_status.h codes,

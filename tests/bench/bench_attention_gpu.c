@@ -12,7 +12,10 @@
  *
  * Times are CUDA-event times (median of 5 runs of `reps` back-to-back calls,
  * after warm-up).  Bytes counted: every K and V element of every request's
- * keys, read once (the floor for decode); q, out, tables are ignored.
+ * keys, read once (the floor for decode), and for int8/fp8 their scales; q,
+ * out, tables are ignored.  int8 and fp8 rows (q/out fp16) also give their
+ * tokens/s against the fp16 row of the same shape timed just before
+ * ("x fp16": issue 24 asks >= 1.6 at batch 32 x 4096, 32/8 heads, D 128).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -87,6 +90,10 @@ typedef struct {
   uint32_t dtype, batch, len, heads, kvh, dim;
 } bench_cfg;
 
+/* Time of the last fp16 row, by shape, for the quantized rows' ratio. */
+static bench_cfg fp16_cfg;
+static float fp16_ms;
+
 static void run_cfg(const bench_cfg *c, int reps, int one_pass, double copy_bw,
                     double peak) {
   kvs_layout l = {.block_size = 16, .num_layers = 2,
@@ -110,7 +117,9 @@ static void run_cfg(const bench_cfg *c, int reps, int one_pass, double copy_bw,
   }
   for (uint32_t s = 0; s < B; s++)
     lens[s] = len;
-  size_t qbytes = (size_t)B * c->heads * l.head_dim * kvs_dtype_size(l.dtype);
+  /* q/out in the cache dtype, fp16 for int8/fp8 */
+  uint32_t qo = kvs_dtype_quantized(l.dtype) ? KVS_DTYPE_FP16 : l.dtype;
+  size_t qbytes = (size_t)B * c->heads * l.head_dim * kvs_dtype_size(qo);
   void *d_pool, *d_q, *d_out, *d_tab, *d_lens, *d_ws = NULL;
   CU(kvs_cuda_malloc(&d_pool, kvs_pool_bytes(&l)));
   fill_random(d_pool, kvs_pool_bytes(&l));
@@ -132,13 +141,14 @@ static void run_cfg(const bench_cfg *c, int reps, int one_pass, double copy_bw,
   a.num_heads = c->heads;
   a.max_blocks_per_seq = mb;
   a.max_seq_len = len;
-  a.qo_dtype = l.dtype; /* q/out in the cache dtype */
+  a.qo_dtype = qo;
   a.scale = 0.088f;
   uint64_t wsb = kvs_attn_workspace_bytes(&a);
   if (wsb)
     CU(kvs_cuda_malloc(&d_ws, wsb));
-  double kv_bytes = 2.0 * B * len * l.num_kv_heads * l.head_dim *
-                    kvs_dtype_size(l.dtype);
+  double kv_bytes = 2.0 * B * len * l.num_kv_heads *
+                    ((double)l.head_dim * kvs_dtype_size(l.dtype) +
+                     4.0 * kvs_scale_floats(l.dtype));
   for (int split = 1; split >= 0; split--) {
     if (split && !wsb)
       continue;
@@ -150,12 +160,23 @@ static void run_cfg(const bench_cfg *c, int reps, int one_pass, double copy_bw,
     double bw = kv_bytes / (ms * 1e-3) / 1e9;
     /* "ws": a split workspace was given; "parts": what the launcher made of
      * it (1: the rows were not split after all). */
+    /* tokens/s against the fp16 row of the same shape (same split mode) */
+    char ratio[16] = "";
+    bench_cfg same = *c;
+    same.dtype = KVS_DTYPE_FP16;
+    if (l.dtype == KVS_DTYPE_FP16 && split) {
+      fp16_cfg = *c;
+      fp16_ms = ms;
+    } else if (kvs_dtype_quantized(l.dtype) && split && fp16_ms > 0 &&
+               memcmp(&same, &fp16_cfg, sizeof same) == 0) {
+      snprintf(ratio, sizeof ratio, "%.2fx", fp16_ms / ms);
+    }
     printf("%-5s %-5u %-6u %-5u %-6u %-4u %-3s %5u %10.1f %10.1f %9.0f %7.0f%% "
-           "%7.0f%%\n",
+           "%7.0f%% %7s\n",
            kvs_dtype_name(l.dtype), B, len, c->heads, l.num_kv_heads,
            l.head_dim, split ? "yes" : "no", kvs__cuda_attn_last_nsplit,
            kv_bytes / (1 << 20), ms * 1e3, bw, 100.0 * bw / copy_bw,
-           100.0 * bw / peak);
+           100.0 * bw / peak, ratio);
   }
   kvs_cuda_free(d_pool);
   kvs_cuda_free(d_q);
@@ -200,9 +221,9 @@ int main(int argc, char **argv) {
   CU(kvs_cuda_free(ca));
   CU(kvs_cuda_free(cb));
 
-  printf("\n%-5s %-5s %-6s %-5s %-6s %-4s %-3s %5s %10s %10s %9s %8s %8s\n",
+  printf("\n%-5s %-5s %-6s %-5s %-6s %-4s %-3s %5s %10s %10s %9s %8s %8s %7s\n",
          "kv", "batch", "seqlen", "heads", "kvh", "D", "ws", "parts", "KV MiB",
-         "time us", "GB/s", "%copy", "%nominal");
+         "time us", "GB/s", "%copy", "%nominal", "x fp16");
 
   static const bench_cfg cfg[] = {
       {KVS_DTYPE_FP16, 16, 2048, 32, 8, 128},
@@ -216,6 +237,16 @@ int main(int argc, char **argv) {
       {KVS_DTYPE_FP16, 32, 4096, 32, 32, 128}, /* MHA */
       {KVS_DTYPE_FP16, 32, 4096, 64, 8, 128},  /* GQA 8 */
       {KVS_DTYPE_FP16, 32, 4096, 32, 4, 64},
+      /* quantized caches, each after the fp16 row of its shape */
+      {KVS_DTYPE_FP16, 32, 4096, 32, 8, 128},
+      {KVS_DTYPE_INT8, 32, 4096, 32, 8, 128},
+      {KVS_DTYPE_FP8, 32, 4096, 32, 8, 128},
+      {KVS_DTYPE_FP16, 16, 8192, 32, 8, 128},
+      {KVS_DTYPE_INT8, 16, 8192, 32, 8, 128},
+      {KVS_DTYPE_FP8, 16, 8192, 32, 8, 128},
+      {KVS_DTYPE_FP16, 32, 4096, 64, 8, 128}, /* GQA 8 */
+      {KVS_DTYPE_INT8, 32, 4096, 64, 8, 128},
+      {KVS_DTYPE_FP8, 32, 4096, 64, 8, 128},
   };
   const char *mode = argc > 2 ? argv[2] : "";
   if (strcmp(mode, "profile") == 0) {
@@ -249,6 +280,7 @@ int main(int argc, char **argv) {
     kvs__cuda_attn_max_group = 8;
   }
   printf("\n%%copy: against the device-to-device copy above (read+write bytes);"
-         " %%nominal: against %.0f GB/s.\n", peak);
+         " %%nominal: against %.0f GB/s; x fp16: tokens/s against the fp16 row of"
+         " the same shape (split workspace given to both).\n", peak);
   return 0;
 }

@@ -4,14 +4,18 @@
 # Everything it prints is also written to $OUT/gpu-run.log when $OUT is set.
 #
 #   1. the CUDA kernels against their C twins (test_gpu_cuda, with forced
-#      splits), under compute-sanitizer memcheck when it is there
+#      splits; every cache dtype, int8/fp8 included: the quantizing write
+#      byte for byte, attention over poisoned pools), under
+#      compute-sanitizer memcheck when it is there
 #   2. the cuda pool on the real driver: a daemon and 4 workers, K/V written
 #      by one, read, attended and copied by the others, every refusal, kill -9
-#      of workers with the GPU's free memory before and after (test_gpu_pool);
+#      of workers with the GPU's free memory before and after, int8 and fp8
+#      pools written and attended on the device (test_gpu_pool);
 #      the host and disk tiers under the cuda pool (test_gpu_tiers)
 #   3. make demo's workload on the GPU pool (tests/demo.sh, backend auto)
 #   4. the benchmarks: the pool (bench_gpu_pool), GPU decode attention
-#      (bench_attention_gpu, and against PyTorch's SDPA:
+#      (bench_attention_gpu, int8/fp8 rows with their tokens/s against fp16
+#      in the same run, and against PyTorch's SDPA:
 #      bench_attention_sdpa.py), the CPU attention body (bench_attention), and
 #      device <-> pinned host copies against raw cuMemcpy (bench_tiers gpu)
 set -u

@@ -102,6 +102,23 @@ static void *dev_copy(const void *host, size_t bytes) {
   return d;
 }
 
+/* Write-kernel arguments for n tokens of layer `layer` from k, v
+ * (rows of `row` elements of `dtype`) into slots. */
+static kvs_write_args write_args(kvs_client *c, uint32_t layer, const void *k,
+                                 const void *v, const int64_t *slots,
+                                 uint32_t row, uint32_t dtype, uint32_t n) {
+  kvs_write_args w;
+  memset(&w, 0, sizeof w);
+  MUST(c, kvs_paged_kv_of(c, layer, &w.kv));
+  w.k = k;
+  w.v = v;
+  w.slots = slots;
+  w.src_token_stride = row;
+  w.src_dtype = dtype;
+  w.num_tokens = n;
+  return w;
+}
+
 /* Writes K/V of positions [from, to) of the prompt with the CUDA write
  * kernel, then synchronises (the stream rule: before the commit). */
 static void write_positions(kvs_client *c, const uint32_t *table,
@@ -123,15 +140,7 @@ static void write_positions(kvs_client *c, const uint32_t *table,
         }
     void *dk = dev_copy(k, (size_t)n * row * sizeof *k);
     void *dv = dev_copy(v, (size_t)n * row * sizeof *v);
-    kvs_write_args w;
-    memset(&w, 0, sizeof w);
-    MUST(c, kvs_paged_kv_of(c, layer, &w.kv));
-    w.k = dk;
-    w.v = dv;
-    w.slots = dslots;
-    w.src_token_stride = row;
-    w.src_dtype = KVS_DTYPE_FP32;
-    w.num_tokens = n;
+    kvs_write_args w = write_args(c, layer, dk, dv, dslots, row, KVS_DTYPE_FP32, n);
     MUST(c, kvs_pool_kernels(c)->write_kv(&w, NULL));
     MUST(c, kvs_cuda_sync(NULL));
     kvs_cuda_free(dk);
@@ -639,6 +648,139 @@ static int role_churn(const char *sock) {
   return 0;
 }
 
+/* A pool of --dtype int8 or fp8: K/V written with the CUDA write kernel
+ * (quantized on the device), committed, found by a second request, then
+ * decode and chunked prefill through the CUDA kernels on the shared pool
+ * (split workspace given); the written bytes and scales against the C
+ * write kernel's on a host image of the pool taken before, the outputs
+ * against the C twins on the image taken after. */
+#define QTOK (3 * BS + 5)
+static int role_quant(const char *sock) {
+  kvs_client *c = connect_worker(sock, "quant");
+  const kvs_layout *l = kvs_layout_of(c);
+  const uint32_t kvh = l->num_kv_heads, hd = l->head_dim, nh = 2 * kvh;
+  const uint32_t row = kvh * hd;
+  const uint64_t pool_bytes = kvs_pool_bytes(l);
+  CHECK(kvs_dtype_quantized(l->dtype));
+  kvs_lookup_result lr;
+  kvs_alloc_result ar;
+  uint32_t sealed;
+  MUST(c, kvs_lookup(c, 1, prompt, QTOK, NULL, 0, &lr));
+  MUST(c, kvs_allocate(c, 1, QTOK, &ar));
+  uint32_t nb = ar.num_blocks, table[8];
+  CHECK(nb <= 8);
+  memcpy(table, ar.blocks, nb * sizeof *table);
+  uint8_t *before = malloc(pool_bytes), *after = malloc(pool_bytes);
+  uint16_t *k = malloc((size_t)QTOK * row * 2), *v = malloc((size_t)QTOK * row * 2);
+  int64_t slots[QTOK];
+  CHECK(before && after && k && v);
+  for (uint32_t p = 0; p < QTOK; p++)
+    slots[p] = (int64_t)table[p / BS] * BS + p % BS;
+  MUST(c, kvs_cuda_memcpy_dtoh(before, kvs_pool_base(c), pool_bytes));
+  void *dslots = dev_copy(slots, sizeof slots);
+  for (uint32_t layer = 0; layer < l->num_layers; layer++) {
+    for (uint32_t i = 0; i < QTOK * row; i++) {
+      float x = kv_value(layer, i / row, 0, i % row / hd, i % hd) * 3.f;
+      float y = kv_value(layer, i / row, 1, i % row / hd, i % hd);
+      k[i] = kvs_float_to_fp16(x);
+      v[i] = kvs_float_to_fp16(y);
+    }
+    void *dk = dev_copy(k, (size_t)QTOK * row * 2);
+    void *dv = dev_copy(v, (size_t)QTOK * row * 2);
+    kvs_write_args w = write_args(c, layer, dk, dv, dslots, row, KVS_DTYPE_FP16, QTOK);
+    MUST(c, kvs_pool_kernels(c)->write_kv(&w, NULL));
+    /* the same on the host image */
+    MUST(c, kvs_paged_kv_init(&w.kv, before, l, layer));
+    w.k = k;
+    w.v = v;
+    w.slots = slots;
+    MUST(c, kvs_cpu_write_kv(&w, NULL));
+    MUST(c, kvs_cuda_sync(NULL));
+    kvs_cuda_free(dk);
+    kvs_cuda_free(dv);
+  }
+  MUST(c, kvs_cuda_memcpy_dtoh(after, kvs_pool_base(c), pool_bytes));
+  if (memcmp(before, after, pool_bytes) != 0) {
+    fprintf(stderr, "%s pool: the CUDA write kernel's bytes differ from the "
+            "C twin's\n", kvs_dtype_name(l->dtype));
+    return 1;
+  }
+  MUST(c, kvs_commit(c, 1, 0, NULL, QTOK, table, nb, &sealed));
+  CHECK(sealed == QTOK / BS);
+  MUST(c, kvs_lookup(c, 2, prompt, QTOK, NULL, 0, &lr));
+  CHECK(lr.hit_tokens == QTOK / BS * BS);
+  CHECK(memcmp(lr.blocks, table, lr.num_blocks * sizeof *table) == 0);
+
+  /* decode of request 1 (all QTOK keys), then prefill of its last 9 */
+  enum { QLEN = 9 };
+  uint32_t lens[1] = {QTOK}, qstart[2] = {0, QLEN};
+  float q[QLEN * 8 * 256], out[QLEN * 8 * 256], twin[QLEN * 8 * 256];
+  CHECK(nh <= 8 && hd <= 256);
+  for (uint32_t i = 0; i < QLEN * nh * hd; i++)
+    q[i] = kv_value(77, i / (nh * hd), 0, i / hd % nh, i % hd);
+  void *dq = dev_copy(q, sizeof q), *dout = dev_copy(q, sizeof q);
+  void *dlen = dev_copy(lens, sizeof lens), *dqs = dev_copy(qstart, sizeof qstart);
+  void *dtab = dev_copy(table, nb * sizeof *table), *dws = NULL;
+  for (int prefill = 0; prefill < 2; prefill++)
+    for (uint32_t layer = 0; layer < l->num_layers; layer++) {
+      kvs_attn_args a;
+      memset(&a, 0, sizeof a);
+      MUST(c, kvs_paged_kv_of(c, layer, &a.kv));
+      a.out = dout;
+      a.q = dq;
+      a.seq_lens = dlen;
+      a.q_start = prefill ? dqs : NULL;
+      a.block_tables = dtab;
+      a.num_seqs = 1;
+      a.num_rows = prefill ? QLEN : 1;
+      a.num_heads = nh;
+      a.max_blocks_per_seq = nb;
+      a.max_seq_len = QTOK;
+      a.qo_dtype = KVS_DTYPE_FP32;
+      a.scale = 1.f / sqrtf((float)hd);
+      a.workspace_bytes = kvs_attn_workspace_bytes(&a);
+      if (a.workspace_bytes && !dws)
+        MUST(c, kvs_cuda_malloc(&dws, a.workspace_bytes));
+      a.workspace = dws;
+      const kvs_kernels *kk = kvs_pool_kernels(c);
+      MUST(c, prefill ? kk->prefill_attention(&a, NULL)
+                      : kk->decode_attention(&a, NULL));
+      MUST(c, kvs_cuda_sync(NULL));
+      size_t n = (size_t)a.num_rows * nh * hd;
+      MUST(c, kvs_cuda_memcpy_dtoh(out, dout, n * sizeof *out));
+      kvs_attn_args h = a;
+      MUST(c, kvs_paged_kv_init(&h.kv, after, l, layer));
+      h.out = twin;
+      h.q = q;
+      h.seq_lens = lens;
+      h.q_start = prefill ? qstart : NULL;
+      h.block_tables = table;
+      h.workspace = NULL;
+      MUST(c, prefill ? kvs_cpu_prefill_attention(&h, NULL)
+                      : kvs_cpu_decode_attention(&h, NULL));
+      for (size_t i = 0; i < n; i++)
+        if (!(fabs((double)out[i] - twin[i]) <= 2e-5)) {
+          fprintf(stderr, "%s pool, %s layer %u element %zu: %.7f, the C "
+                  "twin %.7f\n", kvs_dtype_name(l->dtype),
+                  prefill ? "prefill" : "decode", layer, i, out[i], twin[i]);
+          return 1;
+        }
+    }
+  kvs_cuda_free(dq);
+  kvs_cuda_free(dout);
+  kvs_cuda_free(dlen);
+  kvs_cuda_free(dqs);
+  kvs_cuda_free(dtab);
+  kvs_cuda_free(dws);
+  kvs_cuda_free(dslots);
+  free(before);
+  free(after);
+  free(k);
+  free(v);
+  kvs_close(c);
+  return 0;
+}
+
 static int run_role(int argc, char **argv) {
   const char *role = argv[2], *sock = argv[3];
   int id = argc > 4 ? atoi(argv[4]) : 0;
@@ -656,6 +798,8 @@ static int run_role(int argc, char **argv) {
     return role_copier(sock, id);
   if (!strcmp(role, "faulty"))
     return role_faulty(sock);
+  if (!strcmp(role, "quant"))
+    return role_quant(sock);
   if (!strcmp(role, "meminfo")) { /* the GPU's free memory, in bytes */
     kvs_vmm_info info;
     char err[256];
@@ -1096,10 +1240,23 @@ int main(int argc, char **argv) {
   CHECK(st.copy_errors == 0);
   kvs_close(c);
   itest_daemon_finish(&d, -1);
+
+  /* int8 and fp8 pools: the quantizing write and attention on the device
+   * (the C twins behind them on the stand-in: the plumbing). */
+  static const char *const qdtypes[] = {"int8", "fp8"};
+  for (int i = 0; i < 2; i++) {
+    const char *qargs[] = {"--backend", "cuda", "--pool-blocks", "64",
+                           "--gpu-chunk-size", "2M", "--block-size", "16",
+                           "--num-layers", "2", "--num-kv-heads", "2",
+                           "--head-dim", "128", "--dtype", qdtypes[i], NULL};
+    itest_daemon_start(&d, qargs);
+    CHECK(run_to_end("quant", d.socket, 0) == 0);
+    itest_daemon_finish(&d, -1);
+  }
   if (!real_gpu)
     copy_failures();
   printf("gpu pool: %s: export, import, kernels, CoW by daemon and worker, "
-         "refusals, kill -9%s: ok\n", real_gpu ? "real GPU" : "stand-in driver",
+         "refusals, kill -9, int8 and fp8 pools%s: ok\n", real_gpu ? "real GPU" : "stand-in driver",
          real_gpu ? "" : ", copies that fault or outlive their session");
   return 0;
 }

@@ -45,6 +45,7 @@ struct CUfunc_st {
 
 static struct CUfunc_st kernels[] = {
     {"kvs_write_kv_kernel", K_WRITE, 1024},
+    {"kvs_write_kv_q_kernel", K_WRITE, 128},
     {"kvs_blocks_kernel", K_BLOCKS, 1024},
     {"kvs_attn_merge_kernel", K_MERGE, 1024},
     ATTN_G("fp32", "1"),
@@ -53,6 +54,14 @@ static struct CUfunc_st kernels[] = {
     ATTN_G("fp16", "2"),
     ATTN_G("bf16", "1"),
     ATTN_G("bf16", "2"),
+    ATTN_G("int8", "1"),
+    {"kvs_attn_int8_nv2_g1", K_ATTN, 256},
+    {"kvs_attn_int8_nv2_g2", K_ATTN, 256},
+    {"kvs_attn_int8_nv2_g4", K_ATTN, 256},
+    ATTN_G("fp8", "1"),
+    {"kvs_attn_fp8_nv2_g1", K_ATTN, 256},
+    {"kvs_attn_fp8_nv2_g2", K_ATTN, 256},
+    {"kvs_attn_fp8_nv2_g4", K_ATTN, 256},
     {"kvs_attn_mma_fp16_d64", K_ATTN_MMA, 256},
     {"kvs_attn_mma_fp16_d128", K_ATTN_MMA, 256},
     {"kvs_attn_mma_bf16_d64", K_ATTN_MMA, 256},
@@ -206,8 +215,9 @@ static int twin_failed(int rc, const char *twin, char *why, size_t len) {
   return -1;
 }
 
-/* kvs_write_kv_kernel: one CUDA block per token (grid.x), a slot < 0 or
- * past the pool skipped, as kernels.cu does. */
+/* kvs_write_kv_kernel and kvs_write_kv_q_kernel (int8/fp8 caches): one
+ * CUDA block per token (grid.x), a slot < 0 or past the pool skipped, as
+ * kernels.cu does. */
 static int run_write(const struct op *op, char *why, size_t len) {
   kvs_write_args a = op->u.kernel.p.write;
   const kvs_paged_kv *kv = &a.kv;

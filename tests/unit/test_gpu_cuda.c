@@ -120,10 +120,17 @@ static void attn_case(const tg_params *p, int prefill) {
   tg_case_free(&c);
 }
 
+/* q/out dtype of a case: a quantized cache takes them in another dtype. */
+static uint32_t qo_of(uint32_t dt, uint32_t k) {
+  return kvs_dtype_quantized(dt) ? k % 3 : dt;
+}
+
+/* Every cache dtype (int8 and fp8 written by the C write kernel into pools
+ * whose unused slots hold random codes and NaN/Inf scales: tg_case_build). */
 static void test_attention(void) {
   static const uint32_t ratios[] = {1, 4, 8, 16}, dims[] = {64, 128, 256};
   int k = 0;
-  for (uint32_t dt = 0; dt < 3; dt++)
+  for (uint32_t dt = 0; dt < KVS_DTYPE__COUNT; dt++)
     for (int ir = 0; ir < 4; ir++)
       for (int id = 0; id < 3; id++) {
         uint32_t bs = (k % 3 == 0) ? 8 : (k % 3 == 1) ? 16 : 32;
@@ -137,14 +144,15 @@ static void test_attention(void) {
         attn_case(&p, 0);
         k++;
       }
-  for (uint32_t dt = 0; dt < 3; dt++)
+  for (uint32_t dt = 0; dt < KVS_DTYPE__COUNT; dt++)
     for (int ir = 0; ir < 3; ir++) {
-      uint32_t bs = 16;
+      uint32_t bs = dt == KVS_DTYPE_INT8 ? 32 : 16;
       uint32_t lens[] = {40, 300, 600, 17, 0};
       uint32_t qlens[] = {40, 45, 290, 1, 0};
       tg_params p = {.block_size = bs, .num_kv_heads = 2,
                      .head_dim = ir == 2 ? 64 : 128, .ratio = ratios[ir],
-                     .dtype = dt, .qo_dtype = dt, .num_layers = 3, .layer = 2,
+                     .dtype = dt, .qo_dtype = qo_of(dt, (uint32_t)ir),
+                     .num_layers = 3, .layer = 2,
                      .num_seqs = 5, .lens = lens, .qlens = qlens,
                      .spare_blocks = 2, .q_scale = 3.f, .seed = 900 + (uint64_t)k};
       attn_case(&p, 1);
@@ -160,12 +168,17 @@ static void test_attention(void) {
              /* tensor-core kernel: GQA >= 4, 16-bit, q/out same dtype */
              {128, 4, KVS_DTYPE_FP16}, {128, 8, KVS_DTYPE_BF16},
              {64, 6, KVS_DTYPE_BF16},  {128, 16, KVS_DTYPE_FP16},
-             {128, 5, KVS_DTYPE_BF16}};
+             {128, 5, KVS_DTYPE_BF16},
+             /* quantized: partial groups, a 2-lane row (D 32), D 512 */
+             {32, 8, KVS_DTYPE_INT8},   {128, 3, KVS_DTYPE_FP8},
+             {128, 6, KVS_DTYPE_INT8},  {512, 2, KVS_DTYPE_FP8},
+             {64, 12, KVS_DTYPE_INT8}};
   for (size_t i = 0; i < sizeof odd / sizeof odd[0]; i++) {
     uint32_t lens[] = {1, 16, 49, 700, 0, 257};
     tg_params p = {.block_size = 16, .num_kv_heads = 2, .head_dim = odd[i].dim,
                    .ratio = odd[i].ratio, .dtype = odd[i].dtype,
-                   .qo_dtype = odd[i].dtype, .num_layers = 1, .layer = 0,
+                   .qo_dtype = qo_of(odd[i].dtype, (uint32_t)i),
+                   .num_layers = 1, .layer = 0,
                    .num_seqs = 6, .lens = lens, .spare_blocks = 3,
                    .q_scale = 4.f, .seed = 4000 + (uint64_t)i};
     attn_case(&p, 0);
@@ -185,13 +198,30 @@ static void test_attention(void) {
   CHECK(rc == KVS_ENOTSUP, "head_dim 40 fp32: %d", rc);
   kvs_cuda_free(d_pool);
   tg_case_free(&c);
+  /* nor an int8 row of 24 bytes */
+  p.head_dim = 24;
+  p.dtype = KVS_DTYPE_INT8;
+  tg_case_build(&c, &p);
+  d_pool = dev_copy(c.pool, kvs_pool_bytes(&c.layout));
+  tg_case_args(&c, &g, d_pool, d_pool, d_pool, d_pool, NULL, d_pool);
+  rc = kvs_cuda_decode_attention(&g, NULL);
+  CHECK(rc == KVS_ENOTSUP, "head_dim 24 int8: %d", rc);
+  kvs_cuda_free(d_pool);
+  tg_case_free(&c);
 }
 
+/* The write kernel against the twin, byte for byte: for int8 and fp8 the
+ * codes, scales and minimums too (each quantizing step is one correctly
+ * rounded float32 operation on both sides: docs/kernels.md).  Rows of
+ * head_dim 128, and for the quantized dtypes 40 (lanes without elements)
+ * and rows with a NaN, an infinity, a constant value, zeros of both signs. */
 static void test_write(void) {
-  for (uint32_t dt = 0; dt < 3; dt++)
+  for (uint32_t dt = 0; dt < KVS_DTYPE__COUNT; dt++)
     for (uint32_t sdt = 0; sdt < 3; sdt++) {
+      int quant = kvs_dtype_quantized(dt);
       kvs_layout l = {.block_size = 16, .num_layers = 4, .num_kv_heads = 4,
-                      .head_dim = 128, .dtype = dt, .num_blocks = 20};
+                      .head_dim = quant && sdt == 1 ? 40 : 128, .dtype = dt,
+                      .num_blocks = 20};
       kvs_layout_finish(&l);
       uint64_t bytes = kvs_pool_bytes(&l);
       char *pool = tg_xmalloc(bytes), *back = tg_xmalloc(bytes);
@@ -204,6 +234,15 @@ static void test_write(void) {
       char *k = tg_xmalloc((size_t)N * row * ses), *v = tg_xmalloc((size_t)N * row * ses);
       for (uint32_t i = 0; i < N * row; i++) {
         float x = 3.f * tg_unif(&rng), y = 3.f * tg_unif(&rng);
+        uint32_t r = i / l.head_dim; /* (token, head) row */
+        if (quant && r % 7 == 1 && i % l.head_dim == 5)
+          x = NAN; /* a NaN row: codes 0, scales NaN */
+        if (quant && r % 7 == 3 && i % l.head_dim == 9)
+          y = -INFINITY;
+        if (quant && r % 7 == 5)
+          x = y = 0.75f; /* constant: scale 0 */
+        if (quant && r % 7 == 6)
+          x = (i % 2) ? 0.f : -0.f; /* zeros of both signs: the min's sign */
         kvs_convert(k + i * ses, sdt, &x, KVS_DTYPE_FP32, 1);
         kvs_convert(v + i * ses, sdt, &y, KVS_DTYPE_FP32, 1);
       }
@@ -226,8 +265,16 @@ static void test_write(void) {
       CU(kvs_cuda_sync(NULL));
       CU(kvs_cuda_memcpy_dtoh(back, d_pool, bytes));
       int same = memcmp(back, pool, bytes) == 0;
-      printf("%s write kv=%s src=%s\n", same ? "ok  " : "FAIL",
-             kvs_dtype_name(dt), kvs_dtype_name(sdt));
+      uint64_t first = 0;
+      while (!same && first < bytes && back[first] == pool[first])
+        first++;
+      printf("%s write kv=%s src=%s D=%u", same ? "ok  " : "FAIL",
+             kvs_dtype_name(dt), kvs_dtype_name(sdt), l.head_dim);
+      if (!same)
+        printf(" (first difference at byte %llu: %02x, the twin %02x)",
+               (unsigned long long)first, (unsigned char)back[first],
+               (unsigned char)pool[first]);
+      printf("\n");
       if (!same)
         failures++;
       kvs_cuda_free(d_pool);

@@ -295,8 +295,10 @@ static void test_quant_rounding(void **state) {
   assert_int_equal(kvs_quantize_row(q, sc, KVS_DTYPE_FP16, row2, 4), KVS_EINVAL);
 }
 
-/* Attention over a quantized cache refuses quantized q/out; the CUDA
- * kernels refuse quantized caches (KVS_ENOTSUP) or have no device. */
+/* Attention over a quantized cache refuses quantized q/out, and the write
+ * kernel quantized sources, on both backends (CUDA before it needs a
+ * device: the CUDA kernels take int8/fp8 caches, test_gpu_cuda and
+ * test_gpu_pool run them). */
 static void test_quant_refusals(void **state) {
   (void)state;
   uint32_t lens[] = {10, 20};
@@ -313,11 +315,14 @@ static void test_quant_refusals(void **state) {
   kvs_attn_args b = a;
   b.qo_dtype = KVS_DTYPE_FP8;
   assert_int_equal(kvs_cpu_decode_attention(&b, NULL), KVS_EINVAL);
-  int rc = kvs_cuda_decode_attention(&a, NULL);
-  assert_true(rc == KVS_ENOTSUP);
+  assert_int_equal(kvs_cuda_decode_attention(&b, NULL), KVS_EINVAL);
+  b.qo_dtype = KVS_DTYPE_INT8;
+  assert_int_equal(kvs_cuda_decode_attention(&b, NULL), KVS_EINVAL);
   kvs_write_args w = {.kv = a.kv, .k = out, .v = out, .slots = (int64_t[]){0},
-                      .src_token_stride = 128, .num_tokens = 1};
-  assert_int_equal(kvs_cuda_write_kv(&w, NULL), KVS_ENOTSUP);
+                      .src_token_stride = 128, .src_dtype = KVS_DTYPE_INT8,
+                      .num_tokens = 1};
+  assert_int_equal(kvs_cpu_write_kv(&w, NULL), KVS_EINVAL);
+  assert_int_equal(kvs_cuda_write_kv(&w, NULL), KVS_EINVAL);
   tg_case_free(&c);
 }
 
