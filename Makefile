@@ -4,6 +4,8 @@
 #   make test       unit + integration tests, then the same under ASan+UBSan
 #   make bench      benchmarks (ratios against baselines measured in the same run)
 #   make demo       start a daemon and run the shared-prompt demo
+#   make engine     a PyTorch model on 4 engine processes: no cache, private
+#                   caches, the shared cache (client/python/examples/engine)
 #   make install    PREFIX=/usr/local DESTDIR=
 #   make SAN=1      sanitizer build (into build-san/ unless BUILD is given)
 #   V=1             print full command lines
@@ -35,7 +37,9 @@ endif
 # not to: KVS_NO_DEPS=1 builds only what needs no third-party library).
 ifeq ($(filter clean help,$(MAKECMDGOALS)),)
 ifneq ($(KVS_NO_DEPS),1)
-ifneq ($(shell $(PKG_CONFIG) --exists $(PKGS) 2>/dev/null && command -v promtool >/dev/null && echo ok),ok)
+ifneq ($(shell $(PKG_CONFIG) --exists $(PKGS) 2>/dev/null && command -v promtool >/dev/null && \
+               $(PYTHON) -c 'import importlib.util as u, sys; sys.exit(not u.find_spec("torch"))' \
+               2>/dev/null && echo ok),ok)
 $(info kvshare: some dependencies are missing; running deploy/install-deps.sh)
 DEPS_RC := $(shell deploy/install-deps.sh 1>&2; echo $$?)
 ifneq ($(DEPS_RC),0)
@@ -63,7 +67,7 @@ DEP_CFLAGS = $(shell $(PKG_CONFIG) --cflags $(1))
 DEP_LIBS   = $(shell $(PKG_CONFIG) --libs $(1))
 endif
 
-.PHONY: all test test-unit test-san bench demo install clean help
+.PHONY: all test test-unit test-san bench demo engine install clean help
 all:
 
 # Lists the module fragments append to.
@@ -100,6 +104,10 @@ bench: all $(BENCHES)
 demo: all
 	$(Q)tests/demo.sh $(BUILD)
 
+# ENGINE_ARGS: options of run.py (--model small, --engines 8, --json, ...)
+engine: all
+	$(Q)KVS_BUILD=$(abspath $(BUILD)) $(PYTHON) client/python/examples/engine/run.py --faults $(ENGINE_ARGS)
+
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include/kvshare \
 	  $(DESTDIR)$(PREFIX)/lib/pkgconfig
@@ -111,6 +119,6 @@ clean:
 	rm -rf build build-san build-*
 
 help:
-	@sed -n '2,12p' Makefile
+	@sed -n '2,14p' Makefile
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

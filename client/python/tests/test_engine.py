@@ -1,0 +1,116 @@
+"""The example engine (examples/engine): a Llama-architecture model in
+PyTorch whose engine processes share one kvshare cache, checked against the
+same model run from scratch with no cache.  Skipped, saying so, without
+PyTorch."""
+import io
+import json
+import os
+import sys
+from contextlib import redirect_stdout
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed "
+                            "(Debian: python3-torch)")
+
+import kvshare  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ENGINE = os.path.join(os.path.dirname(HERE), "examples", "engine")
+sys.path.insert(0, ENGINE)
+
+import model as M  # noqa: E402
+import run as R  # noqa: E402
+from engine import Engine  # noqa: E402
+
+from conftest import BUILD  # noqa: E402
+
+SMALL_RUN = ["--build", BUILD, "--engines", "2", "--model", "tiny",
+             "--conversations", "4", "--turns", "3", "--system", "48",
+             "--user", "24", "--reply", "6", "--chunk", "64", "--json"]
+
+
+def run_json(args):
+    out = io.StringIO()
+    with redirect_stdout(out):
+        rc = R.main(args)
+    return rc, json.loads(out.getvalue())
+
+
+def test_modes_faults_and_weights_file(tmp_path):
+    """No cache and shared, then the faults run (a pool too small, a host
+    tier, an engine killed mid-step), weights from a safetensors file: every
+    answer equals the from-scratch model's, the shared cache served
+    prefixes another engine computed and prefilled less, every daemon
+    ended clean."""
+    cfg = M.CONFIGS["tiny"]
+    path = tmp_path / "tiny.safetensors"
+    M.save_safetensors(str(path), M.seeded_weights(cfg, 7))
+    rc, rep = run_json(SMALL_RUN + ["--modes", "none,shared", "--faults",
+                                    "--kill-at-step", "3",
+                                    "--weights", str(path)])
+    assert rep["failures"] == [] and rc == 0, rep["failures"]
+    runs = {r["mode"]: r for r in rep["runs"]}
+    assert set(runs) == {"none", "shared", "shared + faults"}
+    for r in runs.values():
+        assert r["requests"] == r["checked"] == 4 * 3
+        assert r["pool_check"] and r["blocks_in_use"] == 0
+        assert r["daemon_exit"] == [0]
+        assert r["generated_tokens"] == 4 * 3 * 6
+    assert runs["none"]["hit_tokens"] == 0
+    assert runs["none"]["prefill_tokens"] == runs["none"]["prompt_tokens"]
+    assert runs["shared"]["from_other_engine"] > 0
+    assert runs["shared"]["prefill_tokens"] < runs["none"]["prefill_tokens"]
+    f = runs["shared + faults"]
+    assert f["killed_engines"] == 1 and f["evictions"] > 0
+    assert f["tier_promotions"] > 0
+
+
+def test_the_check_catches_a_wrong_answer():
+    """check_requests against answers known right (the model's own greedy
+    decode) and the same answers broken: a token or the logits."""
+    cfg = M.CONFIGS["tiny"]
+    m = M.Llama(cfg, M.seeded_weights(cfg, 3))
+    prompt = list(range(5, 40))
+    seq, logits = list(prompt), None
+    for _ in range(4):
+        logits = m.forward_full(seq)[-1]
+        seq.append(int(torch.argmax(logits)))
+    good = {"id": 1, "conv": 0, "turn": 0, "engine": 0, "prompt": prompt,
+            "generated": seq[len(prompt):], "logits": logits.tolist()}
+
+    class A:
+        dtype, tol, tie = "fp32", 1e-3, 1e-3
+    fails, ties, err = R.check_requests(m, [good], A)
+    assert fails == [] and err < 1e-5
+    bad_token = dict(good, generated=good["generated"][:2] +
+                     [(good["generated"][2] + 1) % cfg.vocab] +
+                     good["generated"][3:])
+    fails, _, _ = R.check_requests(m, [bad_token], A)
+    assert fails and "token 2 is" in fails[0]
+    bad_logits = dict(good, logits=(logits * 1.01).tolist())
+    fails, _, _ = R.check_requests(m, [bad_logits], A)
+    assert len(fails) == 1 and "final logits" in fails[0]
+
+
+def test_safetensors_refusals(tmp_path):
+    cfg = M.CONFIGS["tiny"]
+    w = M.seeded_weights(cfg, 1)
+    p = tmp_path / "w.safetensors"
+    M.save_safetensors(str(p), w)
+    back = M.load_safetensors(str(p))
+    assert all(torch.equal(w[n], back[n]) for n in w)
+    del back["lm_head.weight"]
+    with pytest.raises(ValueError, match="lack lm_head.weight"):
+        M.Llama(cfg, back)
+    p.write_bytes(b"\x10\x00")
+    with pytest.raises(ValueError, match="too short"):
+        M.load_safetensors(str(p))
+
+
+def test_engine_refuses_a_pool_of_another_shape(daemon):
+    cfg = M.CONFIGS["tiny"]   # 2 layers, 2 kv heads of 16; the pool's are 8
+    m = M.Llama(cfg, M.seeded_weights(cfg, 1))
+    with kvshare.Client(daemon.socket) as c:
+        with pytest.raises(ValueError, match="not the model's"):
+            Engine(c, m)
