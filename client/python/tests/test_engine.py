@@ -114,3 +114,19 @@ def test_engine_refuses_a_pool_of_another_shape(daemon):
     with kvshare.Client(daemon.socket) as c:
         with pytest.raises(ValueError, match="not the model's"):
             Engine(c, m)
+
+
+def test_the_model_is_transformers_llama():
+    """Where transformers is installed: its LlamaForCausalLM with the same
+    weights gives the same logits as model.py's from-scratch forward."""
+    pytest.importorskip("transformers", reason="transformers is not "
+                        "installed (pip install transformers)")
+    cfg = M.CONFIGS["tiny"]
+    w = M.seeded_weights(cfg, 5)
+    hf = M.transformers_llama(cfg, w)
+    seq = list(range(1, 150))
+    with torch.no_grad():
+        ours = M.Llama(cfg, w).forward_full(seq)
+        theirs = hf(torch.tensor([seq])).logits[0]
+    assert float((ours - theirs).abs().max()) < 1e-4 * float(
+        theirs.abs().max())

@@ -244,3 +244,26 @@ class Llama:
             a = torch.einsum("hqk,khd->qhd", p, v.float()).to(x.dtype)
             x = self.after_attention(i, x, a)
         return self.logits(x)
+
+
+def transformers_llama(cfg, weights, device="cpu"):
+    """transformers' LlamaForCausalLM with the same weights (float32, eval
+    mode), or None when transformers is not installed: an implementation
+    of the architecture nobody here wrote, to check this one against."""
+    try:
+        from transformers import LlamaConfig, LlamaForCausalLM
+    except ImportError:
+        return None
+    if cfg.dim != cfg.heads * cfg.head_dim:
+        raise ValueError(f"transformers' Llama wants dim == heads x head_dim "
+                         f"({cfg.dim} != {cfg.heads} x {cfg.head_dim})")
+    hc = LlamaConfig(vocab_size=cfg.vocab, hidden_size=cfg.dim,
+                     intermediate_size=cfg.ffn, num_hidden_layers=cfg.layers,
+                     num_attention_heads=cfg.heads,
+                     num_key_value_heads=cfg.kv_heads,
+                     rms_norm_eps=cfg.norm_eps, rope_theta=cfg.rope_theta,
+                     max_position_embeddings=1 << 16,
+                     tie_word_embeddings=False, attention_bias=False)
+    m = LlamaForCausalLM(hc)
+    m.load_state_dict({n: t.float() for n, t in weights.items()}, strict=True)
+    return m.to(device).eval()

@@ -340,6 +340,34 @@ def check_requests(model, results, a):
     return fails, ties, worst
 
 
+def check_transformers(hf, results, a):
+    """The engine's answers against transformers' Llama with the same
+    weights: each generated token its greedy choice (or a near tie), the
+    final logits within --tol.  Returns failures and the largest error."""
+    fails, worst = [], 0.0
+    dev = next(hf.parameters()).device
+    for r in results:
+        seq = r["prompt"] + r["generated"][:-1]
+        with torch.no_grad():
+            ref = hf(torch.tensor([seq], device=dev)).logits[0][
+                len(r["prompt"]) - 1:].float()
+        for i, tok in enumerate(r["generated"]):
+            best = int(torch.argmax(ref[i]))
+            gap = float(ref[i][best] - ref[i][tok])
+            if gap > a.tie * max(1.0, float(ref[i].abs().max())):
+                fails.append(f"request {r['id']}: token {i} is {tok}, "
+                             f"transformers' Llama says {best}")
+                break
+        got = torch.tensor(r["logits"], device=dev)
+        err = float((got - ref[-1]).abs().max() /
+                    max(1.0, float(ref[-1].abs().max())))
+        worst = max(worst, err)
+        if not err <= a.tol:
+            fails.append(f"request {r['id']}: final logits differ from "
+                         f"transformers' by {err:.3g}")
+    return fails, worst
+
+
 def check_run(fig, fails, mode):
     if fig["daemon_exit"] != [0] * len(fig["daemon_exit"]):
         fails.append(f"{mode}: a daemon exited {fig['daemon_exit']}")
@@ -386,6 +414,10 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--tol", type=float, default=None)
     ap.add_argument("--tie", type=float, default=None)
+    ap.add_argument("--transformers", default="auto",
+                    choices=["auto", "yes", "no"],
+                    help="check the shared run's answers against "
+                    "transformers' Llama too (auto: when it is installed)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     cfg = M.CONFIGS[a.model]
@@ -405,6 +437,17 @@ def main(argv=None):
     torch.set_num_threads(a.threads)
     model = reference_model(a, cfg)
     tmp = tempfile.mkdtemp(prefix="kvs-engine-")
+    hf = None
+    if a.transformers != "no":
+        w = (M.load_safetensors(a.weights) if a.weights
+             else M.seeded_weights(cfg, a.seed))
+        hf = M.transformers_llama(cfg, w, model.device)
+        if hf is None and a.transformers == "yes":
+            print("kvshare engine: --transformers yes, but transformers is "
+                  "not installed", file=sys.stderr)
+            return 2
+    a.hf_note = ("transformers' Llama: not installed, not checked"
+                 if hf is None else None)
     figs, fails, ties, worst = [], [], 0, 0.0
     try:
         runs = [(m, False) for m in a.modes.split(",") if m]
@@ -415,6 +458,13 @@ def main(argv=None):
             f, t, w = check_requests(model, results, a)
             fig["checked"], fig["near_ties"], fig["max_logit_err"] = \
                 len(results), t, w
+            if hf is not None and mode == "shared" and not faults:
+                hf_fails, hf_err = check_transformers(hf, results, a)
+                f += hf_fails
+                a.hf_note = (f"transformers' Llama, same weights: "
+                             f"{len(results)} shared-run requests checked, "
+                             f"largest logit error {hf_err:.2g}")
+                fig["transformers_max_logit_err"] = hf_err
             check_run(fig, f, fig["mode"])
             if mode == "shared" and not faults and a.engines > 1 and \
                     not fig["from_other_engine"]:
@@ -475,6 +525,8 @@ def report(a, cfg, figs, fails):
         print(f"  {f['mode']}: {f['checked']} requests checked against the "
               f"model from scratch (largest logit error {f['max_logit_err']:.2g}"
               f", {f['near_ties']} near ties){extra}")
+    if a.hf_note:
+        print("  " + a.hf_note)
     names = {"ttft_none_over_shared": "median TTFT, no cache / shared",
              "ttft_private_over_shared": "median TTFT, private / shared",
              "decode_shared_over_private": "decode tokens/s, shared / private"}
