@@ -18,6 +18,9 @@
 #      in the same run, and against PyTorch's SDPA:
 #      bench_attention_sdpa.py), the CPU attention body (bench_attention), and
 #      device <-> pinned host copies against raw cuMemcpy (bench_tiers gpu)
+#   5. kvshare.torch on CUDA tensors (test_torch.py, its stream-ordering
+#      test included) and the engine (client/python/examples/engine) with a
+#      ~1B-parameter model on the cuda pool, every answer checked
 set -u
 cd "$(dirname "$0")/../.."
 b=${1:-build-gpucarry}
@@ -57,6 +60,21 @@ check "$b/tests/bench/bench_attention_gpu" 20
 check python3 tests/bench/bench_attention_sdpa.py
 check "$b/tests/bench/bench_attention"
 check "$b/tests/bench/bench_tiers" gpu
+step "5. kvshare.torch and the engine on the GPU pool"
+# (the python3 with PyTorch; pytest where it has it)
+if python3 -c 'import pytest' 2>/dev/null; then
+  check env -u KVS_CUDA_DRIVER python3 -m pytest -p no:cacheprovider -q -rs \
+    client/python/tests/test_torch.py
+else
+  echo "SKIPPED: kvshare.torch's tests (no pytest for $(command -v python3))"
+fi
+# A ~1B-parameter Llama (TinyLlama's shape, seeded weights) on 4 engine
+# processes: no cache, private caches, the shared cache, then the faults
+# run; fp16 compute and cache, checked against the float32 model run from
+# scratch (and transformers' Llama where installed).
+check python3 client/python/examples/engine/run.py --build "$b" \
+  --backend cuda --model 1b --dtype fp16 --compute float16 --tol 5e-2 \
+  --tie 5e-2 --conversations 8 --turns 4 --pool-blocks 8192 --faults
 echo
 [ $fail = 0 ] && echo "gpu run: all passed" || echo "gpu run: FAILED"
 exit $fail
