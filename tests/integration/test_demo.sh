@@ -16,20 +16,22 @@ for dt in fp16 bf16 int8 fp8; do
   KVS_DEMO_DAEMON_ARGS="--dtype $dt --num-layers 2 --num-kv-heads 2 --head-dim 32 --pool-blocks 512" \
     tests/demo.sh "$build" || { echo "FAIL: the demo with a $dt pool"; exit 1; }
 done
-# The same demo on a cuda pool, through the stand-in driver (no GPU here:
+# The same demo on fp16 and int8 cuda pools through the stand-in driver (no GPU here:
 # the workers' device path — staging, CUDA kernel launches, stream
 # synchronisation, device reads — runs against memfd "device" memory and
 # the C twins; tests/standin/).  On a GPU machine make demo does this for
 # real.
 standin=$build/tests/standin/libcuda-standin.so
 [ -r "$standin" ] || { echo "FAIL: $standin not built"; exit 1; }
-echo "== fp16, cuda pool on the stand-in driver"
-KVS_CUDA_DRIVER=$standin KVS_DEMO_WORKERS=3 KVS_DEMO_USERS=2 KVS_DEMO_TURNS=2 \
-KVS_DEMO_SYS=40 KVS_DEMO_REPLY=3 \
-KVS_DEMO_DAEMON_ARGS="--backend cuda --dtype fp16 --num-layers 2 --num-kv-heads 2 --head-dim 32 --pool-blocks 512" \
-  tests/demo.sh "$build" >"$build/test-logs/test_demo_cuda.out" 2>&1 ||
-  { cat "$build/test-logs/test_demo_cuda.out"; echo "FAIL: the demo on a stand-in cuda pool"; exit 1; }
-cat "$build/test-logs/test_demo_cuda.out"
-grep -q "cuda backend on GPU-" "$build/test-logs/test_demo_cuda.out" ||
-  { echo "FAIL: the demo did not run on the cuda pool"; exit 1; }
+for dt in fp16 int8; do
+  echo "== $dt, cuda pool on the stand-in driver"
+  KVS_CUDA_DRIVER=$standin KVS_DEMO_WORKERS=3 KVS_DEMO_USERS=2 KVS_DEMO_TURNS=2 \
+  KVS_DEMO_SYS=40 KVS_DEMO_REPLY=3 \
+  KVS_DEMO_DAEMON_ARGS="--backend cuda --dtype $dt --num-layers 2 --num-kv-heads 2 --head-dim 32 --pool-blocks 512" \
+    tests/demo.sh "$build" >"$build/test-logs/test_demo_cuda.out" 2>&1 ||
+    { cat "$build/test-logs/test_demo_cuda.out"; echo "FAIL: the demo on a stand-in $dt cuda pool"; exit 1; }
+  cat "$build/test-logs/test_demo_cuda.out"
+  grep -q "cuda backend on GPU-" "$build/test-logs/test_demo_cuda.out" ||
+    { echo "FAIL: the demo did not run on the cuda pool"; exit 1; }
+done
 echo "test_demo: ok"
