@@ -346,6 +346,10 @@ typedef struct attn_scratch {
   float *row;    /* [TILE][KVH][D]: tokens' keys or values, as floats */
   float *scores; /* [max_len][H]: token-major, heads contiguous */
   float *sum;    /* [H] */
+  float *qsum;   /* [H]: int8, the vector bodies: sum of each head's q */
+  float *corr;   /* [H]: int8, the vector bodies: sum of p * min */
+  float *qmul;   /* [block_size]: quantized, the vector bodies: scales */
+  float *qlo;    /* [block_size]: int8, the vector bodies: minimums */
   const float *tile[KVS__CPU_TILE]; /* rows of the current tile */
   uint32_t max_len;
 } attn_scratch;
@@ -540,30 +544,120 @@ static void attend_row_base(const kvs_attn_args *a, uint32_t s, uint32_t pos,
  * Every sum is fp32.  One function per cache dtype, picked at run time.
  */
 /* The vector bodies' first and last steps: the row's q of every head into
- * w->q (rows Dp floats apart, zero-padded), and the normalised outputs out
- * of w->acc. */
+ * w->q (rows Dp floats apart, zero-padded), with each head's sum into
+ * qsum when it is not NULL; the normalised outputs out of w->acc, each
+ * head's corr[hq] (when not NULL) added to every element first. */
 static void vec_load_q(const kvs_attn_args *a, const char *qrow,
-                       attn_scratch *w, uint32_t Dp) {
+                       attn_scratch *w, uint32_t Dp, float *qsum) {
   const uint32_t D = a->kv.head_dim;
   const size_t qes = kvs_dtype_size(a->qo_dtype);
   for (uint32_t hq = 0; hq < a->num_heads; hq++) {
     float *qd = w->q + (size_t)hq * Dp;
     load_row(qd, qrow + (size_t)hq * D * qes, a->qo_dtype, D);
     memset(qd + D, 0, (size_t)(Dp - D) * 4);
+    if (qsum) {
+      float t = 0.f;
+      for (uint32_t d = 0; d < D; d++)
+        t += qd[d];
+      qsum[hq] = t;
+    }
   }
 }
 
 static void vec_store_out(const kvs_attn_args *a, char *orow,
-                          attn_scratch *w, uint32_t Dp) {
+                          attn_scratch *w, uint32_t Dp, const float *corr) {
   const uint32_t D = a->kv.head_dim;
   const size_t qes = kvs_dtype_size(a->qo_dtype);
   for (uint32_t hq = 0; hq < a->num_heads; hq++) {
     float *acc = w->acc + (size_t)hq * Dp;
-    float inv = 1.f / w->sum[hq];
+    float inv = 1.f / w->sum[hq], c = corr ? corr[hq] : 0.f;
     for (uint32_t d = 0; d < D; d++)
-      acc[d] *= inv;
+      acc[d] = corr ? (acc[d] + c) * inv : acc[d] * inv;
     store_row(orow + (size_t)hq * D * qes, a->qo_dtype, acc, D);
   }
+}
+
+/*
+ * Quantized caches in the vector bodies.  They read an int8/fp8 row as raw
+ * floats (x_ld8, z_ld16: the int8 byte, or the fp8 value / 256, an exact
+ * move of its bits) and apply the row's scale and int8 minimum per token,
+ * not per element:
+ *   score = (scale_t * (q . raw_t) + min_t * sum(q)) * softmax scale
+ *   out   = sum_t (p_t * scale_t) raw_t + sum_t p_t * min_t
+ * which are the portable body's sums over dequantized rows (raw * scale +
+ * min) in another order, one multiply-add per element fewer.  A NaN scale
+ * or minimum still makes the token's score or every output element NaN.
+ * Only the scales of tokens below the row's length are read.
+ */
+
+/* The scales of T tokens of one kv head of a block (sc, rows st floats
+ * apart) as the raw floats take them: mul[t] (fp8: times 256, exact) and,
+ * int8, the minimum lo[t]; read once for every query head of the group. */
+KVS_INLINE void quant_load_scales(const float *sc, uint32_t st, uint32_t T,
+                                  uint32_t dt, float *mul, float *lo) {
+  for (uint32_t t = 0; t < T; t++) {
+    const float *s = sc + (size_t)t * st;
+    mul[t] = dt == KVS_DTYPE_FP8 ? s[0] * 256.f : s[0];
+    if (dt == KVS_DTYPE_INT8)
+      lo[t] = s[1];
+  }
+}
+
+/* The raw scores of G query heads (rows n floats apart) x T tokens made
+ * real: (raw * mul[t] + lo[t] * qsum[g]) * scale (fp8: no lo). */
+KVS_INLINE void quant_scores(float *sg, uint32_t n, uint32_t G, uint32_t T,
+                             const float *mul, const float *lo,
+                             const float *qsum, float scale, uint32_t dt) {
+  const int int8 = dt == KVS_DTYPE_INT8;
+  for (uint32_t g = 0; g < G; g++) {
+    float *x = sg + (size_t)g * n;
+    const float qs = int8 ? qsum[g] : 0.f;
+    uint32_t t = 0;
+    for (; t + 8 <= T; t += 8) {
+      v8f v = ld8(x + t) * ld8(mul + t);
+      if (int8)
+        v += ld8(lo + t) * qs;
+      st8(x + t, v * scale);
+    }
+    for (; t < T; t++)
+      x[t] = int8 ? (x[t] * mul[t] + lo[t] * qs) * scale : x[t] * mul[t] * scale;
+  }
+}
+
+/* Before the value pass over raw rows: the softmax weights of G query heads
+ * x T tokens times mul[t], and (int8) each head's sum of weight * lo[t]
+ * added to corr[g]. */
+KVS_INLINE void quant_weights(float *pg, uint32_t n, uint32_t G, uint32_t T,
+                              const float *mul, const float *lo, float *corr,
+                              uint32_t dt) {
+  const int int8 = dt == KVS_DTYPE_INT8;
+  for (uint32_t g = 0; g < G; g++) {
+    float *p = pg + (size_t)g * n;
+    v8f c = {0};
+    uint32_t t = 0;
+    for (; t + 8 <= T; t += 8) {
+      v8f pv = ld8(p + t);
+      if (int8)
+        c += pv * ld8(lo + t);
+      st8(p + t, pv * ld8(mul + t));
+    }
+    float cs = hsum8(c);
+    for (; t < T; t++) {
+      if (int8)
+        cs += p[t] * lo[t];
+      p[t] *= mul[t];
+    }
+    if (int8)
+      corr[g] += cs;
+  }
+}
+
+/* The scales of kv head h of a quantized plane (rows kvs_scale_floats *
+ * num_kv_heads floats apart, token to token). */
+KVS_INLINE const float *plane_scales(const kvs_paged_kv *kv, const char *plane,
+                                     uint32_t h, uint32_t dt) {
+  return (const float *)(const void *)(plane + kv->scale_offset) +
+         (size_t)h * kvs_scale_floats(dt);
 }
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -573,8 +667,28 @@ static void vec_store_out(const kvs_attn_args *a, char *orow,
 #define KVS_X86_INLINE \
   static inline __attribute__((always_inline, target("avx2,fma,f16c")))
 
-/* 8 elements of dtype dt at p, as floats (dt is a constant after inlining). */
+/* fp8 e4m3 -> fp16 bits, 8 at a time; w: byte i in the high byte of word
+ * i, the low byte 0.  Below the sign, e4m3's 7 bits moved one place down
+ * are an fp16 of the same digits with the exponent bias 15 instead of 7
+ * (subnormals included): the value / 256, exactly.  The NaN codes (0x7f,
+ * 0xff) would read 1.875: one more mantissa step carries into bit 14 for
+ * them alone, which then makes the exponent all ones (NaN). */
+KVS_X86_INLINE __m128i x_e4m3_h8(__m128i w) {
+  __m128i h = _mm_and_si128(_mm_srai_epi16(w, 1), _mm_set1_epi16(-0x4001));
+  __m128i nan = _mm_and_si128(_mm_add_epi16(h, _mm_set1_epi16(0x80)),
+                              _mm_set1_epi16(0x4000));
+  return _mm_or_si128(h, nan);
+}
+
+/* 8 elements of dtype dt at p, as floats (dt is a constant after inlining);
+ * int8 and fp8 raw (the byte; the value / 256), without their row's scale. */
 KVS_X86_INLINE __m256 x_ld8(const void *p, uint32_t dt) {
+  if (dt == KVS_DTYPE_INT8)
+    return _mm256_cvtepi32_ps(
+        _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+  if (dt == KVS_DTYPE_FP8)
+    return _mm256_cvtph_ps(x_e4m3_h8(_mm_unpacklo_epi8(
+        _mm_setzero_si128(), _mm_loadl_epi64((const __m128i *)p))));
   if (dt == KVS_DTYPE_FP16)
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
   if (dt == KVS_DTYPE_BF16) {
@@ -596,6 +710,11 @@ KVS_X86_INLINE __m256 x_ld8(const void *p, uint32_t dt) {
 KVS_X86_INLINE __m256 x_ld8_tail(const void *p, uint32_t dt, uint32_t n) {
   float f[8] = {0};
   uint16_t h[8] = {0};
+  if (kvs_dtype_size(dt) == 1) {
+    uint8_t b[8] = {0};
+    memcpy(b, p, n);
+    return x_ld8(b, dt);
+  }
   if (dt == KVS_DTYPE_FP32) {
     memcpy(f, p, (size_t)n * 4);
     return _mm256_loadu_ps(f);
@@ -827,8 +946,10 @@ KVS_X86_INLINE void attend_row_x86(const kvs_attn_args *a, uint32_t s,
   const uint32_t nb = (n + bs - 1) / bs;
   const uint32_t *bt = a->block_tables + (uint64_t)s * a->max_blocks_per_seq;
   const int pf = prefetch_mode(1);
+  const int quant = kvs_dtype_quantized(dt), int8 = dt == KVS_DTYPE_INT8;
+  const uint32_t sst = KVH * kvs_scale_floats(dt); /* scale rows, floats */
   float *sc = w->scores; /* [H][n] */
-  vec_load_q(a, qrow, w, Dp);
+  vec_load_q(a, qrow, w, Dp, int8 ? w->qsum : NULL);
 
   /* Scores, a block at a time: every kv head, R query heads x TT tokens. */
   for (uint32_t i = 0; i < nb; i++) {
@@ -838,24 +959,35 @@ KVS_X86_INLINE void attend_row_x86(const kvs_attn_args *a, uint32_t s,
     const char *kp1 = i + 1 < nb ? x_block(a, bt, i + 1, n, kv->k_offset, &T1)
                                  : kp;
     const uint32_t j0 = i * bs;
+    if (quant)
+      x_prefetch(kp1 + kv->scale_offset, 0, 1, (uint64_t)T1 * sst * 4, pf);
     for (uint32_t h = 0; h < KVH; h++) {
       x_prefetch(kp1 + h * hs, ts, T1, (uint64_t)D * es, pf);
       for (uint32_t g = 0; g < ratio; g += R) {
         const float *qg = w->q + (size_t)(h * ratio + g) * Dp;
         float *sg = sc + (size_t)(h * ratio + g) * n + j0;
         const char *kh = kp + h * hs;
+        const float sm = quant ? 1.f : a->scale; /* quant_scores applies it */
         if (R == 4)
-          x_scores_rows(qg, Dp, 4, kh, ts, T, D, dt, a->scale, sg, n);
+          x_scores_rows(qg, Dp, 4, kh, ts, T, D, dt, sm, sg, n);
         else if (R == 2)
-          x_scores_rows(qg, Dp, 2, kh, ts, T, D, dt, a->scale, sg, n);
+          x_scores_rows(qg, Dp, 2, kh, ts, T, D, dt, sm, sg, n);
         else
-          x_scores_rows(qg, Dp, 1, kh, ts, T, D, dt, a->scale, sg, n);
+          x_scores_rows(qg, Dp, 1, kh, ts, T, D, dt, sm, sg, n);
+      }
+      if (quant) {
+        quant_load_scales(plane_scales(kv, kp, h, dt), sst, T, dt, w->qmul,
+                          w->qlo);
+        quant_scores(sc + (size_t)h * ratio * n + j0, n, ratio, T, w->qmul,
+                     w->qlo, w->qsum + (size_t)h * ratio, a->scale, dt);
       }
     }
   }
 
-  for (uint32_t hq = 0; hq < H; hq++)
+  for (uint32_t hq = 0; hq < H; hq++) {
     w->sum[hq] = x_softmax(sc + (size_t)hq * n, n);
+    w->corr[hq] = 0.f;
+  }
 
   /* Weighted values, a block at a time. */
   memset(w->acc, 0, (size_t)H * Dp * sizeof(float));
@@ -866,8 +998,16 @@ KVS_X86_INLINE void attend_row_x86(const kvs_attn_args *a, uint32_t s,
     const char *vp1 = i + 1 < nb ? x_block(a, bt, i + 1, n, kv->v_offset, &T1)
                                  : vp;
     const uint32_t j0 = i * bs;
+    if (quant)
+      x_prefetch(vp1 + kv->scale_offset, 0, 1, (uint64_t)T1 * sst * 4, pf);
     for (uint32_t h = 0; h < KVH; h++) {
       x_prefetch(vp1 + h * hs, ts, T1, (uint64_t)D * es, pf);
+      if (quant) {
+        quant_load_scales(plane_scales(kv, vp, h, dt), sst, T, dt, w->qmul,
+                          w->qlo);
+        quant_weights(sc + (size_t)h * ratio * n + j0, n, ratio, T, w->qmul,
+                      w->qlo, w->corr + (size_t)h * ratio, dt);
+      }
       for (uint32_t g = 0; g < ratio; g += R) {
         float *ag = w->acc + (size_t)(h * ratio + g) * Dp;
         const float *pg = sc + (size_t)(h * ratio + g) * n + j0;
@@ -880,26 +1020,20 @@ KVS_X86_INLINE void attend_row_x86(const kvs_attn_args *a, uint32_t s,
       }
     }
   }
-  vec_store_out(a, orow, w, Dp);
+  vec_store_out(a, orow, w, Dp, int8 ? w->corr : NULL);
 }
 
-KVS_X86 static void attend_row_x86_f32(const kvs_attn_args *a, uint32_t s,
-                                       uint32_t pos, const char *qrow,
-                                       char *orow, attn_scratch *w) {
-  attend_row_x86(a, s, pos, qrow, orow, w, KVS_DTYPE_FP32);
-}
-
-KVS_X86 static void attend_row_x86_f16(const kvs_attn_args *a, uint32_t s,
-                                       uint32_t pos, const char *qrow,
-                                       char *orow, attn_scratch *w) {
-  attend_row_x86(a, s, pos, qrow, orow, w, KVS_DTYPE_FP16);
-}
-
-KVS_X86 static void attend_row_x86_bf16(const kvs_attn_args *a, uint32_t s,
-                                        uint32_t pos, const char *qrow,
-                                        char *orow, attn_scratch *w) {
-  attend_row_x86(a, s, pos, qrow, orow, w, KVS_DTYPE_BF16);
-}
+/* One instance of the AVX2 body per cache dtype, dt a constant in each. */
+#define KVS_X86_BODY(name, dt)                                               \
+  KVS_X86 static void name(const kvs_attn_args *a, uint32_t s, uint32_t pos, \
+                           const char *qrow, char *orow, attn_scratch *w) {  \
+    attend_row_x86(a, s, pos, qrow, orow, w, dt);                            \
+  }
+KVS_X86_BODY(attend_row_x86_f32, KVS_DTYPE_FP32)
+KVS_X86_BODY(attend_row_x86_f16, KVS_DTYPE_FP16)
+KVS_X86_BODY(attend_row_x86_bf16, KVS_DTYPE_BF16)
+KVS_X86_BODY(attend_row_x86_i8, KVS_DTYPE_INT8)
+KVS_X86_BODY(attend_row_x86_f8, KVS_DTYPE_FP8)
 
 /* ---- the AVX-512 body ------------------------------------------------------
  *
@@ -918,8 +1052,30 @@ KVS_X86 static void attend_row_x86_bf16(const kvs_attn_args *a, uint32_t s,
 #define KVS_X512_INLINE \
   static inline __attribute__((always_inline, target("avx512f,avx2,fma,f16c")))
 
-/* 16 elements of dtype dt at p, as floats. */
+/* x_e4m3_h8, 16 at a time. */
+KVS_X512_INLINE __m256i z_e4m3_h16(__m256i w) {
+  __m256i h = _mm256_and_si256(_mm256_srai_epi16(w, 1),
+                               _mm256_set1_epi16(-0x4001));
+  __m256i nan = _mm256_and_si256(_mm256_add_epi16(h, _mm256_set1_epi16(0x80)),
+                                 _mm256_set1_epi16(0x4000));
+  return _mm256_or_si256(h, nan);
+}
+
+/* 16 elements of dtype dt at p, as floats; int8 and fp8 raw, as x_ld8. */
 KVS_X512_INLINE __m512 z_ld16(const void *p, uint32_t dt) {
+  if (dt == KVS_DTYPE_INT8)
+    return _mm512_cvtepi32_ps(
+        _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
+  if (dt == KVS_DTYPE_FP8) {
+    /* bytes 0-7 to the high bytes of the low half's words, 8-15 of the
+     * high half's: one shuffle of the 16 bytes broadcast to both halves */
+    const __m256i m = _mm256_setr_epi8(
+        -1, 0, -1, 1, -1, 2, -1, 3, -1, 4, -1, 5, -1, 6, -1, 7,
+        -1, 8, -1, 9, -1, 10, -1, 11, -1, 12, -1, 13, -1, 14, -1, 15);
+    __m128i x = _mm_loadu_si128((const __m128i *)p);
+    return _mm512_cvtph_ps(z_e4m3_h16(
+        _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(x), m)));
+  }
   if (dt == KVS_DTYPE_FP16)
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
   if (dt == KVS_DTYPE_BF16)
@@ -1064,33 +1220,46 @@ KVS_X512_INLINE void attend_row_x512(const kvs_attn_args *a, uint32_t s,
   const uint32_t nb = (n + bs - 1) / bs;
   const uint32_t *bt = a->block_tables + (uint64_t)s * a->max_blocks_per_seq;
   const int pf = prefetch_mode(2);
+  const int quant = kvs_dtype_quantized(dt), int8 = dt == KVS_DTYPE_INT8;
+  const uint32_t sst = KVH * kvs_scale_floats(dt);
   float *sc = w->scores; /* [H][n] */
-  vec_load_q(a, qrow, w, Dp);
+  vec_load_q(a, qrow, w, Dp, int8 ? w->qsum : NULL);
   for (uint32_t i = 0; i < nb; i++) {
     uint32_t T, T1 = 0;
     const char *kp = x_block(a, bt, i, n, kv->k_offset, &T);
     const char *kp1 = i + 1 < nb ? x_block(a, bt, i + 1, n, kv->k_offset, &T1)
                                  : kp;
     const uint32_t j0 = i * bs;
+    if (quant)
+      x_prefetch(kp1 + kv->scale_offset, 0, 1, (uint64_t)T1 * sst * 4, pf);
     for (uint32_t h = 0; h < KVH; h++) {
       x_prefetch(kp1 + h * hs, ts, T1, (uint64_t)D * es, pf);
       for (uint32_t g = 0; g < ratio; g += R) {
         const float *qg = w->q + (size_t)(h * ratio + g) * Dp;
         float *sg = sc + (size_t)(h * ratio + g) * n + j0;
         const char *kh = kp + h * hs;
+        const float sm = quant ? 1.f : a->scale; /* quant_scores applies it */
         if (R == 8)
-          z_scores_rows(qg, Dp, 8, kh, ts, T, D, dt, a->scale, sg, n);
+          z_scores_rows(qg, Dp, 8, kh, ts, T, D, dt, sm, sg, n);
         else if (R == 4)
-          z_scores_rows(qg, Dp, 4, kh, ts, T, D, dt, a->scale, sg, n);
+          z_scores_rows(qg, Dp, 4, kh, ts, T, D, dt, sm, sg, n);
         else if (R == 2)
-          z_scores_rows(qg, Dp, 2, kh, ts, T, D, dt, a->scale, sg, n);
+          z_scores_rows(qg, Dp, 2, kh, ts, T, D, dt, sm, sg, n);
         else
-          z_scores_rows(qg, Dp, 1, kh, ts, T, D, dt, a->scale, sg, n);
+          z_scores_rows(qg, Dp, 1, kh, ts, T, D, dt, sm, sg, n);
+      }
+      if (quant) {
+        quant_load_scales(plane_scales(kv, kp, h, dt), sst, T, dt, w->qmul,
+                          w->qlo);
+        quant_scores(sc + (size_t)h * ratio * n + j0, n, ratio, T, w->qmul,
+                     w->qlo, w->qsum + (size_t)h * ratio, a->scale, dt);
       }
     }
   }
-  for (uint32_t hq = 0; hq < H; hq++)
+  for (uint32_t hq = 0; hq < H; hq++) {
     w->sum[hq] = x_softmax(sc + (size_t)hq * n, n);
+    w->corr[hq] = 0.f;
+  }
   memset(w->acc, 0, (size_t)H * Dp * sizeof(float));
   for (uint32_t i = 0; i < nb; i++) {
     uint32_t T, T1 = 0;
@@ -1098,8 +1267,16 @@ KVS_X512_INLINE void attend_row_x512(const kvs_attn_args *a, uint32_t s,
     const char *vp1 = i + 1 < nb ? x_block(a, bt, i + 1, n, kv->v_offset, &T1)
                                  : vp;
     const uint32_t j0 = i * bs;
+    if (quant)
+      x_prefetch(vp1 + kv->scale_offset, 0, 1, (uint64_t)T1 * sst * 4, pf);
     for (uint32_t h = 0; h < KVH; h++) {
       x_prefetch(vp1 + h * hs, ts, T1, (uint64_t)D * es, pf);
+      if (quant) {
+        quant_load_scales(plane_scales(kv, vp, h, dt), sst, T, dt, w->qmul,
+                          w->qlo);
+        quant_weights(sc + (size_t)h * ratio * n + j0, n, ratio, T, w->qmul,
+                      w->qlo, w->corr + (size_t)h * ratio, dt);
+      }
       for (uint32_t g = 0; g < ratio; g += R) {
         float *ag = w->acc + (size_t)(h * ratio + g) * Dp;
         const float *pg = sc + (size_t)(h * ratio + g) * n + j0;
@@ -1115,26 +1292,20 @@ KVS_X512_INLINE void attend_row_x512(const kvs_attn_args *a, uint32_t s,
       }
     }
   }
-  vec_store_out(a, orow, w, Dp);
+  vec_store_out(a, orow, w, Dp, int8 ? w->corr : NULL);
 }
 
-KVS_X512 static void attend_row_x512_f32(const kvs_attn_args *a, uint32_t s,
-                                         uint32_t pos, const char *qrow,
-                                         char *orow, attn_scratch *w) {
-  attend_row_x512(a, s, pos, qrow, orow, w, KVS_DTYPE_FP32);
-}
-
-KVS_X512 static void attend_row_x512_f16(const kvs_attn_args *a, uint32_t s,
-                                         uint32_t pos, const char *qrow,
-                                         char *orow, attn_scratch *w) {
-  attend_row_x512(a, s, pos, qrow, orow, w, KVS_DTYPE_FP16);
-}
-
-KVS_X512 static void attend_row_x512_bf16(const kvs_attn_args *a, uint32_t s,
-                                          uint32_t pos, const char *qrow,
-                                          char *orow, attn_scratch *w) {
-  attend_row_x512(a, s, pos, qrow, orow, w, KVS_DTYPE_BF16);
-}
+/* One instance of the AVX-512 body per cache dtype. */
+#define KVS_X512_BODY(name, dt)                                               \
+  KVS_X512 static void name(const kvs_attn_args *a, uint32_t s, uint32_t pos, \
+                            const char *qrow, char *orow, attn_scratch *w) {  \
+    attend_row_x512(a, s, pos, qrow, orow, w, dt);                            \
+  }
+KVS_X512_BODY(attend_row_x512_f32, KVS_DTYPE_FP32)
+KVS_X512_BODY(attend_row_x512_f16, KVS_DTYPE_FP16)
+KVS_X512_BODY(attend_row_x512_bf16, KVS_DTYPE_BF16)
+KVS_X512_BODY(attend_row_x512_i8, KVS_DTYPE_INT8)
+KVS_X512_BODY(attend_row_x512_f8, KVS_DTYPE_FP8)
 #endif /* x86 */
 
 typedef void (*attend_fn)(const kvs_attn_args *, uint32_t, uint32_t,
@@ -1165,7 +1336,6 @@ int kvs__cpu_attn_simd512(void) {
 }
 
 const char *kvs__cpu_attn_body(void) {
-  /* (for fp32/fp16/bf16 caches; int8/fp8 always run the portable body) */
   if (kvs__cpu_attn_portable || !kvs__cpu_attn_simd())
     return "portable C";
   if (kvs__cpu_attn_avx512 && kvs__cpu_attn_simd512())
@@ -1174,20 +1344,19 @@ const char *kvs__cpu_attn_body(void) {
 }
 
 static attend_fn pick_attend(uint32_t dtype) {
-  /* Quantized caches (int8, fp8) have the portable body only for now: it
-   * dequantizes each tile of rows with their scales as it reads them. */
-  if (kvs_dtype_quantized(dtype))
-    return attend_row_base;
 #if defined(__x86_64__) || defined(__i386__)
+  /* indexed by kvs_dtype */
+  static const attend_fn x512[KVS_DTYPE__COUNT] = {
+      attend_row_x512_f32, attend_row_x512_f16, attend_row_x512_bf16,
+      attend_row_x512_i8, attend_row_x512_f8};
+  static const attend_fn x86[KVS_DTYPE__COUNT] = {
+      attend_row_x86_f32, attend_row_x86_f16, attend_row_x86_bf16,
+      attend_row_x86_i8, attend_row_x86_f8};
   if (!kvs__cpu_attn_portable && kvs__cpu_attn_avx512 &&
       kvs__cpu_attn_simd512())
-    return dtype == KVS_DTYPE_FP16   ? attend_row_x512_f16
-           : dtype == KVS_DTYPE_BF16 ? attend_row_x512_bf16
-                                     : attend_row_x512_f32;
+    return x512[dtype];
   if (!kvs__cpu_attn_portable && kvs__cpu_attn_simd())
-    return dtype == KVS_DTYPE_FP16   ? attend_row_x86_f16
-           : dtype == KVS_DTYPE_BF16 ? attend_row_x86_bf16
-                                     : attend_row_x86_f32;
+    return x86[dtype];
 #endif
   (void)dtype;
   return attend_row_base;
@@ -1230,7 +1399,8 @@ static int cpu_attention(const kvs_attn_args *a, int prefill) {
    * bodies read whole vectors, of 8 or 16; the portable one uses the first
    * D of each). */
   size_t Dp = (D + 15) & ~(size_t)15;
-  float *mem = malloc(((size_t)2 * H * Dp + (size_t)KVS__CPU_TILE * KVH * D + H +
+  float *mem = malloc(((size_t)2 * H * Dp + (size_t)KVS__CPU_TILE * KVH * D +
+                       3 * (size_t)H + 2 * (size_t)kv->block_size +
                        (size_t)H * max_len) * sizeof(float));
   if (!mem)
     return KVS_ENOMEM;
@@ -1238,7 +1408,11 @@ static int cpu_attention(const kvs_attn_args *a, int prefill) {
   w.acc = w.q + (size_t)H * Dp;
   w.row = w.acc + (size_t)H * Dp;
   w.sum = w.row + (size_t)KVS__CPU_TILE * KVH * D;
-  w.scores = w.sum + H;
+  w.qsum = w.sum + H;
+  w.corr = w.qsum + H;
+  w.qmul = w.corr + H;
+  w.qlo = w.qmul + kv->block_size;
+  w.scores = w.qlo + kv->block_size;
   attend_fn attend = pick_attend(kv->dtype);
 
   for (uint32_t s = 0; s < a->num_seqs; s++) {
