@@ -667,17 +667,18 @@ KVS_INLINE const float *plane_scales(const kvs_paged_kv *kv, const char *plane,
 #define KVS_X86_INLINE \
   static inline __attribute__((always_inline, target("avx2,fma,f16c")))
 
-/* fp8 e4m3 -> fp16 bits, 8 at a time; w: byte i in the high byte of word
- * i, the low byte 0.  Below the sign, e4m3's 7 bits moved one place down
- * are an fp16 of the same digits with the exponent bias 15 instead of 7
- * (subnormals included): the value / 256, exactly.  The NaN codes (0x7f,
- * 0xff) would read 1.875: one more mantissa step carries into bit 14 for
- * them alone, which then makes the exponent all ones (NaN). */
-KVS_X86_INLINE __m128i x_e4m3_h8(__m128i w) {
-  __m128i h = _mm_and_si128(_mm_srai_epi16(w, 1), _mm_set1_epi16(-0x4001));
-  __m128i nan = _mm_and_si128(_mm_add_epi16(h, _mm_set1_epi16(0x80)),
-                              _mm_set1_epi16(0x4000));
-  return _mm_or_si128(h, nan);
+/* fp8 e4m3 -> fp16 bits, 8 at a time; x: the bytes sign-extended to words.
+ * Below the sign, e4m3's 7 bits shifted up by 7 are an fp16 of the same
+ * digits with the exponent bias 15 instead of 7 (subnormals included): the
+ * value / 256, exactly; the sign extension puts the sign in bit 15, and a
+ * copy of it in bit 14, where a 0 belongs.  The NaN codes (0x7f, 0xff)
+ * would read 1.875: for them alone one more mantissa step carries into bit
+ * 14, so bit 14 of t ^ (t + 0x80) is 1 for NaN and 0 otherwise, which is
+ * what bit 14 must hold (all ones in the exponent: NaN). */
+KVS_X86_INLINE __m128i x_e4m3_h8(__m128i x) {
+  __m128i t = _mm_slli_epi16(x, 7);
+  __m128i y = _mm_add_epi16(t, _mm_set1_epi16(0x80));
+  return _mm_xor_si128(t, _mm_and_si128(y, _mm_set1_epi16(0x4000)));
 }
 
 /* 8 elements of dtype dt at p, as floats (dt is a constant after inlining);
@@ -687,8 +688,8 @@ KVS_X86_INLINE __m256 x_ld8(const void *p, uint32_t dt) {
     return _mm256_cvtepi32_ps(
         _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
   if (dt == KVS_DTYPE_FP8)
-    return _mm256_cvtph_ps(x_e4m3_h8(_mm_unpacklo_epi8(
-        _mm_setzero_si128(), _mm_loadl_epi64((const __m128i *)p))));
+    return _mm256_cvtph_ps(
+        x_e4m3_h8(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)p))));
   if (dt == KVS_DTYPE_FP16)
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
   if (dt == KVS_DTYPE_BF16) {
@@ -1052,13 +1053,14 @@ KVS_X86_BODY(attend_row_x86_f8, KVS_DTYPE_FP8)
 #define KVS_X512_INLINE \
   static inline __attribute__((always_inline, target("avx512f,avx2,fma,f16c")))
 
-/* x_e4m3_h8, 16 at a time. */
-KVS_X512_INLINE __m256i z_e4m3_h16(__m256i w) {
-  __m256i h = _mm256_and_si256(_mm256_srai_epi16(w, 1),
-                               _mm256_set1_epi16(-0x4001));
-  __m256i nan = _mm256_and_si256(_mm256_add_epi16(h, _mm256_set1_epi16(0x80)),
-                                 _mm256_set1_epi16(0x4000));
-  return _mm256_or_si256(h, nan);
+/* x_e4m3_h8, 16 at a time; its last step, t ^ (y & 0x4000), is one
+ * ternary-logic op (C ? A ^ B : A) on the low halves of zmm registers. */
+KVS_X512_INLINE __m256i z_e4m3_h16(__m256i x) {
+  __m256i t = _mm256_slli_epi16(x, 7);
+  __m256i y = _mm256_add_epi16(t, _mm256_set1_epi16(0x80));
+  return _mm512_castsi512_si256(_mm512_ternarylogic_epi32(
+      _mm512_castsi256_si512(t), _mm512_castsi256_si512(y),
+      _mm512_set1_epi16(0x4000), 0x78));
 }
 
 /* 16 elements of dtype dt at p, as floats; int8 and fp8 raw, as x_ld8. */
@@ -1066,16 +1068,9 @@ KVS_X512_INLINE __m512 z_ld16(const void *p, uint32_t dt) {
   if (dt == KVS_DTYPE_INT8)
     return _mm512_cvtepi32_ps(
         _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
-  if (dt == KVS_DTYPE_FP8) {
-    /* bytes 0-7 to the high bytes of the low half's words, 8-15 of the
-     * high half's: one shuffle of the 16 bytes broadcast to both halves */
-    const __m256i m = _mm256_setr_epi8(
-        -1, 0, -1, 1, -1, 2, -1, 3, -1, 4, -1, 5, -1, 6, -1, 7,
-        -1, 8, -1, 9, -1, 10, -1, 11, -1, 12, -1, 13, -1, 14, -1, 15);
-    __m128i x = _mm_loadu_si128((const __m128i *)p);
+  if (dt == KVS_DTYPE_FP8)
     return _mm512_cvtph_ps(z_e4m3_h16(
-        _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(x), m)));
-  }
+        _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p))));
   if (dt == KVS_DTYPE_FP16)
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
   if (dt == KVS_DTYPE_BF16)
