@@ -666,12 +666,33 @@ KVS_INLINE void quant_weights(float *pg, uint32_t n, uint32_t G, uint32_t T,
   }
 }
 
-/* The scales of kv head h of a quantized plane (rows kvs_scale_floats *
- * num_kv_heads floats apart, token to token). */
-KVS_INLINE const float *plane_scales(const kvs_paged_kv *kv, const char *plane,
-                                     uint32_t h, uint32_t dt) {
-  return (const float *)(const void *)(plane + kv->scale_offset) +
-         (size_t)h * kvs_scale_floats(dt);
+/* The scales of T tokens of kv head h of a block's quantized plane (rows
+ * kvs_scale_floats * num_kv_heads floats apart) into w->qmul, w->qlo. */
+KVS_INLINE void quant_head_scales(const kvs_paged_kv *kv, attn_scratch *w,
+                                  const char *plane, uint32_t h, uint32_t T,
+                                  uint32_t dt) {
+  const uint32_t nf = kvs_scale_floats(dt);
+  quant_load_scales((const float *)(const void *)(plane + kv->scale_offset) +
+                        (size_t)h * nf,
+                    kv->num_kv_heads * nf, T, dt, w->qmul, w->qlo);
+}
+
+/* A vector body's per-token step for kv head h's query heads and the T
+ * tokens of a block (plane: its K or V plane; j0: its first token, of n):
+ * before the value pass (values != 0) the softmax weights made ready for
+ * the raw rows (quant_weights), else the raw scores made real
+ * (quant_scores). */
+KVS_INLINE void quant_head(const kvs_attn_args *a, attn_scratch *w,
+                           const char *plane, uint32_t h, uint32_t T,
+                           uint32_t j0, uint32_t n, uint32_t dt, int values) {
+  const uint32_t G = a->num_heads / a->kv.num_kv_heads;
+  float *sg = w->scores + (size_t)h * G * n + j0;
+  quant_head_scales(&a->kv, w, plane, h, T, dt);
+  if (values)
+    quant_weights(sg, n, G, T, w->qmul, w->qlo, w->corr + (size_t)h * G, dt);
+  else
+    quant_scores(sg, n, G, T, w->qmul, w->qlo, w->qsum + (size_t)h * G,
+                 a->scale, dt);
 }
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -990,12 +1011,8 @@ KVS_X86_INLINE void attend_row_x86(const kvs_attn_args *a, uint32_t s,
         else
           x_scores_rows(qg, Dp, 1, kh, ts, T, D, dt, sm, sg, n);
       }
-      if (quant) {
-        quant_load_scales(plane_scales(kv, kp, h, dt), sst, T, dt, w->qmul,
-                          w->qlo);
-        quant_scores(sc + (size_t)h * ratio * n + j0, n, ratio, T, w->qmul,
-                     w->qlo, w->qsum + (size_t)h * ratio, a->scale, dt);
-      }
+      if (quant)
+        quant_head(a, w, kp, h, T, j0, n, dt, 0);
     }
   }
 
@@ -1017,12 +1034,8 @@ KVS_X86_INLINE void attend_row_x86(const kvs_attn_args *a, uint32_t s,
       x_prefetch(vp1 + kv->scale_offset, 0, 1, (uint64_t)T1 * sst * 4, pf);
     for (uint32_t h = 0; h < KVH; h++) {
       x_prefetch(vp1 + h * hs, ts, T1, (uint64_t)D * es, pf);
-      if (quant) {
-        quant_load_scales(plane_scales(kv, vp, h, dt), sst, T, dt, w->qmul,
-                          w->qlo);
-        quant_weights(sc + (size_t)h * ratio * n + j0, n, ratio, T, w->qmul,
-                      w->qlo, w->corr + (size_t)h * ratio, dt);
-      }
+      if (quant)
+        quant_head(a, w, vp, h, T, j0, n, dt, 1);
       for (uint32_t g = 0; g < ratio; g += R) {
         float *ag = w->acc + (size_t)(h * ratio + g) * Dp;
         const float *pg = sc + (size_t)(h * ratio + g) * n + j0;
@@ -1038,17 +1051,22 @@ KVS_X86_INLINE void attend_row_x86(const kvs_attn_args *a, uint32_t s,
   vec_store_out(a, orow, w, Dp, int8 ? w->corr : NULL);
 }
 
-/* One instance of the AVX2 body per cache dtype, dt a constant in each. */
-#define KVS_X86_BODY(name, dt)                                               \
-  KVS_X86 static void name(const kvs_attn_args *a, uint32_t s, uint32_t pos, \
-                           const char *qrow, char *orow, attn_scratch *w) {  \
-    attend_row_x86(a, s, pos, qrow, orow, w, dt);                            \
+/* One instance of a vector body (attr: its target) per cache dtype, dt a
+ * constant in each: body_f32, body_f16, body_bf16, body_i8, body_f8. */
+#define KVS_BODY_INSTANCE(attr, body, suffix, dt)                          \
+  attr static void body##suffix(const kvs_attn_args *a, uint32_t s,        \
+                                uint32_t pos, const char *qrow, char *orow, \
+                                attn_scratch *w) {                         \
+    body(a, s, pos, qrow, orow, w, dt);                                    \
   }
-KVS_X86_BODY(attend_row_x86_f32, KVS_DTYPE_FP32)
-KVS_X86_BODY(attend_row_x86_f16, KVS_DTYPE_FP16)
-KVS_X86_BODY(attend_row_x86_bf16, KVS_DTYPE_BF16)
-KVS_X86_BODY(attend_row_x86_i8, KVS_DTYPE_INT8)
-KVS_X86_BODY(attend_row_x86_f8, KVS_DTYPE_FP8)
+#define KVS_BODY_INSTANCES(attr, body)                      \
+  KVS_BODY_INSTANCE(attr, body, _f32, KVS_DTYPE_FP32)       \
+  KVS_BODY_INSTANCE(attr, body, _f16, KVS_DTYPE_FP16)       \
+  KVS_BODY_INSTANCE(attr, body, _bf16, KVS_DTYPE_BF16)      \
+  KVS_BODY_INSTANCE(attr, body, _i8, KVS_DTYPE_INT8)        \
+  KVS_BODY_INSTANCE(attr, body, _f8, KVS_DTYPE_FP8)
+
+KVS_BODY_INSTANCES(KVS_X86, attend_row_x86)
 
 /* ---- the AVX-512 body ------------------------------------------------------
  *
@@ -1289,12 +1307,8 @@ KVS_X512_INLINE void attend_row_x512(const kvs_attn_args *a, uint32_t s,
         else
           z_scores_rows(qg, Dp, 1, kh, ts, T, D, dt, sm, sg, n, kn, Tn, pf);
       }
-      if (quant) {
-        quant_load_scales(plane_scales(kv, kp, h, dt), sst, T, dt, w->qmul,
-                          w->qlo);
-        quant_scores(sc + (size_t)h * ratio * n + j0, n, ratio, T, w->qmul,
-                     w->qlo, w->qsum + (size_t)h * ratio, a->scale, dt);
-      }
+      if (quant)
+        quant_head(a, w, kp, h, T, j0, n, dt, 0);
     }
   }
   for (uint32_t hq = 0; hq < H; hq++) {
@@ -1311,12 +1325,8 @@ KVS_X512_INLINE void attend_row_x512(const kvs_attn_args *a, uint32_t s,
     if (quant)
       x_prefetch(vp1 + kv->scale_offset, 0, 1, (uint64_t)T1 * sst * 4, pf);
     for (uint32_t h = 0; h < KVH; h++) {
-      if (quant) {
-        quant_load_scales(plane_scales(kv, vp, h, dt), sst, T, dt, w->qmul,
-                          w->qlo);
-        quant_weights(sc + (size_t)h * ratio * n + j0, n, ratio, T, w->qmul,
-                      w->qlo, w->corr + (size_t)h * ratio, dt);
-      }
+      if (quant)
+        quant_head(a, w, vp, h, T, j0, n, dt, 1);
       for (uint32_t g = 0; g < ratio; g += R) {
         float *ag = w->acc + (size_t)(h * ratio + g) * Dp;
         const float *pg = sc + (size_t)(h * ratio + g) * n + j0;
@@ -1336,17 +1346,7 @@ KVS_X512_INLINE void attend_row_x512(const kvs_attn_args *a, uint32_t s,
   vec_store_out(a, orow, w, Dp, int8 ? w->corr : NULL);
 }
 
-/* One instance of the AVX-512 body per cache dtype. */
-#define KVS_X512_BODY(name, dt)                                               \
-  KVS_X512 static void name(const kvs_attn_args *a, uint32_t s, uint32_t pos, \
-                            const char *qrow, char *orow, attn_scratch *w) {  \
-    attend_row_x512(a, s, pos, qrow, orow, w, dt);                            \
-  }
-KVS_X512_BODY(attend_row_x512_f32, KVS_DTYPE_FP32)
-KVS_X512_BODY(attend_row_x512_f16, KVS_DTYPE_FP16)
-KVS_X512_BODY(attend_row_x512_bf16, KVS_DTYPE_BF16)
-KVS_X512_BODY(attend_row_x512_i8, KVS_DTYPE_INT8)
-KVS_X512_BODY(attend_row_x512_f8, KVS_DTYPE_FP8)
+KVS_BODY_INSTANCES(KVS_X512, attend_row_x512)
 #endif /* x86 */
 
 typedef void (*attend_fn)(const kvs_attn_args *, uint32_t, uint32_t,
