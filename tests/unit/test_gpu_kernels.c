@@ -713,6 +713,20 @@ static void quant_body_reset(void) {
   kvs__cpu_attn_avx512 = 1;
 }
 
+/* The quantized cases' parameters: 2 kv heads, 2 layers (the second one
+ * attended), 3 spare blocks of garbage. */
+static tg_params quant_params(uint32_t dt, uint32_t bs, uint32_t dim,
+                              uint32_t ratio, uint32_t qo_dtype,
+                              uint32_t num_seqs, const uint32_t *lens,
+                              const uint32_t *qlens, float q_scale,
+                              uint64_t seed) {
+  return (tg_params){.block_size = bs, .num_kv_heads = 2, .head_dim = dim,
+                     .ratio = ratio, .dtype = dt, .qo_dtype = qo_dtype,
+                     .num_layers = 2, .layer = 1, .num_seqs = num_seqs,
+                     .lens = lens, .qlens = qlens, .spare_blocks = 3,
+                     .q_scale = q_scale, .seed = seed};
+}
+
 /* Decode and prefill over int8/fp8 caches against the float64 reference
  * over the dequantized cache (tg_case_build writes through the write kernel
  * into a pool whose unused bytes are random and unused scales NaN/Inf):
@@ -729,14 +743,10 @@ static void quant_shapes(void) {
           uint32_t bs = bss[ib];
           uint32_t lens[] = {1, 1500, bs - 1, 2 * bs + 3, 0, bs};
           uint32_t qlens[] = {1, 3, 3, 2 * bs + 3, 0, 1};
-          tg_params p = {.block_size = bs, .num_kv_heads = 2,
-                         .head_dim = dims[id], .ratio = ratios[cases % 4],
-                         .dtype = dt, .qo_dtype = (uint32_t)cases % 3,
-                         .num_layers = 2, .layer = (uint32_t)ib,
-                         .num_seqs = 6, .lens = lens,
-                         .qlens = prefill ? qlens : NULL, .spare_blocks = 3,
-                         .q_scale = cases % 2 ? 6.f : 1.f,
-                         .seed = 9000 + (uint64_t)cases};
+          tg_params p = quant_params(
+              dt, bs, dims[id], ratios[cases % 4], (uint32_t)cases % 3, 6,
+              lens, prefill ? qlens : NULL, cases % 2 ? 6.f : 1.f,
+              9000 + (uint64_t)cases);
           if (run_case(&p, prefill))
             fail_msg("%s body, %s cache, %s case %d", kvs__cpu_attn_body(),
                      kvs_dtype_name(dt), prefill ? "prefill" : "decode",
@@ -754,27 +764,24 @@ static void quant_nan(void) {
   static const uint32_t where[] = {0, 7, 37, 39};
   for (uint32_t dt = KVS_DTYPE_INT8; dt <= KVS_DTYPE_FP8; dt++)
     for (size_t w = 0; w < sizeof where / sizeof *where; w++) {
-      uint32_t lens[] = {40, 40, 23};
-      tg_params p = {.block_size = 16, .num_kv_heads = 2, .head_dim = 64,
-                     .ratio = 4, .dtype = dt, .qo_dtype = KVS_DTYPE_FP32,
-                     .num_layers = 1, .num_seqs = 3, .lens = lens,
-                     .spare_blocks = 2, .q_scale = 2.f,
-                     .seed = 777 + (uint64_t)w};
+      const uint32_t lens[] = {40, 40, 23}, t = where[w], D = 64, kvh = 2;
+      const tg_params p = quant_params(dt, 16, D, 4, KVS_DTYPE_FP32, 3, lens,
+                                       NULL, 2.f, 777 + (uint64_t)w);
       tg_case c;
       assert_int_equal(tg_case_build(&c, &p), 0);
       const kvs_layout *l = &c.layout;
-      uint32_t t = where[w], D = p.head_dim, kvh = p.num_kv_heads;
+      /* seq 0, kv head 0: the key; seq 1, kv head 1: the value */
       uint32_t b0 = c.tables[0 * c.max_blocks + t / 16];
       uint32_t b1 = c.tables[1 * c.max_blocks + t / 16];
       float *k = c.k[0] + ((size_t)t * kvh + 0) * D;
       float *v = c.v[1] + ((size_t)t * kvh + 1) * D;
       if (dt == KVS_DTYPE_FP8) {
-        ((uint8_t *)kvs_elem_ptr(c.pool, l, b0, 0, 0, t % 16, 0))[5] = 0x7f;
-        ((uint8_t *)kvs_elem_ptr(c.pool, l, b1, 0, 1, t % 16, 1))[9] = 0xff;
+        ((uint8_t *)kvs_elem_ptr(c.pool, l, b0, 1, 0, t % 16, 0))[5] = 0x7f;
+        ((uint8_t *)kvs_elem_ptr(c.pool, l, b1, 1, 1, t % 16, 1))[9] = 0xff;
         k[5] = v[9] = NAN;
       } else {
-        kvs_scale_ptr(c.pool, l, b0, 0, 0, t % 16, 0)[0] = NAN;
-        kvs_scale_ptr(c.pool, l, b1, 0, 1, t % 16, 1)[1] = NAN;
+        kvs_scale_ptr(c.pool, l, b0, 1, 0, t % 16, 0)[0] = NAN;
+        kvs_scale_ptr(c.pool, l, b1, 1, 1, t % 16, 1)[1] = NAN;
         for (uint32_t d = 0; d < D; d++)
           k[d] = v[d] = NAN;
       }
