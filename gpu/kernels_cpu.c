@@ -346,6 +346,10 @@ typedef struct attn_scratch {
   float *row;    /* [TILE][KVH][D]: tokens' keys or values, as floats */
   float *scores; /* [max_len][H]: token-major, heads contiguous */
   float *sum;    /* [H] */
+  float *qsum;   /* [H]: int8, the vector bodies: sum of each head's q */
+  float *corr;   /* [H]: int8, the vector bodies: sum of p * min */
+  float *qmul;   /* [block_size]: quantized, the vector bodies: scales */
+  float *qlo;    /* [block_size]: int8, the vector bodies: minimums */
   const float *tile[KVS__CPU_TILE]; /* rows of the current tile */
   uint32_t max_len;
 } attn_scratch;
@@ -540,30 +544,155 @@ static void attend_row_base(const kvs_attn_args *a, uint32_t s, uint32_t pos,
  * Every sum is fp32.  One function per cache dtype, picked at run time.
  */
 /* The vector bodies' first and last steps: the row's q of every head into
- * w->q (rows Dp floats apart, zero-padded), and the normalised outputs out
- * of w->acc. */
+ * w->q (rows Dp floats apart, zero-padded), with each head's sum into
+ * qsum when it is not NULL; the normalised outputs out of w->acc, each
+ * head's corr[hq] (when not NULL) added to every element first. */
 static void vec_load_q(const kvs_attn_args *a, const char *qrow,
-                       attn_scratch *w, uint32_t Dp) {
+                       attn_scratch *w, uint32_t Dp, float *qsum) {
   const uint32_t D = a->kv.head_dim;
   const size_t qes = kvs_dtype_size(a->qo_dtype);
   for (uint32_t hq = 0; hq < a->num_heads; hq++) {
     float *qd = w->q + (size_t)hq * Dp;
     load_row(qd, qrow + (size_t)hq * D * qes, a->qo_dtype, D);
     memset(qd + D, 0, (size_t)(Dp - D) * 4);
+    if (qsum) { /* (Dp is a multiple of 8; the padding is 0) */
+      v8f t = {0};
+      for (uint32_t d = 0; d < Dp; d += 8)
+        t += ld8(qd + d);
+      qsum[hq] = hsum8(t);
+    }
   }
 }
 
 static void vec_store_out(const kvs_attn_args *a, char *orow,
-                          attn_scratch *w, uint32_t Dp) {
+                          attn_scratch *w, uint32_t Dp, const float *corr) {
   const uint32_t D = a->kv.head_dim;
   const size_t qes = kvs_dtype_size(a->qo_dtype);
   for (uint32_t hq = 0; hq < a->num_heads; hq++) {
     float *acc = w->acc + (size_t)hq * Dp;
-    float inv = 1.f / w->sum[hq];
+    float inv = 1.f / w->sum[hq], c = corr ? corr[hq] : 0.f;
     for (uint32_t d = 0; d < D; d++)
-      acc[d] *= inv;
+      acc[d] = corr ? (acc[d] + c) * inv : acc[d] * inv;
     store_row(orow + (size_t)hq * D * qes, a->qo_dtype, acc, D);
   }
+}
+
+/*
+ * Quantized caches in the vector bodies.  They read an int8/fp8 row as raw
+ * floats (x_ld8, z_ld16: the int8 byte, or the fp8 value / 256, an exact
+ * move of its bits) and apply the row's scale and int8 minimum per token,
+ * not per element:
+ *   score = (scale_t * (q . raw_t) + min_t * sum(q)) * softmax scale
+ *   out   = sum_t (p_t * scale_t) raw_t + sum_t p_t * min_t
+ * which are the portable body's sums over dequantized rows (raw * scale +
+ * min) in another order, one multiply-add per element fewer.  A NaN scale
+ * or minimum still makes the token's score or every output element NaN.
+ * Only the scales of tokens below the row's length are read.
+ */
+
+/* The scales of T tokens of one kv head of a block (sc, rows st floats
+ * apart) as the raw floats take them: mul[t] (fp8: times 256, exact) and,
+ * int8, the minimum lo[t]; read once for every query head of the group. */
+KVS_INLINE void quant_load_scales(const float *sc, uint32_t st, uint32_t T,
+                                  uint32_t dt, float *mul, float *lo) {
+  for (uint32_t t = 0; t < T; t++) {
+    const float *s = sc + (size_t)t * st;
+    mul[t] = dt == KVS_DTYPE_FP8 ? s[0] * 256.f : s[0];
+    if (dt == KVS_DTYPE_INT8)
+      lo[t] = s[1];
+  }
+}
+
+/* The raw scores of G query heads (rows n floats apart) x T tokens made
+ * real: (raw * mul[t] + lo[t] * qsum[g]) * scale (fp8: no lo). */
+KVS_INLINE void quant_scores(float *sg, uint32_t n, uint32_t G, uint32_t T,
+                             const float *mul, const float *lo,
+                             const float *qsum, float scale, uint32_t dt) {
+  const int int8 = dt == KVS_DTYPE_INT8;
+  for (uint32_t g = 0; g < G; g++) {
+    float *x = sg + (size_t)g * n;
+    const float qs = int8 ? qsum[g] : 0.f;
+    uint32_t t = 0;
+    for (; t + 8 <= T; t += 8) {
+      v8f v = ld8(x + t) * ld8(mul + t);
+      if (int8)
+        v += ld8(lo + t) * qs;
+      st8(x + t, v * scale);
+    }
+    for (; t < T; t++)
+      x[t] = int8 ? (x[t] * mul[t] + lo[t] * qs) * scale : x[t] * mul[t] * scale;
+  }
+}
+
+/* A softmax weight (at most 1, the maximum's) below 2^-64 counts for
+ * nothing in an fp32 output; times a row's scale or minimum it may be
+ * subnormal, and on Intel an FMA on a subnormal takes a microcode assist
+ * (measured: int8 decode 30x slower with a peaked softmax, whose weights
+ * stop at exp(-87), 1.6e-38).  So such weights become 0 (NaN stays). */
+KVS_INLINE float flush_weight(float p) { return p < 0x1p-64f ? 0.f : p; }
+
+KVS_INLINE v8f flush_weights(v8f p) {
+  typedef int32_t v8i __attribute__((vector_size(32)));
+  const v8f tiny = (v8f){0} + 0x1p-64f;
+  return (v8f)((v8i)p & ~(p < tiny));
+}
+
+/* Before the value pass over raw rows: the softmax weights of G query heads
+ * x T tokens (flushed) times mul[t], and (int8) each head's sum of weight
+ * * lo[t] added to corr[g]. */
+KVS_INLINE void quant_weights(float *pg, uint32_t n, uint32_t G, uint32_t T,
+                              const float *mul, const float *lo, float *corr,
+                              uint32_t dt) {
+  const int int8 = dt == KVS_DTYPE_INT8;
+  for (uint32_t g = 0; g < G; g++) {
+    float *p = pg + (size_t)g * n;
+    v8f c = {0};
+    uint32_t t = 0;
+    for (; t + 8 <= T; t += 8) {
+      v8f pv = flush_weights(ld8(p + t));
+      if (int8)
+        c += pv * ld8(lo + t);
+      st8(p + t, pv * ld8(mul + t));
+    }
+    float cs = hsum8(c);
+    for (; t < T; t++) {
+      const float pt = flush_weight(p[t]);
+      if (int8)
+        cs += pt * lo[t];
+      p[t] = pt * mul[t];
+    }
+    if (int8)
+      corr[g] += cs;
+  }
+}
+
+/* The scales of T tokens of kv head h of a block's quantized plane (rows
+ * kvs_scale_floats * num_kv_heads floats apart) into w->qmul, w->qlo. */
+KVS_INLINE void quant_head_scales(const kvs_paged_kv *kv, attn_scratch *w,
+                                  const char *plane, uint32_t h, uint32_t T,
+                                  uint32_t dt) {
+  const uint32_t nf = kvs_scale_floats(dt);
+  quant_load_scales((const float *)(const void *)(plane + kv->scale_offset) +
+                        (size_t)h * nf,
+                    kv->num_kv_heads * nf, T, dt, w->qmul, w->qlo);
+}
+
+/* A vector body's per-token step for kv head h's query heads and the T
+ * tokens of a block (plane: its K or V plane; j0: its first token, of n):
+ * before the value pass (values != 0) the softmax weights made ready for
+ * the raw rows (quant_weights), else the raw scores made real
+ * (quant_scores). */
+KVS_INLINE void quant_head(const kvs_attn_args *a, attn_scratch *w,
+                           const char *plane, uint32_t h, uint32_t T,
+                           uint32_t j0, uint32_t n, uint32_t dt, int values) {
+  const uint32_t G = a->num_heads / a->kv.num_kv_heads;
+  float *sg = w->scores + (size_t)h * G * n + j0;
+  quant_head_scales(&a->kv, w, plane, h, T, dt);
+  if (values)
+    quant_weights(sg, n, G, T, w->qmul, w->qlo, w->corr + (size_t)h * G, dt);
+  else
+    quant_scores(sg, n, G, T, w->qmul, w->qlo, w->qsum + (size_t)h * G,
+                 a->scale, dt);
 }
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -573,8 +702,29 @@ static void vec_store_out(const kvs_attn_args *a, char *orow,
 #define KVS_X86_INLINE \
   static inline __attribute__((always_inline, target("avx2,fma,f16c")))
 
-/* 8 elements of dtype dt at p, as floats (dt is a constant after inlining). */
+/* fp8 e4m3 -> fp16 bits, 8 at a time; x: the bytes sign-extended to words.
+ * Below the sign, e4m3's 7 bits shifted up by 7 are an fp16 of the same
+ * digits with the exponent bias 15 instead of 7 (subnormals included): the
+ * value / 256, exactly; the sign extension puts the sign in bit 15, and a
+ * copy of it in bit 14, where a 0 belongs.  The NaN codes (0x7f, 0xff)
+ * would read 1.875: for them alone one more mantissa step carries into bit
+ * 14, so bit 14 of t ^ (t + 0x80) is 1 for NaN and 0 otherwise, which is
+ * what bit 14 must hold (all ones in the exponent: NaN). */
+KVS_X86_INLINE __m128i x_e4m3_h8(__m128i x) {
+  __m128i t = _mm_slli_epi16(x, 7);
+  __m128i y = _mm_add_epi16(t, _mm_set1_epi16(0x80));
+  return _mm_xor_si128(t, _mm_and_si128(y, _mm_set1_epi16(0x4000)));
+}
+
+/* 8 elements of dtype dt at p, as floats (dt is a constant after inlining);
+ * int8 and fp8 raw (the byte; the value / 256), without their row's scale. */
 KVS_X86_INLINE __m256 x_ld8(const void *p, uint32_t dt) {
+  if (dt == KVS_DTYPE_INT8)
+    return _mm256_cvtepi32_ps(
+        _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+  if (dt == KVS_DTYPE_FP8)
+    return _mm256_cvtph_ps(
+        x_e4m3_h8(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)p))));
   if (dt == KVS_DTYPE_FP16)
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
   if (dt == KVS_DTYPE_BF16) {
@@ -596,6 +746,11 @@ KVS_X86_INLINE __m256 x_ld8(const void *p, uint32_t dt) {
 KVS_X86_INLINE __m256 x_ld8_tail(const void *p, uint32_t dt, uint32_t n) {
   float f[8] = {0};
   uint16_t h[8] = {0};
+  if (kvs_dtype_size(dt) == 1) {
+    uint8_t b[8] = {0};
+    memcpy(b, p, n);
+    return x_ld8(b, dt);
+  }
   if (dt == KVS_DTYPE_FP32) {
     memcpy(f, p, (size_t)n * 4);
     return _mm256_loadu_ps(f);
@@ -827,8 +982,10 @@ KVS_X86_INLINE void attend_row_x86(const kvs_attn_args *a, uint32_t s,
   const uint32_t nb = (n + bs - 1) / bs;
   const uint32_t *bt = a->block_tables + (uint64_t)s * a->max_blocks_per_seq;
   const int pf = prefetch_mode(1);
+  const int quant = kvs_dtype_quantized(dt), int8 = dt == KVS_DTYPE_INT8;
+  const uint32_t sst = KVH * kvs_scale_floats(dt); /* scale rows, floats */
   float *sc = w->scores; /* [H][n] */
-  vec_load_q(a, qrow, w, Dp);
+  vec_load_q(a, qrow, w, Dp, int8 ? w->qsum : NULL);
 
   /* Scores, a block at a time: every kv head, R query heads x TT tokens. */
   for (uint32_t i = 0; i < nb; i++) {
@@ -838,24 +995,31 @@ KVS_X86_INLINE void attend_row_x86(const kvs_attn_args *a, uint32_t s,
     const char *kp1 = i + 1 < nb ? x_block(a, bt, i + 1, n, kv->k_offset, &T1)
                                  : kp;
     const uint32_t j0 = i * bs;
+    if (quant)
+      x_prefetch(kp1 + kv->scale_offset, 0, 1, (uint64_t)T1 * sst * 4, pf);
     for (uint32_t h = 0; h < KVH; h++) {
       x_prefetch(kp1 + h * hs, ts, T1, (uint64_t)D * es, pf);
       for (uint32_t g = 0; g < ratio; g += R) {
         const float *qg = w->q + (size_t)(h * ratio + g) * Dp;
         float *sg = sc + (size_t)(h * ratio + g) * n + j0;
         const char *kh = kp + h * hs;
+        const float sm = quant ? 1.f : a->scale; /* quant_scores applies it */
         if (R == 4)
-          x_scores_rows(qg, Dp, 4, kh, ts, T, D, dt, a->scale, sg, n);
+          x_scores_rows(qg, Dp, 4, kh, ts, T, D, dt, sm, sg, n);
         else if (R == 2)
-          x_scores_rows(qg, Dp, 2, kh, ts, T, D, dt, a->scale, sg, n);
+          x_scores_rows(qg, Dp, 2, kh, ts, T, D, dt, sm, sg, n);
         else
-          x_scores_rows(qg, Dp, 1, kh, ts, T, D, dt, a->scale, sg, n);
+          x_scores_rows(qg, Dp, 1, kh, ts, T, D, dt, sm, sg, n);
       }
+      if (quant)
+        quant_head(a, w, kp, h, T, j0, n, dt, 0);
     }
   }
 
-  for (uint32_t hq = 0; hq < H; hq++)
+  for (uint32_t hq = 0; hq < H; hq++) {
     w->sum[hq] = x_softmax(sc + (size_t)hq * n, n);
+    w->corr[hq] = 0.f;
+  }
 
   /* Weighted values, a block at a time. */
   memset(w->acc, 0, (size_t)H * Dp * sizeof(float));
@@ -866,8 +1030,12 @@ KVS_X86_INLINE void attend_row_x86(const kvs_attn_args *a, uint32_t s,
     const char *vp1 = i + 1 < nb ? x_block(a, bt, i + 1, n, kv->v_offset, &T1)
                                  : vp;
     const uint32_t j0 = i * bs;
+    if (quant)
+      x_prefetch(vp1 + kv->scale_offset, 0, 1, (uint64_t)T1 * sst * 4, pf);
     for (uint32_t h = 0; h < KVH; h++) {
       x_prefetch(vp1 + h * hs, ts, T1, (uint64_t)D * es, pf);
+      if (quant)
+        quant_head(a, w, vp, h, T, j0, n, dt, 1);
       for (uint32_t g = 0; g < ratio; g += R) {
         float *ag = w->acc + (size_t)(h * ratio + g) * Dp;
         const float *pg = sc + (size_t)(h * ratio + g) * n + j0;
@@ -880,26 +1048,25 @@ KVS_X86_INLINE void attend_row_x86(const kvs_attn_args *a, uint32_t s,
       }
     }
   }
-  vec_store_out(a, orow, w, Dp);
+  vec_store_out(a, orow, w, Dp, int8 ? w->corr : NULL);
 }
 
-KVS_X86 static void attend_row_x86_f32(const kvs_attn_args *a, uint32_t s,
-                                       uint32_t pos, const char *qrow,
-                                       char *orow, attn_scratch *w) {
-  attend_row_x86(a, s, pos, qrow, orow, w, KVS_DTYPE_FP32);
-}
+/* One instance of a vector body (attr: its target) per cache dtype, dt a
+ * constant in each: body_f32, body_f16, body_bf16, body_i8, body_f8. */
+#define KVS_BODY_INSTANCE(attr, body, suffix, dt)                          \
+  attr static void body##suffix(const kvs_attn_args *a, uint32_t s,        \
+                                uint32_t pos, const char *qrow, char *orow, \
+                                attn_scratch *w) {                         \
+    body(a, s, pos, qrow, orow, w, dt);                                    \
+  }
+#define KVS_BODY_INSTANCES(attr, body)                      \
+  KVS_BODY_INSTANCE(attr, body, _f32, KVS_DTYPE_FP32)       \
+  KVS_BODY_INSTANCE(attr, body, _f16, KVS_DTYPE_FP16)       \
+  KVS_BODY_INSTANCE(attr, body, _bf16, KVS_DTYPE_BF16)      \
+  KVS_BODY_INSTANCE(attr, body, _i8, KVS_DTYPE_INT8)        \
+  KVS_BODY_INSTANCE(attr, body, _f8, KVS_DTYPE_FP8)
 
-KVS_X86 static void attend_row_x86_f16(const kvs_attn_args *a, uint32_t s,
-                                       uint32_t pos, const char *qrow,
-                                       char *orow, attn_scratch *w) {
-  attend_row_x86(a, s, pos, qrow, orow, w, KVS_DTYPE_FP16);
-}
-
-KVS_X86 static void attend_row_x86_bf16(const kvs_attn_args *a, uint32_t s,
-                                        uint32_t pos, const char *qrow,
-                                        char *orow, attn_scratch *w) {
-  attend_row_x86(a, s, pos, qrow, orow, w, KVS_DTYPE_BF16);
-}
+KVS_BODY_INSTANCES(KVS_X86, attend_row_x86)
 
 /* ---- the AVX-512 body ------------------------------------------------------
  *
@@ -910,7 +1077,9 @@ KVS_X86 static void attend_row_x86_bf16(const kvs_attn_args *a, uint32_t s,
  *   - scores: R query heads x 16/R tokens (16 accumulators), reduced
  *     together by a tree of lane shuffles;
  *   - values: R query heads x 16/R vectors of 16 dimensions;
- *   - softmax: the AVX2 one (a small share of the time).
+ *   - softmax: the AVX2 one (a small share of the time);
+ *   - the next block's rows of a kv head are prefetched row by row as the
+ *     same rows of the current block are used (z_prefetch_next).
  * Every sum is fp32, as in the other bodies; only the order of the sums
  * differs.
  */
@@ -918,8 +1087,24 @@ KVS_X86 static void attend_row_x86_bf16(const kvs_attn_args *a, uint32_t s,
 #define KVS_X512_INLINE \
   static inline __attribute__((always_inline, target("avx512f,avx2,fma,f16c")))
 
-/* 16 elements of dtype dt at p, as floats. */
+/* x_e4m3_h8, 16 at a time; its last step, t ^ (y & 0x4000), is one
+ * ternary-logic op (C ? A ^ B : A) on the low halves of zmm registers. */
+KVS_X512_INLINE __m256i z_e4m3_h16(__m256i x) {
+  __m256i t = _mm256_slli_epi16(x, 7);
+  __m256i y = _mm256_add_epi16(t, _mm256_set1_epi16(0x80));
+  return _mm512_castsi512_si256(_mm512_ternarylogic_epi32(
+      _mm512_castsi256_si512(t), _mm512_castsi256_si512(y),
+      _mm512_set1_epi16(0x4000), 0x78));
+}
+
+/* 16 elements of dtype dt at p, as floats; int8 and fp8 raw, as x_ld8. */
 KVS_X512_INLINE __m512 z_ld16(const void *p, uint32_t dt) {
+  if (dt == KVS_DTYPE_INT8)
+    return _mm512_cvtepi32_ps(
+        _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
+  if (dt == KVS_DTYPE_FP8)
+    return _mm512_cvtph_ps(z_e4m3_h16(
+        _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p))));
   if (dt == KVS_DTYPE_FP16)
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
   if (dt == KVS_DTYPE_BF16)
@@ -935,8 +1120,8 @@ KVS_X512_INLINE __m512 z_ld16_tail(const void *p, uint32_t dt, uint32_t n) {
   return z_ld16(b, dt);
 }
 
-/* out[4k + j] = the sum of the 16 lanes of c[4j + k], for 16 vectors. */
-KVS_X512_INLINE void z_reduce16(const __m512 *c, float *out) {
+/* Lane 4k + j: the sum of the 16 lanes of c[4j + k], for 16 vectors. */
+KVS_X512_INLINE __m512 z_reduce16(const __m512 *c) {
   __m512 x[8], y[4];
   for (int i = 0; i < 8; i++) /* halves: c[2i] low, c[2i+1] high */
     x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], 0x44),
@@ -949,9 +1134,8 @@ KVS_X512_INLINE void z_reduce16(const __m512 *c, float *out) {
   __m512 z23 = _mm512_add_ps(_mm512_unpacklo_ps(y[2], y[3]),
                              _mm512_unpackhi_ps(y[2], y[3]));
   __m512d a = _mm512_castps_pd(z01), b = _mm512_castps_pd(z23);
-  _mm512_storeu_ps(out, _mm512_add_ps(
-                            _mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
-                            _mm512_castpd_ps(_mm512_unpackhi_pd(a, b))));
+  return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                       _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
 }
 
 /*
@@ -979,9 +1163,15 @@ KVS_X512_INLINE void z_scores(const float *q, uint32_t Dp, uint32_t R,
         c[t * R + r] = _mm512_fmadd_ps(qv, kv[t], c[t * R + r]);
     }
   }
-  if (R * TT == 16) {
+  if (R == 4 && TT == 4) { /* head r's 4 scores: 128-bit lane r */
+    __m512 o = _mm512_mul_ps(z_reduce16(c), _mm512_set1_ps(scale));
+    _mm_storeu_ps(sc, _mm512_castps512_ps128(o));
+    _mm_storeu_ps(sc + n, _mm512_extractf32x4_ps(o, 1));
+    _mm_storeu_ps(sc + 2 * (size_t)n, _mm512_extractf32x4_ps(o, 2));
+    _mm_storeu_ps(sc + 3 * (size_t)n, _mm512_extractf32x4_ps(o, 3));
+  } else if (R * TT == 16) {
     float o[16];
-    z_reduce16(c, o);
+    _mm512_storeu_ps(o, z_reduce16(c));
     for (uint32_t t = 0; t < TT; t++)
       for (uint32_t r = 0; r < R; r++) {
         uint32_t i = t * R + r;
@@ -994,22 +1184,45 @@ KVS_X512_INLINE void z_scores(const float *q, uint32_t Dp, uint32_t R,
   }
 }
 
+/* The rows of tokens [from, to) below Tn of the next block's same kv head
+ * (kn, rows ks bytes apart, row bytes each), prefetched as the AVX-512
+ * body reaches the same tokens of the current block: spread over the
+ * block's work, since a whole head's rows at once (x_prefetch) stalls
+ * waiting for line fill buffers (dev VM, 16 x 4096 tokens, GQA 4, in
+ * x memcpy: int8 0.75 at once, 0.83-0.87 spread; fp16 1.12, 1.27). */
+KVS_X512_INLINE void z_prefetch_next(const char *kn, uint64_t ks,
+                                     uint32_t from, uint32_t to, uint32_t Tn,
+                                     uint64_t row, int pf) {
+  for (uint32_t i = from; i < to && i < Tn; i++)
+    x_prefetch(kn + i * ks, 0, 1, row, pf);
+}
+
+/* z_scores over T tokens, 16 / R at a time, then one at a time; the next
+ * block's rows (kn, Tn of them) are prefetched along. */
 KVS_X512_INLINE void z_scores_rows(const float *q, uint32_t Dp, uint32_t R,
                                    const char *k, uint64_t ks, uint32_t T,
                                    uint32_t D, uint32_t dt, float scale,
-                                   float *sc, uint32_t n) {
+                                   float *sc, uint32_t n, const char *kn,
+                                   uint32_t Tn, int pf) {
+  const uint64_t row = (uint64_t)D * kvs_dtype_size(dt);
   uint32_t t = 0;
-  for (; t + 16 / R <= T; t += 16 / R)
+  for (; t + 16 / R <= T; t += 16 / R) {
+    z_prefetch_next(kn, ks, t, t + 16 / R, Tn, row, pf);
     z_scores(q, Dp, R, k + t * ks, ks, 16 / R, D, dt, scale, sc + t, n);
-  for (; t < T; t++)
+  }
+  for (; t < T; t++) {
+    z_prefetch_next(kn, ks, t, t + 1, Tn, row, pf);
     z_scores(q, Dp, R, k + t * ks, ks, 1, D, dt, scale, sc + t, n);
+  }
 }
 
-/* acc[r] (R rows Dp floats apart) += sum over t < T of p[r * n + t] * v[t]. */
+/* acc[r] (R rows Dp floats apart) += sum over t < T of p[r * n + t] * v[t];
+ * the next block's rows (vn, Tn <= T of them) are prefetched along. */
 KVS_X512_INLINE void z_values(float *acc, uint32_t Dp, uint32_t R,
                               const float *p, uint32_t n, const char *v,
                               uint64_t vs, uint32_t T, uint32_t D,
-                              uint32_t dt) {
+                              uint32_t dt, const char *vn, uint32_t Tn,
+                              int pf) {
   const size_t es = kvs_dtype_size(dt);
   const uint32_t V = 16 / R; /* vectors of dimensions per pass */
   uint32_t d = 0;
@@ -1019,6 +1232,8 @@ KVS_X512_INLINE void z_values(float *acc, uint32_t Dp, uint32_t R,
       for (uint32_t i = 0; i < V; i++)
         a[r * V + i] = _mm512_loadu_ps(acc + (size_t)r * Dp + d + 16 * i);
     for (uint32_t t = 0; t < T; t++) {
+      if (d == 0)
+        z_prefetch_next(vn, vs, t, t + 1, Tn, (uint64_t)D * es, pf);
       __m512 x[16];
       for (uint32_t i = 0; i < V; i++)
         x[i] = z_ld16(v + t * vs + (d + 16 * i) * es, dt);
@@ -1064,33 +1279,42 @@ KVS_X512_INLINE void attend_row_x512(const kvs_attn_args *a, uint32_t s,
   const uint32_t nb = (n + bs - 1) / bs;
   const uint32_t *bt = a->block_tables + (uint64_t)s * a->max_blocks_per_seq;
   const int pf = prefetch_mode(2);
+  const int quant = kvs_dtype_quantized(dt), int8 = dt == KVS_DTYPE_INT8;
+  const uint32_t sst = KVH * kvs_scale_floats(dt);
   float *sc = w->scores; /* [H][n] */
-  vec_load_q(a, qrow, w, Dp);
+  vec_load_q(a, qrow, w, Dp, int8 ? w->qsum : NULL);
   for (uint32_t i = 0; i < nb; i++) {
     uint32_t T, T1 = 0;
     const char *kp = x_block(a, bt, i, n, kv->k_offset, &T);
     const char *kp1 = i + 1 < nb ? x_block(a, bt, i + 1, n, kv->k_offset, &T1)
                                  : kp;
     const uint32_t j0 = i * bs;
+    if (quant)
+      x_prefetch(kp1 + kv->scale_offset, 0, 1, (uint64_t)T1 * sst * 4, pf);
     for (uint32_t h = 0; h < KVH; h++) {
-      x_prefetch(kp1 + h * hs, ts, T1, (uint64_t)D * es, pf);
       for (uint32_t g = 0; g < ratio; g += R) {
         const float *qg = w->q + (size_t)(h * ratio + g) * Dp;
         float *sg = sc + (size_t)(h * ratio + g) * n + j0;
-        const char *kh = kp + h * hs;
+        const char *kh = kp + h * hs, *kn = kp1 + h * hs;
+        const uint32_t Tn = g ? 0 : T1; /* (prefetched once) */
+        const float sm = quant ? 1.f : a->scale; /* quant_scores applies it */
         if (R == 8)
-          z_scores_rows(qg, Dp, 8, kh, ts, T, D, dt, a->scale, sg, n);
+          z_scores_rows(qg, Dp, 8, kh, ts, T, D, dt, sm, sg, n, kn, Tn, pf);
         else if (R == 4)
-          z_scores_rows(qg, Dp, 4, kh, ts, T, D, dt, a->scale, sg, n);
+          z_scores_rows(qg, Dp, 4, kh, ts, T, D, dt, sm, sg, n, kn, Tn, pf);
         else if (R == 2)
-          z_scores_rows(qg, Dp, 2, kh, ts, T, D, dt, a->scale, sg, n);
+          z_scores_rows(qg, Dp, 2, kh, ts, T, D, dt, sm, sg, n, kn, Tn, pf);
         else
-          z_scores_rows(qg, Dp, 1, kh, ts, T, D, dt, a->scale, sg, n);
+          z_scores_rows(qg, Dp, 1, kh, ts, T, D, dt, sm, sg, n, kn, Tn, pf);
       }
+      if (quant)
+        quant_head(a, w, kp, h, T, j0, n, dt, 0);
     }
   }
-  for (uint32_t hq = 0; hq < H; hq++)
+  for (uint32_t hq = 0; hq < H; hq++) {
     w->sum[hq] = x_softmax(sc + (size_t)hq * n, n);
+    w->corr[hq] = 0.f;
+  }
   memset(w->acc, 0, (size_t)H * Dp * sizeof(float));
   for (uint32_t i = 0; i < nb; i++) {
     uint32_t T, T1 = 0;
@@ -1098,43 +1322,31 @@ KVS_X512_INLINE void attend_row_x512(const kvs_attn_args *a, uint32_t s,
     const char *vp1 = i + 1 < nb ? x_block(a, bt, i + 1, n, kv->v_offset, &T1)
                                  : vp;
     const uint32_t j0 = i * bs;
+    if (quant)
+      x_prefetch(vp1 + kv->scale_offset, 0, 1, (uint64_t)T1 * sst * 4, pf);
     for (uint32_t h = 0; h < KVH; h++) {
-      x_prefetch(vp1 + h * hs, ts, T1, (uint64_t)D * es, pf);
+      if (quant)
+        quant_head(a, w, vp, h, T, j0, n, dt, 1);
       for (uint32_t g = 0; g < ratio; g += R) {
         float *ag = w->acc + (size_t)(h * ratio + g) * Dp;
         const float *pg = sc + (size_t)(h * ratio + g) * n + j0;
-        const char *vh = vp + h * hs;
+        const char *vh = vp + h * hs, *vn = vp1 + h * hs;
+        const uint32_t Tn = g ? 0 : T1;
         if (R == 8)
-          z_values(ag, Dp, 8, pg, n, vh, ts, T, D, dt);
+          z_values(ag, Dp, 8, pg, n, vh, ts, T, D, dt, vn, Tn, pf);
         else if (R == 4)
-          z_values(ag, Dp, 4, pg, n, vh, ts, T, D, dt);
+          z_values(ag, Dp, 4, pg, n, vh, ts, T, D, dt, vn, Tn, pf);
         else if (R == 2)
-          z_values(ag, Dp, 2, pg, n, vh, ts, T, D, dt);
+          z_values(ag, Dp, 2, pg, n, vh, ts, T, D, dt, vn, Tn, pf);
         else
-          z_values(ag, Dp, 1, pg, n, vh, ts, T, D, dt);
+          z_values(ag, Dp, 1, pg, n, vh, ts, T, D, dt, vn, Tn, pf);
       }
     }
   }
-  vec_store_out(a, orow, w, Dp);
+  vec_store_out(a, orow, w, Dp, int8 ? w->corr : NULL);
 }
 
-KVS_X512 static void attend_row_x512_f32(const kvs_attn_args *a, uint32_t s,
-                                         uint32_t pos, const char *qrow,
-                                         char *orow, attn_scratch *w) {
-  attend_row_x512(a, s, pos, qrow, orow, w, KVS_DTYPE_FP32);
-}
-
-KVS_X512 static void attend_row_x512_f16(const kvs_attn_args *a, uint32_t s,
-                                         uint32_t pos, const char *qrow,
-                                         char *orow, attn_scratch *w) {
-  attend_row_x512(a, s, pos, qrow, orow, w, KVS_DTYPE_FP16);
-}
-
-KVS_X512 static void attend_row_x512_bf16(const kvs_attn_args *a, uint32_t s,
-                                          uint32_t pos, const char *qrow,
-                                          char *orow, attn_scratch *w) {
-  attend_row_x512(a, s, pos, qrow, orow, w, KVS_DTYPE_BF16);
-}
+KVS_BODY_INSTANCES(KVS_X512, attend_row_x512)
 #endif /* x86 */
 
 typedef void (*attend_fn)(const kvs_attn_args *, uint32_t, uint32_t,
@@ -1165,7 +1377,6 @@ int kvs__cpu_attn_simd512(void) {
 }
 
 const char *kvs__cpu_attn_body(void) {
-  /* (for fp32/fp16/bf16 caches; int8/fp8 always run the portable body) */
   if (kvs__cpu_attn_portable || !kvs__cpu_attn_simd())
     return "portable C";
   if (kvs__cpu_attn_avx512 && kvs__cpu_attn_simd512())
@@ -1174,20 +1385,19 @@ const char *kvs__cpu_attn_body(void) {
 }
 
 static attend_fn pick_attend(uint32_t dtype) {
-  /* Quantized caches (int8, fp8) have the portable body only for now: it
-   * dequantizes each tile of rows with their scales as it reads them. */
-  if (kvs_dtype_quantized(dtype))
-    return attend_row_base;
 #if defined(__x86_64__) || defined(__i386__)
+  /* indexed by kvs_dtype */
+  static const attend_fn x512[KVS_DTYPE__COUNT] = {
+      attend_row_x512_f32, attend_row_x512_f16, attend_row_x512_bf16,
+      attend_row_x512_i8, attend_row_x512_f8};
+  static const attend_fn x86[KVS_DTYPE__COUNT] = {
+      attend_row_x86_f32, attend_row_x86_f16, attend_row_x86_bf16,
+      attend_row_x86_i8, attend_row_x86_f8};
   if (!kvs__cpu_attn_portable && kvs__cpu_attn_avx512 &&
       kvs__cpu_attn_simd512())
-    return dtype == KVS_DTYPE_FP16   ? attend_row_x512_f16
-           : dtype == KVS_DTYPE_BF16 ? attend_row_x512_bf16
-                                     : attend_row_x512_f32;
+    return x512[dtype];
   if (!kvs__cpu_attn_portable && kvs__cpu_attn_simd())
-    return dtype == KVS_DTYPE_FP16   ? attend_row_x86_f16
-           : dtype == KVS_DTYPE_BF16 ? attend_row_x86_bf16
-                                     : attend_row_x86_f32;
+    return x86[dtype];
 #endif
   (void)dtype;
   return attend_row_base;
@@ -1230,7 +1440,8 @@ static int cpu_attention(const kvs_attn_args *a, int prefill) {
    * bodies read whole vectors, of 8 or 16; the portable one uses the first
    * D of each). */
   size_t Dp = (D + 15) & ~(size_t)15;
-  float *mem = malloc(((size_t)2 * H * Dp + (size_t)KVS__CPU_TILE * KVH * D + H +
+  float *mem = malloc(((size_t)2 * H * Dp + (size_t)KVS__CPU_TILE * KVH * D +
+                       3 * (size_t)H + 2 * (size_t)kv->block_size +
                        (size_t)H * max_len) * sizeof(float));
   if (!mem)
     return KVS_ENOMEM;
@@ -1238,7 +1449,11 @@ static int cpu_attention(const kvs_attn_args *a, int prefill) {
   w.acc = w.q + (size_t)H * Dp;
   w.row = w.acc + (size_t)H * Dp;
   w.sum = w.row + (size_t)KVS__CPU_TILE * KVH * D;
-  w.scores = w.sum + H;
+  w.qsum = w.sum + H;
+  w.corr = w.qsum + H;
+  w.qmul = w.corr + H;
+  w.qlo = w.qmul + kv->block_size;
+  w.scores = w.qlo + kv->block_size;
   attend_fn attend = pick_attend(kv->dtype);
 
   for (uint32_t s = 0; s < a->num_seqs; s++) {

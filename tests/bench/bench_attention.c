@@ -11,8 +11,10 @@
  * kvs__cpu_prefetch knob (default -1: each body's own choice).
  *
  * Bytes counted for attention: every K and V element of every request's keys,
- * read once.  memcpy: bytes copied per second (each byte is read once and
- * written once) over buffers far larger than the caches, one thread.  The
+ * read once, and for int8/fp8 caches the float32 scales (and int8 minimums)
+ * of every one of their rows, which the kernel reads too.  memcpy: bytes
+ * copied per second (each byte is read once and written once) over buffers
+ * far larger than the caches, one thread.  The
  * ratio is attention GB/s over memcpy GB/s; the target is >= 0.5 for long
  * sequences.
  *
@@ -25,6 +27,13 @@
  * ratio and the lowest and highest.  Times are in CPU time of the thread,
  * so that other processes on the machine do not count (stalls on memory
  * do).  The header names the CPU and the body that ran.
+ *
+ * int8/fp8 rows also say how many keys per second they attend against the
+ * fp16 row of the same shape earlier in the same run ("x fp16": keys per
+ * second over the memcpy around them, median, int8/fp8 over fp16, so that
+ * the drift between the two rows does not count).  Those shapes hold
+ * 132-256 MiB of K/V, several times the L3.  Their caches are written by
+ * the write kernel from fp32 values in [-1, 1).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,6 +77,43 @@ static double memcpy_once(void) {
   volatile char sink = mc_a[mc_bytes / 2] + mc_b[mc_bytes / 3];
   (void)sink;
   return mc_bytes / t / 1e9;
+}
+
+/* Fill layer `layer` of every block of a pool: values in [-1, 1) in the
+ * cache dtype (no subnormals, no NaN); int8/fp8 through the write kernel,
+ * which also writes the rows' scales. */
+static int fill_pool(void *pool, const kvs_layout *l, uint32_t layer) {
+  size_t es = kvs_dtype_size(l->dtype);
+  if (!kvs_dtype_quantized(l->dtype)) {
+    for (uint64_t i = 0; i < kvs_pool_bytes(l) / es; i++) {
+      float f = (float)((double)(next_rand() >> 11) * 0x1p-52 * 2.0 - 1.0);
+      kvs_convert((char *)pool + i * es, l->dtype, &f, KVS_DTYPE_FP32, 1);
+    }
+    return 0;
+  }
+  const uint32_t row = l->num_kv_heads * l->head_dim, chunk = 4096;
+  float *k = malloc(sizeof(float) * row * chunk);
+  float *v = malloc(sizeof(float) * row * chunk);
+  int64_t *slots = malloc(sizeof(int64_t) * chunk);
+  uint64_t total = (uint64_t)l->num_blocks * l->block_size;
+  int rc = !k || !v || !slots;
+  kvs_write_args w = {.k = k, .v = v, .slots = slots, .src_token_stride = row,
+                      .src_dtype = KVS_DTYPE_FP32};
+  rc = rc || kvs_paged_kv_init(&w.kv, pool, l, layer);
+  for (uint64_t t0 = 0; !rc && t0 < total; t0 += chunk) {
+    w.num_tokens = (uint32_t)(total - t0 < chunk ? total - t0 : chunk);
+    for (uint32_t i = 0; i < w.num_tokens; i++)
+      slots[i] = (int64_t)(t0 + i);
+    for (size_t i = 0; i < (size_t)row * w.num_tokens; i++) {
+      k[i] = (float)((double)(next_rand() >> 11) * 0x1p-52 * 2.0 - 1.0);
+      v[i] = (float)((double)(next_rand() >> 11) * 0x1p-52 * 2.0 - 1.0);
+    }
+    rc = kvs_cpu_write_kv(&w, NULL);
+  }
+  free(k);
+  free(v);
+  free(slots);
+  return rc;
 }
 
 /* The CPU, from /proc/cpuinfo (model name, family and model). */
@@ -129,9 +175,9 @@ int main(int argc, char **argv) {
   printf("attention body: %s, prefetch %d; memcpy of 256 MiB around every "
          "run, %d rounds a row\n", kvs__cpu_attn_body(), kvs__cpu_prefetch,
          runs);
-  printf("\n%-5s %-5s %-6s %-5s %-4s %-4s %7s %8s %7s %7s %8s %11s\n", "kv",
-         "batch", "seqlen", "heads", "kvh", "D", "KV MiB", "ms", "GB/s",
-         "memcpy", "x memcpy", "(min-max)");
+  printf("\n%-5s %-5s %-6s %-5s %-4s %-4s %7s %8s %7s %7s %8s %11s %6s\n",
+         "kv", "batch", "seqlen", "heads", "kvh", "D", "KV MiB", "ms", "GB/s",
+         "memcpy", "x memcpy", "(min-max)", "x fp16");
   static const struct {
     uint32_t dtype, batch, len, heads, kvh, dim;
   } cfg[] = {
@@ -141,8 +187,15 @@ int main(int argc, char **argv) {
       {KVS_DTYPE_FP32, 2, 16384, 32, 8, 128}, {KVS_DTYPE_BF16, 4, 4096, 64, 8, 128},
       {KVS_DTYPE_FP16, 4, 4096, 64, 8, 128},  {KVS_DTYPE_BF16, 4, 256, 32, 8, 128},
       {KVS_DTYPE_BF16, 4, 256, 64, 8, 128},
+      /* int8/fp8 against fp16: 132-256 MiB of K/V, several times the L3 */
+      {KVS_DTYPE_FP16, 16, 4096, 32, 8, 128}, {KVS_DTYPE_INT8, 16, 4096, 32, 8, 128},
+      {KVS_DTYPE_FP8, 16, 4096, 32, 8, 128},  {KVS_DTYPE_FP16, 16, 4096, 64, 8, 128},
+      {KVS_DTYPE_INT8, 16, 4096, 64, 8, 128}, {KVS_DTYPE_FP8, 16, 4096, 64, 8, 128},
   };
   size_t ncfg = sizeof cfg / sizeof cfg[0];
+  /* each row's median x memcpy per key, in the current setting (0: not
+   * run): int8/fp8 rows compare theirs with fp16's */
+  double row_keys[sizeof cfg / sizeof cfg[0]] = {0};
   /* sweep: the long rows again under each other setting. */
   const int base_portable = kvs__cpu_attn_portable, base_pf = kvs__cpu_prefetch;
   const int base_512 = kvs__cpu_attn_avx512;
@@ -165,6 +218,7 @@ int main(int argc, char **argv) {
       }
       printf("%s body, prefetch %d:\n", kvs__cpu_attn_body(),
              var[vi].prefetch);
+      memset(row_keys, 0, sizeof row_keys);
     }
     uint32_t B = cfg[ci % ncfg].batch, len = cfg[ci % ncfg].len;
     if ((quick && len > 4096) || (ci >= ncfg && len < 4096) ||
@@ -185,12 +239,8 @@ int main(int argc, char **argv) {
     float *q = malloc(nq * 4), *out = malloc(nq * 4);
     if (!pool || !tables || !lens || !q || !out)
       return 2;
-    /* Values in [-1, 1) in the cache dtype (no subnormals, no NaN). */
-    size_t es = kvs_dtype_size(l.dtype);
-    for (uint64_t i = 0; i < pool_bytes / es; i++) {
-      float f = (float)((double)(next_rand() >> 11) * 0x1p-52 * 2.0 - 1.0);
-      kvs_convert((char *)pool + i * es, l.dtype, &f, KVS_DTYPE_FP32, 1);
-    }
+    if (fill_pool(pool, &l, 1))
+      return 1;
     for (size_t i = 0; i < nq; i++)
       q[i] = (float)(next_rand() % 1000) / 1000.f - 0.5f;
     for (uint32_t i = 0; i < l.num_blocks; i++)
@@ -216,8 +266,9 @@ int main(int argc, char **argv) {
     a.qo_dtype = KVS_DTYPE_FP32;
     a.scale = 0.088f;
     double t[9], mcs[9], ratio[9];
-    double kv = 2.0 * B * len * l.num_kv_heads * l.head_dim *
-                kvs_dtype_size(l.dtype);
+    double kv = 2.0 * B * len * l.num_kv_heads *
+                (l.head_dim * kvs_dtype_size(l.dtype) +
+                 4.0 * kvs_scale_floats(l.dtype));
     kvs_cpu_decode_attention(&a, NULL); /* warm-up */
     double before = memcpy_once();
     for (int i = 0; i < runs; i++) {
@@ -233,12 +284,24 @@ int main(int argc, char **argv) {
     qsort(t, runs, sizeof t[0], cmp_double);
     qsort(mcs, runs, sizeof mcs[0], cmp_double);
     qsort(ratio, runs, sizeof ratio[0], cmp_double);
+    char range[32];
+    snprintf(range, sizeof range, "(%.2f-%.2f)", ratio[0], ratio[runs - 1]);
     double gbs = kv / t[runs / 2] / 1e9;
+    row_keys[ci % ncfg] = ratio[runs / 2] / kv * B * len;
+    /* the fp16 row of the same shape, when it ran in this setting */
+    char vs16[16] = "";
+    for (size_t j = 0; kvs_dtype_quantized(l.dtype) && j < ncfg; j++)
+      if (cfg[j].dtype == KVS_DTYPE_FP16 && cfg[j].batch == B &&
+          cfg[j].len == len && cfg[j].heads == cfg[ci % ncfg].heads &&
+          cfg[j].kvh == l.num_kv_heads && cfg[j].dim == l.head_dim &&
+          row_keys[j] > 0)
+        snprintf(vs16, sizeof vs16, "%.2f",
+                 row_keys[ci % ncfg] / row_keys[j]);
     printf("%-5s %-5u %-6u %-5u %-4u %-4u %7.1f %8.2f %7.2f %7.2f %8.2f "
-           "(%.2f-%.2f)\n",
+           "%11s %6s\n",
            kvs_dtype_name(l.dtype), B, len, cfg[ci % ncfg].heads,
            l.num_kv_heads, l.head_dim, kv / (1 << 20), t[runs / 2] * 1e3, gbs,
-           mcs[runs / 2], ratio[runs / 2], ratio[0], ratio[runs - 1]);
+           mcs[runs / 2], ratio[runs / 2], range, vs16);
     free(pool);
     free(tables);
     free(lens);

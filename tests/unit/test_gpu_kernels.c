@@ -8,7 +8,9 @@
  * gather/scatter against memcmp, and argument checks.  The attention tests
  * run on the body this CPU picks (AVX-512F, else AVX2+FMA+F16C, on x86-64
  * that has them), again on the AVX2 body (kvs__cpu_attn_avx512 = 0) and on
- * the portable C body (kvs__cpu_attn_portable).
+ * the portable C body (kvs__cpu_attn_portable).  test_quant_<body> run
+ * int8/fp8 decode and prefill (up to 1500 keys, NaN codes, NaN scales) on
+ * each body by name, and say so when this CPU lacks one (skipped).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -694,6 +696,160 @@ static void test_tables(void **state) {
   assert_int_equal(kvs_paged_kv_init(&a.kv, NULL, &l, 1), KVS_EINVAL);
 }
 
+/* ---- int8 / fp8 caches on every body --------------------------------------- */
+
+/* The bodies by number: 0 AVX-512F, 1 AVX2+FMA+F16C, 2 portable C. */
+static const char *const quant_body_names[] = {"AVX-512F", "AVX2+FMA+F16C",
+                                               "portable C"};
+
+/* Select a body through the knobs; 0 when this CPU lacks it (the knobs are
+ * then left as they were). */
+static int quant_body_select(int body) {
+  if ((body == 0 && !kvs__cpu_attn_simd512()) ||
+      (body == 1 && !kvs__cpu_attn_simd()))
+    return 0;
+  kvs__cpu_attn_portable = body == 2;
+  kvs__cpu_attn_avx512 = body == 0;
+  return 1;
+}
+
+static void quant_body_reset(void) {
+  kvs__cpu_attn_portable = 0;
+  kvs__cpu_attn_avx512 = 1;
+}
+
+/* The quantized cases' parameters: 2 kv heads, 2 layers (the second one
+ * attended), 3 spare blocks of garbage. */
+static tg_params quant_params(uint32_t dt, uint32_t bs, uint32_t dim,
+                              uint32_t ratio, uint32_t qo_dtype,
+                              uint32_t num_seqs, const uint32_t *lens,
+                              const uint32_t *qlens, float q_scale,
+                              uint64_t seed) {
+  return (tg_params){.block_size = bs, .num_kv_heads = 2, .head_dim = dim,
+                     .ratio = ratio, .dtype = dt, .qo_dtype = qo_dtype,
+                     .num_layers = 2, .layer = 1, .num_seqs = num_seqs,
+                     .lens = lens, .qlens = qlens, .spare_blocks = 3,
+                     .q_scale = q_scale, .seed = seed};
+}
+
+/* Decode and prefill over int8/fp8 caches against the float64 reference
+ * over the dequantized cache (tg_case_build writes through the write kernel
+ * into a pool whose unused bytes are random and unused scales NaN/Inf):
+ * GQA 4/8/6/1, block sizes 16/32, head_dim 64/128, ragged lengths from 1
+ * to 1500 keys, q/out of each dtype. */
+static void quant_shapes(void) {
+  static const uint32_t bss[] = {16, 32}, dims[] = {64, 128},
+                        ratios[] = {4, 8, 6, 1};
+  int cases = 0;
+  for (uint32_t dt = KVS_DTYPE_INT8; dt <= KVS_DTYPE_FP8; dt++)
+    for (size_t ib = 0; ib < 2; ib++)
+      for (size_t id = 0; id < 2; id++)
+        for (int prefill = 0; prefill < 2; prefill++) {
+          uint32_t bs = bss[ib];
+          uint32_t lens[] = {1, 1500, bs - 1, 2 * bs + 3, 0, bs};
+          uint32_t qlens[] = {1, 3, 3, 2 * bs + 3, 0, 1};
+          tg_params p = quant_params(
+              dt, bs, dims[id], ratios[cases % 4], (uint32_t)cases % 3, 6,
+              lens, prefill ? qlens : NULL, cases % 2 ? 6.f : 1.f,
+              9000 + (uint64_t)cases);
+          if (run_case(&p, prefill))
+            fail_msg("%s body, %s cache, %s case %d", kvs__cpu_attn_body(),
+                     kvs_dtype_name(dt), prefill ? "prefill" : "decode",
+                     cases);
+          cases++;
+        }
+  assert_int_equal(cases, 16);
+}
+
+/* NaN inside a written row reaches the outputs as the reference says: an
+ * fp8 NaN code (0x7f, 0xff) in a key (every output of its kv head's query
+ * heads NaN) or a value (that output element NaN); an int8 row whose scale
+ * (key) or minimum (value) is NaN reads as NaN everywhere. */
+static void quant_nan(void) {
+  static const uint32_t where[] = {0, 7, 37, 39};
+  for (uint32_t dt = KVS_DTYPE_INT8; dt <= KVS_DTYPE_FP8; dt++)
+    for (size_t w = 0; w < sizeof where / sizeof *where; w++) {
+      const uint32_t lens[] = {40, 40, 23}, t = where[w], D = 64, kvh = 2;
+      const tg_params p = quant_params(dt, 16, D, 4, KVS_DTYPE_FP32, 3, lens,
+                                       NULL, 2.f, 777 + (uint64_t)w);
+      tg_case c;
+      assert_int_equal(tg_case_build(&c, &p), 0);
+      const kvs_layout *l = &c.layout;
+      /* seq 0, kv head 0: the key; seq 1, kv head 1: the value */
+      uint32_t b0 = c.tables[0 * c.max_blocks + t / 16];
+      uint32_t b1 = c.tables[1 * c.max_blocks + t / 16];
+      float *k = c.k[0] + ((size_t)t * kvh + 0) * D;
+      float *v = c.v[1] + ((size_t)t * kvh + 1) * D;
+      if (dt == KVS_DTYPE_FP8) {
+        ((uint8_t *)kvs_elem_ptr(c.pool, l, b0, 1, 0, t % 16, 0))[5] = 0x7f;
+        ((uint8_t *)kvs_elem_ptr(c.pool, l, b1, 1, 1, t % 16, 1))[9] = 0xff;
+        k[5] = v[9] = NAN;
+      } else {
+        kvs_scale_ptr(c.pool, l, b0, 1, 0, t % 16, 0)[0] = NAN;
+        kvs_scale_ptr(c.pool, l, b1, 1, 1, t % 16, 1)[1] = NAN;
+        for (uint32_t d = 0; d < D; d++)
+          k[d] = v[d] = NAN;
+      }
+      size_t n = (size_t)c.num_rows * c.num_heads * D, nans = 0;
+      float *out = tg_xmalloc(n * sizeof(float));
+      double *ref = tg_xmalloc(n * sizeof(double));
+      kvs_attn_args a;
+      tg_case_args(&c, &a, c.pool, out, c.q, c.seq_lens, NULL, c.tables);
+      assert_int_equal(kvs_cpu_decode_attention(&a, NULL), 0);
+      tg_naive(&c, ref);
+      for (size_t i = 0; i < n; i++) {
+        if (isnan(ref[i]) != isnan(out[i]))
+          fail_msg("%s body, %s cache, NaN at token %u: element %zu is %g, "
+                   "the reference %g", kvs__cpu_attn_body(),
+                   kvs_dtype_name(dt), t, i, out[i], ref[i]);
+        nans += isnan(ref[i]) != 0;
+        if (!isnan(ref[i]) && !(fabs(out[i] - ref[i]) <= tg_tol(KVS_DTYPE_FP32)))
+          fail_msg("element %zu: %g, the reference %g", i, out[i], ref[i]);
+      }
+      /* seq 0: 4 query heads x 64 dims; seq 1: 4 heads x one dim (fp8) or
+       * all 64 (int8) */
+      assert_int_equal(nans, 4 * 64 + 4 * (dt == KVS_DTYPE_FP8 ? 1 : 64));
+      free(out);
+      free(ref);
+      tg_case_free(&c);
+    }
+}
+
+/* Every quantized case on one body, or a visible skip where the CPU lacks
+ * it. */
+static void quant_on_body(int body) {
+  if (!quant_body_select(body)) {
+    printf("int8/fp8 on the %s body: skipped, this CPU lacks it\n",
+           quant_body_names[body]);
+    skip();
+  }
+  assert_string_equal(kvs__cpu_attn_body(), quant_body_names[body]);
+  quant_shapes();
+  quant_nan();
+  quant_body_reset();
+}
+
+static void test_quant_avx512(void **state) {
+  (void)state;
+  quant_on_body(0);
+}
+
+static void test_quant_avx2(void **state) {
+  (void)state;
+  quant_on_body(1);
+}
+
+static void test_quant_portable(void **state) {
+  (void)state;
+  quant_on_body(2);
+}
+
+static int quant_teardown(void **state) {
+  (void)state;
+  quant_body_reset();
+  return 0;
+}
+
 static int portable_on(void **state) {
   (void)state;
   kvs__cpu_attn_portable = 1;
@@ -752,6 +908,10 @@ int main(void) {
       PORTABLE(test_prefill_shapes),
       PORTABLE(test_reference_can_fail),
       cmocka_unit_test(test_nan_propagates),
+      /* int8 / fp8 on each body (skipped where the CPU lacks one) */
+      cmocka_unit_test_teardown(test_quant_avx512, quant_teardown),
+      cmocka_unit_test_teardown(test_quant_avx2, quant_teardown),
+      cmocka_unit_test_teardown(test_quant_portable, quant_teardown),
       cmocka_unit_test(test_twin_tolerance),
       cmocka_unit_test(test_attn_errors),
       cmocka_unit_test(test_blocks),
