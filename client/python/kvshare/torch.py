@@ -467,6 +467,10 @@ class PagedKV:
         if rows == 0:
             return out
         q = q.contiguous()
+        if _overlap(q, out):
+            raise ValueError(f"{what}: out overlaps q (the kernels read q "
+                             "while they write out): give a separate "
+                             "tensor")
         a = _lib.kvs_attn_args()
         a.kv = self._planes[layer]
         a.out, a.q = _ptr(out), _ptr(q)
@@ -524,6 +528,13 @@ class PagedKV:
             s = int(over[0])
             raise ValueError(f"request {s} has {q_len[s]} query rows but "
                              f"seq_lens[{s}] = {lens[s]}")
+
+
+def _overlap(a, b):
+    """Whether the bytes of two contiguous tensors intersect."""
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return (a0 < b0 + b.numel() * b.element_size() and
+            b0 < a0 + a.numel() * a.element_size())
 
 
 def _rows(t, row):

@@ -334,6 +334,7 @@ def test_refused_before_any_kernel(pool):
     q = torch.zeros(1, 2 * Hk, D)
     out = torch.full(q.shape, 7.0)
     meta = torch.empty(2, Hk, D, device="meta")
+    qo = torch.full((3, 2 * Hk, D), 7.0)    # q and out sharing memory
     cases = [
         (lambda: kv.write(2, k, k, slots), ValueError, "layer 2 out of range"),
         (lambda: kv.write("0", k, k, slots), TypeError, "layer must be an int"),
@@ -382,6 +383,10 @@ def test_refused_before_any_kernel(pool):
          "request 0 has 7 query rows but seq_lens[0] = 6"),
         (lambda: kv.prefill(0, q, i32([0]), lens, bt), ValueError,
          "q_start must have shape (2,)"),
+        (lambda: kv.decode(0, out, lens, bt, out=out), ValueError,
+         "out overlaps q"),
+        (lambda: kv.prefill(0, qo[:2], i32([0, 2]), lens, bt, out=qo[1:]),
+         ValueError, "out overlaps q"),
     ]
     for call, exc, msg in cases:
         with pytest.raises(exc) as ei:
@@ -389,6 +394,7 @@ def test_refused_before_any_kernel(pool):
         assert msg in str(ei.value), (msg, str(ei.value))
     assert np.array_equal(c.pool_array(), before)     # nothing was written
     assert bool((out == 7).all())                     # nor into out
+    assert bool((qo == 7).all())
     # Past the checks (validate off), the kernel's own refusal comes back
     # as the KvsError of its status, naming the kernel.
     kv.validate = False
@@ -466,6 +472,7 @@ def test_step_two_requests_share_a_prefix(pool, daemon_factory):
     assert step.requests == ()
     assert c.stats(check=True).check_ok
     step.close()
+
 
 
 # ---- cuda pools ------------------------------------------------------------------------
