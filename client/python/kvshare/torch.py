@@ -611,11 +611,26 @@ class Step:
     def submit(self):
         """Send the step's ops in one round trip (none: no round trip),
         update the tables, then raise the first failed op's KvsError (its
-        .op names the op, its index and the request).  Returns the ops."""
+        .op names the op, its index and the request).  Returns the ops.
+        When the round trip itself fails (the batch refused whole, e.g.
+        TOOBIG, or the connection lost) its KvsError is raised and the
+        step's ops are dropped: nothing is known of them, and the next
+        submit sends only the ops added after."""
         ops, self._ops = self._ops, []
         if not ops:
             return ()
-        self._batch.submit()
+        try:
+            self._batch.submit()
+        except BaseException:
+            # Refused whole (e.g. TOOBIG) or the round trip failed: the
+            # step's ops are dropped on both sides, else the Batch would
+            # send them again, untracked, with the next step's.
+            self._batch.close()
+            try:
+                self._batch = self.client.batch()
+            except Exception:
+                pass        # (a closed batch: the next op says so)
+            raise
         first, cow = None, []
         for req, child, op in ops:
             if op.status:

@@ -474,6 +474,26 @@ def test_step_two_requests_share_a_prefix(pool, daemon_factory):
     step.close()
 
 
+@needs_torch
+def test_step_after_a_batch_refused_whole(pool):
+    """A step the daemon could not take (a frame over its limit) is dropped
+    on both sides: the next step sends only its own ops."""
+    p = pool("fp32", SMALL + ["--max-frame", "65536"])
+    c = p.c
+    step = kvt.Step(c)
+    step.lookup(1, np.arange(c.max_frame // 2, dtype=np.uint32))
+    with pytest.raises(kvshare.KvsError) as ei:
+        step.submit()
+    assert ei.value.name == "ETOOBIG"
+    h = step.lookup(2, [1, 2, 3])
+    a = step.allocate(2, 3)
+    assert step.submit() == (h, a)
+    assert step.requests == (2,) and len(step.table(2)) == 1
+    assert c.stats().num_requests == 1       # request 1 never reached it
+    step.free(2)
+    step.submit()
+    step.close()
+
 
 # ---- cuda pools ------------------------------------------------------------------------
 @needs_torch
