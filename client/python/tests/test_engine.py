@@ -108,6 +108,48 @@ def test_safetensors_refusals(tmp_path):
         M.load_safetensors(str(p))
 
 
+@pytest.mark.parametrize("entry,data,msg", [
+    # a byte range that does not match shape x dtype size
+    ({"dtype": "F32", "shape": [2], "data_offsets": [0, 12]}, 12,
+     "12 bytes for shape"),
+    ({"dtype": "F16", "shape": [2, 2], "data_offsets": [0, 16]}, 16,
+     "16 bytes for shape"),
+    ({"dtype": "F32", "shape": [], "data_offsets": [0, 8]}, 8,
+     "8 bytes for shape"),
+    ({"dtype": "F32", "shape": [-1], "data_offsets": [0, 8]}, 8,
+     "not a list of non-negative integers"),
+    ({"dtype": "F32", "shape": [2.0], "data_offsets": [0, 8]}, 8,
+     "not a list of non-negative integers"),
+    ({"dtype": "F32", "shape": [2], "data_offsets": [0, 8, 9]}, 8,
+     "is not \\[begin, end\\]"),
+    ({"dtype": "F32", "shape": [2], "data_offsets": [8, 0]}, 8,
+     "out of the file"),
+    ({"dtype": "F32", "shape": [3], "data_offsets": [0, 12]}, 8,
+     "out of the file"),
+    ({"dtype": "I64", "shape": [1], "data_offsets": [0, 8]}, 8,
+     "dtype I64 not supported"),
+    ({"dtype": "F32", "shape": [2]}, 8, "not a tensor entry"),
+])
+def test_safetensors_malformed_headers(tmp_path, entry, data, msg):
+    """A header whose entry does not describe its bytes is refused with a
+    ValueError naming the file and the tensor, never read as something
+    else."""
+    h = json.dumps({"w": entry}).encode()
+    p = tmp_path / "bad.safetensors"
+    p.write_bytes(len(h).to_bytes(8, "little") + h + bytes(data))
+    with pytest.raises(ValueError, match=msg) as ei:
+        M.load_safetensors(str(p))
+    assert "bad.safetensors: w:" in str(ei.value)
+
+
+def test_safetensors_header_not_an_object(tmp_path):
+    p = tmp_path / "bad.safetensors"
+    for h in (b"[1, 2]", b"{nope"):
+        p.write_bytes(len(h).to_bytes(8, "little") + h)
+        with pytest.raises(ValueError, match="header is not"):
+            M.load_safetensors(str(p))
+
+
 def test_engine_refuses_a_pool_of_another_shape(daemon):
     cfg = M.CONFIGS["tiny"]   # 2 layers, 2 kv heads of 16; the pool's are 8
     m = M.Llama(cfg, M.seeded_weights(cfg, 1))
