@@ -6,6 +6,7 @@ import io
 import json
 import os
 import sys
+import time
 from contextlib import redirect_stdout
 
 import pytest
@@ -91,6 +92,70 @@ def test_the_check_catches_a_wrong_answer():
     bad_logits = dict(good, logits=(logits * 1.01).tolist())
     fails, _, _ = R.check_requests(m, [bad_logits], A)
     assert len(fails) == 1 and "final logits" in fails[0]
+
+
+def children():
+    """Live child processes of this one (pid -> command name), but
+    multiprocessing's resource tracker."""
+    me, out = os.getpid(), {}
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                st = f.read()
+        except (OSError, ValueError):
+            continue
+        if not pid.isdigit():
+            continue
+        comm = st[st.index("(") + 1:st.rindex(")")]
+        state, ppid = st[st.rindex(")") + 2:].split()[:2]
+        if int(ppid) != me or state == "Z":
+            continue
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if b"resource_tracker" in f.read():
+                continue    # multiprocessing's own, for the session
+        out[int(pid)] = comm
+    return out
+
+
+def test_an_engine_that_dies_fails_the_run_cleanly(tmp_path):
+    """Engines that die before they are ready (weights the model refuses):
+    the run fails at once naming the engine, not after a long wait, and
+    leaves no engine or daemon running."""
+    cfg = M.CONFIGS["tiny"]
+    w = M.seeded_weights(cfg, 1)
+    del w["lm_head.weight"]
+    path = tmp_path / "bad.safetensors"
+    M.save_safetensors(str(path), w)
+    a = R.parse_args(SMALL_RUN + ["--weights", str(path), "--engines",
+                                  "1"])
+    before = children()
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"engine \d exited 1 before it "
+                       "was ready"):
+        R.run_mode(a, "shared", cfg, str(tmp_path))
+    assert time.monotonic() - t0 < 60
+    assert children() == before
+
+
+def test_messages_read_while_waiting_are_kept():
+    """While the driver waits for one engine (a restarted one's ready),
+    what the others send is kept for the main loop, not dropped."""
+    import collections
+    import queue
+
+    class Alive:
+        def is_alive(self):
+            return True
+
+    q = queue.Queue()
+    for m in [("first", 0, 7, 1.0), ("done", 0, 7, [1], [0.0], 0, 3, 2.0),
+              ("ready", 1)]:
+        q.put(m)
+    pending = collections.deque()
+    got = R.expect(q, {0: (Alive(), None), 1: (Alive(), None)}, pending,
+                   "ready", [1], "it was ready")
+    assert got == {1: ("ready", 1)}
+    assert [m[0] for m in pending] == ["first", "done"]
 
 
 def test_safetensors_refusals(tmp_path):
