@@ -81,7 +81,7 @@ def test_the_check_catches_a_wrong_answer():
             "generated": seq[len(prompt):], "logits": logits.tolist()}
 
     class A:
-        dtype, tol, tie = "fp32", 1e-3, 1e-3
+        dtype, tol, tie, reply = "fp32", 1e-3, 1e-3, 4
     fails, ties, err = R.check_requests(m, [good], A)
     assert fails == [] and err < 1e-5
     bad_token = dict(good, generated=good["generated"][:2] +
@@ -92,6 +92,13 @@ def test_the_check_catches_a_wrong_answer():
     bad_logits = dict(good, logits=(logits * 1.01).tolist())
     fails, _, _ = R.check_requests(m, [bad_logits], A)
     assert len(fails) == 1 and "final logits" in fails[0]
+    # An answer cut short is right as far as it goes: still a failure.
+    short = dict(good, generated=good["generated"][:3],
+                 logits=m.forward_full(seq[:-2])[-1].tolist())
+    fails, _, _ = R.check_requests(m, [short], A)
+    assert len(fails) == 1 and "3 tokens generated" in fails[0]
+    fails, _, _ = R.check_requests(m, [dict(good, prompt_len=34)], A)
+    assert len(fails) == 1 and "after a prompt of 34" in fails[0]
 
 
 def children():

@@ -296,6 +296,7 @@ def _run(a, mode, faults, cfg, daemons, engines):
             results.append({
                 "id": rid, "conv": cv.cid, "turn": cv.turn, "engine": e,
                 "from_other": hit > max(a.system, own), "prompt": prompt,
+                "prompt_len": plen,
                 "generated": gen, "logits": logits, "hit": hit,
                 "ttft": firsts[rid] - t_send,
                 "decode_rate": ((len(gen) - 1) / (t_done - firsts[rid])
@@ -367,6 +368,12 @@ def check_requests(model, results, a):
     fails, ties, worst = [], 0, 0.0
     kv_dtype = DTYPES[a.dtype]
     for r in results:
+        plen = r.get("prompt_len", len(r["prompt"]))
+        if len(r["generated"]) != a.reply or plen != len(r["prompt"]):
+            fails.append(f"request {r['id']}: {len(r['generated'])} tokens "
+                         f"generated after a prompt of {plen}, but it asked "
+                         f"for {a.reply} after {len(r['prompt'])}")
+            continue
         seq = r["prompt"] + r["generated"][:-1]
         with torch.no_grad():
             ref = model.forward_full(seq, kv_dtype=kv_dtype)[
