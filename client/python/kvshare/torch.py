@@ -467,6 +467,10 @@ class PagedKV:
         if rows == 0:
             return out
         q = q.contiguous()
+        if _overlap(q, out):
+            raise ValueError(f"{what}: out overlaps q (the kernels read q "
+                             "while they write out): give a separate "
+                             "tensor")
         a = _lib.kvs_attn_args()
         a.kv = self._planes[layer]
         a.out, a.q = _ptr(out), _ptr(q)
@@ -524,6 +528,13 @@ class PagedKV:
             s = int(over[0])
             raise ValueError(f"request {s} has {q_len[s]} query rows but "
                              f"seq_lens[{s}] = {lens[s]}")
+
+
+def _overlap(a, b):
+    """Whether the bytes of two contiguous tensors intersect."""
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return (a0 < b0 + b.numel() * b.element_size() and
+            b0 < a0 + a.numel() * a.element_size())
 
 
 def _rows(t, row):
@@ -600,11 +611,26 @@ class Step:
     def submit(self):
         """Send the step's ops in one round trip (none: no round trip),
         update the tables, then raise the first failed op's KvsError (its
-        .op names the op, its index and the request).  Returns the ops."""
+        .op names the op, its index and the request).  Returns the ops.
+        When the round trip itself fails (the batch refused whole, e.g.
+        TOOBIG, or the connection lost) its KvsError is raised and the
+        step's ops are dropped: nothing is known of them, and the next
+        submit sends only the ops added after."""
         ops, self._ops = self._ops, []
         if not ops:
             return ()
-        self._batch.submit()
+        try:
+            self._batch.submit()
+        except BaseException:
+            # Refused whole (e.g. TOOBIG) or the round trip failed: the
+            # step's ops are dropped on both sides, else the Batch would
+            # send them again, untracked, with the next step's.
+            self._batch.close()
+            try:
+                self._batch = self.client.batch()
+            except Exception:
+                pass        # (a closed batch: the next op says so)
+            raise
         first, cow = None, []
         for req, child, op in ops:
             if op.status:

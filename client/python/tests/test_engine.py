@@ -6,6 +6,7 @@ import io
 import json
 import os
 import sys
+import time
 from contextlib import redirect_stdout
 
 import pytest
@@ -80,7 +81,7 @@ def test_the_check_catches_a_wrong_answer():
             "generated": seq[len(prompt):], "logits": logits.tolist()}
 
     class A:
-        dtype, tol, tie = "fp32", 1e-3, 1e-3
+        dtype, tol, tie, reply = "fp32", 1e-3, 1e-3, 4
     fails, ties, err = R.check_requests(m, [good], A)
     assert fails == [] and err < 1e-5
     bad_token = dict(good, generated=good["generated"][:2] +
@@ -91,6 +92,77 @@ def test_the_check_catches_a_wrong_answer():
     bad_logits = dict(good, logits=(logits * 1.01).tolist())
     fails, _, _ = R.check_requests(m, [bad_logits], A)
     assert len(fails) == 1 and "final logits" in fails[0]
+    # An answer cut short is right as far as it goes: still a failure.
+    short = dict(good, generated=good["generated"][:3],
+                 logits=m.forward_full(seq[:-2])[-1].tolist())
+    fails, _, _ = R.check_requests(m, [short], A)
+    assert len(fails) == 1 and "3 tokens generated" in fails[0]
+    fails, _, _ = R.check_requests(m, [dict(good, prompt_len=34)], A)
+    assert len(fails) == 1 and "after a prompt of 34" in fails[0]
+
+
+def children():
+    """Live child processes of this one (pid -> command name), but
+    multiprocessing's resource tracker."""
+    me, out = os.getpid(), {}
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                st = f.read()
+        except (OSError, ValueError):
+            continue
+        if not pid.isdigit():
+            continue
+        comm = st[st.index("(") + 1:st.rindex(")")]
+        state, ppid = st[st.rindex(")") + 2:].split()[:2]
+        if int(ppid) != me or state == "Z":
+            continue
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if b"resource_tracker" in f.read():
+                continue    # multiprocessing's own, for the session
+        out[int(pid)] = comm
+    return out
+
+
+def test_an_engine_that_dies_fails_the_run_cleanly(tmp_path):
+    """Engines that die before they are ready (weights the model refuses):
+    the run fails at once naming the engine, not after a long wait, and
+    leaves no engine or daemon running."""
+    cfg = M.CONFIGS["tiny"]
+    w = M.seeded_weights(cfg, 1)
+    del w["lm_head.weight"]
+    path = tmp_path / "bad.safetensors"
+    M.save_safetensors(str(path), w)
+    a = R.parse_args(SMALL_RUN + ["--weights", str(path), "--engines",
+                                  "1"])
+    before = children()
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"engine \d exited 1 before it "
+                       "was ready"):
+        R.run_mode(a, "shared", cfg, str(tmp_path))
+    assert time.monotonic() - t0 < 60
+    assert children() == before
+
+
+def test_messages_read_while_waiting_are_kept():
+    """While the driver waits for one engine (a restarted one's ready),
+    what the others send is kept for the main loop, not dropped."""
+    import collections
+    import queue
+
+    class Alive:
+        def is_alive(self):
+            return True
+
+    q = queue.Queue()
+    for m in [("first", 0, 7, 1.0), ("done", 0, 7, [1], [0.0], 0, 3, 2.0),
+              ("ready", 1)]:
+        q.put(m)
+    pending = collections.deque()
+    got = R.expect(q, {0: (Alive(), None), 1: (Alive(), None)}, pending,
+                   "ready", [1], "it was ready")
+    assert got == {1: ("ready", 1)}
+    assert [m[0] for m in pending] == ["first", "done"]
 
 
 def test_safetensors_refusals(tmp_path):
@@ -106,6 +178,48 @@ def test_safetensors_refusals(tmp_path):
     p.write_bytes(b"\x10\x00")
     with pytest.raises(ValueError, match="too short"):
         M.load_safetensors(str(p))
+
+
+@pytest.mark.parametrize("entry,data,msg", [
+    # a byte range that does not match shape x dtype size
+    ({"dtype": "F32", "shape": [2], "data_offsets": [0, 12]}, 12,
+     "12 bytes for shape"),
+    ({"dtype": "F16", "shape": [2, 2], "data_offsets": [0, 16]}, 16,
+     "16 bytes for shape"),
+    ({"dtype": "F32", "shape": [], "data_offsets": [0, 8]}, 8,
+     "8 bytes for shape"),
+    ({"dtype": "F32", "shape": [-1], "data_offsets": [0, 8]}, 8,
+     "not a list of non-negative integers"),
+    ({"dtype": "F32", "shape": [2.0], "data_offsets": [0, 8]}, 8,
+     "not a list of non-negative integers"),
+    ({"dtype": "F32", "shape": [2], "data_offsets": [0, 8, 9]}, 8,
+     "is not \\[begin, end\\]"),
+    ({"dtype": "F32", "shape": [2], "data_offsets": [8, 0]}, 8,
+     "out of the file"),
+    ({"dtype": "F32", "shape": [3], "data_offsets": [0, 12]}, 8,
+     "out of the file"),
+    ({"dtype": "I64", "shape": [1], "data_offsets": [0, 8]}, 8,
+     "dtype I64 not supported"),
+    ({"dtype": "F32", "shape": [2]}, 8, "not a tensor entry"),
+])
+def test_safetensors_malformed_headers(tmp_path, entry, data, msg):
+    """A header whose entry does not describe its bytes is refused with a
+    ValueError naming the file and the tensor, never read as something
+    else."""
+    h = json.dumps({"w": entry}).encode()
+    p = tmp_path / "bad.safetensors"
+    p.write_bytes(len(h).to_bytes(8, "little") + h + bytes(data))
+    with pytest.raises(ValueError, match=msg) as ei:
+        M.load_safetensors(str(p))
+    assert "bad.safetensors: w:" in str(ei.value)
+
+
+def test_safetensors_header_not_an_object(tmp_path):
+    p = tmp_path / "bad.safetensors"
+    for h in (b"[1, 2]", b"{nope"):
+        p.write_bytes(len(h).to_bytes(8, "little") + h)
+        with pytest.raises(ValueError, match="header is not"):
+            M.load_safetensors(str(p))
 
 
 def test_engine_refuses_a_pool_of_another_shape(daemon):

@@ -334,6 +334,7 @@ def test_refused_before_any_kernel(pool):
     q = torch.zeros(1, 2 * Hk, D)
     out = torch.full(q.shape, 7.0)
     meta = torch.empty(2, Hk, D, device="meta")
+    qo = torch.full((3, 2 * Hk, D), 7.0)    # q and out sharing memory
     cases = [
         (lambda: kv.write(2, k, k, slots), ValueError, "layer 2 out of range"),
         (lambda: kv.write("0", k, k, slots), TypeError, "layer must be an int"),
@@ -382,6 +383,10 @@ def test_refused_before_any_kernel(pool):
          "request 0 has 7 query rows but seq_lens[0] = 6"),
         (lambda: kv.prefill(0, q, i32([0]), lens, bt), ValueError,
          "q_start must have shape (2,)"),
+        (lambda: kv.decode(0, out, lens, bt, out=out), ValueError,
+         "out overlaps q"),
+        (lambda: kv.prefill(0, qo[:2], i32([0, 2]), lens, bt, out=qo[1:]),
+         ValueError, "out overlaps q"),
     ]
     for call, exc, msg in cases:
         with pytest.raises(exc) as ei:
@@ -389,6 +394,7 @@ def test_refused_before_any_kernel(pool):
         assert msg in str(ei.value), (msg, str(ei.value))
     assert np.array_equal(c.pool_array(), before)     # nothing was written
     assert bool((out == 7).all())                     # nor into out
+    assert bool((qo == 7).all())
     # Past the checks (validate off), the kernel's own refusal comes back
     # as the KvsError of its status, naming the kernel.
     kv.validate = False
@@ -465,6 +471,27 @@ def test_step_two_requests_share_a_prefix(pool, daemon_factory):
     step.submit()
     assert step.requests == ()
     assert c.stats(check=True).check_ok
+    step.close()
+
+
+@needs_torch
+def test_step_after_a_batch_refused_whole(pool):
+    """A step the daemon could not take (a frame over its limit) is dropped
+    on both sides: the next step sends only its own ops."""
+    p = pool("fp32", SMALL + ["--max-frame", "65536"])
+    c = p.c
+    step = kvt.Step(c)
+    step.lookup(1, np.arange(c.max_frame // 2, dtype=np.uint32))
+    with pytest.raises(kvshare.KvsError) as ei:
+        step.submit()
+    assert ei.value.name == "ETOOBIG"
+    h = step.lookup(2, [1, 2, 3])
+    a = step.allocate(2, 3)
+    assert step.submit() == (h, a)
+    assert step.requests == (2,) and len(step.table(2)) == 1
+    assert c.stats().num_requests == 1       # request 1 never reached it
+    step.free(2)
+    step.submit()
     step.close()
 
 

@@ -61,6 +61,10 @@ class Engine:
                  max_running=64, kill_at_step=None, report=None):
         if mode not in ("none", "private", "shared"):
             raise ValueError(f"mode {mode!r}: none, private or shared")
+        if chunk_tokens < 1 or max_running < 1:
+            raise ValueError(f"chunk_tokens {chunk_tokens}, max_running "
+                             f"{max_running}: both must be at least 1 (a "
+                             f"step with no budget never ends a request)")
         self.c, self.m, self.mode = client, model, mode
         self.kv = kvt.PagedKV(client)
         # Index checks before each kernel: cheap on a host pool; on a GPU

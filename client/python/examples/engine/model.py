@@ -95,6 +95,7 @@ def seeded_weights(cfg, seed, dtype=torch.float32):
 
 _ST_DTYPES = {"F32": torch.float32, "F16": torch.float16,
               "BF16": torch.bfloat16}
+_ST_SIZES = {"F32": 4, "F16": 2, "BF16": 2}
 
 
 def save_safetensors(path, tensors):
@@ -127,17 +128,39 @@ def load_safetensors(path):
     (n,) = struct.unpack("<Q", data[:8])
     if n > len(data) - 8:
         raise ValueError(f"{path}: header of {n} bytes past the end")
-    header = json.loads(data[8:8 + n])
+    try:
+        header = json.loads(data[8:8 + n])
+    except ValueError as e:    # (bad JSON or bad UTF-8)
+        raise ValueError(f"{path}: the header is not JSON: {e}") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{path}: the header is not a JSON object")
     base, out = 8 + n, {}
     for name, d in header.items():
         if name == "__metadata__":
             continue
+        if not isinstance(d, dict) or not {"dtype", "shape",
+                                           "data_offsets"} <= set(d):
+            raise ValueError(f"{path}: {name}: not a tensor entry (dtype, "
+                             f"shape, data_offsets)")
         if d["dtype"] not in _ST_DTYPES:
             raise ValueError(f"{path}: {name}: dtype {d['dtype']} not "
                              f"supported (F32, F16, BF16)")
-        a, b = d["data_offsets"]
+        shape, offs = d["shape"], d["data_offsets"]
+        if not isinstance(shape, list) or not all(
+                type(x) is int and x >= 0 for x in shape):
+            raise ValueError(f"{path}: {name}: shape {shape!r} is not a "
+                             f"list of non-negative integers")
+        if not isinstance(offs, list) or len(offs) != 2 or not all(
+                type(x) is int for x in offs):
+            raise ValueError(f"{path}: {name}: data_offsets {offs!r} is not "
+                             f"[begin, end]")
+        a, b = offs
         if not 0 <= a <= b <= len(data) - base:
             raise ValueError(f"{path}: {name}: bytes out of the file")
+        want = math.prod(shape) * _ST_SIZES[d["dtype"]]
+        if b - a != want:
+            raise ValueError(f"{path}: {name}: {b - a} bytes for shape "
+                             f"{shape} of {d['dtype']}, which takes {want}")
         buf = bytearray(data[base + a:base + b])
         t = torch.frombuffer(buf, dtype=_ST_DTYPES[d["dtype"]]) if buf else \
             torch.empty(0, dtype=_ST_DTYPES[d["dtype"]])

@@ -106,6 +106,11 @@ class Daemon:
                 time.sleep(0.05)
             return s, c.tier_stats()[0]
 
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
     def stop(self):
         self.proc.send_signal(signal.SIGTERM)
         try:
@@ -138,6 +143,48 @@ def p99(xs):
     return xs[min(len(xs) - 1, int(0.99 * len(xs)))]
 
 
+def expect(outbox, engines, pending, kind, eids, what, timeout=120):
+    """Reads outbox until a `kind` message came from each engine of eids;
+    returns {eid: message}.  Every other message is kept in `pending` (a
+    deque the caller reads before outbox): the other engines go on
+    answering meanwhile.  An engine of eids that exits first, or the
+    timeout, raises RuntimeError saying which."""
+    got, eids = {}, set(eids)
+    deadline = time.monotonic() + timeout
+    dead_seen = False
+    while eids - set(got):
+        try:
+            msg = outbox.get(timeout=0.5)
+        except queue.Empty:
+            dead = sorted(e for e in eids - set(got)
+                          if not engines[e][0].is_alive())
+            if dead and dead_seen:      # its last words had time to arrive
+                e = dead[0]
+                raise RuntimeError(f"engine {e} exited "
+                                   f"{engines[e][0].exitcode} before {what} "
+                                   f"(its error is above)")
+            dead_seen = bool(dead)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"engines {sorted(eids - set(got))}: no "
+                                   f"{what} in {timeout} s")
+            continue
+        if msg[0] == kind and msg[1] in eids:
+            got[msg[1]] = msg
+        else:
+            pending.append(msg)
+    return got
+
+
+def stop_all(engines, daemons):
+    """Error path: kill what is still running."""
+    for p, _ in engines.values():
+        if p.is_alive():
+            p.kill()
+        p.join(timeout=10)
+    for d in daemons:
+        d.kill()
+
+
 def run_mode(a, mode, cfg, tmp, faults=False):
     """One run of the workload; returns its figures and the finished
     requests."""
@@ -149,16 +196,25 @@ def run_mode(a, mode, cfg, tmp, faults=False):
     if faults:
         pool = a.fault_pool_blocks
         base += ["--host-tier-bytes", str(a.fault_tier_bytes)]
-    if mode == "private":
-        daemons = [Daemon(a.build, tmp, f"{mode}-{e}",
-                          base + ["--pool-blocks", str(pool // a.engines)])
-                   for e in range(a.engines)]
-    else:
-        daemons = [Daemon(a.build, tmp, mode, base + ["--pool-blocks",
-                                                       str(pool)])]
+    daemons, engines = [], {}
+    try:
+        if mode == "private":
+            for e in range(a.engines):
+                daemons.append(Daemon(a.build, tmp, f"{mode}-{e}", base + [
+                    "--pool-blocks", str(pool // a.engines)]))
+        else:
+            daemons.append(Daemon(a.build, tmp, mode, base + [
+                "--pool-blocks", str(pool)]))
+        return _run(a, mode, faults, cfg, daemons, engines)
+    except BaseException:
+        stop_all(engines, daemons)
+        raise
+
+
+def _run(a, mode, faults, cfg, daemons, engines):
     ctx = mp.get_context("spawn")
     outbox = ctx.Queue()
-    engines = {}
+    pending = collections.deque()   # messages read while waiting for others
 
     def start_engine(e, kill_at_step=None):
         opts = {"eid": e, "mode": mode, "model": cfg.as_dict(),
@@ -175,10 +231,8 @@ def run_mode(a, mode, cfg, tmp, faults=False):
     victim = 1 % a.engines if faults else None
     for e in range(a.engines):
         start_engine(e, a.kill_at_step if e == victim else None)
-    started = 0
-    while started < a.engines:
-        msg = outbox.get(timeout=120)
-        started += msg[0] == "ready"
+    expect(outbox, engines, pending, "ready", range(a.engines),
+           "it was ready")
 
     rng = random.Random(a.seed)
     system = [rng.randrange(a.vocab) for _ in range(a.system)]
@@ -207,7 +261,7 @@ def run_mode(a, mode, cfg, tmp, faults=False):
     firsts, stats = {}, {}
     while inflight or ready:
         try:
-            msg = outbox.get(timeout=1.0)
+            msg = pending.popleft() if pending else outbox.get(timeout=1.0)
         except queue.Empty:
             msg = None
         if msg is None:
@@ -215,15 +269,16 @@ def run_mode(a, mode, cfg, tmp, faults=False):
                 if p.is_alive():
                     continue
                 if p.exitcode != -signal.SIGKILL or not faults:
-                    raise RuntimeError(f"engine {e} exited {p.exitcode}")
+                    raise RuntimeError(f"engine {e} exited {p.exitcode} "
+                                       f"(its error is above)")
                 # Killed mid-step: the daemon freed its session; what it
                 # had in flight goes to the other engines, and a new
                 # engine takes its place.
                 killed += 1
                 lost = [rid for rid, v in inflight.items() if v[1] == e]
                 start_engine(e)
-                while outbox.get(timeout=120)[0] != "ready":
-                    pass
+                expect(outbox, engines, pending, "ready", [e],
+                       "it was ready")
                 for rid in lost:
                     cv = inflight.pop(rid)[0]
                     resent += 1
@@ -241,6 +296,7 @@ def run_mode(a, mode, cfg, tmp, faults=False):
             results.append({
                 "id": rid, "conv": cv.cid, "turn": cv.turn, "engine": e,
                 "from_other": hit > max(a.system, own), "prompt": prompt,
+                "prompt_len": plen,
                 "generated": gen, "logits": logits, "hit": hit,
                 "ttft": firsts[rid] - t_send,
                 "decode_rate": ((len(gen) - 1) / (t_done - firsts[rid])
@@ -256,10 +312,8 @@ def run_mode(a, mode, cfg, tmp, faults=False):
     wall = time.monotonic() - t_start
     for e, (p, inbox) in engines.items():
         inbox.put(("stop",))
-    while len(stats) < a.engines:
-        msg = outbox.get(timeout=120)
-        if msg[0] == "stats":
-            stats[msg[1]] = msg[2]
+    stats = {e: m[2] for e, m in expect(
+        outbox, engines, pending, "stats", engines, "its stats").items()}
     for p, _ in engines.values():
         p.join(timeout=60)
     daemon_state = [d.stats() for d in daemons]
@@ -314,6 +368,12 @@ def check_requests(model, results, a):
     fails, ties, worst = [], 0, 0.0
     kv_dtype = DTYPES[a.dtype]
     for r in results:
+        plen = r.get("prompt_len", len(r["prompt"]))
+        if len(r["generated"]) != a.reply or plen != len(r["prompt"]):
+            fails.append(f"request {r['id']}: {len(r['generated'])} tokens "
+                         f"generated after a prompt of {plen}, but it asked "
+                         f"for {a.reply} after {len(r['prompt'])}")
+            continue
         seq = r["prompt"] + r["generated"][:-1]
         with torch.no_grad():
             ref = model.forward_full(seq, kv_dtype=kv_dtype)[
@@ -377,7 +437,7 @@ def check_run(fig, fails, mode):
         fails.append(f"{mode}: {fig['blocks_in_use']} blocks still in use")
 
 
-def main(argv=None):
+def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--build", default=os.environ.get(
         "KVS_BUILD", os.path.join(ROOT, "build")))
@@ -420,6 +480,10 @@ def main(argv=None):
                     "transformers' Llama too (auto: when it is installed)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
+    for name in ("engines", "conversations", "turns", "reply", "chunk",
+                 "block_size", "pool_blocks", "threads"):
+        if getattr(a, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be at least 1")
     cfg = M.CONFIGS[a.model]
     a.vocab = cfg.vocab
     if a.tol is None:
@@ -434,6 +498,12 @@ def main(argv=None):
         # to the host tier and come back.
         per = -(-(a.system + a.turns * (a.user + a.reply)) // a.block_size)
         a.fault_pool_blocks = per * a.fault_concurrency * 5 // 4 + 8
+    return a
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    cfg = M.CONFIGS[a.model]
     torch.set_num_threads(a.threads)
     model = reference_model(a, cfg)
     tmp = tempfile.mkdtemp(prefix="kvs-engine-")
