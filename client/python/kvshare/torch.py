@@ -682,7 +682,7 @@ class Step:
     def hit(self, req):
         """Tokens the request's last lookup found cached."""
         self.table(req)
-        return self._hits.get(req, 0)
+        return self._hits.get(_req(req), 0)
 
     def adopt(self, req, looked_up):
         """Track a request looked up outside the step: looked_up is the
