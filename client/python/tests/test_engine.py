@@ -38,6 +38,17 @@ def run_json(args):
     return rc, json.loads(out.getvalue())
 
 
+# The sanitizer build's run of this suite (test_python.sh preloads ASan into
+# python and says so in KVS_PY_CHILD_LD_PRELOAD) keeps the library-level
+# tests and leaves the whole-engine run to the plain build: four engine
+# processes of PyTorch under the ASan runtime add half a minute and no
+# check test_torch.py does not already make there.
+SANITIZED = "KVS_PY_CHILD_LD_PRELOAD" in os.environ
+
+
+@pytest.mark.skipif(SANITIZED, reason="sanitizer build: the plain build "
+                    "runs the whole engine (test_torch covers libkvshare "
+                    "under ASan)")
 def test_modes_faults_and_weights_file(tmp_path):
     """No cache and shared, then the faults run (a pool too small, a host
     tier, an engine killed mid-step), weights from a safetensors file: every
