@@ -58,7 +58,8 @@ class Request:
 
 class Engine:
     def __init__(self, client, model, mode="shared", chunk_tokens=256,
-                 max_running=64, kill_at_step=None, report=None):
+                 max_running=64, kill_at_step=None, report=None,
+                 before_kill=None):
         if mode not in ("none", "private", "shared"):
             raise ValueError(f"mode {mode!r}: none, private or shared")
         if chunk_tokens < 1 or max_running < 1:
@@ -81,6 +82,7 @@ class Engine:
         self.bs = L.block_size
         self.chunk_tokens, self.max_running = chunk_tokens, max_running
         self.kill_at_step = kill_at_step
+        self.before_kill = before_kill or (lambda: None)
         self.report = report or (lambda *msg: None)
         self.waiting = collections.deque()
         self.running = []
@@ -262,6 +264,11 @@ class Engine:
             kv.write(layer, k, v, slots)
             if self.kill_at_step == self.step_no:
                 # Killed mid-step: K/V written, nothing committed.
+                # What this process already reported is delivered first:
+                # a SIGKILL while a queue's feeder thread is writing could
+                # leave the driver half a message (a crash would; the test
+                # is about the cache, not about the queue).
+                self.before_kill()
                 os.kill(os.getpid(), signal.SIGKILL)
             if decode:
                 a = kv.decode(layer, q, seq_lens, tables, max_seq_len=longest)
@@ -296,7 +303,8 @@ def engine_main(opts, inbox, outbox):
         outbox.put((kind, eid) + rest)
 
     eng = Engine(client, model, opts["mode"], opts.get("chunk_tokens", 256),
-                 kill_at_step=opts.get("kill_at_step"), report=report)
+                 kill_at_step=opts.get("kill_at_step"), report=report,
+                 before_kill=lambda: (outbox.close(), outbox.join_thread()))
     outbox.put(("ready", eid))
     stopping = False
     while True:
