@@ -1083,9 +1083,10 @@ KVS_BODY_INSTANCES(KVS_X86, attend_row_x86)
  * Every sum is fp32, as in the other bodies; only the order of the sums
  * differs.
  */
-#define KVS_X512 __attribute__((target("avx512f,avx2,fma,f16c")))
-#define KVS_X512_INLINE \
-  static inline __attribute__((always_inline, target("avx512f,avx2,fma,f16c")))
+#define KVS_X512 __attribute__((target("avx512f,avx512bw,avx2,fma,f16c")))
+#define KVS_X512_INLINE                                                  \
+  static inline __attribute__((always_inline,                            \
+                               target("avx512f,avx512bw,avx2,fma,f16c")))
 
 /* x_e4m3_h8, 16 at a time; its last step, t ^ (y & 0x4000), is one
  * ternary-logic op (C ? A ^ B : A) on the low halves of zmm registers. */
@@ -1111,6 +1112,26 @@ KVS_X512_INLINE __m512 z_ld16(const void *p, uint32_t dt) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(
         _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
   return _mm512_loadu_ps((const float *)p);
+}
+
+/* 32 elements of dtype dt at p, as floats: lo the first 16, hi the next.
+ * fp8 converts 32 bytes at once with AVX-512BW word ops (one sign-extend,
+ * shift, add and ternary-logic op for 32 elements, not two of each), then
+ * two vcvtph2ps; the other dtypes are two z_ld16. */
+KVS_X512_INLINE void z_ld32(const void *p, uint32_t dt, __m512 *lo,
+                            __m512 *hi) {
+  if (dt == KVS_DTYPE_FP8) {
+    __m512i x = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)p));
+    __m512i t = _mm512_slli_epi16(x, 7);
+    __m512i y = _mm512_add_epi16(t, _mm512_set1_epi16(0x80));
+    __m512i h = _mm512_ternarylogic_epi32(t, y, _mm512_set1_epi16(0x4000),
+                                          0x78);
+    *lo = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+    *hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+    return;
+  }
+  *lo = z_ld16(p, dt);
+  *hi = z_ld16((const char *)p + 16 * kvs_dtype_size(dt), dt);
 }
 
 /* The first n < 16 elements at p, zero-padded to 16. */
@@ -1151,7 +1172,21 @@ KVS_X512_INLINE void z_scores(const float *q, uint32_t Dp, uint32_t R,
   __m512 c[16];
   for (uint32_t i = 0; i < R * TT; i++)
     c[i] = _mm512_setzero_ps();
-  for (uint32_t d = 0; d < D; d += 16) {
+  uint32_t d = 0;
+  if (TT <= 4) /* 32 dimensions a step: 2 * TT rows in registers */
+    for (; d + 32 <= D; d += 32) {
+      __m512 kv[8];
+      for (uint32_t t = 0; t < TT; t++)
+        z_ld32(k + t * ks + d * es, dt, &kv[t], &kv[TT + t]);
+      for (uint32_t hf = 0; hf < 2; hf++)
+        for (uint32_t r = 0; r < R; r++) {
+          __m512 qv = _mm512_loadu_ps(q + (size_t)r * Dp + d + 16 * hf);
+          __asm__("" : "+v"(qv));
+          for (uint32_t t = 0; t < TT; t++)
+            c[t * R + r] = _mm512_fmadd_ps(qv, kv[hf * TT + t], c[t * R + r]);
+        }
+    }
+  for (; d < D; d += 16) {
     __m512 kv[16];
     for (uint32_t t = 0; t < TT; t++)
       kv[t] = d + 16 <= D ? z_ld16(k + t * ks + d * es, dt)
@@ -1235,8 +1270,12 @@ KVS_X512_INLINE void z_values(float *acc, uint32_t Dp, uint32_t R,
       if (d == 0)
         z_prefetch_next(vn, vs, t, t + 1, Tn, (uint64_t)D * es, pf);
       __m512 x[16];
-      for (uint32_t i = 0; i < V; i++)
-        x[i] = z_ld16(v + t * vs + (d + 16 * i) * es, dt);
+      if (V % 2 == 0)
+        for (uint32_t i = 0; i < V; i += 2)
+          z_ld32(v + t * vs + (d + 16 * i) * es, dt, &x[i], &x[i + 1]);
+      else
+        for (uint32_t i = 0; i < V; i++)
+          x[i] = z_ld16(v + t * vs + (d + 16 * i) * es, dt);
       for (uint32_t r = 0; r < R; r++) {
         __m512 w = _mm512_set1_ps(p[(size_t)r * n + t]);
         for (uint32_t i = 0; i < V; i++)
@@ -1367,10 +1406,12 @@ int kvs__cpu_attn_simd(void) {
 #endif
 }
 
+/* The AVX-512 body also uses AVX-512BW word ops (z_ld32). */
 int kvs__cpu_attn_simd512(void) {
 #if defined(__x86_64__) || defined(__i386__)
   /* (libgcc's check includes the OS saving the 512-bit state.) */
-  return kvs__cpu_attn_simd() && __builtin_cpu_supports("avx512f");
+  return kvs__cpu_attn_simd() && __builtin_cpu_supports("avx512f") &&
+         __builtin_cpu_supports("avx512bw");
 #else
   return 0;
 #endif
