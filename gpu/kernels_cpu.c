@@ -1253,7 +1253,7 @@ KVS_X512_INLINE void z_scores_rows(const float *q, uint32_t Dp, uint32_t R,
 
 /* acc[r] (R rows Dp floats apart) += sum over t < T of p[r * n + t] * v[t];
  * the next block's rows (vn, Tn <= T of them) are prefetched along. */
-KVS_X512_INLINE void z_values(float *acc, uint32_t Dp, uint32_t R,
+KVS_X512_INLINE void z_values_tile(float *acc, uint32_t Dp, uint32_t R,
                               const float *p, uint32_t n, const char *v,
                               uint64_t vs, uint32_t T, uint32_t D,
                               uint32_t dt, const char *vn, uint32_t Tn,
@@ -1298,6 +1298,31 @@ KVS_X512_INLINE void z_values(float *acc, uint32_t Dp, uint32_t R,
     }
     for (uint32_t r = 0; r < R; r++)
       _mm512_storeu_ps(acc + (size_t)r * Dp + d, a[r]);
+  }
+}
+
+/* z_values_tile over the weights copied, 64 tokens at a time, into rows a
+ * constant 64 floats apart: each of the R weights of a token is then a
+ * broadcast at a fixed offset from one register, where R row pointers
+ * n floats apart were reloaded from the stack for every token (the
+ * registers hold the accumulators, rows and loop state). */
+KVS_X512_INLINE void z_values(float *acc, uint32_t Dp, uint32_t R,
+                              const float *p, uint32_t n, const char *v,
+                              uint64_t vs, uint32_t T, uint32_t D,
+                              uint32_t dt, const char *vn, uint32_t Tn,
+                              int pf) {
+  float pl[8 * 64];
+  for (uint32_t t0 = 0; t0 < T; t0 += 64) {
+    const uint32_t Tc = T - t0 < 64 ? T - t0 : 64;
+    for (uint32_t r = 0; r < R; r++)
+      for (uint32_t t = 0; t < Tc; t += 16) {
+        const __mmask16 m =
+            Tc - t >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (Tc - t)) - 1);
+        _mm512_storeu_ps(pl + r * 64 + t,
+                         _mm512_maskz_loadu_ps(m, p + (size_t)r * n + t0 + t));
+      }
+    z_values_tile(acc, Dp, R, pl, 64, v + t0 * vs, vs, Tc, D, dt,
+                  vn + t0 * vs, Tn > t0 ? Tn - t0 : 0, pf);
   }
 }
 
