@@ -1083,9 +1083,10 @@ KVS_BODY_INSTANCES(KVS_X86, attend_row_x86)
  * Every sum is fp32, as in the other bodies; only the order of the sums
  * differs.
  */
-#define KVS_X512 __attribute__((target("avx512f,avx2,fma,f16c")))
-#define KVS_X512_INLINE \
-  static inline __attribute__((always_inline, target("avx512f,avx2,fma,f16c")))
+#define KVS_X512 __attribute__((target("avx512f,avx512bw,avx2,fma,f16c")))
+#define KVS_X512_INLINE                                                  \
+  static inline __attribute__((always_inline,                            \
+                               target("avx512f,avx512bw,avx2,fma,f16c")))
 
 /* x_e4m3_h8, 16 at a time; its last step, t ^ (y & 0x4000), is one
  * ternary-logic op (C ? A ^ B : A) on the low halves of zmm registers. */
@@ -1111,6 +1112,26 @@ KVS_X512_INLINE __m512 z_ld16(const void *p, uint32_t dt) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(
         _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
   return _mm512_loadu_ps((const float *)p);
+}
+
+/* 32 elements of dtype dt at p, as floats: lo the first 16, hi the next.
+ * fp8 converts 32 bytes at once with AVX-512BW word ops (one sign-extend,
+ * shift, add and ternary-logic op for 32 elements, not two of each), then
+ * two vcvtph2ps; the other dtypes are two z_ld16. */
+KVS_X512_INLINE void z_ld32(const void *p, uint32_t dt, __m512 *lo,
+                            __m512 *hi) {
+  if (dt == KVS_DTYPE_FP8) {
+    __m512i x = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)p));
+    __m512i t = _mm512_slli_epi16(x, 7);
+    __m512i y = _mm512_add_epi16(t, _mm512_set1_epi16(0x80));
+    __m512i h = _mm512_ternarylogic_epi32(t, y, _mm512_set1_epi16(0x4000),
+                                          0x78);
+    *lo = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+    *hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+    return;
+  }
+  *lo = z_ld16(p, dt);
+  *hi = z_ld16((const char *)p + 16 * kvs_dtype_size(dt), dt);
 }
 
 /* The first n < 16 elements at p, zero-padded to 16. */
@@ -1151,7 +1172,21 @@ KVS_X512_INLINE void z_scores(const float *q, uint32_t Dp, uint32_t R,
   __m512 c[16];
   for (uint32_t i = 0; i < R * TT; i++)
     c[i] = _mm512_setzero_ps();
-  for (uint32_t d = 0; d < D; d += 16) {
+  uint32_t d = 0;
+  if (TT <= 4) /* 32 dimensions a step: 2 * TT rows in registers */
+    for (; d + 32 <= D; d += 32) {
+      __m512 kv[8];
+      for (uint32_t t = 0; t < TT; t++)
+        z_ld32(k + t * ks + d * es, dt, &kv[t], &kv[TT + t]);
+      for (uint32_t hf = 0; hf < 2; hf++)
+        for (uint32_t r = 0; r < R; r++) {
+          __m512 qv = _mm512_loadu_ps(q + (size_t)r * Dp + d + 16 * hf);
+          __asm__("" : "+v"(qv));
+          for (uint32_t t = 0; t < TT; t++)
+            c[t * R + r] = _mm512_fmadd_ps(qv, kv[hf * TT + t], c[t * R + r]);
+        }
+    }
+  for (; d < D; d += 16) {
     __m512 kv[16];
     for (uint32_t t = 0; t < TT; t++)
       kv[t] = d + 16 <= D ? z_ld16(k + t * ks + d * es, dt)
@@ -1182,6 +1217,51 @@ KVS_X512_INLINE void z_scores(const float *q, uint32_t Dp, uint32_t R,
       for (uint32_t t = 0; t < TT; t++)
         sc[(size_t)r * n + t] = _mm512_reduce_add_ps(c[t * R + r]) * scale;
   }
+}
+
+/* x_exp 16 at a time (the same steps, NaN kept the same way). */
+KVS_X512_INLINE __m512 z_exp(__m512 x) {
+  x = _mm512_max_ps(_mm512_set1_ps(-87.f), x);
+  __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 y = _mm512_set1_ps(1.f / 5040.f);
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.f / 720.f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.f / 120.f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.f / 24.f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.f / 6.f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(0.5f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.f));
+  __m512i e = _mm512_slli_epi32(
+      _mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+}
+
+/* x_softmax 16 at a time, the last scores under a mask: the 8-wide one
+ * costs twice the instructions on the port the FMAs use. */
+KVS_X512_INLINE float z_softmax(float *sc, uint32_t n) {
+  __m512 m = _mm512_set1_ps(-INFINITY);
+  uint32_t j = 0;
+  for (; j + 16 <= n; j += 16)
+    m = _mm512_max_ps(m, _mm512_loadu_ps(sc + j));
+  const __mmask16 tm = (__mmask16)((1u << (n - j)) - 1); /* n - j < 16 */
+  if (j < n)
+    m = _mm512_mask_max_ps(m, tm, m, _mm512_maskz_loadu_ps(tm, sc + j));
+  const __m512 mv = _mm512_set1_ps(_mm512_reduce_max_ps(m));
+  __m512 s = _mm512_setzero_ps();
+  for (j = 0; j + 16 <= n; j += 16) {
+    __m512 e = z_exp(_mm512_sub_ps(_mm512_loadu_ps(sc + j), mv));
+    _mm512_storeu_ps(sc + j, e);
+    s = _mm512_add_ps(s, e);
+  }
+  if (j < n) {
+    __m512 e = z_exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(tm, sc + j), mv));
+    _mm512_mask_storeu_ps(sc + j, tm, e);
+    s = _mm512_mask_add_ps(s, tm, s, e);
+  }
+  return _mm512_reduce_add_ps(s);
 }
 
 /* The rows of tokens [from, to) below Tn of the next block's same kv head
@@ -1218,7 +1298,7 @@ KVS_X512_INLINE void z_scores_rows(const float *q, uint32_t Dp, uint32_t R,
 
 /* acc[r] (R rows Dp floats apart) += sum over t < T of p[r * n + t] * v[t];
  * the next block's rows (vn, Tn <= T of them) are prefetched along. */
-KVS_X512_INLINE void z_values(float *acc, uint32_t Dp, uint32_t R,
+KVS_X512_INLINE void z_values_tile(float *acc, uint32_t Dp, uint32_t R,
                               const float *p, uint32_t n, const char *v,
                               uint64_t vs, uint32_t T, uint32_t D,
                               uint32_t dt, const char *vn, uint32_t Tn,
@@ -1235,8 +1315,12 @@ KVS_X512_INLINE void z_values(float *acc, uint32_t Dp, uint32_t R,
       if (d == 0)
         z_prefetch_next(vn, vs, t, t + 1, Tn, (uint64_t)D * es, pf);
       __m512 x[16];
-      for (uint32_t i = 0; i < V; i++)
-        x[i] = z_ld16(v + t * vs + (d + 16 * i) * es, dt);
+      if (V % 2 == 0)
+        for (uint32_t i = 0; i < V; i += 2)
+          z_ld32(v + t * vs + (d + 16 * i) * es, dt, &x[i], &x[i + 1]);
+      else
+        for (uint32_t i = 0; i < V; i++)
+          x[i] = z_ld16(v + t * vs + (d + 16 * i) * es, dt);
       for (uint32_t r = 0; r < R; r++) {
         __m512 w = _mm512_set1_ps(p[(size_t)r * n + t]);
         for (uint32_t i = 0; i < V; i++)
@@ -1259,6 +1343,31 @@ KVS_X512_INLINE void z_values(float *acc, uint32_t Dp, uint32_t R,
     }
     for (uint32_t r = 0; r < R; r++)
       _mm512_storeu_ps(acc + (size_t)r * Dp + d, a[r]);
+  }
+}
+
+/* z_values_tile over the weights copied, 64 tokens at a time, into rows a
+ * constant 64 floats apart: each of the R weights of a token is then a
+ * broadcast at a fixed offset from one register, where R row pointers
+ * n floats apart were reloaded from the stack for every token (the
+ * registers hold the accumulators, rows and loop state). */
+KVS_X512_INLINE void z_values(float *acc, uint32_t Dp, uint32_t R,
+                              const float *p, uint32_t n, const char *v,
+                              uint64_t vs, uint32_t T, uint32_t D,
+                              uint32_t dt, const char *vn, uint32_t Tn,
+                              int pf) {
+  float pl[8 * 64];
+  for (uint32_t t0 = 0; t0 < T; t0 += 64) {
+    const uint32_t Tc = T - t0 < 64 ? T - t0 : 64;
+    for (uint32_t r = 0; r < R; r++)
+      for (uint32_t t = 0; t < Tc; t += 16) {
+        const __mmask16 m =
+            Tc - t >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (Tc - t)) - 1);
+        _mm512_storeu_ps(pl + r * 64 + t,
+                         _mm512_maskz_loadu_ps(m, p + (size_t)r * n + t0 + t));
+      }
+    z_values_tile(acc, Dp, R, pl, 64, v + t0 * vs, vs, Tc, D, dt,
+                  vn + t0 * vs, Tn > t0 ? Tn - t0 : 0, pf);
   }
 }
 
@@ -1312,7 +1421,7 @@ KVS_X512_INLINE void attend_row_x512(const kvs_attn_args *a, uint32_t s,
     }
   }
   for (uint32_t hq = 0; hq < H; hq++) {
-    w->sum[hq] = x_softmax(sc + (size_t)hq * n, n);
+    w->sum[hq] = z_softmax(sc + (size_t)hq * n, n);
     w->corr[hq] = 0.f;
   }
   memset(w->acc, 0, (size_t)H * Dp * sizeof(float));
@@ -1367,10 +1476,12 @@ int kvs__cpu_attn_simd(void) {
 #endif
 }
 
+/* The AVX-512 body also uses AVX-512BW word ops (z_ld32). */
 int kvs__cpu_attn_simd512(void) {
 #if defined(__x86_64__) || defined(__i386__)
   /* (libgcc's check includes the OS saving the 512-bit state.) */
-  return kvs__cpu_attn_simd() && __builtin_cpu_supports("avx512f");
+  return kvs__cpu_attn_simd() && __builtin_cpu_supports("avx512f") &&
+         __builtin_cpu_supports("avx512bw");
 #else
   return 0;
 #endif

@@ -51,7 +51,8 @@ extern int kvs__cpu_attn_portable;
 /* Non-zero when this CPU can run the AVX2+FMA+F16C attention body. */
 int kvs__cpu_attn_simd(void);
 /* C attention: 1 (default) runs the AVX-512F body where the CPU has it
- * (kvs__cpu_attn_simd512()), 0 keeps to the AVX2 one. */
+ * (with AVX-512BW, which every AVX-512 Xeon has: kvs__cpu_attn_simd512()),
+ * 0 keeps to the AVX2 one. */
 extern int kvs__cpu_attn_avx512;
 int kvs__cpu_attn_simd512(void);
 /* The body the C attention runs now: "portable C", "AVX2+FMA+F16C" or
