@@ -27,6 +27,11 @@ PYTHON  ?= /usr/bin/python3
 PKGS    := libuv libprotobuf-c liburing cmocka libxxhash jansson libmicrohttpd libzmq \
            msgpack libsystemd hiredis
 
+# Build on every core unless a -j was given (make test builds two trees).
+ifeq ($(filter -j%,$(MAKEFLAGS)),)
+MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 1)
+endif
+
 ifeq ($(V),1)
 Q :=
 else
