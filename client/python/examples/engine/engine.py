@@ -31,7 +31,7 @@ import torch
 import kvshare
 import kvshare.torch as kvt
 
-from model import Llama, load_safetensors, seeded_weights
+from model import Llama, load_weights
 
 
 class Request:
@@ -290,8 +290,7 @@ def engine_main(opts, inbox, outbox):
     eid = opts["eid"]
     from model import Config
     cfg = Config(**opts["model"])
-    w = (load_safetensors(opts["weights"]) if opts.get("weights")
-         else seeded_weights(cfg, opts["seed"]))
+    w = load_weights(cfg, opts.get("weights"), opts["seed"])
     client = kvshare.Client(opts["socket"], name=f"engine-{eid}")
     # The model runs where the pool is: the GPU of a cuda pool, else the CPU.
     with kvt.PagedKV(client) as kv:

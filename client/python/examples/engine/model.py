@@ -168,6 +168,12 @@ def load_safetensors(path):
     return out
 
 
+def load_weights(cfg, path=None, seed=1):
+    """The weights of cfg: from the safetensors file at path, else
+    seeded."""
+    return load_safetensors(path) if path else seeded_weights(cfg, seed)
+
+
 def check_weights(cfg, w):
     want = weight_names(cfg)
     missing = [n for n in want if n not in w]

@@ -354,11 +354,9 @@ def _run(a, mode, faults, cfg, daemons, engines):
 
 # ---- checks ----------------------------------------------------------------
 
-def reference_model(a, cfg):
+def reference_model(cfg, w, a):
     """The from-scratch model: float32, on the GPU when there is one (a
     1B model's references are slow on a CPU)."""
-    w = (M.load_safetensors(a.weights) if a.weights
-         else M.seeded_weights(cfg, a.seed))
     return M.Llama(cfg, w, device="cuda" if a.backend == "cuda" else "cpu")
 
 
@@ -505,12 +503,10 @@ def main(argv=None):
     a = parse_args(argv)
     cfg = M.CONFIGS[a.model]
     torch.set_num_threads(a.threads)
-    model = reference_model(a, cfg)
-    tmp = tempfile.mkdtemp(prefix="kvs-engine-")
+    w = M.load_weights(cfg, a.weights, a.seed)
+    model = reference_model(cfg, w, a)
     hf = None
     if a.transformers != "no":
-        w = (M.load_safetensors(a.weights) if a.weights
-             else M.seeded_weights(cfg, a.seed))
         hf = M.transformers_llama(cfg, w, model.device)
         if hf is None and a.transformers == "yes":
             print("kvshare engine: --transformers yes, but transformers is "
@@ -518,6 +514,7 @@ def main(argv=None):
             return 2
     a.hf_note = ("transformers' Llama: not installed, not checked"
                  if hf is None else None)
+    tmp = tempfile.mkdtemp(prefix="kvs-engine-")
     figs, fails, ties, worst = [], [], 0, 0.0
     try:
         runs = [(m, False) for m in a.modes.split(",") if m]
