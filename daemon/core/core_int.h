@@ -240,6 +240,12 @@ struct core {
   hidx index;
   core_req *reqs;
   uint32_t nreqs;
+  /* Freed requests kept for the next core_req_create (linked by next), with
+   * their block and token arrays when those are small: a scheduler step
+   * frees and creates requests by the dozen, and each create/free pair was
+   * a calloc, two reallocs and three frees. */
+  core_req *spare;
+  uint32_t nspare;
   core_stats st; /* counters; block counts are derived in core_get_stats */
   /* lower tiers (tierbook.c); nothing allocated without tiers */
   tier tiers[CORE_TIERS];

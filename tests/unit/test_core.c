@@ -473,6 +473,52 @@ static void test_salt_isolation(void **state) {
   finish(c);
 }
 
+/* Freed requests are reused (core.c keeps up to 64, with their arrays when
+ * small): a reused request starts as a new one, whatever the old one held
+ * (a salt, a long prompt whose arrays are dropped, a short one whose arrays
+ * are kept, a block table). */
+static void test_reused_requests_start_clean(void **state) {
+  (void)state;
+  enum { LONG = 9000 };
+  core *c = mk(LONG / BS + 400, 0);
+  uint32_t *t = malloc(LONG * sizeof(*t)), hit, n;
+  core_req *r[100];
+  core_cow cow;
+  seq(t, LONG, 1);
+  for (int round = 0; round < 3; round++) {
+    /* one long salted request, then 99 short ones of 9 tokens */
+    assert_int_equal(core_req_create(c, "s", 1, &r[0]), 0);
+    assert_int_equal(core_lookup(c, r[0], t, LONG, &hit), 0);
+    assert_int_equal(hit, round ? LONG - BS : 0);
+    assert_int_equal(core_allocate(c, r[0], LONG - hit, &cow), 0);
+    assert_int_equal(core_commit(c, r[0], hit, NULL, LONG - hit, NULL), 0);
+    for (int i = 1; i < 100; i++) {
+      uint32_t u[9];
+      seq(u, 9, 100000 + (uint32_t)i * 16);
+      r[i] = prefill(c, u, 9, &hit);
+      assert_int_equal(hit, round ? 8 : 0);
+    }
+    check(c);
+    for (int i = 99; i >= 0; i--)
+      core_req_free(c, r[i]);
+    check(c);
+    /* what is created now is a spare: empty, no salt */
+    core_req *f;
+    assert_int_equal(core_req_create(c, NULL, 0, &f), 0);
+    assert_int_equal(core_req_num_known(f), 0);
+    assert_int_equal(core_req_num_slots(f), 0);
+    assert_int_equal(core_req_num_sealed(f), 0);
+    assert_int_equal(core_req_swap_state(f), CORE_SWAP_NONE);
+    core_req_blocks(f, &n);
+    assert_int_equal(n, 0);
+    assert_int_equal(core_lookup(c, f, t, 9, &hit), 0);
+    assert_int_equal(hit, 0); /* the cached prefix is salted */
+    core_req_free(c, f);
+  }
+  free(t);
+  finish(c);
+}
+
 static void test_preempt_and_resume(void **state) {
   (void)state;
   core *c = mk(8, 0);
@@ -627,6 +673,7 @@ int main(void) {
       cmocka_unit_test(test_lru_order),
       cmocka_unit_test(test_forced_collision_never_served),
       cmocka_unit_test(test_salt_isolation),
+      cmocka_unit_test(test_reused_requests_start_clean),
       cmocka_unit_test(test_preempt_and_resume),
       cmocka_unit_test(test_pins),
       cmocka_unit_test(test_config_errors),
