@@ -16,6 +16,7 @@ void reqmap_init(reqmap *m) {
   m->slots = NULL;
   m->cap = 0;
   m->count = 0;
+  m->last = 0;
 }
 
 void reqmap_destroy(reqmap *m) {
@@ -23,28 +24,34 @@ void reqmap_destroy(reqmap *m) {
   reqmap_init(m);
 }
 
-static reqmap_slot *find(const reqmap *m, uint64_t id) {
+static reqmap_slot *find(reqmap *m, uint64_t id) {
   size_t i;
 
   if (!m->cap)
     return NULL;
+  /* Ids are unique in the map, so a slot holding id is its slot, however
+   * the table changed since it was remembered. */
+  if (m->last < m->cap && m->slots[m->last].req && m->slots[m->last].id == id)
+    return &m->slots[m->last];
   for (i = hash_id(id) & (m->cap - 1);; i = (i + 1) & (m->cap - 1)) {
     reqmap_slot *s = &m->slots[i];
 
     if (!s->req)
       return NULL;
-    if (s->id == id)
+    if (s->id == id) {
+      m->last = i;
       return s;
+    }
   }
 }
 
-core_req *reqmap_get(const reqmap *m, uint64_t id) {
+core_req *reqmap_get(reqmap *m, uint64_t id) {
   reqmap_slot *s = find(m, id);
 
   return s ? s->req : NULL;
 }
 
-uint64_t *reqmap_cost(const reqmap *m, uint64_t id) {
+uint64_t *reqmap_cost(reqmap *m, uint64_t id) {
   reqmap_slot *s = find(m, id);
 
   return s ? &s->cost : NULL;

@@ -21,16 +21,18 @@ typedef struct reqmap {
   reqmap_slot *slots;
   size_t cap;   /* 0 or a power of two */
   size_t count;
+  size_t last;  /* the slot the last lookup found: a step's ops come in
+                   runs on one id (append then commit, lookup .. free) */
 } reqmap;
 
 void reqmap_init(reqmap *m);
 void reqmap_destroy(reqmap *m); /* frees the table, not the requests */
-core_req *reqmap_get(const reqmap *m, uint64_t id);
+core_req *reqmap_get(reqmap *m, uint64_t id);
 /* Adds id (which must not be there), with cost 0.  0 or KVS_ENOMEM. */
 int reqmap_put(reqmap *m, uint64_t id, core_req *req);
 /* The cost recorded for id (NULL when id is not there); valid until the
  * next put or del. */
-uint64_t *reqmap_cost(const reqmap *m, uint64_t id);
+uint64_t *reqmap_cost(reqmap *m, uint64_t id);
 /* Removes id; returns its request (and its cost in *cost, may be NULL) or
  * NULL. */
 core_req *reqmap_del(reqmap *m, uint64_t id, uint64_t *cost);
