@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""What finer int8 scales would buy: the quantization error of attention
+over int8 K/V with one scale and minimum per row of a kv head (the cache's
+format, docs/kernels.md) against one per group of 64, 32 or 16 elements of
+the row, and the bytes each costs.  numpy only; no kvshare code runs.
+
+The setting is test_gpu_quant's: head_dim 128, 8 query heads over 2 kv
+heads, q Gaussian, softmax scale 1/sqrt(128), K/V Gaussian or Student-t
+with 3 degrees of freedom, the last 8 positions of 17, 512 and 8192 keys;
+the error is the relative RMS of the outputs against float64 attention
+over the unquantized K/V.  Each group's scale and minimum are float32
+(as the cache keeps them), or float16 (--half: half the bytes; their
+rounding adds to the error).  Deterministic (seeded).
+
+usage: quant_groups.py [--half] [--keys 17,512,8192]
+"""
+import sys
+
+import numpy as np
+
+D, H, KVH = 128, 8, 2
+GROUPS = (128, 64, 32, 16)
+
+
+def dequant(x, g, half):
+    """[rows][D] float32 -> float64 after int8 with a scale and minimum per
+    group of g elements (asymmetric, round half to even, 0..255)."""
+    r, d = x.shape
+    y = x.reshape(r, d // g, g).astype(np.float32)
+    lo = y.min(axis=2, keepdims=True)
+    hi = y.max(axis=2, keepdims=True)
+    s = ((hi - lo) / np.float32(255)).astype(np.float32)
+    if half:  # kept as float16 (nearest); codes clipped to 0..255
+        lo = lo.astype(np.float16).astype(np.float32)
+        s = s.astype(np.float16).astype(np.float32)
+    safe = np.where(s == 0, np.float32(1), s)
+    q = np.rint((y - lo) / safe).clip(0, 255)
+    return (q * s.astype(np.float64) + lo).reshape(r, d)
+
+
+def attn(q, k, v):
+    out = np.zeros((H, D))
+    for h in range(H):
+        kv = h // (H // KVH)
+        s = (k[:, kv, :] @ q[h]) / np.sqrt(D)
+        p = np.exp(s - s.max())
+        out[h] = (p / p.sum()) @ v[:, kv, :]
+    return out
+
+
+def main():
+    half = "--half" in sys.argv
+    keys = [17, 512, 8192]
+    if "--keys" in sys.argv:
+        keys = [int(x) for x in sys.argv[sys.argv.index("--keys") + 1].split(",")]
+    rng = np.random.default_rng(7)
+    sb = 2 if half else 4
+    print("int8 K/V, a scale and minimum (float%d) per group; bytes per row of "
+          "128 (fp16: 256):" % (16 if half else 32))
+    print("  " + "  ".join("g%-3d %3d B" % (g, D + 2 * sb * (D // g)) for g in GROUPS))
+    print("relative RMS error of attention against float64 over unquantized K/V:")
+    print("%-11s %5s  " % ("K/V", "keys") + "  ".join("%8s" % ("g%d" % g) for g in GROUPS))
+    for dist in ("gauss", "student-t3"):
+        for n in keys:
+            draw = (rng.standard_normal if dist == "gauss"
+                    else lambda shape: rng.standard_t(3, shape))
+            k = draw((n, KVH, D)).astype(np.float32)
+            v = draw((n, KVH, D)).astype(np.float32)
+            kq = {g: dequant(k.reshape(-1, D), g, half).reshape(n, KVH, D) for g in GROUPS}
+            vq = {g: dequant(v.reshape(-1, D), g, half).reshape(n, KVH, D) for g in GROUPS}
+            ref, out = [], {g: [] for g in GROUPS}
+            for pos in range(max(0, n - 8), n):
+                q = rng.standard_normal((H, D))
+                ref.append(attn(q, k[:pos + 1].astype(np.float64),
+                                v[:pos + 1].astype(np.float64)))
+                for g in GROUPS:
+                    out[g].append(attn(q, kq[g][:pos + 1], vq[g][:pos + 1]))
+            r = np.array(ref)
+            err = [np.sqrt(((np.array(out[g]) - r) ** 2).mean() / (r ** 2).mean())
+                   for g in GROUPS]
+            print("%-11s %5d  " % (dist, n) + "  ".join("%7.3f%%" % (100 * e) for e in err))
+
+
+if __name__ == "__main__":
+    main()
