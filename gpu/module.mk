@@ -19,7 +19,8 @@ ifneq ($(NVCC),)
 GPU_FATBIN := $(BUILD)/gpu/kernels.fatbin
 GPU_OBJS   := $(patsubst %.c,$(BUILD)/%.o,$(GPU_SRCS)) $(BUILD)/gpu/cuda_fatbin.o
 
-$(GPU_FATBIN): gpu/kernels.cu gpu/kvs_kernels.h gpu/kvs_kernels_int.h shm/kvs_layout.h
+$(GPU_FATBIN): gpu/kernels.cu gpu/kernels_prefill.cuh gpu/kvs_prefill_sched.h \
+              gpu/kvs_kernels.h gpu/kvs_kernels_int.h shm/kvs_layout.h
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  NVCC    $<")
 	$(Q)$(NVCC) -fatbin -O3 -std=c++17 -Werror all-warnings -I. -Ishm -Igpu \
