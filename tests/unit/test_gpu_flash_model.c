@@ -129,33 +129,6 @@ static void test_schedule(void) {
 
 /* ---- 2, 3. the model against the twin ------------------------------------ */
 
-/* NaN, +Inf and -Inf in every element of the pool that no request's token
- * of the case's layer holds: unused slots of used blocks, spare blocks,
- * other layers. */
-static void poison(tg_case *c) {
-  const kvs_layout *l = &c->layout;
-  uint32_t bs = l->block_size;
-  char *used = calloc((size_t)l->num_blocks * bs, 1);
-  for (uint32_t s = 0; s < c->p.num_seqs; s++)
-    for (uint32_t t = 0; t < c->p.lens[s]; t++)
-      used[(size_t)c->tables[s * c->max_blocks + t / bs] * bs + t % bs] = 1;
-  static const float bad[] = {NAN, INFINITY, -INFINITY};
-  for (uint32_t b = 0; b < l->num_blocks; b++)
-    for (uint32_t ly = 0; ly < l->num_layers; ly++)
-      for (uint32_t kv = 0; kv < 2; kv++)
-        for (uint32_t t = 0; t < bs; t++) {
-          if (ly == c->p.layer && used[(size_t)b * bs + t])
-            continue;
-          for (uint32_t h = 0; h < l->num_kv_heads; h++) {
-            char *e = kvs_elem_ptr(c->pool, l, b, ly, kv, t, h);
-            for (uint32_t d = 0; d < l->head_dim; d++)
-              kvs_convert(e + 2 * d, l->dtype, &bad[(b + t + h + d) % 3],
-                          KVS_DTYPE_FP32, 1);
-          }
-        }
-  free(used);
-}
-
 /* The ragged batch of a case: (prefix, new rows) per request. */
 typedef struct batch {
   uint32_t n;
@@ -185,7 +158,7 @@ static void attn_pair(const tg_params *pp, const batch *bt, int plant,
     CHECK(0, "case refused");
     return;
   }
-  poison(&c);
+  tg_poison_unused(&c);
   uint32_t D = p.head_dim;
   size_t n = (size_t)c.num_rows * c.num_heads * D;
   void *twin = tg_xmalloc(n * 2), *model = tg_xmalloc(n * 2);
@@ -278,7 +251,7 @@ static void standin_case(const tg_params *pp, const batch *bt, int want_flash) {
     return;
   }
   if (kvs_dtype_size(p.dtype) == 2)
-    poison(&c);
+    tg_poison_unused(&c);
   size_t qes = kvs_dtype_size(p.qo_dtype);
   size_t n = (size_t)c.num_rows * c.num_heads * p.head_dim;
   void *twin = tg_xmalloc(n * qes), *got = tg_xmalloc(n * qes);
