@@ -9,6 +9,7 @@
  */
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kvs_cuda_int.h"
@@ -130,6 +131,13 @@ static int load_kernels_locked(void) {
       if ((r = kvs__cu.cuModuleGetFunction(&f_flash[t][d], mod, name)))
         return kernels_rc = kvs__cu_status(r);
     }
+  {
+    /* An opt-in without a rebuild (for a GPU check or a bench run from
+     * Python): KVS_CUDA_PREFILL_FLASH=1 when the kernels load. */
+    const char *e = getenv("KVS_CUDA_PREFILL_FLASH");
+    if (e && *e)
+      kvs__cuda_prefill_flash = strcmp(e, "0") != 0;
+  }
   CUdevice dev = kvs__cuda_device();
   kvs__cu.cuDeviceGetName(dev_name, sizeof dev_name, dev);
   if (kvs__cu.cuDeviceGetAttribute(&dev_sms, CU_ATTR_MULTIPROCESSOR_COUNT, dev) ||
