@@ -70,7 +70,7 @@ __device__ __forceinline__ void pf_ldsm_x4_t(uint32_t addr, uint32_t *r) {
 /* Byte address of 16-byte chunk c of row r of a tile of D-element rows. */
 template <int D>
 __device__ __forceinline__ uint32_t pf_at(uint32_t tile, uint32_t r, uint32_t c) {
-  return tile + r * (D * 2) + ((c ^ (r & 7u)) << 4);
+  return tile + kvs__pf_smem_off(D, r, c);
 }
 
 /* One K or V tile: keys j0 .. j0 + ROWS - 1 of the request, through the
@@ -111,7 +111,6 @@ __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a) {
   extern __shared__ __align__(16) unsigned char pf_smem[];
   const kvs_paged_kv &kv = a.kv;
   const uint32_t tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const uint32_t g = lane / 4, t = lane % 4;
   const uint32_t h = blockIdx.y, bx = blockIdx.x;
   const uint32_t ratio = a.num_heads / kv.num_kv_heads;
   const uint32_t sQ = (uint32_t)__cvta_generic_to_shared(pf_smem);
@@ -195,7 +194,8 @@ __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a) {
   pf_commit();
 
   /* This lane's two rows: tile rows 16 warp + g and + 8. */
-  const uint32_t r_lo = 16 * warp + g, r_hi = r_lo + 8;
+  const uint32_t r_lo = 16 * warp + kvs__pf_acc_row(lane, 0);
+  const uint32_t r_hi = 16 * warp + kvs__pf_acc_row(lane, 2);
   const uint32_t pos_lo = kvs__pf_row_pos(&p, q_len, len, ratio, r_lo);
   const uint32_t pos_hi = kvs__pf_row_pos(&p, q_len, len, ratio, r_hi);
   const float scale2 = a.scale * 1.44269504088896341f;
@@ -212,7 +212,8 @@ __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a) {
     if (QREG && kt == 0) {
 #pragma unroll
       for (int ks = 0; ks < (QREG ? KS : 0); ks++)
-        pf_ldsm_x4(pf_at<D>(sQ, 16 * warp + (lane & 15), 2 * ks + (lane >> 4)), qf[ks]);
+        pf_ldsm_x4(pf_at<D>(sQ, 16 * warp + kvs__pf_ldq_row(lane), kvs__pf_ldq_chunk(lane, ks)),
+                   qf[ks]);
     }
 
     /* S = Q K^T */
@@ -229,14 +230,13 @@ __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a) {
         af[2] = qf[QREG ? ks : 0][2];
         af[3] = qf[QREG ? ks : 0][3];
       } else {
-        pf_ldsm_x4(pf_at<D>(sQ, 16 * warp + (lane & 15), 2 * ks + (lane >> 4)), af);
+        pf_ldsm_x4(pf_at<D>(sQ, 16 * warp + kvs__pf_ldq_row(lane), kvs__pf_ldq_chunk(lane, ks)),
+                   af);
       }
 #pragma unroll
       for (int np = 0; np < NT / 2; np++) {
         uint32_t b[4];
-        pf_ldsm_x4(pf_at<D>(sK, 16 * np + (lane & 7) + ((lane >> 4) << 3),
-                            2 * ks + ((lane >> 3) & 1)),
-                   b);
+        pf_ldsm_x4(pf_at<D>(sK, kvs__pf_ldk_row(lane, np), kvs__pf_ldk_chunk(lane, ks)), b);
         Mma<T>::run(sc[2 * np], af[0], af[1], af[2], af[3], b[0], b[1]);
         Mma<T>::run(sc[2 * np + 1], af[0], af[1], af[2], af[3], b[2], b[3]);
       }
@@ -254,7 +254,7 @@ __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a) {
     for (int n = 0; n < NT; n++)
 #pragma unroll
       for (int e = 0; e < 4; e++) {
-        const uint32_t j = kt * BN + 8 * n + 2 * t + (e & 1);
+        const uint32_t j = kt * BN + 8 * n + kvs__pf_acc_col(lane, e);
         float x = sc[n][e] * scale2;
         if (masked && !kvs__pf_visible(j, e < 2 ? pos_lo : pos_hi))
           x = -INFINITY;
@@ -307,9 +307,7 @@ __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a) {
 #pragma unroll
       for (int dp = 0; dp < DT / 2; dp++) {
         uint32_t b[4];
-        pf_ldsm_x4_t(pf_at<D>(sV, 16 * kk + (lane & 7) + (((lane >> 3) & 1) << 3),
-                              2 * dp + (lane >> 4)),
-                     b);
+        pf_ldsm_x4_t(pf_at<D>(sV, kvs__pf_ldv_row(lane, kk), kvs__pf_ldv_chunk(lane, dp)), b);
         Mma<T>::run(o[2 * dp], a0, a1, a2, a3, b[0], b[1]);
         Mma<T>::run(o[2 * dp + 1], a0, a1, a2, a3, b[2], b[3]);
       }
@@ -342,7 +340,7 @@ __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a) {
     const float inv = hl ? inv_hi : inv_lo;
 #pragma unroll
     for (int i = 0; i < DT; i++)
-      *(uint32_t *)(orow + (8 * i + 2 * t) * 2) =
+      *(uint32_t *)(orow + (8 * i + kvs__pf_acc_col(lane, 0)) * 2) =
           Mma<T>::pack(o[i][2 * hl] * inv, o[i][2 * hl + 1] * inv);
   }
 }

@@ -153,4 +153,57 @@ static inline KVS_HD int kvs__pf_visible(uint32_t j, uint32_t pos) {
   return j <= pos;
 }
 
+/* ---- shared-memory tiles and m16n8k16 fragments ---------------------------
+ *
+ * A tile row is D 16-bit elements, 16-byte chunks; chunk c of row r is
+ * stored at chunk c ^ (r % 8) of the row (XOR swizzle: the 8 rows one
+ * ldmatrix matrix reads sit in 8 different bank groups).  Lane = 4g + t.
+ * ldmatrix.x4: lanes 8i..8i+7 give the row addresses of matrix i, which
+ * lands in the lanes' register i.  The functions below say which tile row
+ * and chunk each lane addresses; the kernel calls them, and the fragment
+ * emulator of test_gpu_flash_model checks them against the PTX ISA's
+ * fragment layouts. */
+
+/* Byte offset of chunk c of row r in a tile of D-element rows. */
+static inline KVS_HD uint32_t kvs__pf_smem_off(uint32_t d, uint32_t r,
+                                               uint32_t c) {
+  return r * d * 2u + ((c ^ (r & 7u)) << 4);
+}
+
+/* Q.K^T, k-step ks (dims 16ks..16ks+15): the A fragment of the warp's 16
+ * rows (matrices: rows 0-7 | 8-15 of dims 0-7, then of dims 8-15). */
+static inline KVS_HD uint32_t kvs__pf_ldq_row(uint32_t lane) {
+  return lane & 15u;
+}
+static inline KVS_HD uint32_t kvs__pf_ldq_chunk(uint32_t lane, uint32_t ks) {
+  return 2u * ks + (lane >> 4);
+}
+
+/* Q.K^T, k-step ks: the B fragments of key n-tiles 2np (registers 0, 1)
+ * and 2np + 1 (2, 3); a K row is a column of B, no transpose. */
+static inline KVS_HD uint32_t kvs__pf_ldk_row(uint32_t lane, uint32_t np) {
+  return 16u * np + (lane & 7u) + ((lane >> 4) << 3);
+}
+static inline KVS_HD uint32_t kvs__pf_ldk_chunk(uint32_t lane, uint32_t ks) {
+  return 2u * ks + ((lane >> 3) & 1u);
+}
+
+/* P.V, k-step kk (keys 16kk..16kk+15): the B fragments (ldmatrix .trans of
+ * V rows) of dim n-tiles 2dp (registers 0, 1) and 2dp + 1 (2, 3). */
+static inline KVS_HD uint32_t kvs__pf_ldv_row(uint32_t lane, uint32_t kk) {
+  return 16u * kk + (lane & 7u) + (((lane >> 3) & 1u) << 3);
+}
+static inline KVS_HD uint32_t kvs__pf_ldv_chunk(uint32_t lane, uint32_t dp) {
+  return 2u * dp + (lane >> 4);
+}
+
+/* Accumulator element e (0..3) of a lane: row in the warp's 16, column in
+ * the 8-wide n-tile. */
+static inline KVS_HD uint32_t kvs__pf_acc_row(uint32_t lane, uint32_t e) {
+  return lane / 4u + 8u * (e >> 1);
+}
+static inline KVS_HD uint32_t kvs__pf_acc_col(uint32_t lane, uint32_t e) {
+  return 2u * (lane % 4u) + (e & 1u);
+}
+
 #endif /* KVS_PREFILL_SCHED_H */

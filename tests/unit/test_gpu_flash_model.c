@@ -15,6 +15,12 @@
  *      unused slots and blocks hold NaN and infinities;
  *   3. that those comparisons can fail: the model with a planted masking
  *      fault must be caught;
+ *   3b. the kernel's fragment plumbing: a warp emulated lane by lane, with
+ *      ldmatrix (.x4, .trans) and mma.m16n8k16 written here from the PTX
+ *      ISA's fragment layouts, addressing swizzled shared-memory tiles
+ *      through the sched header's lane maps (the ones the kernel calls)
+ *      and wiring registers as the kernel does, must compute Q.K^T and P.V
+ *      exactly (small integers), with conflict-free ldmatrix phases;
  *   4. the launcher: through the stand-in driver, kvs_cuda_prefill_attention
  *      with kvs__cuda_prefill_flash = 1 launches kvs_prefill_flash_* (which
  *      the stand-in runs as the model) for the shapes it takes, and the old
@@ -222,6 +228,193 @@ static void test_model(void) {
   }
 }
 
+/* ---- 3b. the fragment plumbing, on an emulated warp ------------------------ */
+
+/*
+ * ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16, per the PTX ISA: lanes
+ * 8i..8i+7 give the addresses of rows 0..7 of matrix i (8 elements each);
+ * lane L's register i holds, without .trans, elements (L/4, 2(L%4)) and
+ * (L/4, 2(L%4)+1) of matrix i; with .trans, (2(L%4), L/4) and
+ * (2(L%4)+1, L/4).  Low half first.  Also: the 8 rows of a matrix must fall
+ * in 8 different 16-byte bank groups (else a bank conflict), counted.
+ */
+static int conflicts;
+static void emu_ldsm(const uint16_t *tile, const uint32_t off[32], int trans,
+                     uint32_t out[32][4]) {
+  for (uint32_t i = 0; i < 4; i++) {
+    uint32_t seen = 0;
+    for (uint32_t r = 0; r < 8; r++) {
+      uint32_t bank = (off[8 * i + r] / 16) % 8;
+      conflicts += (seen >> bank) & 1;
+      seen |= 1u << bank;
+    }
+    for (uint32_t L = 0; L < 32; L++) {
+      uint32_t r0 = trans ? 2 * (L % 4) : L / 4, c0 = trans ? L / 4 : 2 * (L % 4);
+      uint32_t r1 = trans ? r0 + 1 : r0, c1 = trans ? c0 : c0 + 1;
+      uint16_t lo = (uint16_t)tile[off[8 * i + r0] / 2 + c0];
+      uint16_t hi = (uint16_t)tile[off[8 * i + r1] / 2 + c1];
+      out[L][i] = lo | (uint32_t)hi << 16;
+    }
+  }
+}
+
+static float h_lo(uint32_t r) { return kvs_fp16_to_float((uint16_t)r); }
+static float h_hi(uint32_t r) { return kvs_fp16_to_float((uint16_t)(r >> 16)); }
+
+/* mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32, per the PTX ISA:
+ * A a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..);
+ * B b0 (k 2t..2t+1, n g), b1 (k 2t+8.., n g); C c0,c1 (g, 2t..2t+1),
+ * c2,c3 (g+8, 2t..). */
+static void emu_mma(float c[32][4], const uint32_t a[32][4],
+                    const uint32_t b0[32], const uint32_t b1[32]) {
+  float A[16][16], B[16][8];
+  for (uint32_t L = 0; L < 32; L++) {
+    uint32_t g = L / 4, t = L % 4;
+    for (uint32_t h = 0; h < 2; h++) {
+      uint32_t k = 2 * t + h;
+      A[g][k] = h ? h_hi(a[L][0]) : h_lo(a[L][0]);
+      A[g + 8][k] = h ? h_hi(a[L][1]) : h_lo(a[L][1]);
+      A[g][k + 8] = h ? h_hi(a[L][2]) : h_lo(a[L][2]);
+      A[g + 8][k + 8] = h ? h_hi(a[L][3]) : h_lo(a[L][3]);
+      B[k][g] = h ? h_hi(b0[L]) : h_lo(b0[L]);
+      B[k + 8][g] = h ? h_hi(b1[L]) : h_lo(b1[L]);
+    }
+  }
+  for (uint32_t L = 0; L < 32; L++)
+    for (uint32_t e = 0; e < 4; e++) {
+      uint32_t row = L / 4 + 8 * (e >> 1), col = 2 * (L % 4) + (e & 1);
+      float x = 0.f;
+      for (uint32_t k = 0; k < 16; k++)
+        x += A[row][k] * B[k][col];
+      c[L][e] += x;
+    }
+}
+
+static uint32_t pack_h(float lo, float hi) {
+  return kvs_float_to_fp16(lo) | (uint32_t)kvs_float_to_fp16(hi) << 16;
+}
+
+/* One warp (w) of a CTA over a Q tile [64][D], K and V tiles [BN][D] in
+ * swizzled shared memory, values small integers (every sum exact). */
+static int emu_warp(uint32_t D, uint32_t w, uint64_t *rng) {
+  const uint32_t BN = kvs__pf_bn(D), BM = KVS__PF_BM;
+  float *q = tg_xmalloc(sizeof(float) * BM * D), *k = tg_xmalloc(sizeof(float) * BN * D);
+  float *v = tg_xmalloc(sizeof(float) * BN * D), *pm = tg_xmalloc(sizeof(float) * 16 * BN);
+  uint16_t *sq = tg_xmalloc((size_t)BM * D * 2), *sk = tg_xmalloc((size_t)BN * D * 2);
+  uint16_t *sv = tg_xmalloc((size_t)BN * D * 2);
+  /* stored chunk by chunk, as the cp.async loads store them */
+  for (uint32_t r = 0; r < BM; r++)
+    for (uint32_t d = 0; d < D; d++) {
+      q[r * D + d] = (float)((int)(tg_next(rng) % 7) - 3);
+      sq[kvs__pf_smem_off(D, r, d / 8) / 2 + d % 8] = kvs_float_to_fp16(q[r * D + d]);
+    }
+  for (uint32_t r = 0; r < BN; r++)
+    for (uint32_t d = 0; d < D; d++) {
+      k[r * D + d] = (float)((int)(tg_next(rng) % 7) - 3);
+      v[r * D + d] = (float)((int)(tg_next(rng) % 5) - 2);
+      sk[kvs__pf_smem_off(D, r, d / 8) / 2 + d % 8] = kvs_float_to_fp16(k[r * D + d]);
+      sv[kvs__pf_smem_off(D, r, d / 8) / 2 + d % 8] = kvs_float_to_fp16(v[r * D + d]);
+    }
+  int bad = 0;
+  /* S = Q K^T, wired as the kernel does */
+  float (*sc)[32][4] = calloc(BN / 8, sizeof *sc);
+  uint32_t off[32], af[32][4], b[32][4], b0[32], b1[32];
+  for (uint32_t ks = 0; ks < D / 16; ks++) {
+    for (uint32_t L = 0; L < 32; L++)
+      off[L] = kvs__pf_smem_off(D, 16 * w + kvs__pf_ldq_row(L), kvs__pf_ldq_chunk(L, ks));
+    emu_ldsm(sq, off, 0, af);
+    for (uint32_t np = 0; np < BN / 16; np++) {
+      for (uint32_t L = 0; L < 32; L++)
+        off[L] = kvs__pf_smem_off(D, kvs__pf_ldk_row(L, np), kvs__pf_ldk_chunk(L, ks));
+      emu_ldsm(sk, off, 0, b);
+      for (uint32_t L = 0; L < 32; L++) {
+        b0[L] = b[L][0];
+        b1[L] = b[L][1];
+      }
+      emu_mma(sc[2 * np], af, b0, b1);
+      for (uint32_t L = 0; L < 32; L++) {
+        b0[L] = b[L][2];
+        b1[L] = b[L][3];
+      }
+      emu_mma(sc[2 * np + 1], af, b0, b1);
+    }
+  }
+  for (uint32_t n = 0; n < BN / 8; n++)
+    for (uint32_t L = 0; L < 32; L++)
+      for (uint32_t e = 0; e < 4; e++) {
+        uint32_t row = 16 * w + kvs__pf_acc_row(L, e), key = 8 * n + kvs__pf_acc_col(L, e);
+        float x = 0.f;
+        for (uint32_t d = 0; d < D; d++)
+          x += q[row * D + d] * k[key * D + d];
+        bad += sc[n][L][e] != x;
+        /* the weights P: small integers of the score's row and key */
+        float p = (float)((row * 7 + key * 3) % 5);
+        pm[(row - 16 * w) * BN + key] = p;
+        sc[n][L][e] = p;
+      }
+  /* O += P V: P's accumulators packed into A fragments as the kernel does */
+  float (*o)[32][4] = calloc(D / 8, sizeof *o);
+  for (uint32_t kk = 0; kk < BN / 16; kk++) {
+    for (uint32_t L = 0; L < 32; L++) {
+      af[L][0] = pack_h(sc[2 * kk][L][0], sc[2 * kk][L][1]);
+      af[L][1] = pack_h(sc[2 * kk][L][2], sc[2 * kk][L][3]);
+      af[L][2] = pack_h(sc[2 * kk + 1][L][0], sc[2 * kk + 1][L][1]);
+      af[L][3] = pack_h(sc[2 * kk + 1][L][2], sc[2 * kk + 1][L][3]);
+    }
+    for (uint32_t dp = 0; dp < D / 16; dp++) {
+      for (uint32_t L = 0; L < 32; L++)
+        off[L] = kvs__pf_smem_off(D, kvs__pf_ldv_row(L, kk), kvs__pf_ldv_chunk(L, dp));
+      emu_ldsm(sv, off, 1, b);
+      for (uint32_t L = 0; L < 32; L++) {
+        b0[L] = b[L][0];
+        b1[L] = b[L][1];
+      }
+      emu_mma(o[2 * dp], af, b0, b1);
+      for (uint32_t L = 0; L < 32; L++) {
+        b0[L] = b[L][2];
+        b1[L] = b[L][3];
+      }
+      emu_mma(o[2 * dp + 1], af, b0, b1);
+    }
+  }
+  for (uint32_t i = 0; i < D / 8; i++)
+    for (uint32_t L = 0; L < 32; L++)
+      for (uint32_t e = 0; e < 4; e++) {
+        uint32_t row = kvs__pf_acc_row(L, e), dim = 8 * i + kvs__pf_acc_col(L, e);
+        float x = 0.f;
+        for (uint32_t j = 0; j < BN; j++)
+          x += pm[row * BN + j] * v[j * D + dim];
+        bad += o[i][L][e] != x;
+      }
+  free(sc);
+  free(o);
+  free(q);
+  free(k);
+  free(v);
+  free(pm);
+  free(sq);
+  free(sk);
+  free(sv);
+  return bad;
+}
+
+static void test_fragments(void) {
+  uint64_t rng = 991;
+  static const uint32_t dims[] = {64, 128, 256};
+  for (int i = 0; i < 3; i++) {
+    int bad = 0;
+    conflicts = 0;
+    for (uint32_t w = 0; w < KVS__PF_WARPS; w++)
+      bad += emu_warp(dims[i], w, &rng);
+    int ok = bad == 0 && conflicts == 0;
+    printf("%s fragments D=%-3u BN=%-2u: emulated warps' Q.K^T and P.V %s, "
+           "%d ldmatrix bank conflicts\n",
+           ok ? "ok  " : "FAIL", dims[i], kvs__pf_bn(dims[i]),
+           bad ? "WRONG" : "exact", conflicts);
+    failures += !ok;
+  }
+}
+
 /* ---- 4. the launcher, on the stand-in driver ------------------------------ */
 
 static void *dev_copy(const void *host, size_t bytes) {
@@ -346,6 +539,7 @@ static int test_launcher(void) {
 int main(void) {
   setvbuf(stdout, NULL, _IONBF, 0);
   test_schedule();
+  test_fragments();
   test_model();
   test_launcher();
   printf("%s: %d failure(s)\n", failures ? "FAIL" : "PASS", failures);
