@@ -135,10 +135,11 @@ __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a) {
         if (lane >= (uint32_t)o)
           inc += y;
       }
-      const bool mine = bx >= before + inc - n && bx < before + inc;
+      uint32_t my_tile = 0;
+      const bool mine = kvs__pf_scan_pick(bx, before, inc, n, &my_tile);
       if (mine) {
         meta[0] = s;
-        meta[1] = n - 1 - (bx - (before + inc - n));
+        meta[1] = my_tile;
       }
       found = __ballot_sync(0xffffffffu, mine) != 0;
       before += __shfl_sync(0xffffffffu, inc, 31);

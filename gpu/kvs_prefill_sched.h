@@ -83,6 +83,20 @@ static inline KVS_HD int kvs__pf_locate(const uint32_t *q_start,
   return 0;
 }
 
+/* The kernel's form of kvs__pf_locate, one step of its warp scan: lane l
+ * holds request c0 + l with n tiles, inc = the inclusive sum of n over the
+ * lanes up to l, before = the tiles of every request before c0.  1 when CTA
+ * bx is that request's (and *tile set, last tile first). */
+static inline KVS_HD int kvs__pf_scan_pick(uint32_t bx, uint32_t before,
+                                           uint32_t inc, uint32_t n,
+                                           uint32_t *tile) {
+  uint32_t first = before + inc - n;
+  if (bx < first || bx >= before + inc)
+    return 0;
+  *tile = n - 1 - (bx - first);
+  return 1;
+}
+
 /* What one CTA does for its tile. */
 typedef struct kvs__pf_plan {
   uint32_t row0;         /* first packed row of the tile */

@@ -53,12 +53,13 @@ static void test_schedule(void) {
   uint64_t rng = 77;
   int cases = 0;
   for (int it = 0; it < 400; it++) {
-    uint32_t ns = 1 + (uint32_t)(tg_next(&rng) % 9);
+    /* up to 9 requests; every 8th batch up to 100 (several scan steps) */
+    uint32_t ns = 1 + (uint32_t)(tg_next(&rng) % (it % 8 == 7 ? 100 : 9));
     static const uint32_t ratios[] = {1, 2, 3, 4, 6, 8, 16};
     uint32_t ratio = ratios[tg_next(&rng) % 7];
     static const uint32_t dims[] = {64, 128, 256};
     uint32_t bn = kvs__pf_bn(dims[it % 3]);
-    uint32_t qs[10], lens[9];
+    uint32_t qs[101], lens[100];
     qs[0] = 0;
     for (uint32_t s = 0; s < ns; s++) {
       uint32_t kind = (uint32_t)(tg_next(&rng) % 6);
@@ -113,7 +114,7 @@ static void test_schedule(void) {
           CHECK(pos == lens[s] - ql + tok, "position of row %u", r);
           maxpos = pos > maxpos ? pos : maxpos;
         }
-        for (uint32_t kt = 0; kt < p.n_ktiles; kt++)
+        for (uint32_t kt = 0; ns <= 9 && kt < p.n_ktiles; kt++)
           for (uint32_t c = 0; c < bn; c++) {
             uint32_t j = kt * bn + c;
             int vis = kvs__pf_visible(j, pos);
@@ -127,6 +128,32 @@ static void test_schedule(void) {
       cases++;
     }
     CHECK(seen == want, "%u of %u tiles taken", seen, want);
+    /* the kernel's warp scan (32 requests a step; shfl_up emulated) finds
+     * what kvs__pf_locate finds, for every CTA of the grid */
+    for (uint32_t bx = 0; bx < gx; bx++) {
+      uint32_t s_ref = 0, t_ref = 0, s_k = 0, t_k = 0, before = 0;
+      int ref = kvs__pf_locate(qs, ns, ratio, bx, &s_ref, &t_ref), found = 0;
+      for (uint32_t c0 = 0; c0 < ns && !found; c0 += 32) {
+        uint32_t n[32], inc[32];
+        for (uint32_t l = 0; l < 32; l++)
+          n[l] = c0 + l < ns ? kvs__pf_tiles(qs[c0 + l + 1] - qs[c0 + l], ratio) : 0;
+        for (uint32_t l = 0; l < 32; l++)
+          inc[l] = n[l] + (l ? inc[l - 1] : 0);
+        for (uint32_t l = 0; l < 32; l++) {
+          uint32_t t;
+          if (kvs__pf_scan_pick(bx, before, inc[l], n[l], &t)) {
+            CHECK(!found, "CTA %u: two lanes pick it", bx);
+            s_k = c0 + l;
+            t_k = t;
+            found = 1;
+          }
+        }
+        before += inc[31];
+      }
+      CHECK(found == ref && (!ref || (s_k == s_ref && t_k == t_ref)),
+            "CTA %u: the warp scan finds (%d, %u, %u), locate (%d, %u, %u)",
+            bx, found, s_k, t_k, ref, s_ref, t_ref);
+    }
     free(hit);
   }
   printf("%s schedule: 400 random batches, %d tiles checked\n",
