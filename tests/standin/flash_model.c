@@ -47,7 +47,7 @@ static const char *kv_row(const kvs_attn_args *a, uint32_t s, uint32_t j,
 int kvs__flash_model(const kvs_attn_args *a, uint32_t grid_x, uint32_t grid_y,
                      int plant) {
   const kvs_paged_kv *kv = &a->kv;
-  const uint32_t D = kv->head_dim, dt = kv->dtype;
+  const uint32_t D = kv->head_dim, dt = kv->dtype, BM = KVS__PF_BM;
   if ((dt != KVS_DTYPE_FP16 && dt != KVS_DTYPE_BF16) || a->qo_dtype != dt ||
       (D != 64 && D != 128 && D != 256) || !a->q_start ||
       a->num_heads % kv->num_kv_heads)
@@ -56,12 +56,16 @@ int kvs__flash_model(const kvs_attn_args *a, uint32_t grid_x, uint32_t grid_y,
   const uint32_t BN = kvs__pf_bn(D);
   /* the kernel folds log2(e) into the scale and takes exp2 */
   const float scale2 = a->scale * 1.44269504088896341f;
+  /* one CTA's state: the K and V tiles in "shared memory", and per row of
+   * the tile its q, accumulators, running max and sum */
   float *kt_k = malloc(sizeof(float) * BN * D);
   float *kt_v = malloc(sizeof(float) * BN * D);
-  float *q = malloc(sizeof(float) * D), *o = malloc(sizeof(float) * D);
+  float *q = malloc(sizeof(float) * BM * D), *o = malloc(sizeof(float) * BM * D);
+  float *m = malloc(sizeof(float) * BM), *l = malloc(sizeof(float) * BM);
   float *sc = malloc(sizeof(float) * BN);
+  uint64_t *qrow = malloc(sizeof(uint64_t) * BM);
   int rc = 0;
-  if (!kt_k || !kt_v || !q || !o || !sc) {
+  if (!kt_k || !kt_v || !q || !o || !m || !l || !sc || !qrow) {
     rc = KVS_ENOMEM;
     goto out;
   }
@@ -76,67 +80,68 @@ int kvs__flash_model(const kvs_attn_args *a, uint32_t grid_x, uint32_t grid_y,
       kvs__pf_plan_tile(q_len, len, ratio, BN, tile, &p);
       for (uint32_t r = 0; r < p.rows; r++) {
         uint32_t pr = p.row0 + r;
-        uint64_t qrow = (uint64_t)(a->q_start[s] + kvs__pf_row_token(pr, ratio)) *
-                            a->num_heads + (uint64_t)h * ratio +
-                        kvs__pf_row_head(pr, ratio);
-        if (p.empty) {
-          for (uint32_t d = 0; d < D; d++)
-            st16(a->out, qrow * D + d, dt, 0.f);
-          continue;
-        }
-        uint32_t pos = kvs__pf_row_pos(&p, q_len, len, ratio, r);
+        qrow[r] = (uint64_t)(a->q_start[s] + kvs__pf_row_token(pr, ratio)) *
+                      a->num_heads + (uint64_t)h * ratio + kvs__pf_row_head(pr, ratio);
         for (uint32_t d = 0; d < D; d++) {
-          q[d] = ld16(a->q, qrow * D + d, dt);
-          o[d] = 0.f;
+          q[r * D + d] = ld16(a->q, qrow[r] * D + d, dt);
+          o[r * D + d] = 0.f;
         }
-        float m = -INFINITY, l = 0.f;
-        for (uint32_t kt = 0; kt < p.n_ktiles; kt++) {
-          /* the tile in shared memory: keys past n_keys are zero-filled,
-           * never loaded (the pool holds anything there) */
-          for (uint32_t c = 0; c < BN; c++) {
-            uint32_t j = kt * BN + c;
-            for (uint32_t d = 0; d < D; d++) {
-              kt_k[c * D + d] =
-                  j < p.n_keys ? ld16(kv_row(a, s, j, h, kv->k_offset), d, dt) : 0.f;
-              kt_v[c * D + d] =
-                  j < p.n_keys ? ld16(kv_row(a, s, j, h, kv->v_offset), d, dt) : 0.f;
-            }
+        m[r] = -INFINITY;
+        l[r] = 0.f;
+      }
+      for (uint32_t kt = 0; kt < p.n_ktiles; kt++) {
+        /* the tile in shared memory: keys past n_keys are zero-filled,
+         * never loaded (the pool holds anything there) */
+        for (uint32_t c = 0; c < BN; c++) {
+          uint32_t j = kt * BN + c;
+          const char *kr = j < p.n_keys ? kv_row(a, s, j, h, kv->k_offset) : NULL;
+          const char *vr = j < p.n_keys ? kv_row(a, s, j, h, kv->v_offset) : NULL;
+          for (uint32_t d = 0; d < D; d++) {
+            kt_k[c * D + d] = kr ? ld16(kr, d, dt) : 0.f;
+            kt_v[c * D + d] = vr ? ld16(vr, d, dt) : 0.f;
           }
-          int masked = kvs__pf_tile_masked(&p, kt);
-          if (plant == KVS__FLASH_PLANT_NOSKIP)
-            masked = 0;
+        }
+        int masked = kvs__pf_tile_masked(&p, kt);
+        if (plant == KVS__FLASH_PLANT_NOSKIP)
+          masked = 0;
+        /* padding rows (r >= p.rows) compute nothing that is stored */
+        for (uint32_t r = 0; r < p.rows; r++) {
+          uint32_t pos = kvs__pf_row_pos(&p, q_len, len, ratio, r);
+          uint32_t see = plant == KVS__FLASH_PLANT_MASK ? pos + 1 : pos;
           float mt = -INFINITY;
           for (uint32_t c = 0; c < BN; c++) {
             uint32_t j = kt * BN + c;
             float x = 0.f;
             for (uint32_t d = 0; d < D; d++)
-              x += q[d] * kt_k[c * D + d];
+              x += q[r * D + d] * kt_k[c * D + d];
             x *= scale2;
-            uint32_t see = plant == KVS__FLASH_PLANT_MASK ? pos + 1 : pos;
             if (masked && !kvs__pf_visible(j, see))
               x = -INFINITY; /* selected, never computed from the key */
             sc[c] = x;
             mt = fmaxf(mt, x);
           }
-          float m_new = fmaxf(m, mt);
+          float m_new = fmaxf(m[r], mt);
           float m_use = m_new == -INFINITY ? 0.f : m_new;
-          float alpha = exp2f(m - m_use);
-          float sum = 0.f;
+          float alpha = exp2f(m[r] - m_use);
+          float sum = 0.f, *orow = o + (size_t)r * D;
           for (uint32_t d = 0; d < D; d++)
-            o[d] *= alpha;
+            orow[d] *= alpha;
           for (uint32_t c = 0; c < BN; c++) {
             float pw = exp2f(sc[c] - m_use);
             sum += pw;
-            float pr16 = round16(pw, dt); /* the A fragment of P.V */
+            float p16 = round16(pw, dt); /* the A fragment of P.V */
             for (uint32_t d = 0; d < D; d++)
-              o[d] += pr16 * kt_v[c * D + d];
+              orow[d] += p16 * kt_v[c * D + d];
           }
-          l = l * alpha + sum;
-          m = m_new;
+          l[r] = l[r] * alpha + sum;
+          m[r] = m_new;
         }
-        float inv = l > 0.f ? 1.f / l : 0.f;
+      }
+      for (uint32_t r = 0; r < p.rows; r++) {
+        /* an empty tile (no key for any row) walks no key tile: l = 0 */
+        float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
         for (uint32_t d = 0; d < D; d++)
-          st16(a->out, qrow * D + d, dt, o[d] * inv);
+          st16(a->out, qrow[r] * D + d, dt, o[r * D + d] * inv);
       }
     }
 out:
@@ -144,6 +149,9 @@ out:
   free(kt_v);
   free(q);
   free(o);
+  free(m);
+  free(l);
   free(sc);
+  free(qrow);
   return rc;
 }
