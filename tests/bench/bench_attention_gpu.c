@@ -342,6 +342,10 @@ int main(int argc, char **argv) {
   CU(kvs_cuda_free(ca));
   CU(kvs_cuda_free(cb));
 
+  if (strcmp(argc > 2 ? argv[2] : "", "prefill") == 0) {
+    run_prefills(reps);
+    return 0;
+  }
   printf("\n%-5s %-5s %-6s %-5s %-6s %-4s %-3s %5s %10s %10s %9s %8s %8s %7s\n",
          "kv", "batch", "seqlen", "heads", "kvh", "D", "ws", "parts", "KV MiB",
          "time us", "GB/s", "%copy", "%nominal", "x fp16");
@@ -370,10 +374,6 @@ int main(int argc, char **argv) {
       {KVS_DTYPE_FP8, 32, 4096, 64, 8, 128},
   };
   const char *mode = argc > 2 ? argv[2] : "";
-  if (strcmp(mode, "prefill") == 0) {
-    run_prefills(reps);
-    return 0;
-  }
   if (strcmp(mode, "profile") == 0) {
     run_cfg(&cfg[2], reps, 0, copy_bw, peak);
     return 0;
