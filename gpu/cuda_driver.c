@@ -9,10 +9,12 @@
  */
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kvs_cuda_int.h"
 #include "kvs_kernels_int.h"
+#include "kvs_prefill_sched.h"
 #include "kvs_status.h"
 
 /* The embedded fatbin: cuda_fatbin.S (built with nvcc) or cuda_nofatbin.c
@@ -40,10 +42,17 @@ int kvs__cuda_attn_blocks_per_sm = 0;
 int kvs__cuda_attn_max_group = 8;
 /* Use the tensor-core kernel where it applies (bench knob). */
 int kvs__cuda_attn_mma = 1;
+/* Prefill on the flash kernel (kernels_prefill.cuh) where it applies.  Off
+ * by default: no GPU has run that kernel yet (it is checked here only
+ * through its C model, tests/standin/flash_model.c); turn it on by default
+ * once tests/gpu/run.sh has passed on a GPU (docs/kernels.md). */
+int kvs__cuda_prefill_flash = 0;
 uint32_t kvs__cuda_attn_last_nsplit = 1;
+uint32_t kvs__cuda_attn_last_flash = 0;
 static CUfunction f_write, f_write_q, f_blocks, f_merge;
 static CUfunction f_attn[DT_N][NV_N][G_N];
 static CUfunction f_mma[2][2]; /* [fp16, bf16][d64, d128] */
+static CUfunction f_flash[2][3]; /* [fp16, bf16][d64, d128, d256] */
 /* The context is current in this thread: kvshare made it current once and
  * does not check again, so a thread that switches to another context of
  * its own makes kvshare's later calls run there.  (Engines that use the
@@ -114,6 +123,21 @@ static int load_kernels_locked(void) {
       if ((r = kvs__cu.cuModuleGetFunction(&f_mma[t][d], mod, name)))
         return kernels_rc = kvs__cu_status(r);
     }
+  for (int t = 0; t < 2; t++)
+    for (int d = 0; d < 3; d++) {
+      char name[64];
+      snprintf(name, sizeof name, "kvs_prefill_flash_%s_d%d",
+               t ? "bf16" : "fp16", 64 << d);
+      if ((r = kvs__cu.cuModuleGetFunction(&f_flash[t][d], mod, name)))
+        return kernels_rc = kvs__cu_status(r);
+    }
+  {
+    /* An opt-in without a rebuild (for a GPU check or a bench run from
+     * Python): KVS_CUDA_PREFILL_FLASH=1 when the kernels load. */
+    const char *e = getenv("KVS_CUDA_PREFILL_FLASH");
+    if (e && *e)
+      kvs__cuda_prefill_flash = strcmp(e, "0") != 0;
+  }
   CUdevice dev = kvs__cuda_device();
   kvs__cu.cuDeviceGetName(dev_name, sizeof dev_name, dev);
   if (kvs__cu.cuDeviceGetAttribute(&dev_sms, CU_ATTR_MULTIPROCESSOR_COUNT, dev) ||
@@ -310,6 +334,38 @@ int kvs_cuda_scatter_blocks(const kvs_xfer_args *a, void *stream) {
                      2, stream);
 }
 
+/*
+ * The flash prefill kernel (kernels_prefill.cuh) takes a 16-bit cache with
+ * q/out of the same dtype, head_dim 64, 128 or 256, and 16-byte aligned q
+ * and out (its K/V rows passed cuda_attention's alignment check already).
+ * Everything else keeps the kernels above.
+ */
+static int flash_applies(const kvs_attn_args *a, uint32_t ratio) {
+  const kvs_paged_kv *kv = &a->kv;
+  uint32_t D = kv->head_dim;
+  return (kv->dtype == KVS_DTYPE_FP16 || kv->dtype == KVS_DTYPE_BF16) &&
+         a->qo_dtype == kv->dtype && (D == 64 || D == 128 || D == 256) &&
+         ((uintptr_t)a->q | (uintptr_t)a->out) % 16 == 0 &&
+         (uint64_t)a->num_rows * ratio <= UINT32_MAX &&
+         kvs__pf_grid_x(a->num_rows, a->num_seqs, ratio) <= 0x7fffffffu &&
+         kv->num_kv_heads <= 65535;
+}
+
+/* grid (an upper bound of the tiles: the kernel finds its request), one
+ * kv head per grid.y; no split, no workspace (docs/kernels.md). */
+static int flash_prefill(const kvs_attn_args *a, uint32_t ratio, void *stream) {
+  const kvs_paged_kv *kv = &a->kv;
+  uint32_t D = kv->head_dim;
+  kvs_attn_args copy = *a;
+  void *params[] = {&copy};
+  kvs__cuda_attn_last_nsplit = 1;
+  kvs__cuda_attn_last_flash = 1;
+  return launch(f_flash[kv->dtype == KVS_DTYPE_BF16][D == 64 ? 0 : D == 128 ? 1 : 2],
+                (unsigned)kvs__pf_grid_x(a->num_rows, a->num_seqs, ratio),
+                kv->num_kv_heads, 1, KVS__PF_THREADS, kvs__pf_smem(D), stream,
+                params);
+}
+
 static int cuda_attention(const kvs_attn_args *a, int prefill, void *stream) {
   int rc = kvs__check_attn(a, prefill);
   if (rc)
@@ -342,6 +398,9 @@ static int cuda_attention(const kvs_attn_args *a, int prefill, void *stream) {
   if (rc)
     return rc;
   uint32_t ratio = a->num_heads / kv->num_kv_heads;
+  kvs__cuda_attn_last_flash = 0;
+  if (prefill && kvs__cuda_prefill_flash && flash_applies(a, ratio))
+    return flash_prefill(a, ratio, stream);
   const int quant = kvs_dtype_quantized(kv->dtype);
   /* Tensor cores for GQA groups of 4 or more over a 16-bit cache, q/out in
    * the same dtype (the products then round nothing the C twin keeps). */

@@ -1060,3 +1060,7 @@ extern "C" __global__ void kvs_attn_merge_kernel(kvs_attn_args a, int prefill,
             np ? x / L : 0.f);
   }
 }
+
+/* ---- prefill on tensor cores, many rows per CTA -------------------------------- */
+
+#include "kernels_prefill.cuh"

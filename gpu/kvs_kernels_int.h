@@ -37,6 +37,14 @@ extern int kvs__cuda_attn_max_group;
 /* 1 (default): GQA >= 4 over fp16/bf16 with q/out of the same dtype and
  * head_dim 64 or 128 runs on tensor cores; 0: always the CUDA-core kernel. */
 extern int kvs__cuda_attn_mma;
+/* 1: prefill over a 16-bit cache with q/out of the same dtype and head_dim
+ * 64, 128 or 256 runs the flash kernel (gpu/kernels_prefill.cuh); 0
+ * (default, until a GPU has verified that kernel: docs/kernels.md): the
+ * kernels above. */
+extern int kvs__cuda_prefill_flash;
+/* 1 when the last CUDA attention call of this process ran the flash
+ * prefill kernel, else 0 (for the tests and benches). */
+extern uint32_t kvs__cuda_attn_last_flash;
 /* Partitions the last CUDA attention launch of this process split each row
  * into (1: not split), for the tests and benches to tell a split run from
  * one that was merely given a workspace. */

@@ -19,7 +19,8 @@ ifneq ($(NVCC),)
 GPU_FATBIN := $(BUILD)/gpu/kernels.fatbin
 GPU_OBJS   := $(patsubst %.c,$(BUILD)/%.o,$(GPU_SRCS)) $(BUILD)/gpu/cuda_fatbin.o
 
-$(GPU_FATBIN): gpu/kernels.cu gpu/kvs_kernels.h gpu/kvs_kernels_int.h shm/kvs_layout.h
+$(GPU_FATBIN): gpu/kernels.cu gpu/kernels_prefill.cuh gpu/kvs_prefill_sched.h \
+              gpu/kvs_kernels.h gpu/kvs_kernels_int.h shm/kvs_layout.h
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  NVCC    $<")
 	$(Q)$(NVCC) -fatbin -O3 -std=c++17 -Werror all-warnings -I. -Ishm -Igpu \
@@ -45,10 +46,15 @@ GPU_CMOCKA_TESTS := $(BUILD)/tests/unit/test_gpu_kernels \
                     $(BUILD)/tests/unit/test_gpu_toymodel
 GPU_PLAIN_TESTS  := $(BUILD)/tests/unit/test_gpu_numpy \
                     $(BUILD)/tests/unit/test_gpu_quant \
-                    $(BUILD)/tests/unit/test_gpu_cuda
+                    $(BUILD)/tests/unit/test_gpu_cuda \
+                    $(BUILD)/tests/unit/test_gpu_flash_model
 UNIT_TESTS += $(GPU_CMOCKA_TESTS) $(GPU_PLAIN_TESTS)
 
 $(BUILD)/tests/unit/test_gpu_toymodel: $(BUILD)/tests/demo/toymodel.o
+# the flash prefill kernel's C model (test code: tests/standin/), and the
+# stand-in driver that runs it for the launcher's half of the test
+$(BUILD)/tests/unit/test_gpu_flash_model: $(BUILD)/tests/standin/flash_model.o \
+  $(BUILD)/tests/standin/libcuda-standin.so
 # (kvs_status.o only, for kvs_strerror: the rest of proto/ needs protobuf-c)
 GPU_TEST_DEPS := $(BUILD)/libkvsgpu.a $(BUILD)/proto/kvs_status.o
 $(GPU_CMOCKA_TESTS): $(BUILD)/%: $(BUILD)/%.o $(GPU_TEST_DEPS)

@@ -4,7 +4,7 @@
  * device's nominal memory bandwidth.  Prints "skipped: no GPU" and exits 0
  * where CUDA cannot run (it is in `make bench`).
  *
- *   bench_attention_gpu [reps [sweep|profile]]
+ *   bench_attention_gpu [reps [sweep|profile|prefill]]
  *
  * sweep: also times configurations at several split targets (blocks per
  * SM), on the CUDA-core kernel only, and with at most 4 query heads per
@@ -16,6 +16,15 @@
  * out, tables are ignored.  int8 and fp8 rows (q/out fp16) also give their
  * tokens/s against the fp16 row of the same shape timed just before
  * ("x fp16": issue 24 asks >= 1.6 at batch 32 x 4096, 32/8 heads, D 128).
+ *
+ * Prefill (chunked, causal, after the decode rows; `prefill` as the second
+ * argument runs only these): batch / cached prefix / new tokens per
+ * request, 32 query / 8 kv heads, D 128, fp16, then a chunk sweep 128 ..
+ * 8192 new tokens (prefix 0, batch 4).  Each shape is timed on the old
+ * kernel (kvs__cuda_prefill_flash = 0; given the split workspace where it
+ * is under 1 GiB) and on the flash kernel (= 1) in the same run, as
+ * TFLOP/s of the causal attention's useful work: 4 * D flops per (query
+ * head, row, key it sees).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -188,6 +197,118 @@ static void run_cfg(const bench_cfg *c, int reps, int one_pass, double copy_bw,
   free(lens);
 }
 
+static int do_prefill(void *arg) {
+  return kvs_cuda_prefill_attention(arg, NULL);
+}
+
+/* One prefill shape on both kernels. */
+static void run_prefill(uint32_t B, uint32_t prefix, uint32_t qlen, int reps) {
+  const uint32_t H = 32, KVH = 8, D = 128;
+  kvs_layout l = {.block_size = 16, .num_layers = 2, .num_kv_heads = KVH,
+                  .head_dim = D, .dtype = KVS_DTYPE_FP16};
+  uint32_t len = prefix + qlen, mb = (len + l.block_size - 1) / l.block_size;
+  l.num_blocks = B * mb;
+  if (kvs_layout_finish(&l)) {
+    printf("layout refused\n");
+    exit(1);
+  }
+  uint32_t *tables = malloc(sizeof(uint32_t) * l.num_blocks);
+  uint32_t *lens = malloc(sizeof(uint32_t) * B);
+  uint32_t *qs = malloc(sizeof(uint32_t) * (B + 1));
+  for (uint32_t i = 0; i < l.num_blocks; i++)
+    tables[i] = i;
+  for (uint32_t i = l.num_blocks; i > 1; i--) {
+    uint32_t j = (uint32_t)(next_rand() % i), t = tables[i - 1];
+    tables[i - 1] = tables[j];
+    tables[j] = t;
+  }
+  qs[0] = 0;
+  for (uint32_t s = 0; s < B; s++) {
+    lens[s] = len;
+    qs[s + 1] = qs[s] + qlen;
+  }
+  uint32_t rows = B * qlen;
+  size_t qbytes = (size_t)rows * H * D * 2;
+  void *d_pool, *d_q, *d_out, *d_tab, *d_lens, *d_qs, *d_ws = NULL;
+  CU(kvs_cuda_malloc(&d_pool, kvs_pool_bytes(&l)));
+  fill_random(d_pool, kvs_pool_bytes(&l));
+  CU(kvs_cuda_malloc(&d_q, qbytes));
+  fill_random(d_q, qbytes);
+  CU(kvs_cuda_malloc(&d_out, qbytes));
+  CU(kvs_cuda_malloc(&d_tab, sizeof(uint32_t) * l.num_blocks));
+  CU(kvs_cuda_memcpy_htod(d_tab, tables, sizeof(uint32_t) * l.num_blocks));
+  CU(kvs_cuda_malloc(&d_lens, sizeof(uint32_t) * B));
+  CU(kvs_cuda_memcpy_htod(d_lens, lens, sizeof(uint32_t) * B));
+  CU(kvs_cuda_malloc(&d_qs, sizeof(uint32_t) * (B + 1)));
+  CU(kvs_cuda_memcpy_htod(d_qs, qs, sizeof(uint32_t) * (B + 1)));
+  kvs_attn_args a;
+  memset(&a, 0, sizeof a);
+  CU(kvs_paged_kv_init(&a.kv, d_pool, &l, 1));
+  a.out = d_out;
+  a.q = d_q;
+  a.seq_lens = d_lens;
+  a.q_start = d_qs;
+  a.block_tables = d_tab;
+  a.num_seqs = B;
+  a.num_rows = rows;
+  a.num_heads = H;
+  a.max_blocks_per_seq = mb;
+  a.max_seq_len = len;
+  a.qo_dtype = KVS_DTYPE_FP16;
+  a.scale = 0.088f;
+  uint64_t wsb = kvs_attn_workspace_bytes(&a);
+  if (wsb && wsb <= (1ull << 30))
+    CU(kvs_cuda_malloc(&d_ws, wsb));
+  else
+    wsb = 0;
+  /* keys seen: row i of a request sees prefix + i + 1 */
+  double flops = 4.0 * D * H * B *
+                 ((double)qlen * prefix + (double)qlen * (qlen + 1) / 2.0);
+  float ms[2];
+  uint32_t parts = 1;
+  for (int flash = 0; flash < 2; flash++) {
+    kvs__cuda_prefill_flash = flash;
+    a.workspace = flash ? NULL : d_ws;
+    a.workspace_bytes = flash ? 0 : wsb;
+    ms[flash] = median_ms(do_prefill, &a, reps);
+    if (!flash)
+      parts = kvs__cuda_attn_last_nsplit;
+    else if (kvs__cuda_attn_last_flash != 1)
+      printf("(the flash kernel did not run)\n");
+  }
+  kvs__cuda_prefill_flash = 0;
+  printf("%-5u %-6u %-6u %-5u %-4u %-4u %5u %11.1f %8.1f %11.1f %8.1f %7.1fx\n",
+         B, prefix, qlen, H, KVH, D, parts, ms[0] * 1e3,
+         flops / (ms[0] * 1e-3) / 1e12, ms[1] * 1e3,
+         flops / (ms[1] * 1e-3) / 1e12, ms[0] / ms[1]);
+  kvs_cuda_free(d_pool);
+  kvs_cuda_free(d_q);
+  kvs_cuda_free(d_out);
+  kvs_cuda_free(d_tab);
+  kvs_cuda_free(d_lens);
+  kvs_cuda_free(d_qs);
+  kvs_cuda_free(d_ws);
+  free(tables);
+  free(lens);
+  free(qs);
+}
+
+static void run_prefills(int reps) {
+  printf("\nprefill, fp16, causal over the cached prefix and the new tokens "
+         "(old kernel: parts = its split; flash: no split):\n");
+  printf("%-5s %-6s %-6s %-5s %-4s %-4s %5s %11s %8s %11s %8s %8s\n", "batch",
+         "prefix", "new", "heads", "kvh", "D", "parts", "old us", "TFLOP/s",
+         "flash us", "TFLOP/s", "speedup");
+  static const uint32_t shapes[][3] = {
+      {4, 0, 2048}, {4, 4096, 512}, {4, 8192, 2048}, {16, 1024, 256}};
+  int pr = reps / 10 > 0 ? reps / 10 : 1;
+  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+    run_prefill(shapes[i][0], shapes[i][1], shapes[i][2], pr);
+  printf("chunk sweep (batch 4, prefix 0):\n");
+  for (uint32_t q = 128; q <= 8192; q *= 2)
+    run_prefill(4, 0, q, pr);
+}
+
 int main(int argc, char **argv) {
   int reps = argc > 1 ? atoi(argv[1]) : 20;
   const char *why;
@@ -221,6 +342,10 @@ int main(int argc, char **argv) {
   CU(kvs_cuda_free(ca));
   CU(kvs_cuda_free(cb));
 
+  if (strcmp(argc > 2 ? argv[2] : "", "prefill") == 0) {
+    run_prefills(reps);
+    return 0;
+  }
   printf("\n%-5s %-5s %-6s %-5s %-6s %-4s %-3s %5s %10s %10s %9s %8s %8s %7s\n",
          "kv", "batch", "seqlen", "heads", "kvh", "D", "ws", "parts", "KV MiB",
          "time us", "GB/s", "%copy", "%nominal", "x fp16");
@@ -279,6 +404,7 @@ int main(int argc, char **argv) {
     run_cfg(&cfg[10], reps, 0, copy_bw, peak);
     kvs__cuda_attn_max_group = 8;
   }
+  run_prefills(reps);
   printf("\n%%copy: against the device-to-device copy above (read+write bytes);"
          " %%nominal: against %.0f GB/s; x fp16: tokens/s against the fp16 row of"
          " the same shape (split workspace given to both).\n", peak);

@@ -15,6 +15,14 @@ on PyTorch's current stream, the pool a torch tensor laid out as
 contiguous [batch][kv head][token][dim] tensors (with enable_gqa).  The
 outputs are compared before anything is timed.
 
+Prefill: batch / cached prefix / new tokens 4/0/2048, 4/4096/512,
+4/8192/2048, 16/1024/256, 32/8 heads, D 128, fp16: kvs_cuda_prefill_attention
+on the old kernel and on the flash kernel (each in a child process, the
+second with KVS_CUDA_PREFILL_FLASH=1: the knob is read when the kernels
+load) against SDPA with a lower-right causal mask (the new tokens see the
+whole prefix) on the same K/V gathered contiguous; TFLOP/s of the useful
+causal work (4 * D flops per query head, row and key seen).
+
 Needs a GPU and PyTorch: elsewhere it says why and exits 77 (skipped).
 `--selftest` checks this script's own plumbing on the CPU instead: the
 same argument struct given to libkvshare's C twin (kvs_cpu_decode_attention)
@@ -54,7 +62,8 @@ class AttnArgs(ctypes.Structure):
 def load_lib():
     build = os.environ.get("KVS_BUILD", "build")
     lib = ctypes.CDLL(os.environ.get("KVS_LIBRARY") or os.path.join(build, "libkvshare.so.0"))
-    for name in ("kvs_cpu_decode_attention", "kvs_cuda_decode_attention"):
+    for name in ("kvs_cpu_decode_attention", "kvs_cuda_decode_attention",
+                 "kvs_cpu_prefill_attention", "kvs_cuda_prefill_attention"):
         getattr(lib, name).argtypes = [ctypes.POINTER(AttnArgs), ctypes.c_void_p]
         getattr(lib, name).restype = ctypes.c_int
     lib.kvs_attn_workspace_bytes.argtypes = [ctypes.POINTER(AttnArgs)]
@@ -217,8 +226,90 @@ def gpu_bench():
         del pool, k, v, ws
 
 
+PREFILLS = [(4, 0, 2048), (4, 4096, 512), (4, 8192, 2048), (16, 1024, 256)]
+
+
+def prefill_rows(which):
+    """Child process: the prefill shapes on the kernel the environment
+    chose (KVS_CUDA_PREFILL_FLASH), against SDPA."""
+    import torch
+    import torch.nn.functional as F
+    lib = load_lib()
+    torch.zeros(1, device="cuda")
+    if lib.kvs_cuda_open(None):
+        sys.exit("libkvshare cannot open the GPU")
+    h, kvh, d = 32, 8, 128
+    for b, prefix, qlen in PREFILLS:
+        n = prefix + qlen
+        maxb = (n + BS - 1) // BS
+        nblocks = b * maxb + 64
+        g = torch.Generator(device="cuda").manual_seed(4)
+        pool = torch.randn((nblocks, 2, BS, kvh, d), device="cuda", dtype=torch.float16,
+                           generator=g)
+        perm = torch.randperm(nblocks, device="cuda", generator=g)[:b * maxb]
+        tab = perm.to(torch.int32).reshape(b, maxb).contiguous()
+        lens = torch.full((b,), n, dtype=torch.int32, device="cuda")
+        qstart = (torch.arange(b + 1, dtype=torch.int32, device="cuda") * qlen).contiguous()
+        q = torch.randn((b * qlen, h, d), device="cuda", dtype=torch.float16, generator=g)
+        out = torch.empty_like(q)
+        a = args_for(pool.data_ptr(), 2, nblocks, kvh, d, FP16, out.data_ptr(), q.data_ptr(),
+                     lens.data_ptr(), tab.data_ptr(), b, h, maxb, n)
+        a.q_start, a.num_rows = qstart.data_ptr(), b * qlen
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+
+        def ours():
+            rc = lib.kvs_cuda_prefill_attention(ctypes.byref(a), stream)
+            if rc:
+                sys.exit(f"kvs_cuda_prefill_attention: {rc}")
+
+        gathered = pool[tab.long()]
+        k = gathered[:, :, 0].reshape(b, maxb * BS, kvh, d)[:, :n].transpose(1, 2).contiguous()
+        v = gathered[:, :, 1].reshape(b, maxb * BS, kvh, d)[:, :n].transpose(1, 2).contiguous()
+        del gathered
+        qs = q.reshape(b, qlen, h, d).transpose(1, 2)  # [b][h][qlen][d]
+        try:
+            from torch.nn.attention.bias import causal_lower_right
+            mask = causal_lower_right(qlen, n)
+        except ImportError:  # older torch: the same mask, spelled out
+            mask = torch.ones(qlen, n, dtype=torch.bool, device="cuda").tril(n - qlen)
+
+        def sdpa():
+            return F.scaled_dot_product_attention(qs, k, v, attn_mask=mask,
+                                                  enable_gqa=(h != kvh))
+
+        ours()
+        ref = sdpa().transpose(1, 2).reshape(b * qlen, h, d)
+        torch.cuda.synchronize()
+        err = (out.float() - ref.float()).abs().max().item()
+        if err > 2e-2:
+            sys.exit(f"prefill {b}/{prefix}/{qlen} ({which}): kvshare and SDPA differ by {err:.3g}")
+        t_ours = time_ms(torch, ours, 5)
+        t_sdpa = time_ms(torch, sdpa, 5)
+        flops = 4.0 * d * h * b * (qlen * prefix + qlen * (qlen + 1) / 2)
+        print(f"{b}/{prefix}/{qlen:<10} {which:6} {t_ours * 1e3:10.1f} "
+              f"{flops / t_ours / 1e9:8.1f} {t_sdpa * 1e3:9.1f} {flops / t_sdpa / 1e9:8.1f} "
+              f"{t_sdpa / t_ours:6.2f}x {err:8.2g}", flush=True)
+        del pool, k, v
+
+
+def prefill_bench():
+    import subprocess
+    print(f"\nprefill, 32/8 heads, D 128, fp16 (b/prefix/new):")
+    print(f"{'shape':16} {'kernel':6} {'kvshare us':>10} {'TFLOP/s':>8} {'SDPA us':>9} "
+          f"{'TFLOP/s':>8} {'x SDPA':>7} {'max err':>8}", flush=True)
+    for flash in ("0", "1"):
+        env = dict(os.environ, KVS_CUDA_PREFILL_FLASH=flash)
+        rc = subprocess.run([sys.executable, os.path.abspath(__file__), "--prefill-rows",
+                             "flash" if flash == "1" else "old"], env=env).returncode
+        if rc:
+            sys.exit(f"prefill rows ({'flash' if flash == '1' else 'old'}): exit {rc}")
+
+
 if __name__ == "__main__":
     if "--selftest" in sys.argv[1:]:
         selftest()
+    elif "--prefill-rows" in sys.argv[1:]:
+        prefill_rows(sys.argv[-1])
     else:
         gpu_bench()
+        prefill_bench()

@@ -13,7 +13,8 @@
 # symbols must not interpose with libkvshare's.
 
 STANDIN_SO   := $(BUILD)/tests/standin/libcuda-standin.so
-STANDIN_SRCS := tests/standin/cuda_standin.c tests/standin/standin_exec.c
+STANDIN_SRCS := tests/standin/cuda_standin.c tests/standin/standin_exec.c \
+                tests/standin/flash_model.c
 STANDIN_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(STANDIN_SRCS)) \
                 $(BUILD)/gpu/kernels_cpu.o $(BUILD)/gpu/kernels_common.o \
                 $(BUILD)/proto/kvs_status.o

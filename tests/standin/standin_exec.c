@@ -23,13 +23,15 @@
 #include <unistd.h>
 #include <time.h>
 
+#include "flash_model.h"
 #include "gpu/kvs_kernels_int.h"
+#include "gpu/kvs_prefill_sched.h"
 #include "kvs_status.h"
 #include "standin_int.h"
 
 /* ---- the kernels kvshare's fatbin holds (gpu/kernels.cu) ----------------- */
 
-enum kernel_kind { K_WRITE, K_BLOCKS, K_ATTN, K_ATTN_MMA, K_MERGE };
+enum kernel_kind { K_WRITE, K_BLOCKS, K_ATTN, K_ATTN_MMA, K_MERGE, K_FLASH };
 
 struct CUfunc_st {
   const char *name;
@@ -66,6 +68,13 @@ static struct CUfunc_st kernels[] = {
     {"kvs_attn_mma_fp16_d128", K_ATTN_MMA, 256},
     {"kvs_attn_mma_bf16_d64", K_ATTN_MMA, 256},
     {"kvs_attn_mma_bf16_d128", K_ATTN_MMA, 256},
+    /* the flash prefill kernel: run as its C model (flash_model.c) */
+    {"kvs_prefill_flash_fp16_d64", K_FLASH, KVS__PF_THREADS},
+    {"kvs_prefill_flash_fp16_d128", K_FLASH, KVS__PF_THREADS},
+    {"kvs_prefill_flash_fp16_d256", K_FLASH, KVS__PF_THREADS},
+    {"kvs_prefill_flash_bf16_d64", K_FLASH, KVS__PF_THREADS},
+    {"kvs_prefill_flash_bf16_d128", K_FLASH, KVS__PF_THREADS},
+    {"kvs_prefill_flash_bf16_d256", K_FLASH, KVS__PF_THREADS},
 };
 #define NKERNELS (sizeof kernels / sizeof kernels[0])
 
@@ -301,16 +310,13 @@ static int run_blocks(const struct op *op, char *why, size_t len) {
                               "kvs_cpu_scatter_blocks", why, len);
 }
 
-/* kvs_attn_* and kvs_attn_mma_*: the C twin computes the final output (a
- * split launch's merge kernel is then a no-op). */
-static int run_attn(const struct op *op, char *why, size_t len) {
-  const attn_params *p = &op->u.kernel.p.attn;
-  kvs_attn_args a = p->a;
+/* Does an attention kernel's every access (metadata, q, out, the blocks of
+ * each request's keys, a split's workspace) hit device memory?  0 or -1. */
+static int attn_ranges(const kvs_attn_args *ap, int prefill, uint32_t split,
+                       char *why, size_t len) {
+  kvs_attn_args a = *ap;
   const kvs_paged_kv *kv = &a.kv;
-  int prefill = p->prefill != 0;
 
-  if (!prefill)
-    a.q_start = NULL; /* the decode kernel never reads it */
   if (kvs__check_attn(&a, prefill) == 0 && a.num_seqs) {
     uint64_t ns = a.num_seqs, mb = a.max_blocks_per_seq;
     uint64_t qo = (uint64_t)a.num_rows * a.num_heads * kv->head_dim *
@@ -335,15 +341,47 @@ static int run_attn(const struct op *op, char *why, size_t len) {
           return -1;
       }
     }
-    if (p->split && a.workspace &&
+    if (split && a.workspace &&
         need("workspace", a.workspace, kvs_attn_workspace_bytes(&a), 1, why,
              len))
       return -1;
   }
+  return 0;
+}
+
+/* kvs_attn_* and kvs_attn_mma_*: the C twin computes the final output (a
+ * split launch's merge kernel is then a no-op). */
+static int run_attn(const struct op *op, char *why, size_t len) {
+  const attn_params *p = &op->u.kernel.p.attn;
+  kvs_attn_args a = p->a;
+  int prefill = p->prefill != 0;
+
+  if (!prefill)
+    a.q_start = NULL; /* the decode kernel never reads it */
+  if (attn_ranges(&a, prefill, p->split, why, len))
+    return -1;
   return prefill ? twin_failed(kvs_cpu_prefill_attention(&a, NULL),
                                "kvs_cpu_prefill_attention", why, len)
                  : twin_failed(kvs_cpu_decode_attention(&a, NULL),
                                "kvs_cpu_decode_attention", why, len);
+}
+
+/* kvs_prefill_flash_*: the kernel's C model over the launched grid (the
+ * twin checks the arguments first, as the launcher did: the model trusts
+ * them, as the kernel does). */
+static int run_flash(const struct op *op, char *why, size_t len) {
+  kvs_attn_args a = op->u.kernel.p.attn.a;
+
+  if (kvs__check_attn(&a, 1) || !a.num_seqs) {
+    snprintf(why, len, "arguments the launcher refuses");
+    return -1;
+  }
+  if (attn_ranges(&a, 1, 0, why, len))
+    return -1;
+  return twin_failed(kvs__flash_model(&a, op->u.kernel.grid[0],
+                                      op->u.kernel.grid[1],
+                                      KVS__FLASH_PLANT_NONE),
+                     "kvs__flash_model", why, len);
 }
 
 static void run_kernel(struct CUctx_st *ctx, const struct op *op) {
@@ -361,6 +399,9 @@ static void run_kernel(struct CUctx_st *ctx, const struct op *op) {
   case K_ATTN:
   case K_ATTN_MMA:
     rc = run_attn(op, why, sizeof why);
+    break;
+  case K_FLASH:
+    rc = run_flash(op, why, sizeof why);
     break;
   case K_MERGE:
     break;
@@ -945,7 +986,7 @@ CUresult cuModuleGetFunction(CUfunction *f, CUmodule mod, const char *name) {
 static CUresult copy_params(const struct CUfunc_st *f, void **params,
                             union kernel_params *p) {
   static const int count[] = {[K_WRITE] = 1, [K_BLOCKS] = 5, [K_ATTN] = 4,
-                              [K_ATTN_MMA] = 3, [K_MERGE] = 4};
+                              [K_ATTN_MMA] = 3, [K_MERGE] = 4, [K_FLASH] = 1};
   int n = count[f->kind];
 
   if (!params)
@@ -974,6 +1015,10 @@ static CUresult copy_params(const struct CUfunc_st *f, void **params,
     } else {
       memcpy(&p->attn.split, params[2], sizeof p->attn.split);
     }
+    break;
+  case K_FLASH:
+    memcpy(&p->attn.a, params[0], sizeof p->attn.a);
+    p->attn.prefill = 1;
     break;
   case K_MERGE:
     break; /* a no-op here */

@@ -210,6 +210,102 @@ static void test_attention(void) {
   tg_case_free(&c);
 }
 
+/*
+ * The flash prefill kernel (kvs__cuda_prefill_flash = 1) against the twin
+ * and the naive reference: the cases its C model passes in
+ * test_gpu_flash_model (ragged batches of prefixes and chunks, chunk 1,
+ * prefix 0, prefixes off the tile, q_len 0, lengths off 64, block sizes
+ * 16/32, D 64/128/256, GQA 1/4/8, pools poisoned with NaN/Inf in every
+ * unused slot, block and layer), plus long prefixes.  The launcher must
+ * say it ran the flash kernel.
+ */
+typedef struct flash_batch {
+  uint32_t n;
+  uint32_t prefix[8], qlen[8];
+} flash_batch;
+
+static const flash_batch flash_batches[] = {
+    {7, {0, 100, 37, 0, 200, 64, 0}, {70, 1, 150, 0, 0, 64, 1}},
+    {5, {129, 0, 3, 250, 17}, {31, 200, 1, 77, 130}},
+    {3, {0, 511, 65}, {257, 2, 63}},
+    {4, {0, 1500, 1100, 700}, {300, 100, 65, 1}},
+};
+
+static void flash_case(const tg_params *pp, const flash_batch *bt) {
+  uint32_t lens[8];
+  for (uint32_t s = 0; s < bt->n; s++)
+    lens[s] = bt->prefix[s] + bt->qlen[s];
+  tg_params p = *pp;
+  p.num_seqs = bt->n;
+  p.lens = lens;
+  p.qlens = bt->qlen;
+  tg_case c;
+  if (tg_case_build(&c, &p)) {
+    CHECK(0, "case refused");
+    return;
+  }
+  tg_poison_unused(&c);
+  uint32_t D = p.head_dim;
+  size_t n = (size_t)c.num_rows * c.num_heads * D;
+  void *cpu_out = tg_xmalloc(n * 2), *gpu_out = tg_xmalloc(n * 2);
+  double *ref = tg_xmalloc(sizeof(double) * (n ? n : 1));
+  kvs_attn_args a;
+  tg_case_args(&c, &a, c.pool, cpu_out, c.q, c.seq_lens, c.q_start, c.tables);
+  CHECK(kvs_cpu_prefill_attention(&a, NULL) == 0, "cpu prefill");
+  tg_naive(&c, ref);
+  void *d_pool = dev_copy(c.pool, kvs_pool_bytes(&c.layout));
+  void *d_q = dev_copy(c.q, n * 2), *d_out = dev_copy(NULL, n * 2);
+  void *d_lens = dev_copy(c.seq_lens, sizeof(uint32_t) * p.num_seqs);
+  void *d_qs = dev_copy(c.q_start, sizeof(uint32_t) * (p.num_seqs + 1));
+  void *d_tab = dev_copy(c.tables, sizeof(uint32_t) * p.num_seqs * c.max_blocks);
+  kvs_attn_args g;
+  tg_case_args(&c, &g, d_pool, d_out, d_q, d_lens, d_qs, d_tab);
+  CU(kvs_cuda_memset(d_out, 0xff, n * 2)); /* NaN: all must be written */
+  int rc = kvs_cuda_prefill_attention(&g, NULL);
+  CHECK(rc == 0, "flash prefill: %d (%s)", rc, kvs_strerror(rc));
+  CU(kvs_cuda_sync(NULL));
+  CU(kvs_cuda_memcpy_dtoh(gpu_out, d_out, n * 2));
+  double e_ref = tg_max_err(gpu_out, p.qo_dtype, ref, n);
+  double x_twin = tg_twin_excess(gpu_out, cpu_out, p.qo_dtype, n);
+  int ok = rc == 0 && kvs__cuda_attn_last_flash == 1 &&
+           e_ref <= tg_tol(p.qo_dtype) && x_twin <= 1.0;
+  printf("%s flash   bs=%-2u kvh=%u ratio=%-2u D=%-3u kv=%s rows=%-4u "
+         "max_len=%-5u: vs twin %.2f of the tolerance, vs naive %.2e%s\n",
+         ok ? "ok  " : "FAIL", p.block_size, p.num_kv_heads, p.ratio, D,
+         kvs_dtype_name(p.dtype), c.num_rows, c.max_len, x_twin, e_ref,
+         kvs__cuda_attn_last_flash == 1 ? "" : " (NOT the flash kernel)");
+  if (!ok)
+    failures++;
+  kvs_cuda_free(d_pool);
+  kvs_cuda_free(d_q);
+  kvs_cuda_free(d_out);
+  kvs_cuda_free(d_lens);
+  kvs_cuda_free(d_qs);
+  kvs_cuda_free(d_tab);
+  free(cpu_out);
+  free(gpu_out);
+  free(ref);
+  tg_case_free(&c);
+}
+
+static void test_flash_prefill(void) {
+  static const uint32_t dims[] = {64, 128, 256}, ratios[] = {1, 4, 8};
+  int k = 0;
+  kvs__cuda_prefill_flash = 1;
+  for (uint32_t dt = KVS_DTYPE_FP16; dt <= KVS_DTYPE_BF16; dt++)
+    for (int id = 0; id < 3; id++)
+      for (int ir = 0; ir < 3; ir++)
+        for (int ib = 0; ib < 4; ib++, k++) {
+          tg_params p = {.block_size = k % 2 ? 32 : 16, .num_kv_heads = 2,
+                         .head_dim = dims[id], .ratio = ratios[ir], .dtype = dt,
+                         .qo_dtype = dt, .num_layers = 2, .layer = (uint32_t)k % 2,
+                         .spare_blocks = 3, .q_scale = k % 3 ? 4.f : 1.f,
+                         .seed = 12000 + (uint64_t)k};
+          flash_case(&p, &flash_batches[ib]);
+        }
+  kvs__cuda_prefill_flash = 0;
+}
+
 /* The write kernel against the twin, byte for byte: for int8 and fp8 the
  * codes, scales and minimums too (each quantizing step is one correctly
  * rounded float32 operation on both sides: docs/kernels.md).  Rows of
@@ -379,7 +475,13 @@ int main(void) {
 
   test_write();
   test_blocks();
+  test_flash_prefill();
   test_attention();
+  /* the same shapes with prefill on the flash kernel where it applies */
+  printf("-- prefill on the flash kernel (kvs__cuda_prefill_flash = 1):\n");
+  kvs__cuda_prefill_flash = 1;
+  test_attention();
+  kvs__cuda_prefill_flash = 0;
   /* the same shapes again on the CUDA-core kernel only */
   printf("-- without the tensor-core kernel:\n");
   kvs__cuda_attn_mma = 0;

@@ -246,6 +246,37 @@ static inline int tg_case_build(tg_case *c, const tg_params *p) {
   return 0;
 }
 
+/* A 16-bit pool: NaN, +Inf and -Inf in every element that no request's
+ * token of the case's layer holds (unused slots of used blocks, spare
+ * blocks, other layers): nothing of them may reach an output. */
+static inline void tg_poison_unused(tg_case *c) {
+  const kvs_layout *l = &c->layout;
+  uint32_t bs = l->block_size;
+  char *used = calloc((size_t)l->num_blocks * bs, 1);
+  if (!used || kvs_dtype_size(l->dtype) != 2) {
+    fprintf(stderr, "tg_poison_unused: out of memory or not a 16-bit pool\n");
+    exit(2);
+  }
+  for (uint32_t s = 0; s < c->p.num_seqs; s++)
+    for (uint32_t t = 0; t < c->p.lens[s]; t++)
+      used[(size_t)c->tables[s * c->max_blocks + t / bs] * bs + t % bs] = 1;
+  static const float bad[] = {NAN, INFINITY, -INFINITY};
+  for (uint32_t b = 0; b < l->num_blocks; b++)
+    for (uint32_t ly = 0; ly < l->num_layers; ly++)
+      for (uint32_t kv = 0; kv < 2; kv++)
+        for (uint32_t t = 0; t < bs; t++) {
+          if (ly == c->p.layer && used[(size_t)b * bs + t])
+            continue;
+          for (uint32_t h = 0; h < l->num_kv_heads; h++) {
+            char *e = (char *)kvs_elem_ptr(c->pool, l, b, ly, kv, t, h);
+            for (uint32_t d = 0; d < l->head_dim; d++)
+              kvs_convert(e + 2 * d, l->dtype, &bad[(b + t + h + d) % 3],
+                          KVS_DTYPE_FP32, 1);
+          }
+        }
+  free(used);
+}
+
 /* Attention args for the case over a pool at `base` (host or device), with
  * metadata arrays given (host or device). */
 static inline void tg_case_args(const tg_case *c, kvs_attn_args *a, void *base,

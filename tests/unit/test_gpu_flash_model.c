@@ -1,0 +1,574 @@
+/*
+ * test_gpu_flash_model.c — the flash prefill kernel without a GPU.
+ *
+ * Nothing here runs the CUDA kernel (gpu/kernels_prefill.cuh); what can be
+ * checked on a CPU is checked:
+ *   1. its schedule (gpu/kvs_prefill_sched.h, the functions the kernel
+ *      runs): every (request, tile) taken by exactly one CTA, the grid's
+ *      bound, the packed rows of each tile, and that a key tile the plan
+ *      leaves unmasked is visible to every row of the tile, that every key
+ *      past n_keys is masked, that no row needs a key past n_keys;
+ *   2. its C model (tests/standin/flash_model.c: the same tiles, the same
+ *      per-tile online softmax, weights rounded to the cache dtype before
+ *      P.V) against the C twin kvs_cpu_prefill_attention and the naive
+ *      double-precision reference, on ragged batches over pools whose
+ *      unused slots and blocks hold NaN and infinities;
+ *   3. that those comparisons can fail: the model with a planted masking
+ *      fault must be caught;
+ *   3b. the kernel's fragment plumbing: a warp emulated lane by lane, with
+ *      ldmatrix (.x4, .trans) and mma.m16n8k16 written here from the PTX
+ *      ISA's fragment layouts, addressing swizzled shared-memory tiles
+ *      through the sched header's lane maps (the ones the kernel calls)
+ *      and wiring registers as the kernel does, must compute Q.K^T and P.V
+ *      exactly (small integers), with conflict-free ldmatrix phases;
+ *   4. the launcher: through the stand-in driver, kvs_cuda_prefill_attention
+ *      with kvs__cuda_prefill_flash = 1 launches kvs_prefill_flash_* (which
+ *      the stand-in runs as the model) for the shapes it takes, and the old
+ *      kernel for everything else and with the knob at 0.
+ * Plain C (no cmocka).  The real kernel's check is test_gpu_cuda on a GPU.
+ */
+#include <unistd.h>
+
+#include "gpu/kvs_kernels_int.h"
+#include "gpu/kvs_prefill_sched.h"
+#include "kvs_status.h"
+#include "test_gpu_util.h"
+#include "tests/standin/flash_model.h"
+
+static int failures;
+
+#define CHECK(cond, ...)                                   \
+  do {                                                     \
+    if (!(cond)) {                                         \
+      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
+      fprintf(stderr, __VA_ARGS__);                        \
+      fprintf(stderr, "\n");                               \
+      failures++;                                          \
+    }                                                      \
+  } while (0)
+
+/* ---- 1. the schedule ---------------------------------------------------- */
+
+static void test_schedule(void) {
+  uint64_t rng = 77;
+  int cases = 0;
+  for (int it = 0; it < 400; it++) {
+    /* up to 9 requests; every 8th batch up to 100 (several scan steps) */
+    uint32_t ns = 1 + (uint32_t)(tg_next(&rng) % (it % 8 == 7 ? 100 : 9));
+    static const uint32_t ratios[] = {1, 2, 3, 4, 6, 8, 16};
+    uint32_t ratio = ratios[tg_next(&rng) % 7];
+    static const uint32_t dims[] = {64, 128, 256};
+    uint32_t bn = kvs__pf_bn(dims[it % 3]);
+    uint32_t qs[101], lens[100];
+    qs[0] = 0;
+    for (uint32_t s = 0; s < ns; s++) {
+      uint32_t kind = (uint32_t)(tg_next(&rng) % 6);
+      uint32_t ql = kind == 0 ? 0 : kind == 1 ? 1 : (uint32_t)(tg_next(&rng) % 300);
+      uint32_t prefix = (uint32_t)(tg_next(&rng) % 3) == 0 ? 0 : (uint32_t)(tg_next(&rng) % 500);
+      lens[s] = ql + prefix;
+      if (kind == 5 && ql > 1)
+        lens[s] = ql - 1; /* more rows than keys: zeros */
+      qs[s + 1] = qs[s] + ql;
+    }
+    uint64_t gx = kvs__pf_grid_x(qs[ns], ns, ratio);
+    uint32_t want = 0;
+    for (uint32_t s = 0; s < ns; s++)
+      want += kvs__pf_tiles(qs[s + 1] - qs[s], ratio);
+    CHECK(gx >= want, "grid %llu < %u tiles", (unsigned long long)gx, want);
+    /* each (request, tile) once, in order; spare CTAs have none */
+    uint32_t seen = 0;
+    char *hit = calloc((size_t)ns * 128, 1);
+    for (uint32_t bx = 0; bx < gx; bx++) {
+      uint32_t s, t;
+      if (!kvs__pf_locate(qs, ns, ratio, bx, &s, &t)) {
+        CHECK(bx >= want, "CTA %u of %u tiles has none", bx, want);
+        continue;
+      }
+      CHECK(bx < want, "spare CTA %u got a tile", bx);
+      uint32_t ql = qs[s + 1] - qs[s], n = kvs__pf_tiles(ql, ratio);
+      CHECK(t < n && n <= 128, "tile %u of %u", t, n);
+      if (t >= n || n > 128)
+        continue;
+      CHECK(!hit[s * 128 + t], "request %u tile %u twice", s, t);
+      hit[s * 128 + t] = 1;
+      seen++;
+      kvs__pf_plan p;
+      kvs__pf_plan_tile(ql, lens[s], ratio, bn, t, &p);
+      CHECK(p.rows >= 1 && p.rows <= KVS__PF_BM && p.row0 + p.rows <= ql * ratio &&
+                (t + 1 == n || p.rows == KVS__PF_BM),
+            "rows [%u, +%u) of %u", p.row0, p.rows, ql * ratio);
+      if (p.empty) {
+        CHECK(lens[s] == 0 || ql > lens[s], "empty tile with keys");
+        continue;
+      }
+      CHECK(p.n_keys <= lens[s], "n_keys %u > seq_len %u", p.n_keys, lens[s]);
+      uint32_t maxpos = 0;
+      for (uint32_t r = 0; r < KVS__PF_BM; r++) {
+        uint32_t pos = kvs__pf_row_pos(&p, ql, lens[s], ratio, r);
+        CHECK(pos < p.n_keys, "row %u at %u, n_keys %u", r, pos, p.n_keys);
+        if (r < p.rows) {
+          uint32_t tok = kvs__pf_row_token(p.row0 + r, ratio);
+          CHECK(kvs__pf_row_head(p.row0 + r, ratio) < ratio && tok < ql &&
+                    tok * ratio + kvs__pf_row_head(p.row0 + r, ratio) == p.row0 + r,
+                "packing of row %u", p.row0 + r);
+          CHECK(pos == lens[s] - ql + tok, "position of row %u", r);
+          maxpos = pos > maxpos ? pos : maxpos;
+        }
+        for (uint32_t kt = 0; ns <= 9 && kt < p.n_ktiles; kt++)
+          for (uint32_t c = 0; c < bn; c++) {
+            uint32_t j = kt * bn + c;
+            int vis = kvs__pf_visible(j, pos);
+            CHECK(kvs__pf_tile_masked(&p, kt) || vis,
+                  "unmasked tile %u hides key %u from row %u", kt, j, r);
+            CHECK(j < p.n_keys || !vis, "key %u past n_keys %u visible", j, p.n_keys);
+          }
+      }
+      CHECK(p.n_keys == maxpos + 1, "n_keys %u, last position %u", p.n_keys, maxpos);
+      CHECK(p.n_ktiles == (p.n_keys + bn - 1) / bn, "key tiles");
+      cases++;
+    }
+    CHECK(seen == want, "%u of %u tiles taken", seen, want);
+    /* the kernel's warp scan (32 requests a step; shfl_up emulated) finds
+     * what kvs__pf_locate finds, for every CTA of the grid */
+    for (uint32_t bx = 0; bx < gx; bx++) {
+      uint32_t s_ref = 0, t_ref = 0, s_k = 0, t_k = 0, before = 0;
+      int ref = kvs__pf_locate(qs, ns, ratio, bx, &s_ref, &t_ref), found = 0;
+      for (uint32_t c0 = 0; c0 < ns && !found; c0 += 32) {
+        uint32_t n[32], inc[32];
+        for (uint32_t l = 0; l < 32; l++)
+          n[l] = c0 + l < ns ? kvs__pf_tiles(qs[c0 + l + 1] - qs[c0 + l], ratio) : 0;
+        for (uint32_t l = 0; l < 32; l++)
+          inc[l] = n[l] + (l ? inc[l - 1] : 0);
+        for (uint32_t l = 0; l < 32; l++) {
+          uint32_t t;
+          if (kvs__pf_scan_pick(bx, before, inc[l], n[l], &t)) {
+            CHECK(!found, "CTA %u: two lanes pick it", bx);
+            s_k = c0 + l;
+            t_k = t;
+            found = 1;
+          }
+        }
+        before += inc[31];
+      }
+      CHECK(found == ref && (!ref || (s_k == s_ref && t_k == t_ref)),
+            "CTA %u: the warp scan finds (%d, %u, %u), locate (%d, %u, %u)",
+            bx, found, s_k, t_k, ref, s_ref, t_ref);
+    }
+    free(hit);
+  }
+  printf("%s schedule: 400 random batches, %d tiles checked\n",
+         failures ? "FAIL" : "ok  ", cases);
+}
+
+/* ---- 2, 3. the model against the twin ------------------------------------ */
+
+/* The ragged batch of a case: (prefix, new rows) per request. */
+typedef struct batch {
+  uint32_t n;
+  uint32_t prefix[8], qlen[8];
+} batch;
+
+static const batch batches[] = {
+    /* prefix 0; chunk 1 (decode rows) with and without prefix; a prefix
+     * not a multiple of the tile; q_len 0 with and without keys; lengths
+     * off every multiple of 64 */
+    {7, {0, 100, 37, 0, 200, 64, 0}, {70, 1, 150, 0, 0, 64, 1}},
+    {5, {129, 0, 3, 250, 17}, {31, 200, 1, 77, 130}},
+    {3, {0, 511, 65}, {257, 2, 63}},
+};
+
+static void attn_pair(const tg_params *pp, const batch *bt, int plant,
+                      double *x_twin, double *e_ref) {
+  uint32_t lens[8];
+  for (uint32_t s = 0; s < bt->n; s++)
+    lens[s] = bt->prefix[s] + bt->qlen[s];
+  tg_params p = *pp;
+  p.num_seqs = bt->n;
+  p.lens = lens;
+  p.qlens = bt->qlen;
+  tg_case c;
+  if (tg_case_build(&c, &p)) {
+    CHECK(0, "case refused");
+    return;
+  }
+  tg_poison_unused(&c);
+  uint32_t D = p.head_dim;
+  size_t n = (size_t)c.num_rows * c.num_heads * D;
+  void *twin = tg_xmalloc(n * 2), *model = tg_xmalloc(n * 2);
+  double *ref = tg_xmalloc(sizeof(double) * (n ? n : 1));
+  memset(model, 0xff, n * 2); /* NaN: every row must be written */
+  kvs_attn_args a;
+  tg_case_args(&c, &a, c.pool, twin, c.q, c.seq_lens, c.q_start, c.tables);
+  CHECK(kvs_cpu_prefill_attention(&a, NULL) == 0, "twin");
+  tg_naive(&c, ref);
+  a.out = model;
+  uint32_t ratio = p.ratio;
+  uint64_t gx = kvs__pf_grid_x(a.num_rows, a.num_seqs, ratio);
+  CHECK(kvs__flash_model(&a, (uint32_t)gx, p.num_kv_heads, plant) == 0, "model");
+  *x_twin = tg_twin_excess(model, twin, p.qo_dtype, n);
+  *e_ref = tg_max_err(model, p.qo_dtype, ref, n);
+  free(twin);
+  free(model);
+  free(ref);
+  tg_case_free(&c);
+}
+
+static void test_model(void) {
+  static const uint32_t dims[] = {64, 128, 256}, ratios[] = {1, 4, 8};
+  int k = 0;
+  for (uint32_t dt = KVS_DTYPE_FP16; dt <= KVS_DTYPE_BF16; dt++)
+    for (int id = 0; id < 3; id++)
+      for (int ir = 0; ir < 3; ir++, k++) {
+        const batch *bt = &batches[k % 3];
+        tg_params p = {.block_size = k % 2 ? 32 : 16, .num_kv_heads = 2,
+                       .head_dim = dims[id], .ratio = ratios[ir], .dtype = dt,
+                       .qo_dtype = dt, .num_layers = 2, .layer = (uint32_t)k % 2,
+                       .spare_blocks = 3, .q_scale = k % 2 ? 4.f : 1.f,
+                       .seed = 7000 + (uint64_t)k};
+        double x, e;
+        attn_pair(&p, bt, KVS__FLASH_PLANT_NONE, &x, &e);
+        int ok = x <= 1.0 && e <= tg_tol(dt);
+        printf("%s model %s bs=%u D=%-3u ratio=%u batch %d: vs twin %.2f of "
+               "the tolerance, vs naive %.2e\n",
+               ok ? "ok  " : "FAIL", kvs_dtype_name(dt), p.block_size, p.head_dim,
+               p.ratio, k % 3, x, e);
+        failures += !ok;
+      }
+  /* the same comparisons must catch a planted fault */
+  static const struct {
+    int plant;
+    const char *what;
+  } plants[] = {{KVS__FLASH_PLANT_MASK, "a row sees one key too many"},
+                {KVS__FLASH_PLANT_NOSKIP, "boundary tiles unmasked"}};
+  for (int i = 0; i < 2; i++) {
+    tg_params p = {.block_size = 16, .num_kv_heads = 2, .head_dim = 64,
+                   .ratio = 4, .dtype = KVS_DTYPE_FP16, .qo_dtype = KVS_DTYPE_FP16,
+                   .num_layers = 1, .spare_blocks = 2, .q_scale = 1.f,
+                   .seed = 9100 + (uint64_t)i};
+    double x, e;
+    attn_pair(&p, &batches[0], plants[i].plant, &x, &e);
+    int caught = x > 1.0;
+    printf("%s planted fault (%s): vs twin %.2f of the tolerance, %s\n",
+           caught ? "ok  " : "FAIL", plants[i].what, x,
+           caught ? "caught" : "NOT caught");
+    failures += !caught;
+  }
+}
+
+/* ---- 3b. the fragment plumbing, on an emulated warp ------------------------ */
+
+/*
+ * ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16, per the PTX ISA: lanes
+ * 8i..8i+7 give the addresses of rows 0..7 of matrix i (8 elements each);
+ * lane L's register i holds, without .trans, elements (L/4, 2(L%4)) and
+ * (L/4, 2(L%4)+1) of matrix i; with .trans, (2(L%4), L/4) and
+ * (2(L%4)+1, L/4).  Low half first.  Also: the 8 rows of a matrix must fall
+ * in 8 different 16-byte bank groups (else a bank conflict), counted.
+ */
+static int conflicts;
+static void emu_ldsm(const uint16_t *tile, const uint32_t off[32], int trans,
+                     uint32_t out[32][4]) {
+  for (uint32_t i = 0; i < 4; i++) {
+    uint32_t seen = 0;
+    for (uint32_t r = 0; r < 8; r++) {
+      uint32_t bank = (off[8 * i + r] / 16) % 8;
+      conflicts += (seen >> bank) & 1;
+      seen |= 1u << bank;
+    }
+    for (uint32_t L = 0; L < 32; L++) {
+      uint32_t r0 = trans ? 2 * (L % 4) : L / 4, c0 = trans ? L / 4 : 2 * (L % 4);
+      uint32_t r1 = trans ? r0 + 1 : r0, c1 = trans ? c0 : c0 + 1;
+      uint16_t lo = (uint16_t)tile[off[8 * i + r0] / 2 + c0];
+      uint16_t hi = (uint16_t)tile[off[8 * i + r1] / 2 + c1];
+      out[L][i] = lo | (uint32_t)hi << 16;
+    }
+  }
+}
+
+static float h_lo(uint32_t r) { return kvs_fp16_to_float((uint16_t)r); }
+static float h_hi(uint32_t r) { return kvs_fp16_to_float((uint16_t)(r >> 16)); }
+
+/* mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32, per the PTX ISA:
+ * A a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..);
+ * B b0 (k 2t..2t+1, n g), b1 (k 2t+8.., n g); C c0,c1 (g, 2t..2t+1),
+ * c2,c3 (g+8, 2t..). */
+static void emu_mma(float c[32][4], const uint32_t a[32][4],
+                    const uint32_t b0[32], const uint32_t b1[32]) {
+  float A[16][16], B[16][8];
+  for (uint32_t L = 0; L < 32; L++) {
+    uint32_t g = L / 4, t = L % 4;
+    for (uint32_t h = 0; h < 2; h++) {
+      uint32_t k = 2 * t + h;
+      A[g][k] = h ? h_hi(a[L][0]) : h_lo(a[L][0]);
+      A[g + 8][k] = h ? h_hi(a[L][1]) : h_lo(a[L][1]);
+      A[g][k + 8] = h ? h_hi(a[L][2]) : h_lo(a[L][2]);
+      A[g + 8][k + 8] = h ? h_hi(a[L][3]) : h_lo(a[L][3]);
+      B[k][g] = h ? h_hi(b0[L]) : h_lo(b0[L]);
+      B[k + 8][g] = h ? h_hi(b1[L]) : h_lo(b1[L]);
+    }
+  }
+  for (uint32_t L = 0; L < 32; L++)
+    for (uint32_t e = 0; e < 4; e++) {
+      uint32_t row = L / 4 + 8 * (e >> 1), col = 2 * (L % 4) + (e & 1);
+      float x = 0.f;
+      for (uint32_t k = 0; k < 16; k++)
+        x += A[row][k] * B[k][col];
+      c[L][e] += x;
+    }
+}
+
+static uint32_t pack_h(float lo, float hi) {
+  return kvs_float_to_fp16(lo) | (uint32_t)kvs_float_to_fp16(hi) << 16;
+}
+
+/* One warp (w) of a CTA over a Q tile [64][D], K and V tiles [BN][D] in
+ * swizzled shared memory, values small integers (every sum exact). */
+static int emu_warp(uint32_t D, uint32_t w, uint64_t *rng) {
+  const uint32_t BN = kvs__pf_bn(D), BM = KVS__PF_BM;
+  float *q = tg_xmalloc(sizeof(float) * BM * D), *k = tg_xmalloc(sizeof(float) * BN * D);
+  float *v = tg_xmalloc(sizeof(float) * BN * D), *pm = tg_xmalloc(sizeof(float) * 16 * BN);
+  uint16_t *sq = tg_xmalloc((size_t)BM * D * 2), *sk = tg_xmalloc((size_t)BN * D * 2);
+  uint16_t *sv = tg_xmalloc((size_t)BN * D * 2);
+  /* stored chunk by chunk, as the cp.async loads store them */
+  for (uint32_t r = 0; r < BM; r++)
+    for (uint32_t d = 0; d < D; d++) {
+      q[r * D + d] = (float)((int)(tg_next(rng) % 7) - 3);
+      sq[kvs__pf_smem_off(D, r, d / 8) / 2 + d % 8] = kvs_float_to_fp16(q[r * D + d]);
+    }
+  for (uint32_t r = 0; r < BN; r++)
+    for (uint32_t d = 0; d < D; d++) {
+      k[r * D + d] = (float)((int)(tg_next(rng) % 7) - 3);
+      v[r * D + d] = (float)((int)(tg_next(rng) % 5) - 2);
+      sk[kvs__pf_smem_off(D, r, d / 8) / 2 + d % 8] = kvs_float_to_fp16(k[r * D + d]);
+      sv[kvs__pf_smem_off(D, r, d / 8) / 2 + d % 8] = kvs_float_to_fp16(v[r * D + d]);
+    }
+  int bad = 0;
+  /* S = Q K^T, wired as the kernel does */
+  float (*sc)[32][4] = calloc(BN / 8, sizeof *sc);
+  uint32_t off[32], af[32][4], b[32][4], b0[32], b1[32];
+  for (uint32_t ks = 0; ks < D / 16; ks++) {
+    for (uint32_t L = 0; L < 32; L++)
+      off[L] = kvs__pf_smem_off(D, 16 * w + kvs__pf_ldq_row(L), kvs__pf_ldq_chunk(L, ks));
+    emu_ldsm(sq, off, 0, af);
+    for (uint32_t np = 0; np < BN / 16; np++) {
+      for (uint32_t L = 0; L < 32; L++)
+        off[L] = kvs__pf_smem_off(D, kvs__pf_ldk_row(L, np), kvs__pf_ldk_chunk(L, ks));
+      emu_ldsm(sk, off, 0, b);
+      for (uint32_t L = 0; L < 32; L++) {
+        b0[L] = b[L][0];
+        b1[L] = b[L][1];
+      }
+      emu_mma(sc[2 * np], af, b0, b1);
+      for (uint32_t L = 0; L < 32; L++) {
+        b0[L] = b[L][2];
+        b1[L] = b[L][3];
+      }
+      emu_mma(sc[2 * np + 1], af, b0, b1);
+    }
+  }
+  for (uint32_t n = 0; n < BN / 8; n++)
+    for (uint32_t L = 0; L < 32; L++)
+      for (uint32_t e = 0; e < 4; e++) {
+        uint32_t row = 16 * w + kvs__pf_acc_row(L, e), key = 8 * n + kvs__pf_acc_col(L, e);
+        float x = 0.f;
+        for (uint32_t d = 0; d < D; d++)
+          x += q[row * D + d] * k[key * D + d];
+        bad += sc[n][L][e] != x;
+        /* the weights P: small integers of the score's row and key */
+        float p = (float)((row * 7 + key * 3) % 5);
+        pm[(row - 16 * w) * BN + key] = p;
+        sc[n][L][e] = p;
+      }
+  /* O += P V: P's accumulators packed into A fragments as the kernel does */
+  float (*o)[32][4] = calloc(D / 8, sizeof *o);
+  for (uint32_t kk = 0; kk < BN / 16; kk++) {
+    for (uint32_t L = 0; L < 32; L++) {
+      af[L][0] = pack_h(sc[2 * kk][L][0], sc[2 * kk][L][1]);
+      af[L][1] = pack_h(sc[2 * kk][L][2], sc[2 * kk][L][3]);
+      af[L][2] = pack_h(sc[2 * kk + 1][L][0], sc[2 * kk + 1][L][1]);
+      af[L][3] = pack_h(sc[2 * kk + 1][L][2], sc[2 * kk + 1][L][3]);
+    }
+    for (uint32_t dp = 0; dp < D / 16; dp++) {
+      for (uint32_t L = 0; L < 32; L++)
+        off[L] = kvs__pf_smem_off(D, kvs__pf_ldv_row(L, kk), kvs__pf_ldv_chunk(L, dp));
+      emu_ldsm(sv, off, 1, b);
+      for (uint32_t L = 0; L < 32; L++) {
+        b0[L] = b[L][0];
+        b1[L] = b[L][1];
+      }
+      emu_mma(o[2 * dp], af, b0, b1);
+      for (uint32_t L = 0; L < 32; L++) {
+        b0[L] = b[L][2];
+        b1[L] = b[L][3];
+      }
+      emu_mma(o[2 * dp + 1], af, b0, b1);
+    }
+  }
+  for (uint32_t i = 0; i < D / 8; i++)
+    for (uint32_t L = 0; L < 32; L++)
+      for (uint32_t e = 0; e < 4; e++) {
+        uint32_t row = kvs__pf_acc_row(L, e), dim = 8 * i + kvs__pf_acc_col(L, e);
+        float x = 0.f;
+        for (uint32_t j = 0; j < BN; j++)
+          x += pm[row * BN + j] * v[j * D + dim];
+        bad += o[i][L][e] != x;
+      }
+  free(sc);
+  free(o);
+  free(q);
+  free(k);
+  free(v);
+  free(pm);
+  free(sq);
+  free(sk);
+  free(sv);
+  return bad;
+}
+
+static void test_fragments(void) {
+  uint64_t rng = 991;
+  static const uint32_t dims[] = {64, 128, 256};
+  for (int i = 0; i < 3; i++) {
+    int bad = 0;
+    conflicts = 0;
+    for (uint32_t w = 0; w < KVS__PF_WARPS; w++)
+      bad += emu_warp(dims[i], w, &rng);
+    int ok = bad == 0 && conflicts == 0;
+    printf("%s fragments D=%-3u BN=%-2u: emulated warps' Q.K^T and P.V %s, "
+           "%d ldmatrix bank conflicts\n",
+           ok ? "ok  " : "FAIL", dims[i], kvs__pf_bn(dims[i]),
+           bad ? "WRONG" : "exact", conflicts);
+    failures += !ok;
+  }
+}
+
+/* ---- 4. the launcher, on the stand-in driver ------------------------------ */
+
+static void *dev_copy(const void *host, size_t bytes) {
+  void *d = NULL;
+  int rc = kvs_cuda_malloc(&d, bytes);
+  CHECK(rc == 0, "kvs_cuda_malloc: %s", kvs_strerror(rc));
+  if (rc)
+    exit(1);
+  if (host)
+    CHECK(kvs_cuda_memcpy_htod(d, host, bytes) == 0, "htod");
+  return d;
+}
+
+/* One prefill call through kvs_cuda_prefill_attention: expect the flash
+ * kernel or not; the result against the twin. */
+static void standin_case(const tg_params *pp, const batch *bt, int want_flash) {
+  uint32_t lens[8];
+  for (uint32_t s = 0; s < bt->n; s++)
+    lens[s] = bt->prefix[s] + bt->qlen[s];
+  tg_params p = *pp;
+  p.num_seqs = bt->n;
+  p.lens = lens;
+  p.qlens = bt->qlen;
+  tg_case c;
+  if (tg_case_build(&c, &p)) {
+    CHECK(0, "case refused");
+    return;
+  }
+  if (kvs_dtype_size(p.dtype) == 2)
+    tg_poison_unused(&c);
+  size_t qes = kvs_dtype_size(p.qo_dtype);
+  size_t n = (size_t)c.num_rows * c.num_heads * p.head_dim;
+  void *twin = tg_xmalloc(n * qes), *got = tg_xmalloc(n * qes);
+  kvs_attn_args a;
+  tg_case_args(&c, &a, c.pool, twin, c.q, c.seq_lens, c.q_start, c.tables);
+  CHECK(kvs_cpu_prefill_attention(&a, NULL) == 0, "twin");
+  void *d_pool = dev_copy(c.pool, kvs_pool_bytes(&c.layout));
+  void *d_q = dev_copy(c.q, n * qes), *d_out = dev_copy(NULL, n * qes);
+  void *d_lens = dev_copy(c.seq_lens, 4 * p.num_seqs);
+  void *d_qs = dev_copy(c.q_start, 4 * (p.num_seqs + 1));
+  void *d_tab = dev_copy(c.tables, 4 * (size_t)p.num_seqs * c.max_blocks);
+  kvs_attn_args g;
+  tg_case_args(&c, &g, d_pool, d_out, d_q, d_lens, d_qs, d_tab);
+  CHECK(kvs_cuda_memset(d_out, 0xff, n * qes) == 0, "memset");
+  kvs__cuda_attn_last_flash = 2; /* neither: the launcher must say */
+  int rc = kvs_cuda_prefill_attention(&g, NULL);
+  CHECK(rc == 0, "prefill: %s", kvs_strerror(rc));
+  CHECK(kvs_cuda_sync(NULL) == 0, "sync");
+  CHECK(kvs_cuda_memcpy_dtoh(got, d_out, n * qes) == 0, "dtoh");
+  double x = tg_twin_excess(got, twin, p.qo_dtype, n);
+  int ok = rc == 0 && x <= 1.0 && (int)kvs__cuda_attn_last_flash == want_flash;
+  printf("%s stand-in knob=%d kv=%s qo=%s D=%-3u ratio=%u: %s kernel (want %s), "
+         "vs twin %.2f of the tolerance\n",
+         ok ? "ok  " : "FAIL", kvs__cuda_prefill_flash, kvs_dtype_name(p.dtype),
+         kvs_dtype_name(p.qo_dtype), p.head_dim, p.ratio,
+         kvs__cuda_attn_last_flash == 1 ? "flash" : "old",
+         want_flash ? "flash" : "old", x);
+  failures += !ok;
+  kvs_cuda_free(d_pool);
+  kvs_cuda_free(d_q);
+  kvs_cuda_free(d_out);
+  kvs_cuda_free(d_lens);
+  kvs_cuda_free(d_qs);
+  kvs_cuda_free(d_tab);
+  free(twin);
+  free(got);
+  tg_case_free(&c);
+}
+
+static int test_launcher(void) {
+  const char *build = getenv("KVS_BUILD");
+  char so[512];
+  snprintf(so, sizeof so, "%s/tests/standin/libcuda-standin.so",
+           build && *build ? build : "build");
+  if (access(so, R_OK) != 0) {
+    CHECK(0, "%s missing (build it first)", so);
+    return -1;
+  }
+  setenv("KVS_CUDA_DRIVER", so, 1);
+  const char *why = NULL;
+  int rc = kvs_cuda_available(&why);
+  CHECK(rc == 0, "stand-in: %s", why ? why : "?");
+  if (rc)
+    return -1;
+  CHECK(kvs_cuda_open(NULL) == 0, "open");
+  CHECK(strstr(kvs_cuda_device_name(), "stand-in") != NULL, "device %s",
+        kvs_cuda_device_name());
+  CHECK(kvs__cuda_prefill_flash == 0, "the flash kernel is on by default");
+  tg_params p = {.block_size = 16, .num_kv_heads = 2, .head_dim = 128,
+                 .ratio = 4, .dtype = KVS_DTYPE_FP16, .qo_dtype = KVS_DTYPE_FP16,
+                 .num_layers = 2, .layer = 1, .spare_blocks = 2, .q_scale = 2.f,
+                 .seed = 31};
+  standin_case(&p, &batches[0], 0); /* knob off: the old kernel */
+  kvs__cuda_prefill_flash = 1;
+  static const struct {
+    uint32_t dt, qo, dim, ratio, bs;
+    int flash;
+  } shapes[] = {
+      {KVS_DTYPE_FP16, KVS_DTYPE_FP16, 128, 4, 16, 1},
+      {KVS_DTYPE_BF16, KVS_DTYPE_BF16, 64, 8, 32, 1},
+      {KVS_DTYPE_FP16, KVS_DTYPE_FP16, 256, 1, 16, 1},
+      {KVS_DTYPE_BF16, KVS_DTYPE_BF16, 128, 1, 32, 1},
+      /* not the flash kernel's: the old one, the same answers */
+      {KVS_DTYPE_FP32, KVS_DTYPE_FP32, 128, 4, 16, 0},
+      {KVS_DTYPE_FP16, KVS_DTYPE_FP32, 128, 4, 16, 0},
+      {KVS_DTYPE_BF16, KVS_DTYPE_BF16, 32, 4, 16, 0},
+      {KVS_DTYPE_INT8, KVS_DTYPE_FP16, 128, 4, 16, 0},
+  };
+  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+    p.dtype = shapes[i].dt;
+    p.qo_dtype = shapes[i].qo;
+    p.head_dim = shapes[i].dim;
+    p.ratio = shapes[i].ratio;
+    p.block_size = shapes[i].bs;
+    p.seed = 40 + i;
+    standin_case(&p, &batches[(i + 1) % 3], shapes[i].flash);
+  }
+  kvs__cuda_prefill_flash = 0;
+  return 0;
+}
+
+int main(void) {
+  setvbuf(stdout, NULL, _IONBF, 0);
+  test_schedule();
+  test_fragments();
+  test_model();
+  test_launcher();
+  printf("%s: %d failure(s)\n", failures ? "FAIL" : "PASS", failures);
+  return failures ? 1 : 0;
+}
