@@ -23,9 +23,26 @@
 #   5. kvshare.torch on CUDA tensors (test_torch.py, its stream-ordering
 #      test included) and the engine (client/python/examples/engine) with a
 #      ~1B-parameter model on the cuda pool, every answer checked
+#
+# KVS_GPU_STEPS="1 4" runs only those steps (default: all), so that the
+# checks can be split over calls that each fit a time limit; KVS_GPU_QUICK=1
+# leaves out what only repeats a check (the compute-sanitizer pass and the
+# engine's faults run).  `tests/gpu/run.sh -n` prints the plan and exits.
 set -u
 cd "$(dirname "$0")/../.."
+plan=0
+[ "${1:-}" = -n ] && { plan=1; shift; }
 b=${1:-build-gpucarry}
+steps=${KVS_GPU_STEPS:-1 2 3 4 5}
+quick=${KVS_GPU_QUICK:-0}
+for s in $steps; do
+  case $s in 1|2|3|4|5) ;; *) echo "KVS_GPU_STEPS: no step '$s' (1 to 5)"; exit 2 ;; esac
+done
+want() { case " $steps " in *" $1 "*) return 0 ;; esac; return 1; }
+if [ $plan = 1 ]; then
+  echo "steps: $steps; quick: $quick; binaries: $b"
+  exit 0
+fi
 export KVS_BUILD=$b LD_LIBRARY_PATH=$b/deps${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 log=${OUT:+$OUT/gpu-run.log}
 exec > >(tee ${log:+"$log"}) 2>&1
@@ -42,19 +59,28 @@ check() {
 git log -1 --format='commit %h %s' 2>/dev/null
 nvidia-smi -L || { echo "no GPU"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv
+if want 1; then
 step "1. CUDA kernels against their C twins"
 check "$b/tests/unit/test_gpu_cuda"
 check "$b/tests/unit/test_gpu_numpy"
-if command -v compute-sanitizer >/dev/null; then
+if [ "$quick" = 1 ]; then
+  echo "SKIPPED: compute-sanitizer pass (KVS_GPU_QUICK=1)"
+elif command -v compute-sanitizer >/dev/null; then
   step "1b. the same under compute-sanitizer memcheck"
   check compute-sanitizer --tool memcheck --error-exitcode 9 "$b/tests/unit/test_gpu_cuda" | tail -3
 fi
+fi
+if want 2; then
 step "2. the cuda pool on the real driver"
 check env KVS_GPU_POOL_REAL=1 "$b/tests/integration/test_gpu_pool"
 check env KVS_GPU_POOL_REAL=1 TMPDIR="$b" "$b/tests/integration/test_gpu_tiers"
+fi
+if want 3; then
 step "3. the demo on the GPU pool"
 check tests/demo.sh "$b"
 nvidia-smi --query-gpu=memory.used --format=csv
+fi
+if want 4; then
 step "4. benchmarks"
 check "$b/tests/bench/bench_gpu_pool"
 check "$b/tests/bench/bench_attention_gpu" 20
@@ -62,6 +88,8 @@ check "$b/tests/bench/bench_attention_gpu" 20
 check python3 tests/bench/bench_attention_sdpa.py
 check "$b/tests/bench/bench_attention"
 check "$b/tests/bench/bench_tiers" gpu
+fi
+if want 5; then
 step "5. kvshare.torch and the engine on the GPU pool"
 # (the python3 with PyTorch; pytest where it has it)
 if python3 -c 'import pytest' 2>/dev/null; then
@@ -74,9 +102,12 @@ fi
 # processes: no cache, private caches, the shared cache, then the faults
 # run; fp16 compute and cache, checked against the float32 model run from
 # scratch (and transformers' Llama where installed).
+faults=--faults
+[ "$quick" = 1 ] && faults=
 check python3 client/python/examples/engine/run.py --build "$b" \
   --backend cuda --model 1b --dtype fp16 --compute float16 --tol 5e-2 \
-  --tie 5e-2 --conversations 8 --turns 4 --pool-blocks 8192 --faults
+  --tie 5e-2 --conversations 8 --turns 4 --pool-blocks 8192 $faults
+fi
 echo
 [ $fail = 0 ] && echo "gpu run: all passed" || echo "gpu run: FAILED"
 exit $fail
