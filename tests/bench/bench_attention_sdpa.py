@@ -25,7 +25,8 @@ causal work (4 * D flops per query head, row and key seen).
 
 Needs a GPU and PyTorch: elsewhere it says why and exits 77 (skipped).
 `--selftest` checks this script's own plumbing on the CPU instead: the
-same argument struct given to libkvshare's C twin (kvs_cpu_decode_attention)
+same argument structs given to libkvshare's C twins (kvs_cpu_decode_attention,
+and kvs_cpu_prefill_attention with q_start as the prefill rows set it)
 over numpy arrays, against a numpy reference; run by make test.
 
 KVS_LIBRARY names libkvshare.so.0 (default: $KVS_BUILD/libkvshare.so.0).
@@ -92,7 +93,8 @@ def args_for(pool_ptr, elem, nblocks, kvh, d, dtype, out_ptr, q_ptr, lens_ptr, t
 
 
 def selftest():
-    """The plumbing on the CPU: ragged lengths, scattered blocks, GQA 4."""
+    """The plumbing on the CPU: ragged lengths, scattered blocks, GQA 4;
+    decode, then prefill with cached prefixes."""
     import numpy as np
     lib = load_lib()
     rng = np.random.default_rng(5)
@@ -125,6 +127,37 @@ def selftest():
         sys.exit(f"selftest: max error {worst:.3g} against numpy")
     print(f"selftest: the argument struct through the C twin matches numpy "
           f"(max error {worst:.2g}, {b} ragged requests, GQA {h // kvh})")
+    # Prefill, as prefill_rows sets it up: q_start and num_rows on top of
+    # args_for, the new tokens the last qlen of each request's keys.
+    qlens = np.array([5, 1, 64], dtype=np.uint32)
+    qstart = np.concatenate([[0], np.cumsum(qlens)]).astype(np.uint32)
+    rows = int(qstart[-1])
+    q = rng.standard_normal((rows, h, d)).astype(np.float32)
+    out = np.full((rows, h, d), np.nan, dtype=np.float32)
+    a = args_for(pool.ctypes.data, 4, nblocks, kvh, d, FP32, out.ctypes.data, q.ctypes.data,
+                 lens.ctypes.data, tab.ctypes.data, b, h, maxb, int(lens.max()))
+    a.q_start, a.num_rows = qstart.ctypes.data, rows
+    rc = lib.kvs_cpu_prefill_attention(ctypes.byref(a), None)
+    if rc:
+        sys.exit(f"kvs_cpu_prefill_attention: {rc}")
+    worst = 0.0
+    for s in range(b):
+        n, ql = int(lens[s]), int(qlens[s])
+        blocks = [tab[s, j // BS] for j in range(n)]
+        k = np.stack([pool[blocks[j], 0, j % BS] for j in range(n)]).astype(np.float64)
+        v = np.stack([pool[blocks[j], 1, j % BS] for j in range(n)]).astype(np.float64)
+        for i in range(ql):
+            pos = n - ql + i
+            for hq in range(h):
+                g = hq // (h // kvh)
+                w = (k[:pos + 1, g] @ q[qstart[s] + i, hq].astype(np.float64)) / math.sqrt(d)
+                w = np.exp(w - w.max())
+                ref = (w / w.sum()) @ v[:pos + 1, g]
+                worst = max(worst, float(np.abs(ref - out[qstart[s] + i, hq]).max()))
+    if not worst <= 1e-4:
+        sys.exit(f"selftest: prefill max error {worst:.3g} against numpy")
+    print(f"selftest: the prefill struct through the C twin matches numpy "
+          f"(max error {worst:.2g}, {rows} rows of {b} requests with cached prefixes)")
 
 
 SHAPES = [  # batch, tokens, heads, kv heads, head_dim, label

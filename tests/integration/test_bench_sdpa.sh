@@ -1,7 +1,7 @@
 #!/bin/bash
 # test_bench_sdpa — bench_attention_sdpa.py's plumbing, where no GPU is:
-# its kernel-argument struct handed to libkvshare's C decode twin over
-# numpy arrays must match a numpy reference (--selftest), so that the GPU
+# its kernel-argument structs handed to libkvshare's C decode and prefill
+# twins over numpy arrays must match a numpy reference (--selftest), so that the GPU
 # run (tests/gpu/run.sh) measures the kernel, not a wrong struct.
 set -u
 build=${KVS_BUILD:-build}
