@@ -777,12 +777,14 @@ static const batch emu_batches[] = {
 };
 
 static void test_emulated_kernel(void) {
-  static const uint32_t dims[] = {64, 128, 256}, ratios[] = {1, 8, 4};
+  /* GQA groups that straddle tiles (3, 6), a block size not a power of 2 */
+  static const uint32_t dims[] = {64, 128, 256}, ratios[] = {1, 8, 3, 6, 4, 2};
+  static const uint32_t bss[] = {16, 32, 24};
   int k = 0;
   for (uint32_t dt = KVS_DTYPE_FP16; dt <= KVS_DTYPE_BF16; dt++)
     for (int id = 0; id < 3; id++, k++) {
-      tg_params p = {.block_size = k % 2 ? 32 : 16, .num_kv_heads = 2,
-                     .head_dim = dims[id], .ratio = ratios[k % 3], .dtype = dt,
+      tg_params p = {.block_size = bss[k % 3], .num_kv_heads = 2,
+                     .head_dim = dims[id], .ratio = ratios[k], .dtype = dt,
                      .qo_dtype = dt, .num_layers = 2, .layer = (uint32_t)k % 2,
                      .spare_blocks = 3, .q_scale = k % 2 ? 4.f : 1.f,
                      .seed = 15000 + (uint64_t)k};
