@@ -219,32 +219,22 @@ static void test_attention(void) {
  * unused slot, block and layer), plus long prefixes.  The launcher must
  * say it ran the flash kernel.
  */
-typedef struct flash_batch {
-  uint32_t n;
-  uint32_t prefix[8], qlen[8];
-} flash_batch;
 
-static const flash_batch flash_batches[] = {
+static const tg_ragged flash_batches[] = {
     {7, {0, 100, 37, 0, 200, 64, 0}, {70, 1, 150, 0, 0, 64, 1}},
     {5, {129, 0, 3, 250, 17}, {31, 200, 1, 77, 130}},
     {3, {0, 511, 65}, {257, 2, 63}},
     {4, {0, 1500, 1100, 700}, {300, 100, 65, 1}},
 };
 
-static void flash_case(const tg_params *pp, const flash_batch *bt) {
+static void flash_case(const tg_params *pp, const tg_ragged *bt) {
   uint32_t lens[8];
-  for (uint32_t s = 0; s < bt->n; s++)
-    lens[s] = bt->prefix[s] + bt->qlen[s];
-  tg_params p = *pp;
-  p.num_seqs = bt->n;
-  p.lens = lens;
-  p.qlens = bt->qlen;
   tg_case c;
-  if (tg_case_build(&c, &p)) {
+  if (tg_ragged_case(&c, pp, bt, lens)) {
     CHECK(0, "case refused");
     return;
   }
-  tg_poison_unused(&c);
+  tg_params p = c.p;
   uint32_t D = p.head_dim;
   size_t n = (size_t)c.num_rows * c.num_heads * D;
   void *cpu_out = tg_xmalloc(n * 2), *gpu_out = tg_xmalloc(n * 2);

@@ -166,13 +166,8 @@ static void test_schedule(void) {
 
 /* ---- 2, 3. the model against the twin ------------------------------------ */
 
-/* The ragged batch of a case: (prefix, new rows) per request. */
-typedef struct batch {
-  uint32_t n;
-  uint32_t prefix[8], qlen[8];
-} batch;
 
-static const batch batches[] = {
+static const tg_ragged batches[] = {
     /* prefix 0; chunk 1 (decode rows) with and without prefix; a prefix
      * not a multiple of the tile; q_len 0 with and without keys; lengths
      * off every multiple of 64 */
@@ -181,21 +176,15 @@ static const batch batches[] = {
     {3, {0, 511, 65}, {257, 2, 63}},
 };
 
-static void attn_pair(const tg_params *pp, const batch *bt, int plant,
+static void attn_pair(const tg_params *pp, const tg_ragged *bt, int plant,
                       double *x_twin, double *e_ref) {
   uint32_t lens[8];
-  for (uint32_t s = 0; s < bt->n; s++)
-    lens[s] = bt->prefix[s] + bt->qlen[s];
-  tg_params p = *pp;
-  p.num_seqs = bt->n;
-  p.lens = lens;
-  p.qlens = bt->qlen;
   tg_case c;
-  if (tg_case_build(&c, &p)) {
+  if (tg_ragged_case(&c, pp, bt, lens)) {
     CHECK(0, "case refused");
     return;
   }
-  tg_poison_unused(&c);
+  tg_params p = c.p;
   uint32_t D = p.head_dim;
   size_t n = (size_t)c.num_rows * c.num_heads * D;
   void *twin = tg_xmalloc(n * 2), *model = tg_xmalloc(n * 2);
@@ -223,7 +212,7 @@ static void test_model(void) {
   for (uint32_t dt = KVS_DTYPE_FP16; dt <= KVS_DTYPE_BF16; dt++)
     for (int id = 0; id < 3; id++)
       for (int ir = 0; ir < 3; ir++, k++) {
-        const batch *bt = &batches[k % 3];
+        const tg_ragged *bt = &batches[k % 3];
         tg_params p = {.block_size = k % 2 ? 32 : 16, .num_kv_heads = 2,
                        .head_dim = dims[id], .ratio = ratios[ir], .dtype = dt,
                        .qo_dtype = dt, .num_layers = 2, .layer = (uint32_t)k % 2,
@@ -325,6 +314,20 @@ static void emu_mma(float c[32][4], const uint32_t a[32][4],
     }
 }
 
+/* The two mma of one ldmatrix .x4 of B: registers 0, 1 are the b0, b1 of
+ * the first n-tile (into c0), registers 2, 3 those of the second (c1). */
+static void emu_mma_x4(float c0[32][4], float c1[32][4],
+                       const uint32_t a[32][4], const uint32_t b[32][4]) {
+  uint32_t b0[32], b1[32];
+  for (uint32_t i = 0; i < 2; i++) {
+    for (uint32_t L = 0; L < 32; L++) {
+      b0[L] = b[L][2 * i];
+      b1[L] = b[L][2 * i + 1];
+    }
+    emu_mma(i ? c1 : c0, a, b0, b1);
+  }
+}
+
 static uint32_t pack_h(float lo, float hi) {
   return kvs_float_to_fp16(lo) | (uint32_t)kvs_float_to_fp16(hi) << 16;
 }
@@ -353,7 +356,7 @@ static int emu_warp(uint32_t D, uint32_t w, uint64_t *rng) {
   int bad = 0;
   /* S = Q K^T, wired as the kernel does */
   float (*sc)[32][4] = calloc(BN / 8, sizeof *sc);
-  uint32_t off[32], af[32][4], b[32][4], b0[32], b1[32];
+  uint32_t off[32], af[32][4], b[32][4];
   for (uint32_t ks = 0; ks < D / 16; ks++) {
     for (uint32_t L = 0; L < 32; L++)
       off[L] = kvs__pf_smem_off(D, 16 * w + kvs__pf_ldq_row(L), kvs__pf_ldq_chunk(L, ks));
@@ -362,16 +365,7 @@ static int emu_warp(uint32_t D, uint32_t w, uint64_t *rng) {
       for (uint32_t L = 0; L < 32; L++)
         off[L] = kvs__pf_smem_off(D, kvs__pf_ldk_row(L, np), kvs__pf_ldk_chunk(L, ks));
       emu_ldsm(sk, off, 0, b);
-      for (uint32_t L = 0; L < 32; L++) {
-        b0[L] = b[L][0];
-        b1[L] = b[L][1];
-      }
-      emu_mma(sc[2 * np], af, b0, b1);
-      for (uint32_t L = 0; L < 32; L++) {
-        b0[L] = b[L][2];
-        b1[L] = b[L][3];
-      }
-      emu_mma(sc[2 * np + 1], af, b0, b1);
+      emu_mma_x4(sc[2 * np], sc[2 * np + 1], af, b);
     }
   }
   for (uint32_t n = 0; n < BN / 8; n++)
@@ -400,16 +394,7 @@ static int emu_warp(uint32_t D, uint32_t w, uint64_t *rng) {
       for (uint32_t L = 0; L < 32; L++)
         off[L] = kvs__pf_smem_off(D, kvs__pf_ldv_row(L, kk), kvs__pf_ldv_chunk(L, dp));
       emu_ldsm(sv, off, 1, b);
-      for (uint32_t L = 0; L < 32; L++) {
-        b0[L] = b[L][0];
-        b1[L] = b[L][1];
-      }
-      emu_mma(o[2 * dp], af, b0, b1);
-      for (uint32_t L = 0; L < 32; L++) {
-        b0[L] = b[L][2];
-        b1[L] = b[L][3];
-      }
-      emu_mma(o[2 * dp + 1], af, b0, b1);
+      emu_mma_x4(o[2 * dp], o[2 * dp + 1], af, b);
     }
   }
   for (uint32_t i = 0; i < D / 8; i++)
@@ -585,7 +570,7 @@ static void emu_cta(const kvs_attn_args *a, uint32_t h, uint32_t bx,
         ml[w][L][hl] = -INFINITY;
         ll[w][L][hl] = 0.f;
       }
-  uint32_t off[32], b[32][4], b0[32], b1[32], af[32][4];
+  uint32_t off[32], b[32][4], af[32][4];
   for (uint32_t kt = 0; kt < p.n_ktiles; kt++) {
     emu_wait(m, 1);
     for (uint32_t w = 0; w < KVS__PF_WARPS; w++) {
@@ -603,16 +588,7 @@ static void emu_cta(const kvs_attn_args *a, uint32_t h, uint32_t bx,
             off[L] = sK + kvs__pf_smem_off(D, kvs__pf_ldk_row(L, np),
                                           kvs__pf_ldk_chunk(L, ks));
           emu_ldsm(m->h, off, 0, b);
-          for (uint32_t L = 0; L < 32; L++) {
-            b0[L] = b[L][0];
-            b1[L] = b[L][1];
-          }
-          emu_mma(S[2 * np], qf[w * KS + ks], b0, b1);
-          for (uint32_t L = 0; L < 32; L++) {
-            b0[L] = b[L][2];
-            b1[L] = b[L][3];
-          }
-          emu_mma(S[2 * np + 1], qf[w * KS + ks], b0, b1);
+          emu_mma_x4(S[2 * np], S[2 * np + 1], qf[w * KS + ks], b);
         }
       }
     }
@@ -676,16 +652,7 @@ static void emu_cta(const kvs_attn_args *a, uint32_t h, uint32_t bx,
             off[L] = sV + kvs__pf_smem_off(D, kvs__pf_ldv_row(L, kk),
                                           kvs__pf_ldv_chunk(L, dp));
           emu_ldsm(m->h, off, 1, b);
-          for (uint32_t L = 0; L < 32; L++) {
-            b0[L] = b[L][0];
-            b1[L] = b[L][1];
-          }
-          emu_mma(o[w * DT + 2 * dp], af, b0, b1);
-          for (uint32_t L = 0; L < 32; L++) {
-            b0[L] = b[L][2];
-            b1[L] = b[L][3];
-          }
-          emu_mma(o[w * DT + 2 * dp + 1], af, b0, b1);
+          emu_mma_x4(o[w * DT + 2 * dp], o[w * DT + 2 * dp + 1], af, b);
         }
       }
     }
@@ -726,21 +693,15 @@ static void emu_cta(const kvs_attn_args *a, uint32_t h, uint32_t bx,
 
 /* The emulated kernel over a whole grid, against the twin and the naive
  * reference: excess over the twin's tolerance. */
-static double emu_grid_case(const tg_params *pp, const batch *bt, int plant,
-                            double *e_ref) {
+static double emu_grid_case(const tg_params *pp, const tg_ragged *bt,
+                            int plant, double *e_ref) {
   uint32_t lens[8];
-  for (uint32_t s = 0; s < bt->n; s++)
-    lens[s] = bt->prefix[s] + bt->qlen[s];
-  tg_params p = *pp;
-  p.num_seqs = bt->n;
-  p.lens = lens;
-  p.qlens = bt->qlen;
   tg_case c;
-  if (tg_case_build(&c, &p)) {
+  if (tg_ragged_case(&c, pp, bt, lens)) {
     CHECK(0, "case refused");
     return 1e9;
   }
-  tg_poison_unused(&c);
+  tg_params p = c.p;
   size_t n = (size_t)c.num_rows * c.num_heads * p.head_dim;
   void *twin = tg_xmalloc(n * 2), *got = tg_xmalloc(n * 2);
   double *ref = tg_xmalloc(sizeof(double) * (n ? n : 1));
@@ -771,7 +732,7 @@ static double emu_grid_case(const tg_params *pp, const batch *bt, int plant,
 /* Smaller batches than the model's (the emulation is slow under ASan):
  * prefix 0 and off the tile, chunk 1, q_len 0 with and without keys, more
  * than one query and key tile. */
-static const batch emu_batches[] = {
+static const tg_ragged emu_batches[] = {
     {6, {0, 100, 37, 0, 9, 64}, {70, 1, 40, 0, 0, 3}},
     {3, {129, 0, 5}, {31, 90, 1}},
 };
@@ -831,21 +792,15 @@ static void *dev_copy(const void *host, size_t bytes) {
 
 /* One prefill call through kvs_cuda_prefill_attention: expect the flash
  * kernel or not; the result against the twin. */
-static void standin_case(const tg_params *pp, const batch *bt, int want_flash) {
+static void standin_case(const tg_params *pp, const tg_ragged *bt,
+                         int want_flash) {
   uint32_t lens[8];
-  for (uint32_t s = 0; s < bt->n; s++)
-    lens[s] = bt->prefix[s] + bt->qlen[s];
-  tg_params p = *pp;
-  p.num_seqs = bt->n;
-  p.lens = lens;
-  p.qlens = bt->qlen;
   tg_case c;
-  if (tg_case_build(&c, &p)) {
+  if (tg_ragged_case(&c, pp, bt, lens)) {
     CHECK(0, "case refused");
     return;
   }
-  if (kvs_dtype_size(p.dtype) == 2)
-    tg_poison_unused(&c);
+  tg_params p = c.p;
   size_t qes = kvs_dtype_size(p.qo_dtype);
   size_t n = (size_t)c.num_rows * c.num_heads * p.head_dim;
   void *twin = tg_xmalloc(n * qes), *got = tg_xmalloc(n * qes);

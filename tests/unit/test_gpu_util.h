@@ -277,6 +277,30 @@ static inline void tg_poison_unused(tg_case *c) {
   free(used);
 }
 
+/* A ragged prefill batch: (cached prefix, new rows) per request. */
+typedef struct tg_ragged {
+  uint32_t n;
+  uint32_t prefix[8], qlen[8];
+} tg_ragged;
+
+/* The case of *pp for batch bt: lens (bt->n entries, kept for the case's
+ * life) gets prefix + new rows per request; a 16-bit pool's unused memory
+ * is poisoned.  0, or -1 when the layout is refused. */
+static inline int tg_ragged_case(tg_case *c, const tg_params *pp,
+                                 const tg_ragged *bt, uint32_t *lens) {
+  tg_params p = *pp;
+  for (uint32_t s = 0; s < bt->n; s++)
+    lens[s] = bt->prefix[s] + bt->qlen[s];
+  p.num_seqs = bt->n;
+  p.lens = lens;
+  p.qlens = bt->qlen;
+  if (tg_case_build(c, &p))
+    return -1;
+  if (kvs_dtype_size(p.dtype) == 2)
+    tg_poison_unused(c);
+  return 0;
+}
+
 /* Attention args for the case over a pool at `base` (host or device), with
  * metadata arrays given (host or device). */
 static inline void tg_case_args(const tg_case *c, kvs_attn_args *a, void *base,
