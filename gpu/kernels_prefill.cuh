@@ -102,7 +102,7 @@ __device__ __forceinline__ void pf_load_kv(uint32_t tile, const kvs_paged_kv &kv
 template <typename T, int D>
 __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a) {
   constexpr int BM = KVS__PF_BM;
-  constexpr int BN = D > 128 ? 16 : 64; /* kvs__pf_bn(D) */
+  constexpr int BN = KVS__PF_BN(D);
   constexpr int NT = BN / 8;            /* score n-tiles per warp */
   constexpr int DT = D / 8;             /* output n-tiles per warp */
   constexpr int KS = D / 16;            /* k-steps of Q.K^T */
@@ -158,13 +158,11 @@ __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a) {
   const uint32_t len = a.seq_lens[s];
   kvs__pf_plan p;
   kvs__pf_plan_tile(q_len, len, ratio, BN, tile, &p);
-  const uint64_t hq0 = (uint64_t)h * ratio;
 
   if (p.empty) { /* no key for any row: zeros */
     for (uint32_t i = tid; i < p.rows * CH; i += KVS__PF_THREADS) {
       const uint32_t pr = p.row0 + i / CH;
-      const uint64_t qrow = (uint64_t)(q0 + kvs__pf_row_token(pr, ratio)) * a.num_heads +
-                            hq0 + kvs__pf_row_head(pr, ratio);
+      const uint64_t qrow = kvs__pf_qrow(q0, pr, ratio, a.num_heads, h);
       *(uint4 *)((char *)a.out + qrow * D * 2 + (i % CH) * 16) = make_uint4(0, 0, 0, 0);
     }
     return;
@@ -182,8 +180,7 @@ __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a) {
     const uint32_t dst = pf_at<D>(sQ, r, c);
     if (r < p.rows) {
       const uint32_t pr = p.row0 + r;
-      const uint64_t qrow = (uint64_t)(q0 + kvs__pf_row_token(pr, ratio)) * a.num_heads +
-                            hq0 + kvs__pf_row_head(pr, ratio);
+      const uint64_t qrow = kvs__pf_qrow(q0, pr, ratio, a.num_heads, h);
       pf_cp_async16(dst, (const char *)a.q + qrow * D * 2 + c * 16);
     } else {
       pf_zero16(dst);
@@ -335,8 +332,7 @@ __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a) {
     if (r >= p.rows)
       continue;
     const uint32_t pr = p.row0 + r;
-    const uint64_t qrow = (uint64_t)(q0 + kvs__pf_row_token(pr, ratio)) * a.num_heads +
-                          hq0 + kvs__pf_row_head(pr, ratio);
+    const uint64_t qrow = kvs__pf_qrow(q0, pr, ratio, a.num_heads, h);
     char *orow = (char *)a.out + qrow * D * 2;
     const float inv = hl ? inv_hi : inv_lo;
 #pragma unroll

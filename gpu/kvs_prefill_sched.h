@@ -40,8 +40,9 @@
 /* Keys per tile: 64 for head_dim 64 and 128; 16 for 256, so that Q, K and V
  * tiles of 16-bit elements, (BM + 2 * BN) * D * 2 bytes, fit the 48 KiB a
  * launch may ask for without an attribute (24, 48, 48 KiB). */
+#define KVS__PF_BN(head_dim) ((head_dim) > 128 ? 16u : 64u)
 static inline KVS_HD uint32_t kvs__pf_bn(uint32_t head_dim) {
-  return head_dim > 128 ? 16u : 64u;
+  return KVS__PF_BN(head_dim);
 }
 
 /* Dynamic shared memory of one CTA, in bytes (16-bit elements). */
@@ -143,6 +144,16 @@ static inline KVS_HD uint32_t kvs__pf_row_token(uint32_t r, uint32_t ratio) {
 }
 static inline KVS_HD uint32_t kvs__pf_row_head(uint32_t r, uint32_t ratio) {
   return r % ratio;
+}
+
+/* The q and out row (of head_dim elements) of packed row r of kv head h,
+ * for a request whose new rows start at row q0 of num_heads query heads:
+ * token q0 + r / ratio, query head h * ratio + r % ratio. */
+static inline KVS_HD uint64_t kvs__pf_qrow(uint32_t q0, uint32_t r,
+                                           uint32_t ratio, uint32_t num_heads,
+                                           uint32_t h) {
+  return (uint64_t)(q0 + kvs__pf_row_token(r, ratio)) * num_heads +
+         (uint64_t)h * ratio + kvs__pf_row_head(r, ratio);
 }
 
 /* Position of row `local` of the tile (0..BM-1); rows past p->rows (padding,

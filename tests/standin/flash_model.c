@@ -80,8 +80,7 @@ int kvs__flash_model(const kvs_attn_args *a, uint32_t grid_x, uint32_t grid_y,
       kvs__pf_plan_tile(q_len, len, ratio, BN, tile, &p);
       for (uint32_t r = 0; r < p.rows; r++) {
         uint32_t pr = p.row0 + r;
-        qrow[r] = (uint64_t)(a->q_start[s] + kvs__pf_row_token(pr, ratio)) *
-                      a->num_heads + (uint64_t)h * ratio + kvs__pf_row_head(pr, ratio);
+        qrow[r] = kvs__pf_qrow(a->q_start[s], pr, ratio, a->num_heads, h);
         for (uint32_t d = 0; d < D; d++) {
           q[r * D + d] = ld16(a->q, qrow[r] * D + d, dt);
           o[r * D + d] = 0.f;

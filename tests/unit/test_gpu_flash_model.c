@@ -539,12 +539,10 @@ static void emu_cta(const kvs_attn_args *a, uint32_t h, uint32_t bx,
   const uint32_t len = a->seq_lens[s];
   kvs__pf_plan p;
   kvs__pf_plan_tile(q_len, len, ratio, BN, tile, &p);
-  const uint64_t hq0 = (uint64_t)h * ratio;
   if (p.empty) {
     for (uint32_t i = 0; i < p.rows * CH; i++) {
       uint32_t pr = p.row0 + i / CH;
-      uint64_t qrow = (uint64_t)(q0 + kvs__pf_row_token(pr, ratio)) * a->num_heads +
-                      hq0 + kvs__pf_row_head(pr, ratio);
+      uint64_t qrow = kvs__pf_qrow(q0, pr, ratio, a->num_heads, h);
       memset((char *)a->out + qrow * D * 2 + (i % CH) * 16, 0, 16);
     }
     return;
@@ -558,8 +556,7 @@ static void emu_cta(const kvs_attn_args *a, uint32_t h, uint32_t bx,
     uint32_t r = i / CH, c = i % CH, dst = sQ + kvs__pf_smem_off(D, r, c);
     if (r < p.rows) {
       uint32_t pr = p.row0 + r;
-      uint64_t qrow = (uint64_t)(q0 + kvs__pf_row_token(pr, ratio)) * a->num_heads +
-                      hq0 + kvs__pf_row_head(pr, ratio);
+      uint64_t qrow = kvs__pf_qrow(q0, pr, ratio, a->num_heads, h);
       emu_cp_async(m, dst, (const char *)a->q + qrow * D * 2 + c * 16);
     } else {
       emu_zero16(m, dst);
@@ -690,8 +687,7 @@ static void emu_cta(const kvs_attn_args *a, uint32_t h, uint32_t bx,
         if (r >= p.rows)
           continue;
         uint32_t pr = p.row0 + r;
-        uint64_t qrow = (uint64_t)(q0 + kvs__pf_row_token(pr, ratio)) * a->num_heads +
-                        hq0 + kvs__pf_row_head(pr, ratio);
+        uint64_t qrow = kvs__pf_qrow(q0, pr, ratio, a->num_heads, h);
         char *orow = (char *)a->out + qrow * D * 2;
         float inv = ll[w][L][hl] > 0.f ? 1.f / ll[w][L][hl] : 0.f;
         for (uint32_t i = 0; i < DT; i++) {
