@@ -80,6 +80,13 @@ void core_policy_hint(core *c, uint32_t b, uint32_t value) {
 #define SPARE_BLOCKS 1024u
 #define SPARE_TOKENS 8192u
 
+/* A request's memory, once nothing refers to it. */
+static void req_dealloc(core_req *r) {
+  free(r->blocks);
+  free(r->tokens);
+  free(r);
+}
+
 /* Blocks hashed ahead of their index probes (core_lookup, seal_blocks): a
  * big index is probed at random, and a probe that waits for memory costs
  * more than hashing a block, so the slots are fetched while the next blocks
@@ -161,9 +168,7 @@ void core_destroy(core *c) {
   while (c->spare != NULL) {
     core_req *r = c->spare;
     c->spare = r->next;
-    free(r->blocks);
-    free(r->tokens);
-    free(r);
+    req_dealloc(r);
   }
   if (c->policy->destroy != NULL)
     c->policy->destroy(c);
@@ -266,10 +271,8 @@ void core_req_free(core *c, core_req *r) {
   if (r->next != NULL)
     r->next->prev = r->prev;
   c->nreqs--;
-  if (c->nspare + 1 > SPARE_REQS) {
-    free(r->blocks);
-    free(r->tokens);
-    free(r);
+  if (c->nspare + 1 > SPARE_REQS) { /* (not >=: SPARE_REQS may be 0) */
+    req_dealloc(r);
     return;
   }
   if (r->cap_blocks > SPARE_BLOCKS) {
