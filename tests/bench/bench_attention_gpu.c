@@ -95,6 +95,24 @@ static void fill_random(void *d, size_t bytes) {
   free(h);
 }
 
+/* Block ids 0 .. n-1 in a random order: the requests' tables, one after
+ * the other, scattered over the pool. */
+static uint32_t *shuffled_ids(uint32_t n) {
+  uint32_t *ids = malloc(sizeof(uint32_t) * (n ? n : 1));
+  if (!ids) {
+    printf("out of memory\n");
+    exit(1);
+  }
+  for (uint32_t i = 0; i < n; i++)
+    ids[i] = i;
+  for (uint32_t i = n; i > 1; i--) {
+    uint32_t j = (uint32_t)(next_rand() % i), t = ids[i - 1];
+    ids[i - 1] = ids[j];
+    ids[j] = t;
+  }
+  return ids;
+}
+
 typedef struct {
   uint32_t dtype, batch, len, heads, kvh, dim;
 } bench_cfg;
@@ -115,15 +133,8 @@ static void run_cfg(const bench_cfg *c, int reps, int one_pass, double copy_bw,
     printf("layout refused\n");
     exit(1);
   }
-  uint32_t *tables = malloc(sizeof(uint32_t) * l.num_blocks);
+  uint32_t *tables = shuffled_ids(l.num_blocks);
   uint32_t *lens = malloc(sizeof(uint32_t) * B);
-  for (uint32_t i = 0; i < l.num_blocks; i++)
-    tables[i] = i;
-  for (uint32_t i = l.num_blocks; i > 1; i--) { /* shuffled tables */
-    uint32_t j = (uint32_t)(next_rand() % i), t = tables[i - 1];
-    tables[i - 1] = tables[j];
-    tables[j] = t;
-  }
   for (uint32_t s = 0; s < B; s++)
     lens[s] = len;
   /* q/out in the cache dtype, fp16 for int8/fp8 */
@@ -212,16 +223,9 @@ static void run_prefill(uint32_t B, uint32_t prefix, uint32_t qlen, int reps) {
     printf("layout refused\n");
     exit(1);
   }
-  uint32_t *tables = malloc(sizeof(uint32_t) * l.num_blocks);
+  uint32_t *tables = shuffled_ids(l.num_blocks);
   uint32_t *lens = malloc(sizeof(uint32_t) * B);
   uint32_t *qs = malloc(sizeof(uint32_t) * (B + 1));
-  for (uint32_t i = 0; i < l.num_blocks; i++)
-    tables[i] = i;
-  for (uint32_t i = l.num_blocks; i > 1; i--) {
-    uint32_t j = (uint32_t)(next_rand() % i), t = tables[i - 1];
-    tables[i - 1] = tables[j];
-    tables[j] = t;
-  }
   qs[0] = 0;
   for (uint32_t s = 0; s < B; s++) {
     lens[s] = len;
