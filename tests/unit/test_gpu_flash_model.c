@@ -206,6 +206,27 @@ static void attn_pair(const tg_params *pp, const tg_ragged *bt, int plant,
   tg_case_free(&c);
 }
 
+/* A case's verdict against the twin (x: excess over its tolerance) and
+ * the naive reference (e: max error), printed and counted. */
+static void report_case(const char *what, const tg_params *p, int batch,
+                        double x, double e) {
+  int ok = x <= 1.0 && e <= tg_tol(p->qo_dtype);
+  printf("%s %s %s bs=%u D=%-3u ratio=%u batch %d: vs twin %.2f of the "
+         "tolerance, vs naive %.2e\n",
+         ok ? "ok  " : "FAIL", what, kvs_dtype_name(p->dtype), p->block_size,
+         p->head_dim, p->ratio, batch, x, e);
+  failures += !ok;
+}
+
+/* A planted fault must take the result past the twin's tolerance. */
+static void report_plant(const char *where, const char *what, double x) {
+  int caught = x > 1.0;
+  printf("%s %s (%s): vs twin %.2f of the tolerance, %s\n",
+         caught ? "ok  " : "FAIL", where, what, x,
+         caught ? "caught" : "NOT caught");
+  failures += !caught;
+}
+
 /* Under AddressSanitizer the largest model cases (head_dim x GQA ratio of
  * 1024 or more: D 128 at ratio 8, D 256 at 4 and 8) took 40 of the test's
  * 57 s, in code the smaller cases run too; the plain build runs them all. */
@@ -235,12 +256,7 @@ static void test_model(void) {
                        .seed = 7000 + (uint64_t)k};
         double x, e;
         attn_pair(&p, bt, KVS__FLASH_PLANT_NONE, &x, &e);
-        int ok = x <= 1.0 && e <= tg_tol(dt);
-        printf("%s model %s bs=%u D=%-3u ratio=%u batch %d: vs twin %.2f of "
-               "the tolerance, vs naive %.2e\n",
-               ok ? "ok  " : "FAIL", kvs_dtype_name(dt), p.block_size, p.head_dim,
-               p.ratio, k % 3, x, e);
-        failures += !ok;
+        report_case("model", &p, k % 3, x, e);
       }
   /* the same comparisons must catch a planted fault */
   static const struct {
@@ -255,11 +271,7 @@ static void test_model(void) {
                    .seed = 9100 + (uint64_t)i};
     double x, e;
     attn_pair(&p, &batches[0], plants[i].plant, &x, &e);
-    int caught = x > 1.0;
-    printf("%s planted fault (%s): vs twin %.2f of the tolerance, %s\n",
-           caught ? "ok  " : "FAIL", plants[i].what, x,
-           caught ? "caught" : "NOT caught");
-    failures += !caught;
+    report_plant("planted fault", plants[i].what, x);
   }
 }
 
@@ -761,12 +773,7 @@ static void test_emulated_kernel(void) {
                      .spare_blocks = 3, .q_scale = k % 2 ? 4.f : 1.f,
                      .seed = 15000 + (uint64_t)k};
       double e, x = emu_grid_case(&p, &emu_batches[k % 2], EMU_PLANT_NONE, &e);
-      int ok = x <= 1.0 && e <= tg_tol(dt);
-      printf("%s emulated kernel %s bs=%u D=%-3u ratio=%u batch %d: vs twin "
-             "%.2f of the tolerance, vs naive %.2e\n",
-             ok ? "ok  " : "FAIL", kvs_dtype_name(dt), p.block_size, p.head_dim,
-             p.ratio, k % 2, x, e);
-      failures += !ok;
+      report_case("emulated kernel", &p, k % 2, x, e);
     }
   static const struct {
     int plant;
@@ -779,12 +786,7 @@ static void test_emulated_kernel(void) {
                    .num_layers = 1, .spare_blocks = 2, .q_scale = 1.f,
                    .seed = 9300 + (uint64_t)i};
     double e, x = emu_grid_case(&p, &emu_batches[0], plants[i].plant, &e);
-    int caught = !(x <= 1.0);
-    printf("%s planted fault in the emulated kernel (%s): vs twin %.2f of the "
-           "tolerance, %s\n",
-           caught ? "ok  " : "FAIL", plants[i].what, x,
-           caught ? "caught" : "NOT caught");
-    failures += !caught;
+    report_plant("planted fault in the emulated kernel", plants[i].what, x);
   }
 }
 
