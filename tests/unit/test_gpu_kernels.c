@@ -761,6 +761,17 @@ static void quant_shapes(void) {
   assert_int_equal(cases, 16);
 }
 
+/* Decode over case c on the selected body (*out, n floats) and the float64
+ * reference (*ref), both the caller's to free. */
+static void quant_decode(tg_case *c, size_t n, float **out, double **ref) {
+  kvs_attn_args a;
+  *out = tg_xmalloc(n * sizeof(float));
+  *ref = tg_xmalloc(n * sizeof(double));
+  tg_case_args(c, &a, c->pool, *out, c->q, c->seq_lens, NULL, c->tables);
+  assert_int_equal(kvs_cpu_decode_attention(&a, NULL), 0);
+  tg_naive(c, *ref);
+}
+
 /* NaN inside a written row reaches the outputs as the reference says: an
  * fp8 NaN code (0x7f, 0xff) in a key (every output of its kv head's query
  * heads NaN) or a value (that output element NaN); an int8 row whose scale
@@ -791,12 +802,9 @@ static void quant_nan(void) {
           k[d] = v[d] = NAN;
       }
       size_t n = (size_t)c.num_rows * c.num_heads * D, nans = 0;
-      float *out = tg_xmalloc(n * sizeof(float));
-      double *ref = tg_xmalloc(n * sizeof(double));
-      kvs_attn_args a;
-      tg_case_args(&c, &a, c.pool, out, c.q, c.seq_lens, NULL, c.tables);
-      assert_int_equal(kvs_cpu_decode_attention(&a, NULL), 0);
-      tg_naive(&c, ref);
+      float *out;
+      double *ref;
+      quant_decode(&c, n, &out, &ref);
       for (size_t i = 0; i < n; i++) {
         if (isnan(ref[i]) != isnan(out[i]))
           fail_msg("%s body, %s cache, NaN at token %u: element %zu is %g, "
@@ -815,6 +823,49 @@ static void quant_nan(void) {
     }
 }
 
+/* Every fp8 code but the NaN ones, read by the body: the rows of tokens 3
+ * and 4 (key: seq 0, kv head 0; value: seq 1, kv head 1) hold codes 0x00
+ * to 0xfe in turn (0x7f, 0xff: 0x00), so that each body's conversion of
+ * each code (subnormals, both signs, the largest) meets the reference's
+ * kvs_fp8_to_float. */
+static void quant_codes(void) {
+  const uint32_t lens[] = {40, 40}, D = 128, kvh = 2;
+  const tg_params p = quant_params(KVS_DTYPE_FP8, 16, D, 4, KVS_DTYPE_FP32,
+                                   2, lens, NULL, 1.f, 4242);
+  tg_case c;
+  assert_int_equal(tg_case_build(&c, &p), 0);
+  const kvs_layout *l = &c.layout;
+  for (uint32_t t = 3; t <= 4; t++) {
+    uint32_t b0 = c.tables[0 * c.max_blocks + t / 16];
+    uint32_t b1 = c.tables[1 * c.max_blocks + t / 16];
+    uint8_t *kb = kvs_elem_ptr(c.pool, l, b0, 1, 0, t % 16, 0);
+    uint8_t *vb = kvs_elem_ptr(c.pool, l, b1, 1, 1, t % 16, 1);
+    float ks = kvs_scale_ptr(c.pool, l, b0, 1, 0, t % 16, 0)[0];
+    float vs = kvs_scale_ptr(c.pool, l, b1, 1, 1, t % 16, 1)[0];
+    float *k = c.k[0] + ((size_t)t * kvh + 0) * D;
+    float *v = c.v[1] + ((size_t)t * kvh + 1) * D;
+    for (uint32_t d = 0; d < D; d++) {
+      uint8_t code = (uint8_t)((t - 3) * D + d);
+      if ((code & 0x7f) == 0x7f)
+        code = 0;
+      kb[d] = vb[d] = code;
+      k[d] = kvs_fp8_to_float(code) * ks;
+      v[d] = kvs_fp8_to_float(code) * vs;
+    }
+  }
+  size_t n = (size_t)c.num_rows * c.num_heads * D;
+  float *out;
+  double *ref;
+  quant_decode(&c, n, &out, &ref);
+  for (size_t i = 0; i < n; i++)
+    if (!(fabs(out[i] - ref[i]) <= tg_tol(KVS_DTYPE_FP32)))
+      fail_msg("%s body, every fp8 code: element %zu is %g, the reference "
+               "%g", kvs__cpu_attn_body(), i, out[i], ref[i]);
+  free(out);
+  free(ref);
+  tg_case_free(&c);
+}
+
 /* Every quantized case on one body, or a visible skip where the CPU lacks
  * it. */
 static void quant_on_body(int body) {
@@ -826,6 +877,7 @@ static void quant_on_body(int body) {
   assert_string_equal(kvs__cpu_attn_body(), quant_body_names[body]);
   quant_shapes();
   quant_nan();
+  quant_codes();
   quant_body_reset();
 }
 
