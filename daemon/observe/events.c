@@ -950,6 +950,23 @@ static int ours(const events *e, int fd) {
   return 0;
 }
 
+/* Ends connection fd now, leaving the descriptor to libzmq to close.
+ * shutdown() alone does not stop a flooder on TCP: Linux goes on taking
+ * the data it sends after SHUT_RD, and recv() returns it, so libzmq reads
+ * (and remembers) everything until the stream pauses.  connect() to
+ * AF_UNSPEC disconnects a TCP socket at once (an abortive close: the peer
+ * gets a reset, the queues are emptied, later reads fail).  A Unix socket
+ * refuses it, and needs only shutdown(): its peer's writes fail at once. */
+static int cut(int fd) {
+  struct sockaddr sa;
+
+  memset(&sa, 0, sizeof(sa));
+  sa.sa_family = AF_UNSPEC;
+  if (connect(fd, &sa, sizeof(sa)) == 0)
+    return 0;
+  return shutdown(fd, SHUT_RDWR);
+}
+
 /* A subscription from connection fd (-1: libzmq's own) could never match:
  * the connection goes after EV_REFUSED_MAX of them (above). */
 static void refused(events *e, int fd) {
@@ -968,7 +985,7 @@ static void refused(events *e, int fd) {
   if (++p->refused < EV_REFUSED_MAX)
     return;
   p->fd = -1;
-  if (!ours(e, fd) || shutdown(fd, SHUT_RDWR) != 0)
+  if (!ours(e, fd) || cut(fd) != 0)
     return;
   e->st.subscriber_drops++;
   log_at(e->drop_logged ? LOG_DEBUG : LOG_WARN, 0,

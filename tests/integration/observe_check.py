@@ -85,6 +85,10 @@ def check_exposition():
               .split()[1]) * 1024
     got = value(fams, "process_resident_memory_bytes")
     check(0.5 * rss <= got <= 2 * rss, f"process_resident_memory_bytes {got}, VmRSS {rss}")
+    heap = value(fams, "kvshare_heap_bytes")
+    check(64 << 10 <= heap <= value(fams, "process_virtual_memory_bytes"),
+          f"kvshare_heap_bytes {heap}, virtual "
+          f"{value(fams, 'process_virtual_memory_bytes')}")
     soft = [l for l in open(f"/proc/{daemon_pid}/limits") if l.startswith("Max open files")][0]
     check(value(fams, "process_max_fds") == int(soft.split()[3]), "process_max_fds")
     st = open(f"/proc/{daemon_pid}/stat").read().rsplit(")", 1)[1].split()

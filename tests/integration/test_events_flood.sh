@@ -1,8 +1,9 @@
 #!/bin/bash
 # test_events_flood — one unauthenticated peer of the KV event sockets
 # (200,000 subscriptions, 8 MiB and 4 MiB ones, 10,000 replay requests of
-# 100 KiB) grows kvshared by at most 16 MiB, and the subscribers that can
-# match the topic keep getting every batch.  events_flood.py does the work.
+# 100 KiB) grows kvshared's heap (and, but under ASan, its RSS) by at most
+# 16 MiB, and the subscribers that can match the topic keep getting every
+# batch.  events_flood.py does the work.
 set -u
 build=${KVS_BUILD:-build}
 here=$(dirname "$0")
