@@ -1,16 +1,23 @@
 #!/usr/bin/env python3
-"""What finer int8 scales would buy: the quantization error of attention
-over int8 K/V with one scale and minimum per row of a kv head (the cache's
-format, docs/kernels.md) against one per group of 64, 32 or 16 elements of
-the row, and the bytes each costs.  numpy only; no kvshare code runs.
+"""What finer int8 scales, or a rotation, would buy: the quantization error
+of attention over int8 K/V with one scale and minimum per row of a kv head
+(the cache's format, docs/kernels.md) against one per group of 64, 32 or
+16 elements of the row, and against the row format over rotated rows (a
+Hadamard rotation of K and V before quantizing, as QuaRot does; q rotated
+alike, the output rotated back), and the bytes each costs.  numpy only; no
+kvshare code runs.
 
 The setting is test_gpu_quant's: head_dim 128, 8 query heads over 2 kv
-heads, q Gaussian, softmax scale 1/sqrt(128), K/V Gaussian or Student-t
-with 3 degrees of freedom, the last 8 positions of 17, 512 and 8192 keys;
-the error is the relative RMS of the outputs against float64 attention
-over the unquantized K/V.  Each group's scale and minimum are float32
-(as the cache keeps them), or float16 (--half: half the bytes; their
-rounding adds to the error).  Deterministic (seeded).
+heads, q Gaussian, softmax scale 1/sqrt(128), K/V Gaussian, Student-t
+with 3 degrees of freedom, or Gaussian with 4 outlier channels (fixed
+elements of every row 20 times larger, as a real model's K has), the last
+8 positions of 17, 512 and 8192 keys; the error is the relative RMS of the
+outputs against float64 attention over the unquantized K/V.  Each group's
+scale and minimum are float32 (as the cache keeps them), or float16
+(--half: half the bytes; their rounding adds to the error).  The rotation
+is H / sqrt(128), H the 128 x 128 Sylvester-Hadamard matrix (orthogonal:
+scores and outputs are unchanged without quantization); it costs no bytes.
+Deterministic (seeded).
 
 usage: quant_groups.py [--half] [--keys 17,512,8192]
 """
@@ -38,6 +45,34 @@ def dequant(x, g, half):
     return (q * s.astype(np.float64) + lo).reshape(r, d)
 
 
+def hadamard(n):
+    """The n x n Sylvester-Hadamard matrix over sqrt(n): orthogonal."""
+    h = np.ones((1, 1))
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    return h / np.sqrt(n)
+
+
+ROT = hadamard(D)
+
+
+def dequant_rotated(x, half):
+    """dequant of the rotated rows, rotated back (ROT is symmetric)."""
+    xr = (x.astype(np.float64) @ ROT).astype(np.float32)
+    return dequant(xr, D, half) @ ROT
+
+
+def draws(rng):
+    """The K/V distributions, by name: [n][KVH][D] float32 each."""
+    def outliers(shape):
+        x = rng.standard_normal(shape)
+        x[..., [3, 50, 77, 101]] *= 20.0
+        return x
+    return (("gauss", rng.standard_normal),
+            ("student-t3", lambda shape: rng.standard_t(3, shape)),
+            ("outlier-ch", outliers))
+
+
 def attn(q, k, v):
     out = np.zeros((H, D))
     for h in range(H):
@@ -57,28 +92,31 @@ def main():
     sb = 2 if half else 4
     print("int8 K/V, a scale and minimum (float%d) per group; bytes per row of "
           "128 (fp16: 256):" % (16 if half else 32))
-    print("  " + "  ".join("g%-3d %3d B" % (g, D + 2 * sb * (D // g)) for g in GROUPS))
+    print("  " + "  ".join("g%-3d %3d B" % (g, D + 2 * sb * (D // g)) for g in GROUPS)
+          + "  rotated %3d B" % (D + 2 * sb))
     print("relative RMS error of attention against float64 over unquantized K/V:")
-    print("%-11s %5s  " % ("K/V", "keys") + "  ".join("%8s" % ("g%d" % g) for g in GROUPS))
-    for dist in ("gauss", "student-t3"):
+    print("%-11s %5s  " % ("K/V", "keys") + "  ".join("%8s" % ("g%d" % g) for g in GROUPS)
+          + "  %8s" % "rotated")
+    for dist, draw in draws(rng):
         for n in keys:
-            draw = (rng.standard_normal if dist == "gauss"
-                    else lambda shape: rng.standard_t(3, shape))
             k = draw((n, KVH, D)).astype(np.float32)
             v = draw((n, KVH, D)).astype(np.float32)
             kq = {g: dequant(k.reshape(-1, D), g, half).reshape(n, KVH, D) for g in GROUPS}
             vq = {g: dequant(v.reshape(-1, D), g, half).reshape(n, KVH, D) for g in GROUPS}
-            ref, out = [], {g: [] for g in GROUPS}
+            kq["rot"] = dequant_rotated(k.reshape(-1, D), half).reshape(n, KVH, D)
+            vq["rot"] = dequant_rotated(v.reshape(-1, D), half).reshape(n, KVH, D)
+            ref, out = [], {g: [] for g in kq}
             for pos in range(max(0, n - 8), n):
                 q = rng.standard_normal((H, D))
                 ref.append(attn(q, k[:pos + 1].astype(np.float64),
                                 v[:pos + 1].astype(np.float64)))
-                for g in GROUPS:
+                for g in kq:
                     out[g].append(attn(q, kq[g][:pos + 1], vq[g][:pos + 1]))
             r = np.array(ref)
             err = [np.sqrt(((np.array(out[g]) - r) ** 2).mean() / (r ** 2).mean())
-                   for g in GROUPS]
-            print("%-11s %5d  " % (dist, n) + "  ".join("%7.3f%%" % (100 * e) for e in err))
+                   for g in kq]
+            print("%-11s %5d  " % (dist, n) + "  ".join("%7.3f%%" % (100 * e) for e in err),
+                  flush=True)
 
 
 if __name__ == "__main__":
