@@ -173,27 +173,30 @@ size_t kvs_reply_bound(const kvs_call *call, uint32_t bs, uint32_t nb,
     return n + op_bound(&call->ops[0], bs, nb, compact);
   }
   *mutates = 0;
-  for (i = 0; i < call->nops; i++)
-    *mutates |= op_mutates(&call->ops[i]);
   msgs = call->nops < KVS_BATCH_MESSAGES ? call->nops : KVS_BATCH_MESSAGES;
   switch (call->shape) {
-  case KVS_SHAPE_OP:
-  case KVS_SHAPE_COMPACT_OP:
-  case KVS_SHAPE_COMPACT_PING:
-    return n + BOUND_OP; /* (no op: refused by the codec) */
   case KVS_SHAPE_BATCH:
-    for (i = 0; i < call->nops; i++) /* + the reply's tag and length */
+    for (i = 0; i < call->nops; i++) { /* + the reply's tag and length */
+      *mutates |= op_mutates(&call->ops[i]);
       n += 1 + 4 + op_bound(&call->ops[i], bs, nb, compact);
+    }
     return n + msgs * BOUND_MSG;
   case KVS_SHAPE_PACKED:
   case KVS_SHAPE_COMPACT_BATCH:
     /* result records and their blocks with the fields' tags and lengths;
      * per message its op index and its text */
-    for (i = 0; i < call->nops; i++)
+    for (i = 0; i < call->nops; i++) {
+      *mutates |= op_mutates(&call->ops[i]);
       blocks += op_blocks(&call->ops[i], bs, nb);
+    }
     return n + 16 + call->nops * KVS_PACKED_RESULT_SIZE + 4 * blocks +
            msgs * (6 + BOUND_MSG);
-  default: /* a refusal: its status alone */
-    return n;
+  default:
+    for (i = 0; i < call->nops; i++)
+      *mutates |= op_mutates(&call->ops[i]);
+    if (call->shape == KVS_SHAPE_OP || call->shape == KVS_SHAPE_COMPACT_OP ||
+        call->shape == KVS_SHAPE_COMPACT_PING)
+      return n + BOUND_OP; /* (no op: refused by the codec) */
+    return n; /* a refusal: its status alone */
   }
 }

@@ -204,8 +204,10 @@ size_t kvs__compact_reply_size(kvs_reply *rep, const kvs_call *call) {
     rep->len = n + call->res[0].u.pong.len;
   } else if (call->shape == KVS_SHAPE_COMPACT_BATCH) {
     kvs__results_count(call, &words, &nmsg);
+    rep->words = words; /* (for kvs__compact_reply_encode) */
+    rep->nmsg = nmsg;
     n += (size_t)call->nops * KVS_PACKED_RESULT_SIZE + words * 4;
-    for (uint32_t i = 0; i < call->nops; i++)
+    for (uint32_t i = 0; nmsg && i < call->nops; i++)
       if (kvs__has_message(&call->res[i]))
         n += kvs_compact_msg_size(kvs__message_len(call->res[i].message));
     rep->len = n;
@@ -256,16 +258,13 @@ void kvs__compact_reply_encode(const kvs_reply *rep, uint8_t *out) {
     if (h.count)
       memcpy(p, call->res[0].u.pong.data, h.count);
   } else if (call->shape == KVS_SHAPE_COMPACT_BATCH) {
-    size_t words, nmsg;
-
-    kvs__results_count(call, &words, &nmsg);
     h.count = call->nops;
-    h.words = (uint32_t)words;
+    h.words = (uint32_t)rep->words;
     kvs__results_write(call, p,
                        (uint32_t *)(void *)(p + (size_t)call->nops *
                                                     KVS_PACKED_RESULT_SIZE));
-    p += (size_t)call->nops * KVS_PACKED_RESULT_SIZE + words * 4;
-    for (uint32_t i = 0; i < call->nops; i++)
+    p += (size_t)call->nops * KVS_PACKED_RESULT_SIZE + rep->words * 4;
+    for (uint32_t i = 0; rep->nmsg && i < call->nops; i++)
       if (kvs__has_message(&call->res[i])) {
         p = put_msg(p, i, call->res[i].message);
         h.nmsg++;

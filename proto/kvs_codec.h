@@ -160,6 +160,8 @@ typedef struct kvs_reply {
   size_t *sizes;           /* a Batch's replies' sizes, or NULL */
   size_t resp_size, batch_size, payload;
   uint64_t store[8];       /* where resp is (no allocation per reply) */
+  /* a compact batch's: its results' block words and messages */
+  size_t words, nmsg;
 } kvs_reply;
 
 /* The framed size of the reply to call (results in call->res, or its
