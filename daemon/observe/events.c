@@ -17,15 +17,16 @@
  * messages go out by.  libzmq still remembers every subscription of a
  * manual XPUB, per connection, to undo it when the peer goes: a connection
  * that sends EV_REFUSED_MAX subscriptions that could never match within
- * EV_REFUSED_MS is shut down (its descriptor comes with each message,
- * ZMQ_SRCFD), which frees what libzmq kept for it.  A subscriber of
- * several daemons sends each the others' topics: a few, not 1024.
+ * EV_REFUSED_MS is disconnected (cut(); its descriptor comes with each
+ * message, ZMQ_SRCFD), which frees what libzmq kept for it.  A subscriber
+ * of several daemons sends each the others' topics: a few, not 1024.
  */
 #include <arpa/inet.h>
 #include <assert.h>
 #include <errno.h>
 #include <msgpack.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -950,20 +951,29 @@ static int ours(const events *e, int fd) {
   return 0;
 }
 
-/* Ends connection fd now, leaving the descriptor to libzmq to close.
- * shutdown() alone does not stop a flooder on TCP: Linux goes on taking
- * the data it sends after SHUT_RD, and recv() returns it, so libzmq reads
- * (and remembers) everything until the stream pauses.  connect() to
- * AF_UNSPEC disconnects a TCP socket at once (an abortive close: the peer
- * gets a reset, the queues are emptied, later reads fail).  A Unix socket
- * refuses it, and needs only shutdown(): its peer's writes fail at once. */
+/* Ends connection fd now, leaving the descriptor to libzmq to close; 0
+ * when it did.  After shutdown(), Linux still hands over everything queued
+ * for reading (up to the receive buffer, megabytes on loopback), which
+ * libzmq reads and keeps; only new data gets a reset.  connect() to
+ * AF_UNSPEC disconnects a TCP socket at once: an abortive close (the peer
+ * gets a reset, the queues are emptied, later reads fail).  A socket it
+ * already cut (TCP_CLOSE: libzmq has yet to see it) is left alone, so that
+ * what libzmq read of it before does not count a second drop.  A Unix
+ * socket takes no TCP_INFO, refuses the disconnect and needs only
+ * shutdown(): its peer's writes fail at once. */
 static int cut(int fd) {
+  struct tcp_info ti;
+  socklen_t tl = sizeof(ti);
   struct sockaddr sa;
 
-  memset(&sa, 0, sizeof(sa));
-  sa.sa_family = AF_UNSPEC;
-  if (connect(fd, &sa, sizeof(sa)) == 0)
-    return 0;
+  if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &tl) == 0) {
+    if (ti.tcpi_state == TCP_CLOSE)
+      return -1;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_family = AF_UNSPEC;
+    if (connect(fd, &sa, sizeof(sa)) == 0)
+      return 0;
+  }
   return shutdown(fd, SHUT_RDWR);
 }
 
