@@ -12,6 +12,7 @@
 #include <xxhash.h>
 
 #include "core_int.h"
+#include "kvs_asan.h"
 
 static const core_policy *const policies[] = {
     &core_policy_lru, &core_policy_slru, &core_policy_mq, &core_policy_opt};
@@ -67,16 +68,7 @@ void core_policy_hint(core *c, uint32_t b, uint32_t value) {
  * that a use of one is reported.  (Poisoning the parked spares instead
  * would not do: LeakSanitizer does not follow pointers through poisoned
  * memory, and reports the spares behind the first as leaks.) */
-#if defined(__SANITIZE_ADDRESS__)
-#define SPARE_REQS 0
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define SPARE_REQS 0
-#endif
-#endif
-#ifndef SPARE_REQS
-#define SPARE_REQS 64
-#endif
+#define SPARE_REQS (KVS_ASAN ? 0 : 64)
 #define SPARE_BLOCKS 1024u
 #define SPARE_TOKENS 8192u
 

@@ -24,16 +24,10 @@
 
 #include "daemon/log.h"
 #include "daemon/observe/metrics.h"
+#include "kvs_asan.h"
 #include "kvs_op.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define KVS_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define KVS_ASAN 1
-#endif
-#endif
-#ifdef KVS_ASAN /* (the runtime's interface; gcc installs no header) */
+#if KVS_ASAN /* (the runtime's interface; gcc installs no header) */
 size_t __sanitizer_get_current_allocated_bytes(void);
 #endif
 
@@ -504,7 +498,7 @@ static void render_process(FILE *f, double start_time) {
  * allocator glibc's does not see), the sanitizer's. */
 static void render_heap(FILE *f) {
   uint64_t bytes;
-#ifdef KVS_ASAN
+#if KVS_ASAN
   bytes = __sanitizer_get_current_allocated_bytes();
 #else
   struct mallinfo2 mi = mallinfo2();

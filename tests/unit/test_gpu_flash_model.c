@@ -35,6 +35,7 @@
 
 #include "gpu/kvs_kernels_int.h"
 #include "gpu/kvs_prefill_sched.h"
+#include "kvs_asan.h"
 #include "kvs_status.h"
 #include "test_gpu_util.h"
 #include "tests/standin/flash_model.h"
@@ -230,11 +231,7 @@ static void report_plant(const char *where, const char *what, double x) {
 /* Under AddressSanitizer the largest model cases (head_dim x GQA ratio of
  * 1024 or more: D 128 at ratio 8, D 256 at 4 and 8) took 40 of the test's
  * 57 s, in code the smaller cases run too; the plain build runs them all. */
-#if defined(__SANITIZE_ADDRESS__)
-#define MODEL_MAX_WORK 1024u
-#else
-#define MODEL_MAX_WORK UINT32_MAX
-#endif
+#define MODEL_MAX_WORK (KVS_ASAN ? 1024u : UINT32_MAX)
 
 static void test_model(void) {
   static const uint32_t dims[] = {64, 128, 256}, ratios[] = {1, 4, 8};

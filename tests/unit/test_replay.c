@@ -25,19 +25,10 @@
 
 #include <cmocka.h>
 
+#include "kvs_asan.h"
 #include "tools/replay/replay.h"
 #include "tools/replay/trace.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define SANITIZED 1
-#endif
-#endif
-#ifndef SANITIZED
-#define SANITIZED 0
-#endif
 
 #define TRACE_DIR "../shared/traces"
 /* Records replayed per trace under a sanitizer (0 = all). */
@@ -156,7 +147,7 @@ static trace *load_mooncake(const char *name) {
     skipped++;
     return NULL;
   }
-  int rc = trace_load(path, SANITIZED ? SAN_LIMIT : 0, &t, err, sizeof(err));
+  int rc = trace_load(path, KVS_ASAN ? SAN_LIMIT : 0, &t, err, sizeof(err));
   if (rc != 0)
     fail_msg("trace_load(%s): %s", path, err);
   return t;
@@ -457,7 +448,7 @@ static void test_replay_synthetic_tiers(void **state) {
   /* the tiers add hits, and serve every one of them */
   assert_true(two.hit_tokens > alone.hit_tokens);
   assert_true(two.tier_hit_tokens[CORE_TIER_HOST] > 0);
-  assert_true(three.tier_hit_tokens[CORE_TIER_DISK] > 0 || SANITIZED);
+  assert_true(three.tier_hit_tokens[CORE_TIER_DISK] > 0 || KVS_ASAN);
   assert_int_equal(two.tier_hit_tokens[CORE_TIER_DISK], 0);
   assert_int_equal(two.hit_tokens - two.tier_hit_tokens[CORE_TIER_HOST],
                    alone.hit_tokens);
