@@ -219,6 +219,14 @@ static void report_case(const char *what, const tg_params *p, int batch,
   failures += !ok;
 }
 
+/* The case a planted fault is tried on: fp16, D 64, GQA 4, block size 16. */
+static tg_params plant_params(uint64_t seed) {
+  return (tg_params){.block_size = 16, .num_kv_heads = 2, .head_dim = 64,
+                     .ratio = 4, .dtype = KVS_DTYPE_FP16,
+                     .qo_dtype = KVS_DTYPE_FP16, .num_layers = 1,
+                     .spare_blocks = 2, .q_scale = 1.f, .seed = seed};
+}
+
 /* A planted fault must take the result past the twin's tolerance. */
 static void report_plant(const char *where, const char *what, double x) {
   int caught = x > 1.0;
@@ -262,10 +270,7 @@ static void test_model(void) {
   } plants[] = {{KVS__FLASH_PLANT_MASK, "a row sees one key too many"},
                 {KVS__FLASH_PLANT_NOSKIP, "boundary tiles unmasked"}};
   for (int i = 0; i < 2; i++) {
-    tg_params p = {.block_size = 16, .num_kv_heads = 2, .head_dim = 64,
-                   .ratio = 4, .dtype = KVS_DTYPE_FP16, .qo_dtype = KVS_DTYPE_FP16,
-                   .num_layers = 1, .spare_blocks = 2, .q_scale = 1.f,
-                   .seed = 9100 + (uint64_t)i};
+    tg_params p = plant_params(9100 + (uint64_t)i);
     double x, e;
     attn_pair(&p, &batches[0], plants[i].plant, &x, &e);
     report_plant("planted fault", plants[i].what, x);
@@ -778,10 +783,7 @@ static void test_emulated_kernel(void) {
   } plants[] = {{EMU_PLANT_WAIT, "V read one commit group early"},
                 {EMU_PLANT_PACK, "P packed high half first"}};
   for (int i = 0; i < 2; i++) {
-    tg_params p = {.block_size = 16, .num_kv_heads = 2, .head_dim = 64,
-                   .ratio = 4, .dtype = KVS_DTYPE_FP16, .qo_dtype = KVS_DTYPE_FP16,
-                   .num_layers = 1, .spare_blocks = 2, .q_scale = 1.f,
-                   .seed = 9300 + (uint64_t)i};
+    tg_params p = plant_params(9300 + (uint64_t)i);
     double e, x = emu_grid_case(&p, &emu_batches[0], plants[i].plant, &e);
     report_plant("planted fault in the emulated kernel", plants[i].what, x);
   }
