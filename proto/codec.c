@@ -175,6 +175,10 @@ size_t kvs_reply_bound(const kvs_call *call, uint32_t bs, uint32_t nb,
   *mutates = 0;
   msgs = call->nops < KVS_BATCH_MESSAGES ? call->nops : KVS_BATCH_MESSAGES;
   switch (call->shape) {
+  case KVS_SHAPE_OP:
+  case KVS_SHAPE_COMPACT_OP:
+  case KVS_SHAPE_COMPACT_PING:
+    return n + BOUND_OP; /* (no op: refused by the codec) */
   case KVS_SHAPE_BATCH:
     for (i = 0; i < call->nops; i++) { /* + the reply's tag and length */
       *mutates |= op_mutates(&call->ops[i]);
@@ -191,12 +195,9 @@ size_t kvs_reply_bound(const kvs_call *call, uint32_t bs, uint32_t nb,
     }
     return n + 16 + call->nops * KVS_PACKED_RESULT_SIZE + 4 * blocks +
            msgs * (6 + BOUND_MSG);
-  default:
+  default: /* a refusal: its status alone */
     for (i = 0; i < call->nops; i++)
       *mutates |= op_mutates(&call->ops[i]);
-    if (call->shape == KVS_SHAPE_OP || call->shape == KVS_SHAPE_COMPACT_OP ||
-        call->shape == KVS_SHAPE_COMPACT_PING)
-      return n + BOUND_OP; /* (no op: refused by the codec) */
-    return n; /* a refusal: its status alone */
+    return n;
   }
 }
