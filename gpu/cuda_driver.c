@@ -290,9 +290,19 @@ int kvs_cuda_write_kv(const kvs_write_args *a, void *stream) {
   kvs_write_args copy = *a;
   void *params[] = {&copy};
   /* int8/fp8: a warp per row (its scales need the whole row), so the
-   * quantizing kernel; else one thread per element. */
-  return launch(kvs_dtype_quantized(a->kv.dtype) ? f_write_q : f_write,
-                a->num_tokens, 1, 1, 128, 0, stream, params);
+   * quantizing kernel; else one thread per element.  int8 rotates each row
+   * in D floats of shared memory a warp: 4 warps, fewer for a head_dim
+   * past 3072 (48 KiB in all). */
+  if (!kvs_dtype_quantized(a->kv.dtype))
+    return launch(f_write, a->num_tokens, 1, 1, 128, 0, stream, params);
+  unsigned warps = 4, smem = 0;
+  if (a->kv.dtype == KVS_DTYPE_INT8) {
+    while (warps > 1 && warps * a->kv.head_dim * 4u > 48u * 1024)
+      warps--;
+    smem = warps * a->kv.head_dim * 4u;
+  }
+  return launch(f_write_q, a->num_tokens, 1, 1, 32 * warps, smem, stream,
+                params);
 }
 
 static int cuda_blocks(void *base, uint64_t stride, void *staging,

@@ -200,6 +200,49 @@ __device__ __forceinline__ uint32_t float_to_e4m3(float f) {
 }
 
 /*
+ * kvs__hadamard (kvs_kernels_int.h) of `rows` rows of n floats, `stride`
+ * apart, in shared memory, by `count` threads of which this is `rank`: the
+ * same butterflies in the same order, so the same float32 results; every
+ * thread of the block (BLOCK) or of the warp calls it.  Each step is one
+ * correctly rounded operation (__fadd_rn, __fsub_rn, __fmul_rn: none is
+ * contracted).
+ */
+template <bool BLOCK>
+__device__ __forceinline__ void hadamard_par(float *y, uint32_t rows,
+                                             uint32_t stride, uint32_t n,
+                                             uint32_t rank, uint32_t count,
+                                             bool down) {
+  for (uint32_t off = 0; off < n;) {
+    const uint32_t m = kvs__hadamard_seg(n, off);
+    for (uint32_t h = 1; h < m; h *= 2) {
+      for (uint32_t p = rank; p < rows * (m / 2); p += count) {
+        const uint32_t r = p / (m / 2), q = p % (m / 2);
+        float *x = y + (uint64_t)r * stride + off + (q / h) * 2 * h + q % h;
+        const float a = x[0], b = x[h];
+        x[0] = __fadd_rn(a, b);
+        x[h] = __fsub_rn(a, b);
+      }
+      if (BLOCK)
+        __syncthreads();
+      else
+        __syncwarp();
+    }
+    if (down && m > 1) {
+      const float inv = 1.f / (float)m;
+      for (uint32_t p = rank; p < rows * m; p += count) {
+        float *x = y + (uint64_t)(p / m) * stride + off + p % m;
+        *x = __fmul_rn(*x, inv);
+      }
+      if (BLOCK)
+        __syncthreads();
+      else
+        __syncwarp();
+    }
+    off += m;
+  }
+}
+
+/*
  * The write kernel for an int8 / fp8 cache: one block per token, one warp
  * per (kv head, K or V) row at a time, lanes over the row's elements.  The
  * row's minimum and maximum (int8) or largest magnitude (fp8) are reduced
@@ -209,10 +252,12 @@ __device__ __forceinline__ uint32_t float_to_e4m3(float f) {
  * possible), so bytes and scales equal the C twin's.  The one choice a
  * reduction could make differently is the sign of a zero minimum: the twin
  * keeps the first of equal minima (-0 == +0), so the warp keeps the one of
- * lowest index too.
+ * lowest index too.  int8 rows are rotated first (kvs__hadamard, down),
+ * each warp in its own D floats of the dynamic shared memory.
  */
 extern "C" __global__ void __launch_bounds__(128)
     kvs_write_kv_q_kernel(kvs_write_args a) {
+  extern __shared__ float wq_rot[]; /* int8: [warps][head_dim] */
   const kvs_paged_kv &kv = a.kv;
   uint32_t i = blockIdx.x;
   int64_t slot = a.slots[i];
@@ -231,11 +276,19 @@ extern "C" __global__ void __launch_bounds__(128)
     char *plane = blk + (r % 2 ? kv.v_offset : kv.k_offset);
     uint8_t *dst = (uint8_t *)plane + t * kv.token_stride + (uint64_t)h * kv.head_stride;
     float *sc = (float *)(plane + kv.scale_offset + (t * kv.num_kv_heads + h) * nf * 4);
+    float *rot = wq_rot + (threadIdx.x / 32) * D;
+    if (int8) {
+      __syncwarp(); /* (the warp's last row is read) */
+      for (uint32_t d = lane; d < D; d += 32)
+        rot[d] = ld_elem(src, s0 + d, a.src_dtype);
+      __syncwarp();
+      hadamard_par<false>(rot, 1, D, D, lane, 32, true);
+    }
     int bad = 0;
     float lo = INFINITY, hi = -INFINITY, amax = 0.f;
     uint32_t lo_at = UINT32_MAX;
     for (uint32_t d = lane; d < D; d += 32) {
-      float x = ld_elem(src, s0 + d, a.src_dtype);
+      float x = int8 ? rot[d] : ld_elem(src, s0 + d, a.src_dtype);
       bad |= !(x - x == 0.f); /* NaN or infinite */
       if (x < lo) {
         lo = x;
@@ -280,7 +333,7 @@ extern "C" __global__ void __launch_bounds__(128)
         sc[1] = lo;
     }
     for (uint32_t d = lane; d < D; d += 32) {
-      float x = ld_elem(src, s0 + d, a.src_dtype);
+      float x = int8 ? rot[d] : ld_elem(src, s0 + d, a.src_dtype);
       if (int8) {
         float q = rintf((x - lo) / s); /* nearest even */
         dst[d] = (uint8_t)(q > 255.f ? 255.f : q < 0.f ? 0.f : q);
@@ -423,6 +476,8 @@ __device__ __forceinline__ void attn_body(const kvs_attn_args &a, int prefill,
     sm_l[tid] = 0.f;
   }
   __syncthreads();
+  if (NF == 2) /* int8: keys are stored rotated, so q is rotated alike */
+    hadamard_par<true>(sq, G, D, D, tid, blockDim.x, false);
   if (NF == 2) { /* int8: sum(q) of head `warp`, for min * sum(q) */
     if (warp < G) {
       float x = 0.f;
@@ -650,6 +705,10 @@ __device__ __forceinline__ void attn_body(const kvs_attn_args &a, int prefill,
     }
     __syncthreads();
   }
+  /* int8: the sum of rotated value rows, rotated back (linear, so the
+   * split's partial sums may be rotated before the merge adds them). */
+  if (NF == 2)
+    hadamard_par<true>(red, G, D, D, tid, blockDim.x, false);
 
   if (span) {
     uint32_t P = gridDim.z;

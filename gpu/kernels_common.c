@@ -98,10 +98,35 @@ uint8_t kvs_float_to_fp8(float f) {
   return sign | (uint8_t)(code > 0x7eu ? 0x7eu : code);
 }
 
-/* int8, asymmetric: scales[0] = (max - min) / 255, scales[1] = min, byte i
- * = round_even((src[i] - min) / scale) in 0..255. */
-static void quantize_int8(uint8_t *dst, float *scales, const float *src,
+void kvs__hadamard(float *x, uint32_t n, int down) {
+  for (uint32_t off = 0; off < n;) {
+    const uint32_t m = kvs__hadamard_seg(n, off);
+    float *y = x + off;
+    for (uint32_t h = 1; h < m; h *= 2)
+      for (uint32_t i = 0; i < m; i += 2 * h)
+        for (uint32_t j = i; j < i + h; j++) {
+          const float a = y[j], b = y[j + h];
+          y[j] = a + b;
+          y[j + h] = a - b;
+        }
+    if (down && m > 1) {
+      const float inv = 1.f / (float)m;
+      for (uint32_t j = 0; j < m; j++)
+        y[j] *= inv;
+    }
+    off += m;
+  }
+}
+
+/* int8, asymmetric, of the row rotated (kvs__hadamard, down): scales[0] =
+ * (max - min) / 255, scales[1] = min, byte i = round_even((y[i] - min) /
+ * scale) in 0..255, y the rotated row. */
+static void quantize_int8(uint8_t *dst, float *scales, const float *row,
                           size_t n) {
+  float buf[KVS__QROW_MAX];
+  memcpy(buf, row, n * sizeof(float));
+  kvs__hadamard(buf, (uint32_t)n, 1);
+  const float *src = buf;
   float lo = n ? src[0] : 0.f, hi = lo;
   int bad = 0;
   for (size_t i = 0; i < n; i++) {
@@ -150,7 +175,8 @@ static void quantize_fp8(uint8_t *dst, float *scales, const float *src,
 
 int kvs_quantize_row(void *dst, float *scales, uint32_t dtype,
                      const float *src, size_t n) {
-  if (!kvs_dtype_quantized(dtype) || !scales || (n && (!dst || !src)))
+  if (!kvs_dtype_quantized(dtype) || !scales || (n && (!dst || !src)) ||
+      n > KVS__QROW_MAX)
     return KVS_EINVAL;
   if (dtype == KVS_DTYPE_INT8)
     quantize_int8(dst, scales, src, n);

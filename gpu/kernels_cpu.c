@@ -444,9 +444,12 @@ KVS_INLINE void attend_row_body(const kvs_attn_args *a, uint32_t s,
   const size_t qes = kvs_dtype_size(a->qo_dtype);
   const uint32_t n = pos + 1;
   const uint32_t *bt = a->block_tables + (uint64_t)s * a->max_blocks_per_seq;
-  for (uint32_t hq = 0; hq < H; hq++)
+  for (uint32_t hq = 0; hq < H; hq++) {
     load_row(w->q + (size_t)hq * D, qrow + (size_t)hq * D * qes, a->qo_dtype,
              D);
+    if (kv->dtype == KVS_DTYPE_INT8) /* rows are stored rotated */
+      kvs__hadamard(w->q + (size_t)hq * D, D, 0);
+  }
 
   /* Scores, a tile of tokens of one block at a time. */
   for (uint32_t j0 = 0; j0 < n;) {
@@ -518,6 +521,8 @@ KVS_INLINE void attend_row_body(const kvs_attn_args *a, uint32_t s,
     float inv = 1.f / w->sum[hq];
     for (uint32_t d = 0; d < D; d++)
       acc[d] *= inv;
+    if (kv->dtype == KVS_DTYPE_INT8) /* the rotated rows' sum, back */
+      kvs__hadamard(acc, D, 0);
     store_row(orow + (size_t)hq * D * qes, a->qo_dtype, acc, D);
   }
 }
@@ -554,6 +559,8 @@ static void vec_load_q(const kvs_attn_args *a, const char *qrow,
   for (uint32_t hq = 0; hq < a->num_heads; hq++) {
     float *qd = w->q + (size_t)hq * Dp;
     load_row(qd, qrow + (size_t)hq * D * qes, a->qo_dtype, D);
+    if (a->kv.dtype == KVS_DTYPE_INT8) /* rows are stored rotated */
+      kvs__hadamard(qd, D, 0);
     memset(qd + D, 0, (size_t)(Dp - D) * 4);
     if (qsum) { /* (Dp is a multiple of 8; the padding is 0) */
       v8f t = {0};
@@ -573,6 +580,8 @@ static void vec_store_out(const kvs_attn_args *a, char *orow,
     float inv = 1.f / w->sum[hq], c = corr ? corr[hq] : 0.f;
     for (uint32_t d = 0; d < D; d++)
       acc[d] = corr ? (acc[d] + c) * inv : acc[d] * inv;
+    if (a->kv.dtype == KVS_DTYPE_INT8) /* the rotated rows' sum, back */
+      kvs__hadamard(acc, D, 0);
     store_row(orow + (size_t)hq * D * qes, a->qo_dtype, acc, D);
   }
 }

@@ -97,17 +97,22 @@ uint8_t kvs_float_to_fp8(float f);
  * floats into n bytes of dtype (KVS_DTYPE_INT8 or KVS_DTYPE_FP8) and its
  * kvs_scale_floats(dtype) float32 scales[], as the write kernel does, every
  * operation in float32:
- *   int8 (asymmetric): lo = min src[i], hi = max src[i];
+ *   int8: the row rotated first, y = H x / m over each power-of-two segment
+ *         of m elements (largest first; H the Sylvester Hadamard matrix, as
+ *         butterflies: docs/kernels.md, "Quantized KV blocks"); then
+ *         (asymmetric) lo = min y[i], hi = max y[i];
  *         scales[0] = (hi - lo) / 255, scales[1] = lo;
- *         byte i = round_even((src[i] - lo) / scales[0]) clamped to [0, 255];
- *         reads back as byte * scales[0] + scales[1] (one multiply-add).
- *         A constant row (scales[0] == 0): bytes 0, reads back as lo.
+ *         byte i = round_even((y[i] - lo) / scales[0]) clamped to [0, 255];
+ *         y reads back as byte * scales[0] + scales[1] (one multiply-add),
+ *         and the row as H times that, per segment.
+ *         A constant y (scales[0] == 0): bytes 0, y reads back as lo.
  *   fp8:  scales[0] = max |src[i]| / 448, byte i = kvs_float_to_fp8(src[i] /
  *         scales[0]); reads back as kvs_fp8_to_float(byte i) * scales[0].
  *         An all-zero row (scales[0] == 0): bytes 0.
- * A row with a NaN or an infinity (or, int8, whose range hi - lo overflows
- * float32): bytes 0 and every scale NaN (the row then reads as NaN, as a
- * NaN stored in an fp16 cache does).  Returns 0 or KVS_EINVAL.
+ * A row with a NaN or an infinity (or, int8, whose rotation or range hi -
+ * lo overflows float32): bytes 0 and every scale NaN (the row then reads
+ * as NaN, as a NaN stored in an fp16 cache does).  Returns 0, or
+ * KVS_EINVAL (also for n past 4096, the layout's largest head_dim).
  */
 int kvs_quantize_row(void *dst, float *scales, uint32_t dtype,
                      const float *src, size_t n);

@@ -67,6 +67,31 @@ int kvs__cpu_attn_simd512(void);
  * "AVX-512F" (static text). */
 const char *kvs__cpu_attn_body(void);
 
+/*
+ * The rotation of an int8 row (docs/kernels.md, "Quantized KV blocks"): the
+ * row's n elements split into power-of-two segments, the largest first
+ * (n = 96: 64 then 32); each segment of m elements multiplied by the
+ * Sylvester Hadamard matrix H_m (H_1 = [1], H_2m = [[H_m, H_m], [H_m,
+ * -H_m]]), computed as butterflies (a, b) -> (a + b, a - b) between the
+ * elements i and i + h of every pair, for h = 1, 2, 4, ... m / 2 in that
+ * order (every step one float32 addition or subtraction, so the CUDA write
+ * kernel's bytes equal the C twin's).  H_m is symmetric and H_m H_m = m I:
+ * the write kernel stores H_m x / m (kvs__hadamard(x, n, 1): the division
+ * by a power of two is exact short of subnormals), and a reader gets x back
+ * as H_m times what it read (kvs__hadamard(y, n, 0)); attention instead
+ * multiplies q by H_m once and its output once.
+ */
+/* The longest row kvs_quantize_row takes: the layout's largest head_dim. */
+#define KVS__QROW_MAX 4096u
+
+static inline KVS_HD uint32_t kvs__hadamard_seg(uint32_t n, uint32_t off) {
+  uint32_t m = 1;
+  while (m <= (n - off) / 2)
+    m *= 2;
+  return m;
+}
+void kvs__hadamard(float *x, uint32_t n, int down);
+
 /* Validation shared by both backends (host-side fields only). */
 int kvs__check_paged_kv(const kvs_paged_kv *kv);
 int kvs__check_attn(const kvs_attn_args *a, int prefill);

@@ -40,11 +40,12 @@ kvs_hash128 core_root_hash(const kvs_layout *l, const char *model_id) {
   XXH3_128bits_reset(&st);
   XXH3_128bits_update(&st, tag, sizeof(tag));
   XXH3_128bits_update(&st, f, sizeof(f));
-  /* The int8 format (a scale and a minimum per row) is named too: blocks of
-   * the earlier symmetric int8 format, the same dtype value with one scale
-   * per row, must never match one of today's (disk slots, remote keys). */
+  /* The int8 format (rows rotated, then a scale and a minimum per row) is
+   * named too: blocks of the earlier int8 formats, the same dtype value
+   * (symmetric with one scale per row; then unrotated with a minimum),
+   * must never match one of today's (disk slots, remote keys). */
   if (l->dtype == KVS_DTYPE_INT8) {
-    static const char fmt[] = "int8/zero-point";
+    static const char fmt[] = "int8/hadamard/zero-point";
     XXH3_128bits_update(&st, fmt, sizeof(fmt));
   }
   if (model_id != NULL)

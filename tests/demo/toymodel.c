@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "gpu/kvs_kernels.h"
+#include "tests/unit/test_gpu_util.h"
 
 static uint64_t mix(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -112,6 +113,8 @@ static void round_row(float *x, uint32_t n, uint32_t dtype) {
   for (uint32_t e = 0; e < n; e++)
     x[e] = dtype == KVS_DTYPE_INT8 ? fmaf((float)q[e], sc[0], sc[1])
                                    : kvs_fp8_to_float(q[e]) * sc[0];
+  if (dtype == KVS_DTYPE_INT8) /* the row, from its rotation read back */
+    tg_unrotate(x, n);
 }
 
 int toy_reference(const toy_model *m, uint32_t layer, const uint32_t *tokens,

@@ -260,21 +260,31 @@ static void test_quant_rounding(void **state) {
   assert_int_equal(kvs_float_to_fp8(NAN) & 0x7f, 0x7f);
   assert_int_equal(kvs_float_to_fp8(1e-30f), 0);
 
-  /* int8: 255 steps from the minimum, ties to even, one multiply-add back */
-  float row[4] = {-1.f, 254.f, 1.5f, 0.f}, sc[2];
+  /* int8: the row rotated (y = H x / 4, exact for these rows: H's
+   * products written out below), then 255 steps from the minimum, ties to
+   * even, one multiply-add back, and H times that is the row again */
+  float row[4] = {254.5f, -253.5f, 251.5f, -256.5f}, sc[2]; /* y: -1 254 1.5 0 */
   uint8_t q[4];
   assert_int_equal(kvs_quantize_row(q, sc, KVS_DTYPE_INT8, row, 4), 0);
   assert_true(sc[0] == 1.f && sc[1] == -1.f);
   assert_true(q[0] == 0 && q[1] == 255 && q[2] == 2 && q[3] == 1); /* 2.5 */
-  float row2[4] = {0.5f, -2.f, 1.f, 0.f};
-  assert_int_equal(kvs_quantize_row(q, sc, KVS_DTYPE_INT8, row2, 4), 0);
+  float row8[4] = {-0.5f, 3.5f, -2.5f, 1.5f}; /* y: 0.5 -2 1 0 */
+  const float y8[4] = {0.5f, -2.f, 1.f, 0.f};
+  assert_int_equal(kvs_quantize_row(q, sc, KVS_DTYPE_INT8, row8, 4), 0);
   assert_true(sc[0] == 3.f / 255.f && sc[1] == -2.f);
   assert_true(q[0] == 212 && q[1] == 0 && q[2] == 255 && q[3] == 170); /* 212.5 */
-  for (int i = 0; i < 4; i++) /* within half a step */
-    assert_true(fabsf(q[i] * sc[0] + sc[1] - row2[i]) <= sc[0] / 2 * 1.001f);
-  float flat[4] = {3.f, 3.f, 3.f, 3.f}; /* constant: scale 0, reads as min */
+  float back[4];
+  for (int i = 0; i < 4; i++) { /* within half a step of y */
+    back[i] = q[i] * sc[0] + sc[1];
+    assert_true(fabsf(back[i] - y8[i]) <= sc[0] / 2 * 1.001f);
+  }
+  kvs__hadamard(back, 4, 0); /* each of the row's elements: 4 such errors */
+  for (int i = 0; i < 4; i++)
+    assert_true(fabsf(back[i] - row8[i]) <= 4 * sc[0] / 2 * 1.001f);
+  float flat[4] = {12.f, 0.f, 0.f, 0.f}; /* y constant: scale 0, reads as min */
   assert_int_equal(kvs_quantize_row(q, sc, KVS_DTYPE_INT8, flat, 4), 0);
   assert_true(sc[0] == 0.f && sc[1] == 3.f && q[0] == 0 && q[3] == 0);
+  float row2[4] = {0.5f, -2.f, 1.f, 0.f};
   uint8_t e[4];
   assert_int_equal(kvs_quantize_row(e, sc, KVS_DTYPE_FP8, row2, 4), 0);
   assert_true(sc[0] == 2.f / 448.f && e[1] == 0xfe && e[3] == 0);
@@ -286,15 +296,48 @@ static void test_quant_rounding(void **state) {
   assert_true(isnan(sc[0]) && isnan(sc[1]) && q[0] == 0);
   assert_int_equal(kvs_quantize_row(e, sc, KVS_DTYPE_FP8, row2, 4), 0);
   assert_true(isnan(sc[0]) && e[0] == 0);
-  float tiny[2] = {0x1p-149f, -0x1p-149f}; /* a scale that underflows: 0 */
-  assert_int_equal(kvs_quantize_row(q, sc, KVS_DTYPE_INT8, tiny, 2), 0);
+  float tiny8[2] = {0.f, 0x1p-148f}; /* y = +-2^-149: a scale that underflows */
+  assert_int_equal(kvs_quantize_row(q, sc, KVS_DTYPE_INT8, tiny8, 2), 0);
   assert_true(sc[0] == 0.f && sc[1] == -0x1p-149f && q[0] == 0 && q[1] == 0);
+  float tiny[2] = {0x1p-149f, -0x1p-149f};
   assert_int_equal(kvs_quantize_row(e, sc, KVS_DTYPE_FP8, tiny, 2), 0);
   assert_true(sc[0] == 0.f && e[0] == 0 && e[1] == 0);
-  float wide[2] = {-3e38f, 3e38f}; /* a range past float32's: NaN too */
+  float wide[2] = {-3e38f, 3e38f}; /* the rotation's x0 - x1 overflows: NaN */
   assert_int_equal(kvs_quantize_row(q, sc, KVS_DTYPE_INT8, wide, 2), 0);
   assert_true(isnan(sc[0]) && isnan(sc[1]) && q[1] == 0);
+  float big[KVS__QROW_MAX + 1] = {0};
+  assert_int_equal(kvs_quantize_row(q, sc, KVS_DTYPE_INT8, big, KVS__QROW_MAX + 1),
+                   KVS_EINVAL);
   assert_int_equal(kvs_quantize_row(q, sc, KVS_DTYPE_FP16, row2, 4), KVS_EINVAL);
+}
+
+/* kvs__hadamard against the matrix product (tg_unrotate: entries
+ * (-1)^popcount(i & j) per power-of-two segment, in double), for lengths
+ * of one segment and of several; down then up is the row again, exactly
+ * for these small integers. */
+static void test_hadamard(void **state) {
+  (void)state;
+  static const uint32_t ns[] = {1, 2, 3, 7, 64, 80, 96, 128, 200, 256};
+  uint64_t rng = 99;
+  for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+    const uint32_t n = ns[k];
+    float x[256] = {0}, y[256], ref[256];
+    for (uint32_t i = 0; i < n; i++)
+      x[i] = (float)((int)(tg_next(&rng) % 201) - 100);
+    memcpy(y, x, sizeof x);
+    memcpy(ref, x, sizeof x);
+    kvs__hadamard(y, n, 0);
+    tg_unrotate(ref, n);
+    for (uint32_t i = 0; i < n; i++)
+      assert_true(y[i] == ref[i]); /* integers: exact both ways */
+    uint32_t seg = 0; /* 80: 64 + 16; 200: 128 + 64 + 8 */
+    for (uint32_t off = 0; off < n; off += kvs__hadamard_seg(n, off))
+      seg++;
+    assert_int_equal(seg, (uint32_t)__builtin_popcount(n));
+    kvs__hadamard(y, n, 1); /* H (H x) / m = x */
+    for (uint32_t i = 0; i < n; i++)
+      assert_true(y[i] == x[i]);
+  }
 }
 
 /* Attention over a quantized cache refuses quantized q/out, and the write
@@ -940,6 +983,7 @@ int main(void) {
       cmocka_unit_test(test_write),
       cmocka_unit_test(test_quant_layout),
       cmocka_unit_test(test_quant_rounding),
+      cmocka_unit_test(test_hadamard),
       cmocka_unit_test(test_quant_refusals),
       cmocka_unit_test(test_decode_shapes),
       cmocka_unit_test(test_decode_empty_and_one_head),

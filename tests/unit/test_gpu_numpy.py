@@ -31,10 +31,38 @@ def scale_floats(dtype):
     return {3: 2, 4: 1}.get(dtype, 0)
 
 
+def hadamard_segments(dim):
+    """The power-of-two segments of an int8 row, largest first: [(off, m)]."""
+    segs, off = [], 0
+    while off < dim:
+        m = 1 << ((dim - off).bit_length() - 1)
+        segs.append((off, m))
+        off += m
+    return segs
+
+
+def sylvester(m):
+    """The m x m Hadamard matrix [[H, H], [H, -H]], float64."""
+    h = np.ones((1, 1))
+    while h.shape[0] < m:
+        h = np.block([[h, h], [h, -h]])
+    return h
+
+
+def unrotate(y):
+    """int8 rows as stored (rotated) -> the rows: y [..., dim] times the
+    Hadamard matrix of each segment (float64; docs/kernels.md)."""
+    x = np.array(y, dtype=np.float64)
+    for off, m in hadamard_segments(y.shape[-1]):
+        x[..., off:off + m] = y[..., off:off + m] @ sylvester(m)
+    return x
+
+
 def decode_plane(raw, dtype, bs, kvh, dim):
     """One K or V plane -> [bs][kvh][dim] float64.  int8/fp8 planes: the
     bytes, padded to 16, then float32 [bs][kvh][scale_floats] (docs/kernels.md):
-    int8 reads as byte (unsigned) * scale + minimum, fp8 as value * scale."""
+    int8 reads as byte (unsigned) * scale + minimum, rotated back
+    (unrotate), fp8 as value * scale."""
     if dtype not in (3, 4):
         return decode(raw, dtype).reshape(bs, kvh, dim)
     n, nf = bs * kvh * dim, scale_floats(dtype)
@@ -46,7 +74,7 @@ def decode_plane(raw, dtype, bs, kvh, dim):
             else e4m3(data)).reshape(bs, kvh, dim)
     with np.errstate(invalid="ignore"):  # unused slots: poisoned scales
         if dtype == 3:
-            return vals * sc[:, :, 0:1] + sc[:, :, 1:2]
+            return unrotate(vals * sc[:, :, 0:1] + sc[:, :, 1:2])
         return vals * sc[:, :, 0:1]
 
 

@@ -99,6 +99,29 @@ static inline float tg_dequant(const void *row, uint32_t dtype, uint32_t i,
   return kvs_fp8_to_float(b) * scales[0];
 }
 
+/* An int8 row as the kernels read it: the dequantized bytes are a rotated
+ * row (docs/kernels.md, "Quantized KV blocks"), so row = H y, H the
+ * Sylvester Hadamard matrix of each power-of-two segment of the row
+ * (largest first), entry (i, j) = (-1)^popcount(i & j): the matrix product
+ * itself, in double, not the kernels' butterflies. */
+static inline void tg_unrotate(float *row, uint32_t n) {
+  double y[4096];
+  for (uint32_t off = 0; off < n;) {
+    uint32_t m = 1;
+    while (2 * m <= n - off)
+      m *= 2;
+    for (uint32_t i = 0; i < m; i++) {
+      double x = 0;
+      for (uint32_t j = 0; j < m; j++)
+        x += (__builtin_popcount(i & j) % 2 ? -1.0 : 1.0) * row[off + j];
+      y[i] = x;
+    }
+    for (uint32_t i = 0; i < m; i++)
+      row[off + i] = (float)y[i];
+    off += m;
+  }
+}
+
 /* Quantized cache: request s's tokens go in through the write kernel (its
  * bytes and scales are checked against numpy in test_gpu_quant), and its
  * contiguous K/V become what the cache now holds, dequantized. */
@@ -126,6 +149,8 @@ static inline void tg_write_quantized(tg_case *c, uint32_t s) {
         float *dst = (kv ? c->v[s] : c->k[s]) + ((size_t)t * kvh + h) * D;
         for (uint32_t d = 0; d < D; d++)
           dst[d] = tg_dequant(row, l->dtype, d, sc);
+        if (l->dtype == KVS_DTYPE_INT8)
+          tg_unrotate(dst, D);
       }
   free(slots);
 }

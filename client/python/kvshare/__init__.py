@@ -24,7 +24,7 @@ from .errors import (ConnectError, ConnectionClosedError, KvsError,
                      UnknownRequestError, status_name, strerror)
 from .views import (FP8_E4M3_TABLE, PoolTensor, bf16_to_float32, dequantize,
                     dlpack_live_count, float32_to_bf16, fp8_e4m3_to_float32,
-                    to_torch)
+                    hadamard, to_torch)
 
 __version__ = "0.1.0"  # the project's version (client/module.mk KVS_VERSION)
 
@@ -57,6 +57,6 @@ __all__ = [
     "RequestExistsError", "StateError", "Stats", "SwapResult", "SwapStats",
     "TenantStats", "TierStats", "UnknownRequestError", "as_u32_array",
     "FP8_E4M3_TABLE", "bf16_to_float32", "dequantize", "dlpack_live_count",
-    "float32_to_bf16", "fp8_e4m3_to_float32", "to_torch",
+    "float32_to_bf16", "fp8_e4m3_to_float32", "hadamard", "to_torch",
     "library_path", "library_version", "status_name", "strerror",
 ]

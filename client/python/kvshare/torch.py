@@ -104,15 +104,39 @@ def _fp8_table(device):
     return t
 
 
+def hadamard(x, down=False):
+    """kvshare.hadamard on a tensor (any device): the int8 format's
+    rotation of the rows x [..., n], float32, a new tensor, the same
+    butterflies in the same order."""
+    y = x.to(torch.float32, copy=True)
+    n, off = y.shape[-1], 0
+    while off < n:
+        m = 1 << ((n - off).bit_length() - 1)
+        seg = y[..., off:off + m].contiguous()
+        h = 1
+        while h < m:
+            t = seg.view(seg.shape[:-1] + (m // (2 * h), 2, h))
+            a, b = t[..., 0, :].clone(), t[..., 1, :].clone()
+            t[..., 0, :] = a + b
+            t[..., 1, :] = a - b
+            h *= 2
+        if down and m > 1:
+            seg.mul_(1.0 / m)
+        y[..., off:off + m] = seg
+        off += m
+    return y
+
+
 def _to_float32(data, scales, dtype):
     """float32 values (a new tensor) of pool elements of kvs_dtype dtype;
     scales [..., F] for int8/fp8 (the row parameters), as kvshare.dequantize
-    computes them: the multiply and the add rounded apart."""
+    computes them: the multiply and the add rounded apart, int8 rows
+    rotated back (hadamard)."""
     if dtype == _lib.DTYPE_INT8:
         out = data.to(torch.float32)
         out.mul_(scales[..., 0:1])
         out.add_(scales[..., 1:2])
-        return out
+        return hadamard(out)
     if dtype == _lib.DTYPE_FP8:
         out = _fp8_table(data.device)[data.long()]
         out.mul_(scales[..., 0:1])
@@ -126,8 +150,8 @@ def _from_pool(t):
 
 def dequantize_block(client, b):
     """The float32 values of block b, [layers][2][block_size][heads]
-    [head_dim], a new tensor on the pool's device: int8 byte * scale + min,
-    fp8 e4m3(byte) * scale (the same float32 operations as
+    [head_dim], a new tensor on the pool's device: int8 byte * scale + min
+    rotated back (hadamard), fp8 e4m3(byte) * scale (the same float32 operations as
     kvshare.dequantize), fp32/fp16/bf16 their values.  A cuda pool needs
     torch with CUDA."""
     L = client.layout

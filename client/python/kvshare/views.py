@@ -18,7 +18,8 @@ as torch.bfloat16).  DLPack carries bf16 as itself (kDLBfloat, 16 bits).
 int8 and fp8 -> uint8 ("|u1", kDLUInt 8: the stored bytes); each plane's
 float32 scales follow its bytes (docs/kernels.md, Quantized KV blocks), so
 a block or pool view of the bytes is strided, and the scales have views of
-their own; dequantize() turns bytes and scales into float32.
+their own; dequantize() turns bytes and scales into float32 (int8 rows
+rotated back: hadamard()).
 
 Every view keeps the client's connection (and so the mapping) alive: see
 Client.close().
@@ -327,12 +328,46 @@ def fp8_e4m3_to_float32(a):
     return FP8_E4M3_TABLE[np.asarray(a, dtype=np.uint8)]
 
 
+def hadamard(x, down=False):
+    """The int8 format's rotation of rows x [..., n] (docs/kernels.md,
+    Quantized KV blocks), float32, a new array: the last axis split into
+    power-of-two segments, the largest first (96: 64 then 32), each
+    multiplied by the Sylvester Hadamard matrix of its size as butterflies
+    (a, b) -> (a + b, a - b) at distances 1, 2, 4, ... in float32, the
+    kernels' own order.  down=True also divides each segment by its size:
+    an int8 row quantizes hadamard(row, down=True), and hadamard() of what
+    it reads back is the row again."""
+    y = np.array(x, dtype=np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN, inf: kept
+        _hadamard_into(y, down)
+    return y
+
+
+def _hadamard_into(y, down):
+    n, off = y.shape[-1], 0
+    while off < n:
+        m = 1 << ((n - off).bit_length() - 1)
+        seg = np.ascontiguousarray(y[..., off:off + m])
+        h = 1
+        while h < m:
+            t = seg.reshape(seg.shape[:-1] + (m // (2 * h), 2, h))
+            a, b = t[..., 0, :].copy(), t[..., 1, :].copy()
+            t[..., 0, :] = a + b
+            t[..., 1, :] = a - b
+            h *= 2
+        if down and m > 1:
+            seg *= np.float32(1.0 / m)
+        y[..., off:off + m] = seg
+        off += m
+
+
 def dequantize(data, scales, dtype):
     """float32 values of quantized bytes and their row parameters (numpy
     arrays or host PoolTensors; a copy), every operation in float32:
 
     dtype int8 (3):  data [..., head_dim] uint8, scales [..., 2] float32
-                     ([scale, min] per row): byte * scale + min
+                     ([scale, min] per row): byte * scale + min, rotated
+                     back (hadamard)
     dtype fp8 (4):   data [..., head_dim] uint8, scales [...] float32:
                      e4m3(byte) * scale
 
@@ -350,7 +385,7 @@ def dequantize(data, scales, dtype):
         out = d.astype(np.float32)
         out *= s[..., 0:1]
         out += s[..., 1:2]
-        return out
+        return hadamard(out)  # (a NaN row stays NaN)
     if dtype == _lib.DTYPE_FP8:
         if s.shape != d.shape[:-1]:
             raise ValueError(f"fp8 scales of shape {s.shape} for data "

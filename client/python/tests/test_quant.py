@@ -2,7 +2,8 @@
 and the dequantize helpers, against an independent decode written out
 here (docs/kernels.md, Quantized KV blocks).  Rows are written by the C
 library's own quantizer (kvs_quantize_row, called through ctypes) into
-the binding's views, and for int8 checked against a numpy quantizer."""
+the binding's views, and for int8 checked against a numpy quantizer (its
+rotation written out here too, and checked against the Hadamard matrix)."""
 import ctypes
 import math
 
@@ -38,9 +39,44 @@ def fp8_ref(b):
 FP8_REF = np.array([fp8_ref(b) for b in range(256)], dtype=np.float32)
 
 
+def sylvester(m):
+    """The m x m Hadamard matrix, entry (i, j) = (-1)^popcount(i & j)."""
+    i = np.arange(m)
+    par = np.vectorize(lambda v: bin(v).count("1") & 1)(i[:, None] & i)
+    return np.where(par == 1, -1.0, 1.0)
+
+
+def segments(n):
+    """int8 rotation segments of a row of n: powers of two, largest first."""
+    out, off = [], 0
+    while off < n:
+        m = 2 ** int(math.log2(n - off))
+        out.append((off, m))
+        off += m
+    return out
+
+
+def rotate_ref(x, down):
+    """The int8 rotation written out: per segment, for h = 1, 2, 4, ...,
+    every pair (j, j + h) with j's bit h clear becomes (a + b, a - b) in
+    float32; down: then times 1/m."""
+    y = np.array(x, dtype=np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for off, m in segments(y.shape[-1]):
+            h = 1
+            while h < m:
+                j = np.array([off + k for k in range(m) if not k & h])
+                a, b = y[..., j], y[..., j + h]
+                y[..., j], y[..., j + h] = a + b, a - b
+                h *= 2
+            if down and m > 1:
+                y[..., off:off + m] *= np.float32(1.0 / m)
+    return y
+
+
 def ref_decode(dtype, data, scales):
-    """Element by element decode: int8 byte*scale + min, fp8 e4m3*scale,
-    each operation rounded to float32."""
+    """Element by element decode: int8 byte*scale + min, then rotated back
+    (rotate_ref), fp8 e4m3*scale, each operation rounded to float32."""
     out = np.empty(data.shape, dtype=np.float32)
     for idx in np.ndindex(data.shape):
         row = idx[:-1]
@@ -49,18 +85,56 @@ def ref_decode(dtype, data, scales):
             out[idx] = np.float32(np.float32(data[idx]) * sc) + lo
         else:
             out[idx] = np.float32(FP8_REF[data[idx]] * scales[row])
-    return out
+    return rotate_ref(out, False) if dtype == "int8" else out
 
 
 def int8_quantize_ref(x):
-    """The int8 rows of the format in numpy, float32 throughout."""
-    x = x.astype(np.float32)
+    """The int8 rows of the format in numpy, float32 throughout: the rows
+    rotated (rotate_ref, down), then a scale and minimum each."""
+    x = rotate_ref(x, True)
     lo, hi = x.min(axis=-1), x.max(axis=-1)
     scale = ((hi - lo) / np.float32(255)).astype(np.float32)
     with np.errstate(divide="ignore", invalid="ignore"):
         q = np.rint((x - lo[..., None]) / scale[..., None])
     q = np.where((scale[..., None] == 0) | np.isnan(q), 0, np.clip(q, 0, 255))
     return q.astype(np.uint8), np.stack([scale, lo], axis=-1)
+
+
+def test_int8_rotation():
+    """kvshare.hadamard and kvshare.torch.hadamard against the matrix
+    product (float64) and the written-out butterflies (bit for bit), for
+    rows of one segment and of several; down then up is the row again."""
+    rng = np.random.default_rng(7)
+    for n in (1, 3, 64, 96, 128, 200):
+        x = rng.standard_normal((5, n)).astype(np.float32)
+        want = np.zeros((5, n))
+        for off, m in segments(n):
+            want[:, off:off + m] = x[:, off:off + m] @ sylvester(m)
+        got = kvshare.hadamard(x)
+        assert got.dtype == np.float32 and got.shape == x.shape
+        assert np.allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())
+        assert np.array_equal(got, rotate_ref(x, False))
+        down = kvshare.hadamard(x, down=True)
+        assert np.array_equal(down, rotate_ref(x, True))
+        assert np.allclose(kvshare.hadamard(down), x, rtol=0, atol=1e-5)
+        try:
+            import torch
+        except ImportError:
+            continue
+        import kvshare.torch as kvt
+        t = kvt.hadamard(torch.from_numpy(x), down=True)
+        assert np.array_equal(t.numpy(), down)
+    # The C quantizer rotates the same way: a row whose rotation is
+    # constant has scale 0 and its minimum the constant.
+    lib = _clib()
+    row = np.zeros(96, np.float32)
+    row[0], row[64] = 64 * 2.5, 32 * 2.5      # segments 64 and 32
+    q, sc = np.zeros(96, np.uint8), np.zeros(2, np.float32)
+    assert lib.kvs_quantize_row(q.ctypes.data, sc.ctypes.data,
+                                kvshare.DTYPE_INT8, row.ctypes.data, 96) == 0
+    assert sc.tolist() == [0.0, 2.5] and not q.any()
+    back = kvshare.dequantize(q, sc, kvshare.DTYPE_INT8)
+    assert np.array_equal(back, row)
 
 
 def test_fp8_table_is_e4m3():
@@ -83,7 +157,11 @@ def write_block(lib, c, dt, b, rng):
     quantizer; returns the source values [layers][2][bs][heads][dim]."""
     L = c.layout
     x = rng.standard_normal(L.block_shape).astype(np.float32) * 3
-    x[0, 0, 1, 0] = 1.5                      # a constant row (scale 0)
+    if dt == "int8":    # a row whose rotation is constant (scale 0)
+        x[0, 0, 1, 0] = 0
+        x[0, 0, 1, 0, 0] = 1.5 * L.head_dim  # (head_dim: a power of two)
+    else:               # a constant row
+        x[0, 0, 1, 0] = 1.5
     x[1, 1, 2, 1, 3] = np.nan                # a NaN row reads as NaN
     for layer in range(L.num_layers):
         for kv in (0, 1):
@@ -174,12 +252,21 @@ def test_quantized_views_and_dequantize(daemon_factory, dt):
             nanrow = np.isnan(x).any(axis=-1, keepdims=True)
             assert np.isnan(want[np.broadcast_to(nanrow, x.shape)]).all()
             ok = ~np.broadcast_to(nanrow, x.shape)
-            if dt == "int8":   # a constant row reads back as its minimum
-                assert want[0, 0, 1, 0].tolist() == [1.5] * L.head_dim
+            if dt == "int8":   # rotated constant: its minimum, exactly
+                assert scales[0, 0, 1, 0, 0] == 0
+                assert scales[0, 0, 1, 0, 1] == 1.5
+                assert np.array_equal(want[0, 0, 1, 0], x[0, 0, 1, 0])
             err = np.abs(want - x)[ok]
-            if dt == "int8":   # half a step, and float32 roundings
+            if dt == "int8":
                 step = np.broadcast_to(scales[..., 0:1], x.shape)[ok]
-                assert (err <= step * 0.5001 + 1e-5).all()
+                # rotated: half a step, and float32 roundings
+                raw = bytes_.astype(np.float32) * scales[..., 0:1] + \
+                    scales[..., 1:2]
+                rerr = np.abs(raw - rotate_ref(x, True))[ok]
+                assert (rerr <= step * 0.5001 + 1e-5).all()
+                # the row: at most head_dim such errors (an element is a
+                # signed sum of its segment's)
+                assert (err <= L.head_dim * step * 0.5001 + 1e-4).all()
             else:              # 3 mantissa bits: 2**-4 relative
                 assert (err <= np.abs(x[ok]) * 2.0 ** -4 + 1e-4).all()
         # DLPack carries the bytes as uint8 and the scales as float32.
@@ -251,7 +338,10 @@ def test_dequantize_to_torch(daemon_factory):
         del sc
         t = c.dequantize_plane(2, 0, 1, torch=True)
         assert isinstance(t, torch.Tensor) and t.dtype == torch.float32
-        assert t.shape == c.layout.plane_shape and bool((t == 1.0).all())
+        # every row reads 4 * 0.5 - 1 = 1 rotated, so (head_dim, 0, ...)
+        want = torch.zeros(c.layout.plane_shape)
+        want[..., 0] = c.layout.head_dim
+        assert t.shape == c.layout.plane_shape and torch.equal(t, want)
         tb = kvshare.to_torch(c.dequantize_block(2))
         assert torch.equal(tb[0, 1], t)
 
