@@ -93,14 +93,16 @@ template <> struct Vec<__nv_bfloat16> {
   }
 };
 
-/* Four bytes -> four floats 0..255, exactly: each byte under the exponent
- * of 2^23 (0x4b000000 | b is 2^23 + b), then 2^23 off.  A byte permute and
- * an add per element, no integer-to-float conversion (a quarter-rate
- * instruction). */
+/* Four bytes -> four floats byte - 128 (-128..127), exactly: each byte
+ * under the exponent of 2^23 (0x4b000000 | b is 2^23 + b), then 2^23 + 128
+ * off.  A byte permute and an add per element, no integer-to-float
+ * conversion (a quarter-rate instruction).  Centred, so that the sums of
+ * a row's codes do not carry 128 times its scale for the minimum's term to
+ * cancel (ld_scales moves the minimum to byte 128's value). */
 __device__ __forceinline__ void u8x4_to_float(uint32_t w, float *f) {
 #pragma unroll
   for (int k = 0; k < 4; k++)
-    f[k] = __uint_as_float(__byte_perm(w, 0x4b000000u, 0x7440u | k)) - 8388608.f;
+    f[k] = __uint_as_float(__byte_perm(w, 0x4b000000u, 0x7440u | k)) - 8388736.f;
 }
 template <> struct Vec<KvInt8> {
   enum { N = 16, NF = 2 };
@@ -147,13 +149,17 @@ template <> struct Vec<KvFp8> {
   }
 };
 
-/* The NF scales of one row: int8 (scale, min), fp8 (scale, 0).  The scale
- * arrays are 16-byte aligned (KVS_SCALE_ALIGN), so the pair is 8-byte
- * aligned. */
+/* The NF scales of one row as the codes of Vec::cvt take them: int8
+ * (scale, min + 128 * scale: the value of byte 128, whose code is 0), fp8
+ * (scale, 0).  The scale arrays are 16-byte aligned (KVS_SCALE_ALIGN), so
+ * the pair is 8-byte aligned.  (128 * scale is exact, so a contraction of
+ * the sum into an fma rounds the same: the C bodies' lo.) */
 template <int NF>
 __device__ __forceinline__ float2 ld_scales(const char *p) {
-  if (NF == 2)
-    return __ldg((const float2 *)p);
+  if (NF == 2) {
+    float2 s = __ldg((const float2 *)p);
+    return make_float2(s.x, s.y + 128.f * s.x);
+  }
   return make_float2(NF ? __ldg((const float *)p) : 0.f, 0.f);
 }
 
@@ -394,11 +400,12 @@ extern "C" __global__ void kvs_blocks_kernel(char *base, uint64_t stride,
  *
  * int8 / fp8 caches (NF scales per row): each lane loads its token's
  * scales once, with the row's vectors, and applies them per row where the
- * algebra allows: a score is scale * sum(q * code) (+ min * sum(q) for
- * int8, sum(q) computed once per block), so the dot product runs on the
- * codes; fp8 values are weighted by p * scale;
- * int8 values are dequantized (code * scale + min, one fma) before they
- * are weighted, since splitting off min * sum(p) there would cancel.
+ * algebra allows: a score is scale * sum(q * code) (+ lo * sum(q) for
+ * int8, sum(q) computed once per block, lo = min + 128 * scale with the
+ * int8 code centred, byte - 128), so the dot product runs on the codes;
+ * fp8 values are weighted by p * scale; int8 values are dequantized (code
+ * * scale + lo, one fma) before they are weighted, since splitting off lo
+ * * sum(p) there would cancel.
  */
 template <typename T, int NV, int G>
 __device__ __forceinline__ void attn_body(const kvs_attn_args &a, int prefill,
