@@ -1,7 +1,8 @@
 /*
  * test_gpu_quant.c — int8/fp8 caches against numpy (tests/unit/
  * test_gpu_quant.py).  For each quantized dtype, K/V distribution (Gaussian,
- * Student-t with 3 degrees of freedom) and length (1, 17, 512, 8192), the C
+ * Student-t with 3 degrees of freedom, Gaussian with 4 outlier channels)
+ * and length (1, 17, 512, 8192), the C
  * write kernel quantizes fp32 K/V into a pool whose unused bytes are random
  * and whose unused scales and int8 minimums are NaN/Inf, then decode and
  * chunked-prefill attention run over it.  A few more cases write fp16/bf16
@@ -51,8 +52,15 @@ static double student3(uint64_t *rng) {
   return z / sqrt(c / 3.0);
 }
 
+/* dist 2: Gaussian with these 4 channels (of every head) 20 times larger,
+ * as a real model's K has (tests/bench/quant_groups.py draws the same). */
+static int is_outlier_channel(uint32_t d) {
+  return d == 3 || d == 50 || d == 77 || d == 101;
+}
+
 /*
- * One case: len tokens of K/V (dist 0 Gaussian, 1 Student-t) in src_dtype
+ * One case: len tokens of K/V (dist 0 Gaussian, 1 Student-t, 2 Gaussian
+ * with outlier channels) in src_dtype
  * (rows src_stride elements apart), written into a pool of the quantized
  * dtype; then decode (the last position) and prefill (the last min(len,
  * PRE_ROWS) positions) attention with fp32 q/out.
@@ -105,8 +113,12 @@ static int run_case(const char *dir, FILE *idx, const char *name,
     int pad = (r % 6 == 5) || t == len;
     slots[r] = pad ? -1 : (int64_t)table[t / BS] * BS + t % BS;
     for (uint32_t i = 0; i < stride; i++) {
-      float a = (float)(dist ? student3(&rng) : gauss(&rng));
-      float b = (float)(dist ? student3(&rng) : gauss(&rng));
+      float a = (float)(dist == 1 ? student3(&rng) : gauss(&rng));
+      float b = (float)(dist == 1 ? student3(&rng) : gauss(&rng));
+      if (dist == 2 && is_outlier_channel(i % DIM)) {
+        a *= 20.f;
+        b *= 20.f;
+      }
       kvs_convert(k + ((size_t)r * stride + i) * ses, src_dtype, &a,
                   KVS_DTYPE_FP32, 1);
       kvs_convert(v + ((size_t)r * stride + i) * ses, src_dtype, &b,
@@ -226,6 +238,13 @@ int main(void) {
     for (uint32_t sdt = KVS_DTYPE_FP16; sdt <= KVS_DTYPE_BF16; sdt++) {
       snprintf(name, sizeof name, "src%d", k);
       bad |= run_case(dir, idx, name, dt, (int)sdt - 1, 45, sdt,
+                      7000 + (uint64_t)k);
+      k++;
+    }
+  for (uint32_t dt = KVS_DTYPE_INT8; dt <= KVS_DTYPE_FP8; dt++)
+    for (size_t i = 0; i < sizeof lens / sizeof *lens; i++) {
+      snprintf(name, sizeof name, "err%d", k);
+      bad |= run_case(dir, idx, name, dt, 2, lens[i], KVS_DTYPE_FP32,
                       7000 + (uint64_t)k);
       k++;
     }

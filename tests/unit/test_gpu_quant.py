@@ -26,10 +26,15 @@ from test_gpu_numpy import (decode, decode_plane, e4m3,  # noqa: E402
 # each just above the largest figure measured (docs/kernels.md, "Quantized
 # KV blocks").  The aim is 1% for int8 and 4% for fp8.  int8 meets it on
 # heavy-tailed K/V by its rotation: unrotated, one outlier set the step of
-# its whole row (3.8% at 8192 keys, the "unrotated" column).
-BOUND = {(3, 0): 0.01, (3, 1): 0.01, (4, 0): 0.04, (4, 1): 0.04}
+# its whole row (3.8% at 8192 keys, the "unrotated" column).  With outlier
+# channels (4 of 128, 20 times larger) both miss it, int8 by less (1.7%
+# at 8192 keys, 6.5% unrotated), fp8 by more (7.5%: the outliers' own
+# 3-bit mantissa errors dominate the scores): those two bounds only catch
+# a regression.
+BOUND = {(3, 0): 0.01, (3, 1): 0.01, (3, 2): 0.02,
+         (4, 0): 0.04, (4, 1): 0.04, (4, 2): 0.08}
 NAME = {3: "int8", 4: "fp8"}
-DIST = {0: "gauss", 1: "student-t3"}
+DIST = {0: "gauss", 1: "student-t3", 2: "outlier-ch"}
 F32_TOL = 1e-5   # relative to the largest |V| (>= 1): fp32 sums, 8192 keys
 
 # The 127 non-negative finite e4m3 values, code c at index c (monotonic).
