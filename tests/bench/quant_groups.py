@@ -14,16 +14,26 @@ elements of every row 20 times larger, as a real model's K has), the last
 8 positions of 17, 512 and 8192 keys; the error is the relative RMS of the
 outputs against float64 attention over the unquantized K/V.  Each group's
 scale and minimum are float32 (as the cache keeps them), or float16
-(--half: half the bytes; their rounding adds to the error).  The rotation
+(--half: half the bytes; their rounding adds to the error).  The last two
+columns are fp8 (e4m3, a float32 scale per row: the cache's fp8 format,
+quantized by tests/unit/test_gpu_quant.py's numpy quantizer) without and
+with the same rotation, for the question whether fp8 would gain from it
+too.  The rotation
 is H / sqrt(128), H the 128 x 128 Sylvester-Hadamard matrix (orthogonal:
 scores and outputs are unchanged without quantization); it costs no bytes.
 Deterministic (seeded).
 
 usage: quant_groups.py [--half] [--keys 17,512,8192]
 """
+import os
 import sys
 
 import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "unit"))
+from test_gpu_numpy import e4m3  # noqa: E402
+from test_gpu_quant import q_fp8  # noqa: E402
 
 D, H, KVH = 128, 8, 2
 GROUPS = (128, 64, 32, 16)
@@ -54,6 +64,12 @@ def hadamard(n):
 
 
 ROT = hadamard(D)
+
+
+def dequant_fp8(x):
+    """[rows][D] float32 -> float64 after fp8 e4m3 with a scale per row."""
+    codes, scale = q_fp8(x.astype(np.float32))
+    return e4m3(codes) * scale.astype(np.float64)
 
 
 def dequant_rotated(x, half):
@@ -96,7 +112,7 @@ def main():
           + "  rotated %3d B" % (D + 2 * sb))
     print("relative RMS error of attention against float64 over unquantized K/V:")
     print("%-11s %5s  " % ("K/V", "keys") + "  ".join("%8s" % ("g%d" % g) for g in GROUPS)
-          + "  %8s" % "rotated")
+          + "  %8s  %8s  %8s" % ("rotated", "fp8", "fp8 rot"))
     for dist, draw in draws(rng):
         for n in keys:
             k = draw((n, KVH, D)).astype(np.float32)
@@ -105,6 +121,12 @@ def main():
             vq = {g: dequant(v.reshape(-1, D), g, half).reshape(n, KVH, D) for g in GROUPS}
             kq["rot"] = dequant_rotated(k.reshape(-1, D), half).reshape(n, KVH, D)
             vq["rot"] = dequant_rotated(v.reshape(-1, D), half).reshape(n, KVH, D)
+            for name, kv, out_q in (("fp8", None, None), ("fp8r", ROT, None)):
+                for src, dst in ((k, kq), (v, vq)):
+                    x = src.reshape(-1, D)
+                    y = dequant_fp8(x) if kv is None else \
+                        dequant_fp8((x.astype(np.float64) @ kv).astype(np.float32)) @ kv
+                    dst[name] = y.reshape(n, KVH, D)
             ref, out = [], {g: [] for g in kq}
             for pos in range(max(0, n - 8), n):
                 q = rng.standard_normal((H, D))
