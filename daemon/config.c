@@ -196,9 +196,9 @@ static const cfg_option options[] = {
     {"dtype", T_ENUM, F(dtype), 0, 0, "fp32", "fp32|fp16|bf16|int8|fp8",
      "TYPE", "Pool",
      "Element type of K and V.  int8 and fp8 (e4m3) are quantized: one byte "
-     "per element and a float32 scale per token and kv head, stored inside "
-     "the block (the C kernels read and write them; the CUDA kernels refuse "
-     "them for now)."},
+     "per element and float32 scales per token and kv head (int8: a scale "
+     "and a minimum, of the row rotated by a Hadamard transform), stored "
+     "inside the block; the C and CUDA kernels read and write them."},
     {"model_id", T_STR, F(model_id), 0, 0, "kvshare-default", NULL, "NAME",
      "Pool",
      "Model name: part of the root of every block hash, so caches of "

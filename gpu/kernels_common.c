@@ -284,6 +284,10 @@ int kvs__check_paged_kv(const kvs_paged_kv *kv) {
       kv->head_stride < kv->head_dim ||
       kv->token_stride < (uint64_t)kv->head_stride * kv->num_kv_heads)
     return KVS_EINVAL;
+  /* int8 rows are rotated whole (kvs__hadamard): at most KVS__QROW_MAX
+   * elements, the layout's own limit, on both backends. */
+  if (kv->dtype == KVS_DTYPE_INT8 && kv->head_dim > KVS__QROW_MAX)
+    return KVS_EINVAL;
   /* Quantized: the scales follow the plane's last element, 4-byte aligned. */
   if (kvs_dtype_quantized(kv->dtype) &&
       (kv->scale_offset % 4 ||

@@ -290,7 +290,12 @@ static int write_quantized(const kvs_write_args *a) {
         float scales[2];
         kvs_convert(row, KVS_DTYPE_FP32, (const char *)(p ? a->v : a->k) + soff,
                     a->src_dtype, kv->head_dim);
-        kvs_quantize_row(plane + doff, scales, kv->dtype, row, kv->head_dim);
+        int rc = kvs_quantize_row(plane + doff, scales, kv->dtype, row,
+                                  kv->head_dim);
+        if (rc) { /* (not reached: kvs__check_paged_kv refused the shape) */
+          free(row);
+          return rc;
+        }
         memcpy(plane + sidx, scales, nf * sizeof(float));
       }
     }

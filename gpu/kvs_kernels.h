@@ -39,9 +39,11 @@
  *   kvs_scale_floats(dtype) float32 in the plane's scale array
  *   (kvs_paged_kv.scale_offset): int8 a scale and the row's minimum, fp8 a
  *   scale (kvs_quantize_row).  The write
- *   kernel quantizes (kvs_quantize_row; the CUDA kernel gives the same
- *   bytes); attention dequantizes in registers as it reads, on both
- *   backends; copy/gather/scatter move whole blocks, scales included.  q,
+ *   kernel quantizes (kvs_quantize_row, int8 rows rotated first; the CUDA
+ *   kernel gives the same bytes); attention dequantizes in registers as it
+ *   reads, on both backends (over int8, q is rotated once and the output
+ *   rotated back once); copy/gather/scatter move whole blocks, scales
+ *   included.  int8 takes head_dim up to 4096 (KVS_EINVAL past it).  q,
  *   out and the write kernel's sources are never quantized (KVS_EINVAL).
  *
  * Errors: every function returns 0 or a negative status (kvs_status.h codes,

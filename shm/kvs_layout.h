@@ -13,9 +13,12 @@
  * quantized plane is its data [block_size][num_kv_heads][head_dim] bytes,
  * padding up to a multiple of 16 bytes, then its scales
  * [block_size][num_kv_heads][kvs_scale_floats] float32, padded to a multiple
- * of 16 bytes.  Element x of (token t, head h) reads as, for int8 (asymmetric:
- * a scale and the row's minimum), byte * scale[t][h][0] + scale[t][h][1] with
- * the byte unsigned (0..255); for fp8, fp8_to_float(byte) * scale[t][h][0].
+ * of 16 bytes.  For int8 (asymmetric: a scale and a minimum) the bytes of
+ * (token t, head h) are the row rotated by a Hadamard transform: element x
+ * of the rotated row reads as byte * scale[t][h][0] + scale[t][h][1] with
+ * the byte unsigned (0..255), and the row is H times the rotated row (per
+ * power-of-two segment; docs/kernels.md); for fp8, element x reads as
+ * fp8_to_float(byte) * scale[t][h][0].
  * A block thus carries everything needed to read it (docs/kernels.md,
  * "Quantized KV blocks").
  *

@@ -299,14 +299,18 @@ static void test_flash_prefill(void) {
 /* The write kernel against the twin, byte for byte: for int8 and fp8 the
  * codes, scales and minimums too (each quantizing step is one correctly
  * rounded float32 operation on both sides: docs/kernels.md).  Rows of
- * head_dim 128, and for the quantized dtypes 40 (lanes without elements)
- * and rows with a NaN, an infinity, a constant value, zeros of both signs. */
+ * head_dim 128, and for the quantized dtypes 37 (lanes without elements;
+ * int8: a rotation over segments of 32, 4 and 1) and 3200 (int8: three
+ * warps, 38400 bytes of shared memory, and segments of 2048, 1024 and
+ * 128), and rows with a NaN, an infinity, a constant value, zeros of both
+ * signs. */
 static void test_write(void) {
   for (uint32_t dt = 0; dt < KVS_DTYPE__COUNT; dt++)
     for (uint32_t sdt = 0; sdt < 3; sdt++) {
       int quant = kvs_dtype_quantized(dt);
       kvs_layout l = {.block_size = 16, .num_layers = 4, .num_kv_heads = 4,
-                      .head_dim = quant && sdt == 1 ? 40 : 128, .dtype = dt,
+                      .head_dim = !quant ? 128 : sdt == 0 ? 128 : sdt == 1 ? 37 : 3200,
+                      .dtype = dt,
                       .num_blocks = 20};
       kvs_layout_finish(&l);
       uint64_t bytes = kvs_pool_bytes(&l);

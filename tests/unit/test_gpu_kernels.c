@@ -368,6 +368,17 @@ static void test_quant_refusals(void **state) {
                       .num_tokens = 1};
   assert_int_equal(kvs_cpu_write_kv(&w, NULL), KVS_EINVAL);
   assert_int_equal(kvs_cuda_write_kv(&w, NULL), KVS_EINVAL);
+  /* An int8 row past 4096 elements (the layout's largest head_dim) cannot
+   * be rotated whole: refused by both backends, nothing written. */
+  w.src_dtype = KVS_DTYPE_FP32;
+  w.kv.head_dim = w.kv.head_stride = KVS__QROW_MAX + 1;
+  w.kv.token_stride = 2 * (uint64_t)w.kv.head_stride;
+  w.kv.scale_offset = 8 * 2 * (KVS__QROW_MAX + 1) * 2;
+  w.kv.num_blocks = 0;
+  assert_int_equal(kvs_cpu_write_kv(&w, NULL), KVS_EINVAL);
+  assert_int_equal(kvs_cuda_write_kv(&w, NULL), KVS_EINVAL);
+  w.kv.dtype = KVS_DTYPE_FP8; /* (fp8 rows are not rotated: no such limit) */
+  assert_int_equal(kvs__check_paged_kv(&w.kv), 0);
   tg_case_free(&c);
 }
 
@@ -781,12 +792,13 @@ static tg_params quant_params(uint32_t dt, uint32_t bs, uint32_t dim,
  * GQA 4/8/6/1, block sizes 16/32, head_dim 64/128, ragged lengths from 1
  * to 1500 keys, q/out of each dtype. */
 static void quant_shapes(void) {
-  static const uint32_t bss[] = {16, 32}, dims[] = {64, 128},
+  /* head_dim 96 and 40: int8 rows of two segments (64 + 32, 32 + 8) */
+  static const uint32_t bss[] = {16, 32}, dims[] = {64, 128, 96, 40},
                         ratios[] = {4, 8, 6, 1};
   int cases = 0;
   for (uint32_t dt = KVS_DTYPE_INT8; dt <= KVS_DTYPE_FP8; dt++)
     for (size_t ib = 0; ib < 2; ib++)
-      for (size_t id = 0; id < 2; id++)
+      for (size_t id = 0; id < 4; id++)
         for (int prefill = 0; prefill < 2; prefill++) {
           uint32_t bs = bss[ib];
           uint32_t lens[] = {1, 1500, bs - 1, 2 * bs + 3, 0, bs};
@@ -801,7 +813,7 @@ static void quant_shapes(void) {
                      cases);
           cases++;
         }
-  assert_int_equal(cases, 16);
+  assert_int_equal(cases, 32);
 }
 
 /* Decode over case c on the selected body (*out, n floats) and the float64

@@ -902,7 +902,8 @@ class Client:
     def dequantize_plane(self, b, layer, kv, torch=False):
         """The float32 values of one K (kv=0) or V (kv=1) plane of a host
         pool, [block_size][heads][head_dim], a copy: int8 byte * scale +
-        min, fp8 e4m3(byte) * scale (kvshare.dequantize), and for an
+        min rotated back (kvshare.hadamard), fp8 e4m3(byte) * scale
+        (kvshare.dequantize), and for an
         fp32/fp16/bf16 pool its values as float32.  torch=True: a torch
         tensor instead (ImportError without PyTorch)."""
         self._check_host("dequantize_plane")
