@@ -557,6 +557,15 @@ static void attend_row_base(const kvs_attn_args *a, uint32_t s, uint32_t pos,
  * w->q (rows Dp floats apart, zero-padded), with each head's sum into
  * qsum when it is not NULL; the normalised outputs out of w->acc, each
  * head's corr[hq] (when not NULL) added to every element first. */
+#if defined(__x86_64__) || defined(__i386__)
+/* kvs__hadamard (not down) eight lanes wide, for the vector bodies (below). */
+__attribute__((target("avx2,fma,f16c"))) static void x_hadamard(float *x,
+                                                                uint32_t n);
+#define vec_hadamard x_hadamard
+#else
+#define vec_hadamard(x, n) kvs__hadamard((x), (n), 0)
+#endif
+
 static void vec_load_q(const kvs_attn_args *a, const char *qrow,
                        attn_scratch *w, uint32_t Dp, float *qsum) {
   const uint32_t D = a->kv.head_dim;
@@ -565,7 +574,7 @@ static void vec_load_q(const kvs_attn_args *a, const char *qrow,
     float *qd = w->q + (size_t)hq * Dp;
     load_row(qd, qrow + (size_t)hq * D * qes, a->qo_dtype, D);
     if (a->kv.dtype == KVS_DTYPE_INT8) /* rows are stored rotated */
-      kvs__hadamard(qd, D, 0);
+      vec_hadamard(qd, D);
     memset(qd + D, 0, (size_t)(Dp - D) * 4);
     if (qsum) { /* (Dp is a multiple of 8; the padding is 0) */
       v8f t = {0};
@@ -586,7 +595,7 @@ static void vec_store_out(const kvs_attn_args *a, char *orow,
     for (uint32_t d = 0; d < D; d++)
       acc[d] = corr ? (acc[d] + c) * inv : acc[d] * inv;
     if (a->kv.dtype == KVS_DTYPE_INT8) /* the rotated rows' sum, back */
-      kvs__hadamard(acc, D, 0);
+      vec_hadamard(acc, D);
     store_row(orow + (size_t)hq * D * qes, a->qo_dtype, acc, D);
   }
 }
@@ -733,6 +742,50 @@ KVS_X86_INLINE __m128i x_e4m3_h8(__m128i x) {
   __m128i t = _mm_slli_epi16(x, 7);
   __m128i y = _mm_add_epi16(t, _mm_set1_epi16(0x80));
   return _mm_xor_si128(t, _mm_and_si128(y, _mm_set1_epi16(0x4000)));
+}
+
+/* The butterflies at distances 1, 2, 4 of the 8 floats of x, each lane's
+ * the same float32 operation as kvs__hadamard's (a + b, or a - b as a +
+ * (-b), which IEEE defines as the same): the partner moved beside each
+ * lane by a permute, its sign flipped where the lane takes the
+ * difference. */
+KVS_X86_INLINE __m256 x_hadamard8(__m256 x) {
+  const __m256 s1 = _mm256_castsi256_ps(
+      _mm256_setr_epi32(0, INT32_MIN, 0, INT32_MIN, 0, INT32_MIN, 0, INT32_MIN));
+  const __m256 s2 = _mm256_castsi256_ps(
+      _mm256_setr_epi32(0, 0, INT32_MIN, INT32_MIN, 0, 0, INT32_MIN, INT32_MIN));
+  const __m256 s4 = _mm256_castsi256_ps(_mm256_setr_epi32(
+      0, 0, 0, 0, INT32_MIN, INT32_MIN, INT32_MIN, INT32_MIN));
+  /* lane j: x[j & ~1] + (+-) x[j | 1] */
+  x = _mm256_add_ps(_mm256_moveldup_ps(x),
+                    _mm256_xor_ps(_mm256_movehdup_ps(x), s1));
+  /* lane j: x[j & ~2] + (+-) x[j | 2] */
+  x = _mm256_add_ps(_mm256_permute_ps(x, 0x44),
+                    _mm256_xor_ps(_mm256_permute_ps(x, 0xee), s2));
+  /* lane j: x[j & ~4] + (+-) x[j | 4] */
+  return _mm256_add_ps(_mm256_permute2f128_ps(x, x, 0x00),
+                       _mm256_xor_ps(_mm256_permute2f128_ps(x, x, 0x11), s4));
+}
+
+KVS_X86 static void x_hadamard(float *x, uint32_t n) {
+  for (uint32_t off = 0; off < n;) {
+    const uint32_t m = kvs__hadamard_seg(n, off);
+    float *y = x + off;
+    if (m < 8) {
+      kvs__hadamard(y, m, 0);
+    } else {
+      for (uint32_t i = 0; i < m; i += 8)
+        _mm256_storeu_ps(y + i, x_hadamard8(_mm256_loadu_ps(y + i)));
+      for (uint32_t h = 8; h < m; h *= 2)
+        for (uint32_t i = 0; i < m; i += 2 * h)
+          for (uint32_t j = i; j < i + h; j += 8) {
+            const __m256 a = _mm256_loadu_ps(y + j), b = _mm256_loadu_ps(y + j + h);
+            _mm256_storeu_ps(y + j, _mm256_add_ps(a, b));
+            _mm256_storeu_ps(y + j + h, _mm256_sub_ps(a, b));
+          }
+    }
+    off += m;
+  }
 }
 
 /* 8 elements of dtype dt at p, as floats (dt is a constant after inlining);
