@@ -41,7 +41,8 @@ $(CONFIG_TESTS): $(BUILD)/%: $(BUILD)/%.o $(BUILD)/daemon/config.o \
 # Unit tests of the KV event stream: tests/unit/test_events*.c, linked with
 # the events module, the log, the option table and the core (a real loop
 # and ZMQ sockets on ipc:// endpoints).
-EVENTS_TEST_OBJS := $(BUILD)/daemon/observe/events.o $(BUILD)/daemon/log.o \
+EVENTS_TEST_OBJS := $(BUILD)/daemon/observe/events.o \
+                    $(BUILD)/daemon/observe/tcpinfo.o $(BUILD)/daemon/log.o \
                     $(BUILD)/daemon/config.o
 EVENTS_TESTS := $(patsubst %.c,$(BUILD)/%,$(wildcard tests/unit/test_events*.c))
 UNIT_TESTS += $(EVENTS_TESTS)

@@ -20,15 +20,24 @@
  * EV_REFUSED_MS is disconnected (cut(); its descriptor comes with each
  * message, ZMQ_SRCFD), which frees what libzmq kept for it.  A subscriber
  * of several daemons sends each the others' topics: a few, not 1024.
+ *
+ * A message's descriptor is the one its connection had when libzmq's
+ * thread read it: by the time the loop takes the message that connection
+ * may be gone and the number reused by a new one, with up to a pipe's
+ * worth of the old one's subscriptions still queued.  So a count belongs
+ * to one socket (its inode), and a TCP socket is cut only if it has
+ * itself received at least the bytes of the subscriptions counted
+ * (tcpi_bytes_received): a new connection is never cut for what an old
+ * one sent.
  */
 #include <arpa/inet.h>
 #include <assert.h>
 #include <errno.h>
 #include <msgpack.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -37,6 +46,7 @@
 #include <zmq.h>
 
 #include "daemon/observe/events.h"
+#include "daemon/observe/tcpinfo.h"
 #include "daemon/log.h"
 #include "kvs_utf8.h"
 
@@ -108,6 +118,7 @@ typedef struct ev_peer {
   int fd;
   uint32_t refused;
   uint64_t since_ms; /* the first of them */
+  uint64_t ino;      /* the socket fd was then (refused()) */
 } ev_peer;
 
 typedef struct ev_kept {
@@ -951,6 +962,11 @@ static int ours(const events *e, int fd) {
   return 0;
 }
 
+/* The fewest bytes a subscription that cannot match takes on the wire:
+ * a frame's flags and size, the 1 and at least one byte of topic (an
+ * empty topic is a prefix of every topic: it matches). */
+#define EV_REFUSED_MIN_BYTES 4u
+
 /* Ends connection fd now, leaving the descriptor to libzmq to close; 0
  * when it did.  After shutdown(), Linux still hands over everything queued
  * for reading (up to the receive buffer, megabytes on loopback), which
@@ -958,16 +974,19 @@ static int ours(const events *e, int fd) {
  * AF_UNSPEC disconnects a TCP socket at once: an abortive close (the peer
  * gets a reset, the queues are emptied, later reads fail).  A socket it
  * already cut (TCP_CLOSE: libzmq has yet to see it) is left alone, so that
- * what libzmq read of it before does not count a second drop.  A Unix
- * socket takes no TCP_INFO, refuses the disconnect and needs only
- * shutdown(): its peer's writes fail at once. */
-static int cut(int fd) {
-  struct tcp_info ti;
-  socklen_t tl = sizeof(ti);
+ * what libzmq read of it before does not count a second drop; so is one
+ * that has received fewer bytes than `refused` subscriptions take: it
+ * cannot have sent them (a new connection on a reused descriptor, the old
+ * one's messages still queued).  A Unix socket takes no TCP_INFO, refuses
+ * the disconnect and needs only shutdown(): its peer's writes fail at
+ * once. */
+static int cut(int fd, uint32_t refused) {
+  tcpinfo ti;
   struct sockaddr sa;
 
-  if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &tl) == 0) {
-    if (ti.tcpi_state == TCP_CLOSE)
+  if (tcpinfo_get(fd, &ti) == 0) {
+    if (ti.closed ||
+        ti.bytes_received < (uint64_t)refused * EV_REFUSED_MIN_BYTES)
       return -1;
     memset(&sa, 0, sizeof(sa));
     sa.sa_family = AF_UNSPEC;
@@ -978,24 +997,28 @@ static int cut(int fd) {
 }
 
 /* A subscription from connection fd (-1: libzmq's own) could never match:
- * the connection goes after EV_REFUSED_MAX of them (above). */
+ * the connection goes after EV_REFUSED_MAX of them (above), counted for
+ * the socket fd is now (its inode: a reused descriptor starts afresh). */
 static void refused(events *e, int fd) {
   ev_peer *p;
+  struct stat st;
 
   e->st.refused_subscriptions++;
-  if (fd < 0)
+  if (fd < 0 || fstat(fd, &st) != 0)
     return;
   p = &e->peers[(unsigned)fd % e->npeers]; /* (fd itself, below the
                                               descriptor limit) */
-  if (p->fd != fd || uv_now(e->loop) - p->since_ms > EV_REFUSED_MS) {
+  if (p->fd != fd || p->ino != (uint64_t)st.st_ino ||
+      uv_now(e->loop) - p->since_ms > EV_REFUSED_MS) {
     p->fd = fd;
+    p->ino = (uint64_t)st.st_ino;
     p->refused = 0;
     p->since_ms = uv_now(e->loop);
   }
   if (++p->refused < EV_REFUSED_MAX)
     return;
   p->fd = -1;
-  if (!ours(e, fd) || cut(fd) != 0)
+  if (!ours(e, fd) || cut(fd, EV_REFUSED_MAX) != 0)
     return;
   e->st.subscriber_drops++;
   log_at(e->drop_logged ? LOG_DEBUG : LOG_WARN, 0,
