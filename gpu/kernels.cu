@@ -56,7 +56,7 @@ struct KvFp8 {
 
 /* 16 bytes -> N = 16 / sizeof(T) floats; NF float32 scales per row (0 for
  * the unquantized dtypes).  For int8 and fp8 the floats are the codes' own
- * values (the byte, the e4m3 number): the attention body applies the
+ * values (the byte - 128, the e4m3 number): the attention body applies the
  * scales once per row where it can (phase 1, phase 3 for fp8) rather than
  * once per element. */
 template <typename T> struct Vec;
@@ -404,8 +404,9 @@ extern "C" __global__ void kvs_blocks_kernel(char *base, uint64_t stride,
  * int8, sum(q) computed once per block, lo = min + 128 * scale with the
  * int8 code centred, byte - 128), so the dot product runs on the codes;
  * fp8 values are weighted by p * scale; int8 values are dequantized (code
- * * scale + lo, one fma) before they are weighted, since splitting off lo
- * * sum(p) there would cancel.
+ * * scale + lo, one fma) before they are weighted.  (The C bodies split
+ * off sum(p * lo) instead, which the centred codes keep from cancelling;
+ * whether that pays here is for a GPU to measure.)
  */
 template <typename T, int NV, int G>
 __device__ __forceinline__ void attn_body(const kvs_attn_args &a, int prefill,
@@ -485,7 +486,7 @@ __device__ __forceinline__ void attn_body(const kvs_attn_args &a, int prefill,
   __syncthreads();
   if (NF == 2) /* int8: keys are stored rotated, so q is rotated alike */
     hadamard_par<true>(sq, G, D, D, tid, blockDim.x, false);
-  if (NF == 2) { /* int8: sum(q) of head `warp`, for min * sum(q) */
+  if (NF == 2) { /* int8: sum(q) of head `warp`, for lo * sum(q) */
     if (warp < G) {
       float x = 0.f;
       for (uint32_t d = lane; d < D; d += 32)
@@ -536,8 +537,9 @@ __device__ __forceinline__ void attn_body(const kvs_attn_args &a, int prefill,
             scl[u] = ld_scales<NF>(plane + kv.scale_offset +
                                    ((uint64_t)bo * kv.num_kv_heads + h) * (NF * 4));
           } else {
-            /* zero codes and scales: a score of 0, never stored (a slot
-             * past the row is not read, its poison never loaded) */
+            /* zero bytes (int8 codes -128) and zero scales: a score of
+             * 0, never stored (a slot past the row is not read, its
+             * poison never loaded) */
 #pragma unroll
             for (int v = 0; v < NV; v++)
               raw[u][v] = make_uint4(0, 0, 0, 0);

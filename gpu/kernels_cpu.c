@@ -352,9 +352,10 @@ typedef struct attn_scratch {
   float *scores; /* [max_len][H]: token-major, heads contiguous */
   float *sum;    /* [H] */
   float *qsum;   /* [H]: int8, the vector bodies: sum of each head's q */
-  float *corr;   /* [H]: int8, the vector bodies: sum of p * min */
+  float *corr;   /* [H]: int8, the vector bodies: sum of p * lo */
   float *qmul;   /* [block_size]: quantized, the vector bodies: scales */
-  float *qlo;    /* [block_size]: int8, the vector bodies: minimums */
+  float *qlo;    /* [block_size]: int8, the vector bodies: lo, the value
+                    of byte 128 (min + 128 * scale: quant_load_scales) */
   const float *tile[KVS__CPU_TILE]; /* rows of the current tile */
   uint32_t max_len;
 } attn_scratch;
@@ -789,7 +790,8 @@ KVS_X86 static void x_hadamard(float *x, uint32_t n) {
 }
 
 /* 8 elements of dtype dt at p, as floats (dt is a constant after inlining);
- * int8 and fp8 raw (the byte; the value / 256), without their row's scale. */
+ * int8 and fp8 raw (the byte - 128; the value / 256), without their row's
+ * scale and offset. */
 KVS_X86_INLINE __m256 x_ld8(const void *p, uint32_t dt) {
   if (dt == KVS_DTYPE_INT8) /* byte - 128 */
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_xor_si128(
@@ -814,7 +816,9 @@ KVS_X86_INLINE __m256 x_ld8(const void *p, uint32_t dt) {
   return _mm256_loadu_ps((const float *)p);
 }
 
-/* The first n < 8 elements at p, zero-padded to 8. */
+/* The first n < 8 elements at p, zero-padded to 8 (int8: the padding
+ * bytes read as -128; they meet q's zero padding in a score, and the
+ * value sums' padding lanes are never stored). */
 KVS_X86_INLINE __m256 x_ld8_tail(const void *p, uint32_t dt, uint32_t n) {
   float f[8] = {0};
   uint16_t h[8] = {0};
@@ -1206,7 +1210,8 @@ KVS_X512_INLINE void z_ld32(const void *p, uint32_t dt, __m512 *lo,
   *hi = z_ld16((const char *)p + 16 * kvs_dtype_size(dt), dt);
 }
 
-/* The first n < 16 elements at p, zero-padded to 16. */
+/* The first n < 16 elements at p, zero-padded to 16 (int8: -128, as
+ * x_ld8_tail). */
 KVS_X512_INLINE __m512 z_ld16_tail(const void *p, uint32_t dt, uint32_t n) {
   uint32_t b[16] = {0};
   memcpy(b, p, (size_t)n * kvs_dtype_size(dt));
