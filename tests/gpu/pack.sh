@@ -6,9 +6,13 @@
 # network, so everything is built here and carried there: this builds into
 # build-gpu/ and copies the programs run.sh needs, with the shared libraries
 # they load that are not glibc's, into build-gpucarry/ (ignored by git, like
-# every build-*/), keeping build/'s layout so the programs find each other.
-# Then, with the device tool:  run(carry=["build-gpucarry"],
-#                                 command="tests/gpu/run.sh")
+# every build-*/), keeping build/'s layout so the programs find each other,
+# debug sections stripped, and packs that into build-gpucarry.tgz: each
+# program that links the kernels carries their ~6 MB fatbin, and the
+# folder (54 MiB) would not fit the device tool's 64 MiB with the tree,
+# the archive (about 20 MiB) does.  Then, with the device tool:
+#   run(carry=["build-gpucarry.tgz"], command="tests/gpu/run.sh")
+# (run.sh unpacks the archive when the folder is not there.)
 # The binaries are x86-64 and linked against this machine's glibc; a newer
 # glibc there runs them.
 set -euo pipefail
@@ -34,6 +38,9 @@ for p in "${progs[@]}" libkvshare.so; do
 done | sort -u | grep -v -E '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libgcc_s|libstdc\+\+)\.so' |
   grep -v "$out" | while read -r lib; do cp -L "$lib" "$out/deps/"; done
 strip --strip-debug "$out"/deps/* "$out"/libkvshare.so.* 2>/dev/null || true
-size=$(du -sm "$out" | cut -f1)
-echo "$out: ${size} MiB; libraries carried: $(ls "$out/deps" | tr '\n' ' ')"
+for p in "${progs[@]}"; do strip --strip-debug "$out/$p"; done
+rm -f "$out.tgz"
+tar czf "$out.tgz" "$out"
+size=$(du -sm "$out.tgz" | cut -f1)
+echo "$out.tgz: ${size} MiB ($(du -sm "$out" | cut -f1) MiB unpacked); libraries carried: $(ls "$out/deps" | tr '\n' ' ')"
 [ "$size" -lt 56 ] || { echo "too big to carry (the device tool takes 64 MiB with the tree)" >&2; exit 1; }

@@ -43,6 +43,11 @@ if [ $plan = 1 ]; then
   echo "steps: $steps; quick: $quick; binaries: $b"
   exit 0
 fi
+# pack.sh's archive, carried in place of the folder (the device tool's
+# size limit): unpacked here when the folder is not.
+if [ ! -d "$b" ] && [ -f "$b.tgz" ]; then
+  tar xzf "$b.tgz" || { echo "cannot unpack $b.tgz"; exit 1; }
+fi
 export KVS_BUILD=$b LD_LIBRARY_PATH=$b/deps${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 log=${OUT:+$OUT/gpu-run.log}
 exec > >(tee ${log:+"$log"}) 2>&1
