@@ -558,14 +558,11 @@ static void attend_row_base(const kvs_attn_args *a, uint32_t s, uint32_t pos,
  * w->q (rows Dp floats apart, zero-padded), with each head's sum into
  * qsum when it is not NULL; the normalised outputs out of w->acc, each
  * head's corr[hq] (when not NULL) added to every element first. */
-#if defined(__x86_64__) || defined(__i386__)
+#if defined(__x86_64__) || defined(__i386__) /* (the vector bodies') */
 /* kvs__hadamard (not down) eight lanes wide, for the vector bodies (below). */
 __attribute__((target("avx2,fma,f16c"))) static void x_hadamard(float *x,
                                                                 uint32_t n);
 #define vec_hadamard x_hadamard
-#else
-#define vec_hadamard(x, n) kvs__hadamard((x), (n), 0)
-#endif
 
 static void vec_load_q(const kvs_attn_args *a, const char *qrow,
                        attn_scratch *w, uint32_t Dp, float *qsum) {
@@ -600,6 +597,7 @@ static void vec_store_out(const kvs_attn_args *a, char *orow,
     store_row(orow + (size_t)hq * D * qes, a->qo_dtype, acc, D);
   }
 }
+#endif /* x86 */
 
 /*
  * Quantized caches in the vector bodies.  They read an int8/fp8 row as raw
