@@ -11,7 +11,7 @@ liburing-dev libcmocka-dev libxxhash-dev libjansson-dev python3 python3-numpy \
 gnuplot-nox libmicrohttpd-dev libzmq3-dev libmsgpack-dev libsystemd-dev systemd curl \
 python3-prometheus-client python3-zmq python3-msgpack python3-pytest python3-yaml python3-torch \
 yamllint python3-venv python3-pip python3-setuptools python3-kubernetes \
-libhiredis-dev redis-server redis-tools gcc-aarch64-linux-gnu"
+libhiredis-dev redis-server redis-tools gcc-aarch64-linux-gnu libc6-dev-arm64-cross"
 if [ "${1:-}" = "--fuzz" ]; then
   PKGS="$PKGS clang-14 libclang-rt-14-dev"
 fi

@@ -6,7 +6,8 @@
 # and the portable paths must build alone.  A compile, not a run: the C
 # library is the cross compiler's, the other headers this machine's
 # (architecture-independent).  Skipped, saying so, without
-# aarch64-linux-gnu-gcc (Debian: gcc-aarch64-linux-gnu), and in the
+# aarch64-linux-gnu-gcc and its C library (Debian: gcc-aarch64-linux-gnu,
+# libc6-dev-arm64-cross), and in the
 # sanitizer build (the sources are the same).
 set -u
 build=${KVS_BUILD:-build}
@@ -14,6 +15,9 @@ cc=aarch64-linux-gnu-gcc
 command -v "$cc" >/dev/null 2>&1 ||
   { echo "SKIP: no $cc (gcc-aarch64-linux-gnu)"; exit 77; }
 [ -d "$build/proto" ] || { echo "SKIP: $build/proto not generated"; exit 77; }
+# (its C library's headers are a separate package, only recommended)
+echo '#include <stdio.h>' | "$cc" -E -x c - >/dev/null 2>&1 ||
+  { echo "SKIP: $cc has no C library headers (libc6-dev-arm64-cross)"; exit 77; }
 if grep -q __asan_init "$build/kvshared" 2>/dev/null; then
   echo "SKIP: the sanitizer build (the plain build's run covers the sources)"
   exit 77
