@@ -213,6 +213,13 @@ __device__ __forceinline__ uint32_t float_to_e4m3(float f) {
  * correctly rounded operation (__fadd_rn, __fsub_rn, __fmul_rn: none is
  * contracted).
  */
+template <bool BLOCK> __device__ __forceinline__ void par_sync() {
+  if (BLOCK)
+    __syncthreads();
+  else
+    __syncwarp();
+}
+
 template <bool BLOCK>
 __device__ __forceinline__ void hadamard_par(float *y, uint32_t rows,
                                              uint32_t stride, uint32_t n,
@@ -228,10 +235,7 @@ __device__ __forceinline__ void hadamard_par(float *y, uint32_t rows,
         x[0] = __fadd_rn(a, b);
         x[h] = __fsub_rn(a, b);
       }
-      if (BLOCK)
-        __syncthreads();
-      else
-        __syncwarp();
+      par_sync<BLOCK>();
     }
     if (down && m > 1) {
       const float inv = 1.f / (float)m;
@@ -239,10 +243,7 @@ __device__ __forceinline__ void hadamard_par(float *y, uint32_t rows,
         float *x = y + (uint64_t)(p / m) * stride + off + p % m;
         *x = __fmul_rn(*x, inv);
       }
-      if (BLOCK)
-        __syncthreads();
-      else
-        __syncwarp();
+      par_sync<BLOCK>();
     }
     off += m;
   }

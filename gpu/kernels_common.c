@@ -116,28 +116,29 @@ void kvs__hadamard(float *x, uint32_t n, int down) {
   for (uint32_t off = 0; off < n;) {
     const uint32_t m = kvs__hadamard_seg(n, off);
     float *y = x + off;
-    uint32_t h = 1;
-    if (m >= 8) { /* distances 1, 2, 4 in registers, 8 elements at a time */
+    if (m < 8) { /* (m = 1, 2 or 4) */
+      for (uint32_t h = 1; h < m; h *= 2)
+        for (uint32_t i = 0; i < m; i += 2 * h)
+          for (uint32_t j = i; j < i + h; j++) {
+            const float a = y[j], b = y[j + h];
+            y[j] = a + b;
+            y[j + h] = a - b;
+          }
+    } else { /* distances 1, 2, 4 in registers, 8 elements at a time; the
+                longer ones four pairs at once (vectors: the same roundings) */
       for (uint32_t i = 0; i < m; i += 8)
         hadamard8(y + i);
-      h = 8;
-    }
-    for (; h < m; h *= 2)
-      for (uint32_t i = 0; i < m; i += 2 * h)
-        for (uint32_t j = i; j < i + h; j += h >= 4 ? 4 : 1) {
-          if (h >= 4) { /* four pairs at once (vectors: same roundings) */
+      for (uint32_t h = 8; h < m; h *= 2)
+        for (uint32_t i = 0; i < m; i += 2 * h)
+          for (uint32_t j = i; j < i + h; j += 4) {
             kvs__v4f a, b;
             memcpy(&a, y + j, sizeof a);
             memcpy(&b, y + j + h, sizeof b);
             const kvs__v4f s = a + b, d = a - b;
             memcpy(y + j, &s, sizeof s);
             memcpy(y + j + h, &d, sizeof d);
-            continue;
           }
-          const float a = y[j], b = y[j + h];
-          y[j] = a + b;
-          y[j + h] = a - b;
-        }
+    }
     if (down && m > 1) {
       const float inv = 1.f / (float)m;
       for (uint32_t j = 0; j < m; j++)

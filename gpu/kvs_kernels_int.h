@@ -67,6 +67,9 @@ int kvs__cpu_attn_simd512(void);
  * "AVX-512F" (static text). */
 const char *kvs__cpu_attn_body(void);
 
+/* The longest row kvs_quantize_row takes: the layout's largest head_dim. */
+#define KVS__QROW_MAX 4096u
+
 /*
  * The rotation of an int8 row (docs/kernels.md, "Quantized KV blocks"): the
  * row's n elements split into power-of-two segments, the largest first
@@ -81,9 +84,6 @@ const char *kvs__cpu_attn_body(void);
  * as H_m times what it read (kvs__hadamard(y, n, 0)); attention instead
  * multiplies q by H_m once and its output once.
  */
-/* The longest row kvs_quantize_row takes: the layout's largest head_dim. */
-#define KVS__QROW_MAX 4096u
-
 static inline KVS_HD uint32_t kvs__hadamard_seg(uint32_t n, uint32_t off) {
   uint32_t m = 1;
   while (m <= (n - off) / 2)
