@@ -975,18 +975,18 @@ static int ours(const events *e, int fd) {
  * gets a reset, the queues are emptied, later reads fail).  A socket it
  * already cut (TCP_CLOSE: libzmq has yet to see it) is left alone, so that
  * what libzmq read of it before does not count a second drop; so is one
- * that has received fewer bytes than `refused` subscriptions take: it
+ * that has received fewer bytes than EV_REFUSED_MAX subscriptions take: it
  * cannot have sent them (a new connection on a reused descriptor, the old
  * one's messages still queued).  A Unix socket takes no TCP_INFO, refuses
  * the disconnect and needs only shutdown(): its peer's writes fail at
  * once. */
-static int cut(int fd, uint32_t refused) {
+static int cut(int fd) {
   tcpinfo ti;
   struct sockaddr sa;
 
   if (tcpinfo_get(fd, &ti) == 0) {
     if (ti.closed ||
-        ti.bytes_received < (uint64_t)refused * EV_REFUSED_MIN_BYTES)
+        ti.bytes_received < (uint64_t)EV_REFUSED_MAX * EV_REFUSED_MIN_BYTES)
       return -1;
     memset(&sa, 0, sizeof(sa));
     sa.sa_family = AF_UNSPEC;
@@ -1018,7 +1018,7 @@ static void refused(events *e, int fd) {
   if (++p->refused < EV_REFUSED_MAX)
     return;
   p->fd = -1;
-  if (!ours(e, fd) || cut(fd, EV_REFUSED_MAX) != 0)
+  if (!ours(e, fd) || cut(fd) != 0)
     return;
   e->st.subscriber_drops++;
   log_at(e->drop_logged ? LOG_DEBUG : LOG_WARN, 0,
