@@ -32,7 +32,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                 "..", "unit"))
-from test_gpu_numpy import e4m3  # noqa: E402
+from test_gpu_numpy import e4m3, sylvester  # noqa: E402
 from test_gpu_quant import q_fp8  # noqa: E402
 
 D, H, KVH = 128, 8, 2
@@ -55,15 +55,7 @@ def dequant(x, g, half):
     return (q * s.astype(np.float64) + lo).reshape(r, d)
 
 
-def hadamard(n):
-    """The n x n Sylvester-Hadamard matrix over sqrt(n): orthogonal."""
-    h = np.ones((1, 1))
-    while h.shape[0] < n:
-        h = np.block([[h, h], [h, -h]])
-    return h / np.sqrt(n)
-
-
-ROT = hadamard(D)
+ROT = sylvester(D) / np.sqrt(D)  # orthogonal
 
 
 def dequant_fp8(x):
