@@ -295,9 +295,9 @@ int main(int argc, char **argv) {
                 (l.head_dim * kvs_dtype_size(l.dtype) +
                  4.0 * kvs_scale_floats(l.dtype));
     kvs_cpu_decode_attention(&a, NULL); /* warm-up */
+    const uint32_t reps = B * len <= 512 ? 100 : 1; /* calls a round */
     double before = memcpy_once();
     for (int i = 0; i < runs; i++) {
-      const uint32_t reps = B * len <= 512 ? 100 : 1;
       double t0 = now();
       for (uint32_t r = 0; r < reps; r++)
         if (kvs_cpu_decode_attention(&a, NULL))
