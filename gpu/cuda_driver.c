@@ -53,6 +53,8 @@ static CUfunction f_write, f_write_q, f_blocks, f_merge;
 static CUfunction f_attn[DT_N][NV_N][G_N];
 static CUfunction f_mma[2][2]; /* [fp16, bf16][d64, d128] */
 static CUfunction f_flash[2][3]; /* [fp16, bf16][d64, d128, d256] */
+/* int8/fp8 caches: [int8, fp8][q/out fp16, bf16][d64, d128] */
+static CUfunction f_flash_q[2][2][2];
 /* The context is current in this thread: kvshare made it current once and
  * does not check again, so a thread that switches to another context of
  * its own makes kvshare's later calls run there.  (Engines that use the
@@ -131,6 +133,15 @@ static int load_kernels_locked(void) {
       if ((r = kvs__cu.cuModuleGetFunction(&f_flash[t][d], mod, name)))
         return kernels_rc = kvs__cu_status(r);
     }
+  for (int c = 0; c < 2; c++)
+    for (int t = 0; t < 2; t++)
+      for (int d = 0; d < 2; d++) {
+        char name[64];
+        snprintf(name, sizeof name, "kvs_prefill_flash_%s_%s_d%d", c ? "fp8" : "int8",
+                 t ? "bf16" : "fp16", 64 << d);
+        if ((r = kvs__cu.cuModuleGetFunction(&f_flash_q[c][t][d], mod, name)))
+          return kernels_rc = kvs__cu_status(r);
+      }
   {
     /* An opt-in without a rebuild (for a GPU check or a bench run from
      * Python): KVS_CUDA_PREFILL_FLASH=1 when the kernels load. */
@@ -346,15 +357,18 @@ int kvs_cuda_scatter_blocks(const kvs_xfer_args *a, void *stream) {
 
 /*
  * The flash prefill kernel (kernels_prefill.cuh) takes a 16-bit cache with
- * q/out of the same dtype, head_dim 64, 128 or 256, and 16-byte aligned q
- * and out (its K/V rows passed cuda_attention's alignment check already).
+ * q/out of the same dtype and head_dim 64, 128 or 256, or an int8/fp8 cache
+ * with q/out fp16 or bf16 and head_dim 64 or 128; q and out 16-byte
+ * aligned (its K/V rows passed cuda_attention's alignment check already).
  * Everything else keeps the kernels above.
  */
 static int flash_applies(const kvs_attn_args *a, uint32_t ratio) {
   const kvs_paged_kv *kv = &a->kv;
   uint32_t D = kv->head_dim;
-  return (kv->dtype == KVS_DTYPE_FP16 || kv->dtype == KVS_DTYPE_BF16) &&
-         a->qo_dtype == kv->dtype && (D == 64 || D == 128 || D == 256) &&
+  const int sixteen = kv->dtype == KVS_DTYPE_FP16 || kv->dtype == KVS_DTYPE_BF16;
+  return (a->qo_dtype == KVS_DTYPE_FP16 || a->qo_dtype == KVS_DTYPE_BF16) &&
+         (sixteen ? a->qo_dtype == kv->dtype && (D == 64 || D == 128 || D == 256)
+                  : kvs_dtype_quantized(kv->dtype) && (D == 64 || D == 128)) &&
          ((uintptr_t)a->q | (uintptr_t)a->out) % 16 == 0 &&
          (uint64_t)a->num_rows * ratio <= UINT32_MAX &&
          kvs__pf_grid_x(a->num_rows, a->num_seqs, ratio) <= 0x7fffffffu &&
@@ -370,10 +384,13 @@ static int flash_prefill(const kvs_attn_args *a, uint32_t ratio, void *stream) {
   void *params[] = {&copy};
   kvs__cuda_attn_last_nsplit = 1;
   kvs__cuda_attn_last_flash = 1;
-  return launch(f_flash[kv->dtype == KVS_DTYPE_BF16][D == 64 ? 0 : D == 128 ? 1 : 2],
-                (unsigned)kvs__pf_grid_x(a->num_rows, a->num_seqs, ratio),
-                kv->num_kv_heads, 1, KVS__PF_THREADS, kvs__pf_smem(D), stream,
-                params);
+  CUfunction f = kvs_dtype_quantized(kv->dtype)
+                     ? f_flash_q[kv->dtype == KVS_DTYPE_FP8][a->qo_dtype == KVS_DTYPE_BF16]
+                                [D == 128]
+                     : f_flash[kv->dtype == KVS_DTYPE_BF16][D == 64 ? 0 : D == 128 ? 1 : 2];
+  return launch(f, (unsigned)kvs__pf_grid_x(a->num_rows, a->num_seqs, ratio),
+                kv->num_kv_heads, 1, KVS__PF_THREADS, kvs__pf_smem_for(kv->dtype, D),
+                stream, params);
 }
 
 static int cuda_attention(const kvs_attn_args *a, int prefill, void *stream) {

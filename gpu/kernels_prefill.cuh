@@ -34,6 +34,12 @@
  * running max and sum of a row live in the 4 lanes of its quad (max
  * reduced per tile, sums per lane, reduced at the end).
  *
+ * int8 / fp8 caches (kvs_prefill_flash_{int8,fp8}_{fp16,bf16}_d{64,128}):
+ * tiles of 32 keys staged through registers as exact 16-bit values, the
+ * scales applied around the tensor cores, int8's q rotated and split into
+ * two halves, the weights split into two fp16 halves; see pq_fetch below
+ * and docs/kernels.md.
+ *
  * Poisoned memory: a key or value row past the tile's n_keys (past the
  * request, or past every row's position) is never loaded: its chunks are
  * zero-filled in shared memory.  A masked score is selected to -inf, never
@@ -99,10 +105,224 @@ __device__ __forceinline__ void pf_load_kv(uint32_t tile, const kvs_paged_kv &kv
   }
 }
 
+/*
+ * int8 / fp8 caches (KQ = 1 / 2).  Their K and V tiles cannot be copied as
+ * they are: the tensor cores take 16-bit values.  Each thread fetches its
+ * 16-byte pieces of the next tile into registers (pq_fetch, right where
+ * the 16-bit path issues its cp.async, so the loads fly during the next
+ * phase's arithmetic) and converts them into shared memory where the
+ * 16-bit path waits for its copies (pq_put).  A 32-key tile of D codes is
+ * 2 * D / 64 pieces per thread; piece i is row i / (D / 16), codes
+ * 16 (i % (D / 16)) on, and the thread holding a row's first piece also
+ * holds its scales.
+ *
+ * Staged values are exact in fp16 and bf16: int8 byte - c, fp8 the e4m3
+ * number.  c is 128 for a key; for a value it is the rounded mean of the
+ * row's bytes (summed over the D / 16 threads of the row), so that the
+ * codes' common part, which the output's rotation would send onto one
+ * element times head_dim, carries at most half a code of the weights'
+ * rounding (docs/kernels.md).  Keys go to the tile in the q/out dtype T,
+ * values in fp16 (the weights times the value scales, split into two fp16
+ * halves, are the A fragments of P.V).  Per row the tile keeps its scale
+ * and offset: int8 (scale, lo + c * scale), fp8 (scale, 0).  Rows at or past
+ * n_keys: zeros, scales 0, never read.
+ */
+template <bool VALUE, typename T> struct PqStage {
+  typedef T type;
+};
+template <typename T> struct PqStage<true, T> {
+  typedef __half type;
+};
+
+template <int D> struct PqRegs {
+  enum { N = KVS__PF_BN_Q * D / 16 / KVS__PF_THREADS };
+  uint4 raw[N];
+  float2 scl[N]; /* (scale, lo) of the row whose first piece this is */
+};
+
+template <int KQ, int D>
+__device__ __forceinline__ void pq_fetch(PqRegs<D> &r, const kvs_paged_kv &kv,
+                                         const uint32_t *bt, uint64_t plane,
+                                         uint32_t h, uint32_t j0, uint32_t n_keys,
+                                         bool bs_pow2, uint32_t bs_shift) {
+  constexpr int CH = D / 16;
+  const char *base = (const char *)kv.base;
+#pragma unroll
+  for (int k = 0; k < PqRegs<D>::N; k++) {
+    const uint32_t i = k * KVS__PF_THREADS + threadIdx.x, row = i / CH, c = i % CH;
+    const uint32_t j = j0 + row;
+    r.raw[k] = make_uint4(0, 0, 0, 0);
+    r.scl[k] = make_float2(0.f, 0.f);
+    if (j < n_keys) {
+      const uint32_t bi = bs_pow2 ? j >> bs_shift : j / kv.block_size;
+      const uint32_t bo = bs_pow2 ? j & (kv.block_size - 1) : j % kv.block_size;
+      const char *pl = base + (uint64_t)bt[bi] * kv.block_stride + plane;
+      r.raw[k] = __ldg((const uint4 *)(pl + (uint64_t)bo * kv.token_stride +
+                                       (uint64_t)h * kv.head_stride + c * 16));
+      if (c == 0) {
+        const char *sp = pl + kv.scale_offset +
+                         ((uint64_t)bo * kv.num_kv_heads + h) * (KQ == 1 ? 8 : 4);
+        r.scl[k] = KQ == 1 ? __ldg((const float2 *)sp)
+                           : make_float2(__ldg((const float *)sp), 0.f);
+      }
+    }
+  }
+}
+
+/* 16 codes -> 16 floats (int8: byte - c; fp8: the e4m3 number). */
+template <int KQ>
+__device__ __forceinline__ void pq_codes(const uint4 &raw, uint32_t c, float *f) {
+  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int q = 0; q < 4; q++) {
+    if (KQ == 1) {
+#pragma unroll
+      for (int b = 0; b < 4; b++)
+        f[4 * q + b] = (float)((w[q] >> (8 * b)) & 0xffu) - (float)c;
+    } else {
+      e4m3x2_to_float(w[q] & 0xffffu, f + 4 * q);
+      e4m3x2_to_float(w[q] >> 16, f + 4 * q + 2);
+    }
+  }
+}
+
+/* The fetched tile into shared memory: values (VALUE: fp16, centred at the
+ * row's mean) or keys (the dtype T, int8 centred at 128), and the rows'
+ * scales and offsets. */
+template <typename T, int KQ, int D, bool VALUE>
+__device__ __forceinline__ void pq_put(uint32_t tile, float *scale, float *offset,
+                                       const PqRegs<D> &r, uint32_t j0,
+                                       uint32_t n_keys) {
+  constexpr int CH = D / 16;
+  typedef typename PqStage<VALUE, T>::type S;
+#pragma unroll
+  for (int k = 0; k < PqRegs<D>::N; k++) {
+    const uint32_t i = k * KVS__PF_THREADS + threadIdx.x, row = i / CH, c = i % CH;
+    uint32_t mid = 128;
+    if (KQ == 1 && VALUE) {
+      /* the row's byte sum over its CH threads (consecutive lanes) */
+      const uint32_t w[4] = {r.raw[k].x, r.raw[k].y, r.raw[k].z, r.raw[k].w};
+      uint32_t sum = 0;
+#pragma unroll
+      for (int q = 0; q < 4; q++)
+        sum += __dp4a(w[q], 0x01010101u, 0u);
+#pragma unroll
+      for (int o = 1; o < CH; o *= 2)
+        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      mid = (sum + D / 2) / D;
+    }
+    const bool live = j0 + row < n_keys;
+    float f[16];
+    pq_codes<KQ>(r.raw[k], mid, f);
+    uint32_t u[8];
+#pragma unroll
+    for (int e = 0; e < 8; e++)
+      u[e] = live ? Mma<S>::pack(f[2 * e], f[2 * e + 1]) : 0u;
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(pf_at<D>(tile, row, 2 * c)),
+                 "r"(u[0]), "r"(u[1]), "r"(u[2]), "r"(u[3]));
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(pf_at<D>(tile, row, 2 * c + 1)),
+                 "r"(u[4]), "r"(u[5]), "r"(u[6]), "r"(u[7]));
+    if (c == 0) {
+      const float2 sl = r.scl[k];
+      scale[row] = live ? sl.x : 0.f;
+      offset[row] = !live || KQ != 1 ? 0.f : sl.y + (float)mid * sl.x;
+    }
+  }
+}
+
+/* kvs__hadamard (not scaled down) of a row of D floats held by a warp, E =
+ * D / 32 consecutive elements per lane: the same butterflies in the same
+ * order, so the same float32 results. */
+template <int D>
+__device__ __forceinline__ void pq_rotate_row(float *x, uint32_t lane) {
+  constexpr int E = D / 32;
+#pragma unroll
+  for (int h = 1; h < D; h *= 2) {
+    if (h < E) {
+#pragma unroll
+      for (int k = 0; k < E; k++)
+        if (!(k & h)) {
+          const float a = x[k], b = x[k + h];
+          x[k] = __fadd_rn(a, b);
+          x[k + h] = __fsub_rn(a, b);
+        }
+    } else {
+#pragma unroll
+      for (int k = 0; k < E; k++) {
+        const float y = __shfl_xor_sync(0xffffffffu, x[k], h / E);
+        x[k] = (lane * E) & h ? __fsub_rn(y, x[k]) : __fadd_rn(x[k], y);
+      }
+    }
+  }
+}
+
+/* int8: the warp's 16 query rows rotated (q . H y = H q . y) and split into
+ * two halves of the dtype T, hi + lo; pass 0 stores hi, pass 1 lo into the
+ * Q tile (the sum of each rotated row, for the keys' offsets, in qsum). */
 template <typename T, int D>
+__device__ __forceinline__ void pq_q_rows(uint32_t sQ, float *qsum, const kvs_attn_args &a,
+                                          const kvs__pf_plan &p, uint32_t q0,
+                                          uint32_t ratio, uint32_t h, uint32_t warp,
+                                          uint32_t lane, int pass) {
+  constexpr int E = D / 32;
+  for (uint32_t rr = 0; rr < 16; rr++) {
+    const uint32_t r = 16 * warp + rr;
+    float x[E];
+    if (r < p.rows) {
+      const uint64_t qrow = kvs__pf_qrow(q0, p.row0 + r, ratio, a.num_heads, h);
+      const T *src = (const T *)a.q + qrow * D + E * lane;
+#pragma unroll
+      for (int k = 0; k < E; k++)
+        x[k] = (float)src[k];
+      pq_rotate_row<D>(x, lane);
+    } else {
+#pragma unroll
+      for (int k = 0; k < E; k++)
+        x[k] = 0.f;
+    }
+    if (pass == 0) {
+      float sum = 0.f;
+#pragma unroll
+      for (int k = 0; k < E; k++)
+        sum += x[k];
+#pragma unroll
+      for (int o = 16; o >= 1; o /= 2)
+        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      if (lane == 0)
+        qsum[r] = sum;
+    }
+    uint32_t u[E / 2];
+#pragma unroll
+    for (int k = 0; k < E; k += 2) {
+      const T h0 = (T)x[k], h1 = (T)x[k + 1];
+      u[k / 2] = pass == 0 ? Mma<T>::pack((float)h0, (float)h1)
+                           : Mma<T>::pack(x[k] - (float)h0, x[k + 1] - (float)h1);
+    }
+    const uint32_t at = pf_at<D>(sQ, r, E * lane / 8) + (E * lane % 8) * 2;
+    if (E == 2)
+      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(at), "r"(u[0]));
+    else
+      asm volatile("st.shared.v2.u32 [%0], {%1, %2};\n" ::"r"(at), "r"(u[0]),
+                   "r"(u[E / 2 - 1]));
+  }
+}
+
+/* The power of two a tile's value weights are taken in: vmax * unit in
+ * [0.5, 1) for the tile's largest value scale vmax, within [2^-60, 2^60];
+ * 1 for zero or non-finite scales.  As flash_model.c's value_unit. */
+__device__ __forceinline__ float pq_unit(float vmax) {
+  int e = (int)((__float_as_uint(vmax) >> 23) & 0xffu);
+  if (!(vmax > 0.f) || e == 255)
+    return 1.f;
+  e = 126 - e;
+  e = e < -60 ? -60 : e > 60 ? 60 : e;
+  return __uint_as_float((uint32_t)(e + 127) << 23);
+}
+
+template <typename T, int KQ, int D>
 __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a) {
   constexpr int BM = KVS__PF_BM;
-  constexpr int BN = KVS__PF_BN(D);
+  constexpr int BN = KQ ? KVS__PF_BN_Q : KVS__PF_BN(D);
   constexpr int NT = BN / 8;            /* score n-tiles per warp */
   constexpr int DT = D / 8;             /* output n-tiles per warp */
   constexpr int KS = D / 16;            /* k-steps of Q.K^T */
@@ -115,6 +335,11 @@ __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a) {
   const uint32_t ratio = a.num_heads / kv.num_kv_heads;
   const uint32_t sQ = (uint32_t)__cvta_generic_to_shared(pf_smem);
   const uint32_t sK = sQ + BM * D * 2, sV = sK + BN * D * 2;
+  /* int8/fp8: the tile's key and value scales and offsets, the rows' sums
+   * of rotated q (past the V tile) */
+  float *const kscl = (float *)(pf_smem + (BM + 2 * BN) * D * 2);
+  float *const koff = kscl + BN, *const vscl = koff + BN, *const voff = vscl + BN;
+  float *const qsum = voff + BN;
 
   /* Which (request, tile): kvs__pf_locate, 32 requests per step of a warp
    * scan of their tile counts.  The answer goes through shared memory (the
@@ -173,23 +398,44 @@ __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a) {
   const uint32_t bs_shift = __ffs(kv.block_size) - 1;
   const uint64_t head_off = (uint64_t)h * kv.head_stride * 2;
 
-  /* Q tile (rows past the tile zero-filled), K and V of key tile 0. */
+  uint32_t qf[QREG ? KS : 1][4];
+  PqRegs<D> kreg, vreg; /* int8/fp8: the next K and V tiles, fetched */
+  /* Q tile (rows past the tile zero-filled), K and V of key tile 0.  int8:
+   * Q rotated and split by each warp for its own rows; the high halves go
+   * to registers, the low halves stay in the Q tile. */
+  if (KQ == 1) {
+    pq_q_rows<T, D>(sQ, qsum, a, p, q0, ratio, h, warp, lane, 0);
+    __syncwarp();
 #pragma unroll
-  for (int i0 = 0; i0 < BM * CH; i0 += KVS__PF_THREADS) {
-    const uint32_t i = i0 + tid, r = i / CH, c = i % CH;
-    const uint32_t dst = pf_at<D>(sQ, r, c);
-    if (r < p.rows) {
-      const uint32_t pr = p.row0 + r;
-      const uint64_t qrow = kvs__pf_qrow(q0, pr, ratio, a.num_heads, h);
-      pf_cp_async16(dst, (const char *)a.q + qrow * D * 2 + c * 16);
-    } else {
-      pf_zero16(dst);
+    for (int ks = 0; ks < (QREG ? KS : 0); ks++)
+      pf_ldsm_x4(pf_at<D>(sQ, 16 * warp + kvs__pf_ldq_row(lane), kvs__pf_ldq_chunk(lane, ks)),
+                 qf[ks]);
+    __syncwarp();
+    pq_q_rows<T, D>(sQ, qsum, a, p, q0, ratio, h, warp, lane, 1);
+  } else {
+#pragma unroll
+    for (int i0 = 0; i0 < BM * CH; i0 += KVS__PF_THREADS) {
+      const uint32_t i = i0 + tid, r = i / CH, c = i % CH;
+      const uint32_t dst = pf_at<D>(sQ, r, c);
+      if (r < p.rows) {
+        const uint32_t pr = p.row0 + r;
+        const uint64_t qrow = kvs__pf_qrow(q0, pr, ratio, a.num_heads, h);
+        pf_cp_async16(dst, (const char *)a.q + qrow * D * 2 + c * 16);
+      } else {
+        pf_zero16(dst);
+      }
     }
   }
-  pf_load_kv<D, BN>(sK, kv, bt, kv.k_offset + head_off, 0, p.n_keys, bs_pow2, bs_shift);
-  pf_commit();
-  pf_load_kv<D, BN>(sV, kv, bt, kv.v_offset + head_off, 0, p.n_keys, bs_pow2, bs_shift);
-  pf_commit();
+  if (KQ) {
+    pf_commit(); /* fp8: Q's copies */
+    pq_fetch<KQ, D>(kreg, kv, bt, kv.k_offset, h, 0, p.n_keys, bs_pow2, bs_shift);
+    pq_fetch<KQ, D>(vreg, kv, bt, kv.v_offset, h, 0, p.n_keys, bs_pow2, bs_shift);
+  } else {
+    pf_load_kv<D, BN>(sK, kv, bt, kv.k_offset + head_off, 0, p.n_keys, bs_pow2, bs_shift);
+    pf_commit();
+    pf_load_kv<D, BN>(sV, kv, bt, kv.v_offset + head_off, 0, p.n_keys, bs_pow2, bs_shift);
+    pf_commit();
+  }
 
   /* This lane's two rows: tile rows 16 warp + g and + 8. */
   const uint32_t r_lo = 16 * warp + kvs__pf_acc_row(lane, 0);
@@ -198,16 +444,24 @@ __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a) {
   const uint32_t pos_hi = kvs__pf_row_pos(&p, q_len, len, ratio, r_hi);
   const float scale2 = a.scale * 1.44269504088896341f;
   float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
+  /* int8/fp8: each lane's share of sum(weight * value offset) of its two
+   * rows; the accumulators' unit */
+  float w_lo = 0.f, w_hi = 0.f, unit = 1.f;
   float o[DT][4];
 #pragma unroll
   for (int i = 0; i < DT; i++)
     o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-  uint32_t qf[QREG ? KS : 1][4];
 
   for (uint32_t kt = 0; kt < p.n_ktiles; kt++) {
-    pf_wait_one(); /* Q (first tile) and K of this tile are in */
+    if (KQ) {
+      pq_put<T, KQ, D, false>(sK, kscl, koff, kreg, kt * BN, p.n_keys);
+      if (kt == 0)
+        asm volatile("cp.async.wait_all;\n" ::); /* fp8: Q is in */
+    } else {
+      pf_wait_one(); /* Q (first tile) and K of this tile are in */
+    }
     __syncthreads();
-    if (QREG && kt == 0) {
+    if (QREG && KQ != 1 && kt == 0) {
 #pragma unroll
       for (int ks = 0; ks < (QREG ? KS : 0); ks++)
         pf_ldsm_x4(pf_at<D>(sQ, 16 * warp + kvs__pf_ldq_row(lane), kvs__pf_ldq_chunk(lane, ks)),
@@ -231,19 +485,43 @@ __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a) {
         pf_ldsm_x4(pf_at<D>(sQ, 16 * warp + kvs__pf_ldq_row(lane), kvs__pf_ldq_chunk(lane, ks)),
                    af);
       }
+      uint32_t al[4]; /* int8: the low halves of the rotated q */
+      if (KQ == 1)
+        pf_ldsm_x4(pf_at<D>(sQ, 16 * warp + kvs__pf_ldq_row(lane), kvs__pf_ldq_chunk(lane, ks)),
+                   al);
 #pragma unroll
       for (int np = 0; np < NT / 2; np++) {
         uint32_t b[4];
         pf_ldsm_x4(pf_at<D>(sK, kvs__pf_ldk_row(lane, np), kvs__pf_ldk_chunk(lane, ks)), b);
         Mma<T>::run(sc[2 * np], af[0], af[1], af[2], af[3], b[0], b[1]);
         Mma<T>::run(sc[2 * np + 1], af[0], af[1], af[2], af[3], b[2], b[3]);
+        if (KQ == 1) {
+          Mma<T>::run(sc[2 * np], al[0], al[1], al[2], al[3], b[0], b[1]);
+          Mma<T>::run(sc[2 * np + 1], al[0], al[1], al[2], al[3], b[2], b[3]);
+        }
       }
     }
+    /* int8/fp8: the keys' scales and offsets, before the next put */
+    float2 ks2[NT], ko2[NT];
+    if (KQ) {
+#pragma unroll
+      for (int n = 0; n < NT; n++) {
+        ks2[n] = *(const float2 *)&kscl[8 * n + kvs__pf_acc_col(lane, 0)];
+        ko2[n] = *(const float2 *)&koff[8 * n + kvs__pf_acc_col(lane, 0)];
+      }
+    }
+    const float qs_lo = KQ == 1 ? qsum[r_lo] : 0.f, qs_hi = KQ == 1 ? qsum[r_hi] : 0.f;
     __syncthreads(); /* every warp is done with the K tile */
-    if (kt + 1 < p.n_ktiles)
-      pf_load_kv<D, BN>(sK, kv, bt, kv.k_offset + head_off, (kt + 1) * BN, p.n_keys,
-                        bs_pow2, bs_shift);
-    pf_commit();
+    if (KQ) {
+      if (kt + 1 < p.n_ktiles)
+        pq_fetch<KQ, D>(kreg, kv, bt, kv.k_offset, h, (kt + 1) * BN, p.n_keys, bs_pow2,
+                        bs_shift);
+    } else {
+      if (kt + 1 < p.n_ktiles)
+        pf_load_kv<D, BN>(sK, kv, bt, kv.k_offset + head_off, (kt + 1) * BN, p.n_keys,
+                          bs_pow2, bs_shift);
+      pf_commit();
+    }
 
     /* Scale, mask (boundary tiles only), online softmax. */
     const bool masked = kvs__pf_tile_masked(&p, kt);
@@ -253,7 +531,11 @@ __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a) {
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         const uint32_t j = kt * BN + 8 * n + kvs__pf_acc_col(lane, e);
-        float x = sc[n][e] * scale2;
+        float x = sc[n][e];
+        if (KQ) /* the key's scale, and its offset times sum(q) */
+          x = (e & 1 ? ks2[n].y : ks2[n].x) * x +
+              (e & 1 ? ko2[n].y : ko2[n].x) * (e < 2 ? qs_lo : qs_hi);
+        x *= scale2;
         if (masked && !kvs__pf_visible(j, e < 2 ? pos_lo : pos_hi))
           x = -INFINITY;
         sc[n][e] = x;
@@ -285,36 +567,102 @@ __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a) {
     }
     l_lo = l_lo * al_lo + sum_lo;
     l_hi = l_hi * al_hi + sum_hi;
-#pragma unroll
-    for (int i = 0; i < DT; i++) {
-      o[i][0] *= al_lo;
-      o[i][1] *= al_lo;
-      o[i][2] *= al_hi;
-      o[i][3] *= al_hi;
-    }
 
-    pf_wait_one(); /* V of this tile is in (K of the next may not be) */
+    if (KQ) {
+      pq_put<T, KQ, D, true>(sV, vscl, voff, vreg, kt * BN, p.n_keys);
+    } else {
+      pf_wait_one(); /* V of this tile is in (K of the next may not be) */
+    }
     __syncthreads();
-    /* O += P V: P's accumulators are the A fragments of the k-steps. */
+    if (KQ) {
+      /* the tile's unit; each weight times its value's scale in it, as two
+       * fp16 halves; the offsets' share apart */
+      float vmax = 0.f;
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; kk++) {
-      const uint32_t a0 = Mma<T>::pack(sc[2 * kk][0], sc[2 * kk][1]);
-      const uint32_t a1 = Mma<T>::pack(sc[2 * kk][2], sc[2 * kk][3]);
-      const uint32_t a2 = Mma<T>::pack(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
-      const uint32_t a3 = Mma<T>::pack(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+      for (int c = 0; c < BN; c += 4) {
+        const float4 v4 = *(const float4 *)&vscl[c];
+        vmax = fmaxf(fmaxf(fmaxf(fmaxf(vmax, v4.x), v4.y), v4.z), v4.w);
+      }
+      const float tu = pq_unit(vmax), rescale = tu / unit;
+      unit = tu;
+      float ws_lo = 0.f, ws_hi = 0.f;
 #pragma unroll
-      for (int dp = 0; dp < DT / 2; dp++) {
-        uint32_t b[4];
-        pf_ldsm_x4_t(pf_at<D>(sV, kvs__pf_ldv_row(lane, kk), kvs__pf_ldv_chunk(lane, dp)), b);
-        Mma<T>::run(o[2 * dp], a0, a1, a2, a3, b[0], b[1]);
-        Mma<T>::run(o[2 * dp + 1], a0, a1, a2, a3, b[2], b[3]);
+      for (int i = 0; i < DT; i++) {
+        o[i][0] = o[i][0] * al_lo * rescale;
+        o[i][1] = o[i][1] * al_lo * rescale;
+        o[i][2] = o[i][2] * al_hi * rescale;
+        o[i][3] = o[i][3] * al_hi * rescale;
+      }
+#pragma unroll
+      for (int n = 0; n < NT; n++) {
+        const float2 vs = *(const float2 *)&vscl[8 * n + kvs__pf_acc_col(lane, 0)];
+        const float2 vo = *(const float2 *)&voff[8 * n + kvs__pf_acc_col(lane, 0)];
+        ws_lo += sc[n][0] * vo.x + sc[n][1] * vo.y;
+        ws_hi += sc[n][2] * vo.x + sc[n][3] * vo.y;
+        const float u0 = vs.x * tu, u1 = vs.y * tu;
+        sc[n][0] *= u0;
+        sc[n][1] *= u1;
+        sc[n][2] *= u0;
+        sc[n][3] *= u1;
+      }
+      w_lo = w_lo * al_lo + ws_lo;
+      w_hi = w_hi * al_hi + ws_hi;
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; kk++) {
+        uint32_t ah[4], alo[4];
+#pragma unroll
+        for (int f = 0; f < 4; f++) {
+          const float *x = &sc[2 * kk + (f >> 1)][2 * (f & 1)];
+          const __half h0 = __float2half_rn(x[0]), h1 = __float2half_rn(x[1]);
+          ah[f] = Mma<__half>::pack(__half2float(h0), __half2float(h1));
+          alo[f] = Mma<__half>::pack(x[0] - __half2float(h0), x[1] - __half2float(h1));
+        }
+#pragma unroll
+        for (int dp = 0; dp < DT / 2; dp++) {
+          uint32_t b[4];
+          pf_ldsm_x4_t(pf_at<D>(sV, kvs__pf_ldv_row(lane, kk), kvs__pf_ldv_chunk(lane, dp)), b);
+          Mma<__half>::run(o[2 * dp], ah[0], ah[1], ah[2], ah[3], b[0], b[1]);
+          Mma<__half>::run(o[2 * dp + 1], ah[0], ah[1], ah[2], ah[3], b[2], b[3]);
+          Mma<__half>::run(o[2 * dp], alo[0], alo[1], alo[2], alo[3], b[0], b[1]);
+          Mma<__half>::run(o[2 * dp + 1], alo[0], alo[1], alo[2], alo[3], b[2], b[3]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < DT; i++) {
+        o[i][0] *= al_lo;
+        o[i][1] *= al_lo;
+        o[i][2] *= al_hi;
+        o[i][3] *= al_hi;
+      }
+      /* O += P V: P's accumulators are the A fragments of the k-steps. */
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; kk++) {
+        const uint32_t a0 = Mma<T>::pack(sc[2 * kk][0], sc[2 * kk][1]);
+        const uint32_t a1 = Mma<T>::pack(sc[2 * kk][2], sc[2 * kk][3]);
+        const uint32_t a2 = Mma<T>::pack(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+        const uint32_t a3 = Mma<T>::pack(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+#pragma unroll
+        for (int dp = 0; dp < DT / 2; dp++) {
+          uint32_t b[4];
+          pf_ldsm_x4_t(pf_at<D>(sV, kvs__pf_ldv_row(lane, kk), kvs__pf_ldv_chunk(lane, dp)),
+                       b);
+          Mma<T>::run(o[2 * dp], a0, a1, a2, a3, b[0], b[1]);
+          Mma<T>::run(o[2 * dp + 1], a0, a1, a2, a3, b[2], b[3]);
+        }
       }
     }
     __syncthreads(); /* every warp is done with the V tile */
-    if (kt + 1 < p.n_ktiles)
-      pf_load_kv<D, BN>(sV, kv, bt, kv.v_offset + head_off, (kt + 1) * BN, p.n_keys,
-                        bs_pow2, bs_shift);
-    pf_commit();
+    if (KQ) {
+      if (kt + 1 < p.n_ktiles)
+        pq_fetch<KQ, D>(vreg, kv, bt, kv.v_offset, h, (kt + 1) * BN, p.n_keys, bs_pow2,
+                        bs_shift);
+    } else {
+      if (kt + 1 < p.n_ktiles)
+        pf_load_kv<D, BN>(sV, kv, bt, kv.v_offset + head_off, (kt + 1) * BN, p.n_keys,
+                          bs_pow2, bs_shift);
+      pf_commit();
+    }
   }
   asm volatile("cp.async.wait_all;\n" ::);
 
@@ -323,9 +671,57 @@ __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a) {
   for (int of = 1; of <= 2; of *= 2) {
     l_lo += __shfl_xor_sync(0xffffffffu, l_lo, of);
     l_hi += __shfl_xor_sync(0xffffffffu, l_hi, of);
+    if (KQ) {
+      w_lo += __shfl_xor_sync(0xffffffffu, w_lo, of);
+      w_hi += __shfl_xor_sync(0xffffffffu, w_hi, of);
+    }
   }
   const float inv_lo = l_lo > 0.f ? 1.f / l_lo : 0.f;
   const float inv_hi = l_hi > 0.f ? 1.f / l_hi : 0.f;
+  if (KQ) {
+    /* out = (O in the unit, plus the offsets' share) / l; int8: rotated
+     * back, a row's D columns over the quad's 4 lanes (column 8i + 2t + e
+     * in o[i][e] of lane t: butterflies of stride 1 within a pair, 2 and 4
+     * across the quad, 8 and up across i), kvs__hadamard's order */
+    const float iu = 1.f / unit;
+#pragma unroll
+    for (int i = 0; i < DT; i++) {
+      o[i][0] = (o[i][0] * iu + w_lo) * inv_lo;
+      o[i][1] = (o[i][1] * iu + w_lo) * inv_lo;
+      o[i][2] = (o[i][2] * iu + w_hi) * inv_hi;
+      o[i][3] = (o[i][3] * iu + w_hi) * inv_hi;
+    }
+    if (KQ == 1) {
+#pragma unroll
+      for (int e = 0; e < 4; e += 2)
+#pragma unroll
+        for (int i = 0; i < DT; i++) {
+          const float x0 = o[i][e], x1 = o[i][e + 1];
+          o[i][e] = __fadd_rn(x0, x1);
+          o[i][e + 1] = __fsub_rn(x0, x1);
+        }
+#pragma unroll
+      for (int of = 1; of <= 2; of *= 2)
+#pragma unroll
+        for (int i = 0; i < DT; i++)
+#pragma unroll
+          for (int e = 0; e < 4; e++) {
+            const float y = __shfl_xor_sync(0xffffffffu, o[i][e], of);
+            o[i][e] = lane & of ? __fsub_rn(y, o[i][e]) : __fadd_rn(o[i][e], y);
+          }
+#pragma unroll
+      for (int hi = 1; hi < DT; hi *= 2)
+#pragma unroll
+        for (int i = 0; i < DT; i++)
+          if (!(i & hi))
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+              const float x0 = o[i][e], x1 = o[i + hi][e];
+              o[i][e] = __fadd_rn(x0, x1);
+              o[i + hi][e] = __fsub_rn(x0, x1);
+            }
+    }
+  }
 #pragma unroll
   for (int hl = 0; hl < 2; hl++) {
     const uint32_t r = hl ? r_hi : r_lo;
@@ -338,14 +734,21 @@ __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a) {
 #pragma unroll
     for (int i = 0; i < DT; i++)
       *(uint32_t *)(orow + (8 * i + kvs__pf_acc_col(lane, 0)) * 2) =
-          Mma<T>::pack(o[i][2 * hl] * inv, o[i][2 * hl + 1] * inv);
+          KQ ? Mma<T>::pack(o[i][2 * hl], o[i][2 * hl + 1])
+             : Mma<T>::pack(o[i][2 * hl] * inv, o[i][2 * hl + 1] * inv);
   }
 }
 
 #define KVS_PREFILL_FLASH_INST(NAME, T, D)                                    \
   extern "C" __global__ void __launch_bounds__(KVS__PF_THREADS, 2)           \
       kvs_prefill_flash_##NAME##_d##D(kvs_attn_args a) {                       \
-    prefill_flash_body<T, D>(a);                                               \
+    prefill_flash_body<T, 0, D>(a);                                            \
+  }
+/* int8 / fp8 caches, q/out fp16 or bf16: kvs_prefill_flash_int8_fp16_d64 */
+#define KVS_PREFILL_FLASH_INST_Q(CACHE, KQ, NAME, T, D)                        \
+  extern "C" __global__ void __launch_bounds__(KVS__PF_THREADS, 2)           \
+      kvs_prefill_flash_##CACHE##_##NAME##_d##D(kvs_attn_args a) {             \
+    prefill_flash_body<T, KQ, D>(a);                                           \
   }
 KVS_PREFILL_FLASH_INST(fp16, __half, 64)
 KVS_PREFILL_FLASH_INST(fp16, __half, 128)
@@ -353,3 +756,11 @@ KVS_PREFILL_FLASH_INST(fp16, __half, 256)
 KVS_PREFILL_FLASH_INST(bf16, __nv_bfloat16, 64)
 KVS_PREFILL_FLASH_INST(bf16, __nv_bfloat16, 128)
 KVS_PREFILL_FLASH_INST(bf16, __nv_bfloat16, 256)
+KVS_PREFILL_FLASH_INST_Q(int8, 1, fp16, __half, 64)
+KVS_PREFILL_FLASH_INST_Q(int8, 1, fp16, __half, 128)
+KVS_PREFILL_FLASH_INST_Q(int8, 1, bf16, __nv_bfloat16, 64)
+KVS_PREFILL_FLASH_INST_Q(int8, 1, bf16, __nv_bfloat16, 128)
+KVS_PREFILL_FLASH_INST_Q(fp8, 2, fp16, __half, 64)
+KVS_PREFILL_FLASH_INST_Q(fp8, 2, fp16, __half, 128)
+KVS_PREFILL_FLASH_INST_Q(fp8, 2, bf16, __nv_bfloat16, 64)
+KVS_PREFILL_FLASH_INST_Q(fp8, 2, bf16, __nv_bfloat16, 128)

@@ -45,9 +45,27 @@ static inline KVS_HD uint32_t kvs__pf_bn(uint32_t head_dim) {
   return KVS__PF_BN(head_dim);
 }
 
-/* Dynamic shared memory of one CTA, in bytes (16-bit elements). */
+/* int8/fp8 caches (head_dim 64 and 128): tiles of 32 keys.  The codes are
+ * staged as 16-bit values (exactly: byte - 128, the e4m3 number), and each
+ * tile carries its keys' and values' scales and offsets, 4 * BN floats,
+ * plus one float per query row (the sum of its rotated q, int8). */
+#define KVS__PF_BN_Q 32u
+
+/* Keys per tile for a cache of `dtype`. */
+static inline KVS_HD uint32_t kvs__pf_bn_for(uint32_t dtype, uint32_t head_dim) {
+  return kvs_dtype_quantized(dtype) ? KVS__PF_BN_Q : KVS__PF_BN(head_dim);
+}
+
+/* Dynamic shared memory of one CTA, in bytes: Q, K and V tiles of 16-bit
+ * elements, then (int8/fp8) the scales: 16 / 32 KiB + 768 bytes for
+ * head_dim 64 / 128. */
+static inline KVS_HD uint32_t kvs__pf_smem_for(uint32_t dtype, uint32_t head_dim) {
+  const uint32_t bn = kvs__pf_bn_for(dtype, head_dim);
+  return (KVS__PF_BM + 2u * bn) * head_dim * 2u +
+         (kvs_dtype_quantized(dtype) ? (4u * bn + KVS__PF_BM) * 4u : 0u);
+}
 static inline KVS_HD uint32_t kvs__pf_smem(uint32_t head_dim) {
-  return (KVS__PF_BM + 2u * kvs__pf_bn(head_dim)) * head_dim * 2u;
+  return kvs__pf_smem_for(KVS_DTYPE_FP16, head_dim);
 }
 
 /* Tiles (CTAs per kv head) of a request with q_len new rows. */

@@ -24,7 +24,9 @@
  * kernel (kvs__cuda_prefill_flash = 0; given the split workspace where it
  * is under 1 GiB) and on the flash kernel (= 1) in the same run, as
  * TFLOP/s of the causal attention's useful work: 4 * D flops per (query
- * head, row, key it sees).
+ * head, row, key it sees).  Then the four shapes again over int8 and fp8
+ * caches (the flash kernel's int8 path does twice the tensor-core products
+ * of fp16's, fp8's P.V twice: docs/kernels.md).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -212,11 +214,12 @@ static int do_prefill(void *arg) {
   return kvs_cuda_prefill_attention(arg, NULL);
 }
 
-/* One prefill shape on both kernels. */
-static void run_prefill(uint32_t B, uint32_t prefix, uint32_t qlen, int reps) {
+/* One prefill shape on both kernels, over a cache of dtype (q/out fp16). */
+static void run_prefill(uint32_t B, uint32_t prefix, uint32_t qlen, int reps,
+                        uint32_t dtype) {
   const uint32_t H = 32, KVH = 8, D = 128;
   kvs_layout l = {.block_size = 16, .num_layers = 2, .num_kv_heads = KVH,
-                  .head_dim = D, .dtype = KVS_DTYPE_FP16};
+                  .head_dim = D, .dtype = dtype};
   uint32_t len = prefix + qlen, mb = (len + l.block_size - 1) / l.block_size;
   l.num_blocks = B * mb;
   if (kvs_layout_finish(&l)) {
@@ -281,8 +284,8 @@ static void run_prefill(uint32_t B, uint32_t prefix, uint32_t qlen, int reps) {
       printf("(the flash kernel did not run)\n");
   }
   kvs__cuda_prefill_flash = 0;
-  printf("%-5u %-6u %-6u %-5u %-4u %-4u %5u %11.1f %8.1f %11.1f %8.1f %7.1fx\n",
-         B, prefix, qlen, H, KVH, D, parts, ms[0] * 1e3,
+  printf("%-5s %-5u %-6u %-6u %-5u %-4u %-4u %5u %11.1f %8.1f %11.1f %8.1f %7.1fx\n",
+         kvs_dtype_name(dtype), B, prefix, qlen, H, KVH, D, parts, ms[0] * 1e3,
          flops / (ms[0] * 1e-3) / 1e12, ms[1] * 1e3,
          flops / (ms[1] * 1e-3) / 1e12, ms[0] / ms[1]);
   kvs_cuda_free(d_pool);
@@ -300,17 +303,22 @@ static void run_prefill(uint32_t B, uint32_t prefix, uint32_t qlen, int reps) {
 static void run_prefills(int reps) {
   printf("\nprefill, fp16, causal over the cached prefix and the new tokens "
          "(old kernel: parts = its split; flash: no split):\n");
-  printf("%-5s %-6s %-6s %-5s %-4s %-4s %5s %11s %8s %11s %8s %8s\n", "batch",
-         "prefix", "new", "heads", "kvh", "D", "parts", "old us", "TFLOP/s",
+  printf("%-5s %-5s %-6s %-6s %-5s %-4s %-4s %5s %11s %8s %11s %8s %8s\n", "cache",
+         "batch", "prefix", "new", "heads", "kvh", "D", "parts", "old us", "TFLOP/s",
          "flash us", "TFLOP/s", "speedup");
   static const uint32_t shapes[][3] = {
       {4, 0, 2048}, {4, 4096, 512}, {4, 8192, 2048}, {16, 1024, 256}};
   int pr = reps / 10 > 0 ? reps / 10 : 1;
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-    run_prefill(shapes[i][0], shapes[i][1], shapes[i][2], pr);
+    run_prefill(shapes[i][0], shapes[i][1], shapes[i][2], pr, KVS_DTYPE_FP16);
   printf("chunk sweep (batch 4, prefix 0):\n");
   for (uint32_t q = 128; q <= 8192; q *= 2)
-    run_prefill(4, 0, q, pr);
+    run_prefill(4, 0, q, pr, KVS_DTYPE_FP16);
+  printf("int8 and fp8 caches (q/out fp16; pools of random bytes), the same "
+         "shapes:\n");
+  for (uint32_t dt = KVS_DTYPE_INT8; dt <= KVS_DTYPE_FP8; dt++)
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+      run_prefill(shapes[i][0], shapes[i][1], shapes[i][2], pr, dt);
 }
 
 int main(int argc, char **argv) {

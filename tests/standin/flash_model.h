@@ -14,6 +14,10 @@ enum kvs__flash_plant {
   KVS__FLASH_PLANT_NONE = 0,
   KVS__FLASH_PLANT_MASK, /* a masked tile lets a row see one key too many */
   KVS__FLASH_PLANT_NOSKIP, /* boundary tiles are not masked at all */
+  KVS__FLASH_PLANT_QHI, /* int8: the rotated q rounded once to 16 bits
+                         * (no low half) */
+  KVS__FLASH_PLANT_PHI, /* int8/fp8: a weight times its value scale
+                         * rounded once to fp16 (no low half) */
 };
 
 /*
@@ -24,8 +28,15 @@ enum kvs__flash_plant {
  * tile (rescaling the accumulators), rounds the softmax weights to the cache
  * dtype before P.V, and never reads a key or value past the plan's n_keys
  * (those read as zeros, as the kernel zero-fills them in shared memory).
- * The kernel's own conditions (fp16/bf16 cache, q/out of the same dtype,
- * head_dim 64/128/256) are the caller's: returns KVS_EINVAL otherwise.
+ * int8/fp8 caches as the kernel takes them: codes staged as 16-bit values
+ * (int8 values centred at their row's rounded mean), the key's scale and
+ * offset applied to each score, the value's scale (in a per-tile power of
+ * two) folded into the weight, which is split into two fp16 halves, the
+ * offsets' share summed apart; int8's q rotated once per row and split
+ * into two 16-bit halves, the output rotated back.  The kernel's own conditions (q/out fp16 or
+ * bf16; a 16-bit cache of the same dtype with head_dim 64/128/256, or an
+ * int8/fp8 cache with head_dim 64/128) are the caller's: returns
+ * KVS_EINVAL otherwise.
  */
 int kvs__flash_model(const kvs_attn_args *a, uint32_t grid_x, uint32_t grid_y,
                      int plant);

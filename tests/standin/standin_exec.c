@@ -75,6 +75,14 @@ static struct CUfunc_st kernels[] = {
     {"kvs_prefill_flash_bf16_d64", K_FLASH, KVS__PF_THREADS},
     {"kvs_prefill_flash_bf16_d128", K_FLASH, KVS__PF_THREADS},
     {"kvs_prefill_flash_bf16_d256", K_FLASH, KVS__PF_THREADS},
+    {"kvs_prefill_flash_int8_fp16_d64", K_FLASH, KVS__PF_THREADS},
+    {"kvs_prefill_flash_int8_fp16_d128", K_FLASH, KVS__PF_THREADS},
+    {"kvs_prefill_flash_int8_bf16_d64", K_FLASH, KVS__PF_THREADS},
+    {"kvs_prefill_flash_int8_bf16_d128", K_FLASH, KVS__PF_THREADS},
+    {"kvs_prefill_flash_fp8_fp16_d64", K_FLASH, KVS__PF_THREADS},
+    {"kvs_prefill_flash_fp8_fp16_d128", K_FLASH, KVS__PF_THREADS},
+    {"kvs_prefill_flash_fp8_bf16_d64", K_FLASH, KVS__PF_THREADS},
+    {"kvs_prefill_flash_fp8_bf16_d128", K_FLASH, KVS__PF_THREADS},
 };
 #define NKERNELS (sizeof kernels / sizeof kernels[0])
 

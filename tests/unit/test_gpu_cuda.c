@@ -216,8 +216,9 @@ static void test_attention(void) {
  * test_gpu_flash_model (ragged batches of prefixes and chunks, chunk 1,
  * prefix 0, prefixes off the tile, q_len 0, lengths off 64, block sizes
  * 16/32, D 64/128/256, GQA 1/4/8, pools poisoned with NaN/Inf in every
- * unused slot, block and layer), plus long prefixes.  The launcher must
- * say it ran the flash kernel.
+ * unused slot, block and layer), plus long prefixes; int8/fp8 caches under
+ * q/out fp16 and bf16 at D 64/128.  The launcher must say it ran the flash
+ * kernel.
  */
 
 static const tg_ragged flash_batches[] = {
@@ -259,10 +260,11 @@ static void flash_case(const tg_params *pp, const tg_ragged *bt) {
   double x_twin = tg_twin_excess(gpu_out, cpu_out, p.qo_dtype, n);
   int ok = rc == 0 && kvs__cuda_attn_last_flash == 1 &&
            e_ref <= tg_tol(p.qo_dtype) && x_twin <= 1.0;
-  printf("%s flash   bs=%-2u kvh=%u ratio=%-2u D=%-3u kv=%s rows=%-4u "
+  printf("%s flash   bs=%-2u kvh=%u ratio=%-2u D=%-3u kv=%s qo=%s rows=%-4u "
          "max_len=%-5u: vs twin %.2f of the tolerance, vs naive %.2e%s\n",
          ok ? "ok  " : "FAIL", p.block_size, p.num_kv_heads, p.ratio, D,
-         kvs_dtype_name(p.dtype), c.num_rows, c.max_len, x_twin, e_ref,
+         kvs_dtype_name(p.dtype), kvs_dtype_name(p.qo_dtype), c.num_rows,
+         c.max_len, x_twin, e_ref,
          kvs__cuda_attn_last_flash == 1 ? "" : " (NOT the flash kernel)");
   if (!ok)
     failures++;
@@ -293,6 +295,19 @@ static void test_flash_prefill(void) {
                          .seed = 12000 + (uint64_t)k};
           flash_case(&p, &flash_batches[ib]);
         }
+  /* int8/fp8 caches, q/out fp16 and bf16, head_dim 64 and 128 */
+  for (uint32_t dt = KVS_DTYPE_INT8; dt <= KVS_DTYPE_FP8; dt++)
+    for (uint32_t qo = KVS_DTYPE_FP16; qo <= KVS_DTYPE_BF16; qo++)
+      for (int id = 0; id < 2; id++)
+        for (int ir = 0; ir < 3; ir++)
+          for (int ib = 0; ib < 4; ib++, k++) {
+            tg_params p = {.block_size = k % 2 ? 32 : 16, .num_kv_heads = 2,
+                           .head_dim = dims[id], .ratio = ratios[ir], .dtype = dt,
+                           .qo_dtype = qo, .num_layers = 2, .layer = (uint32_t)k % 2,
+                           .spare_blocks = 3, .q_scale = k % 3 ? 4.f : 1.f,
+                           .seed = 12000 + (uint64_t)k};
+            flash_case(&p, &flash_batches[ib]);
+          }
   kvs__cuda_prefill_flash = 0;
 }
 

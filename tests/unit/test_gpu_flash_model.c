@@ -263,16 +263,58 @@ static void test_model(void) {
         attn_pair(&p, bt, KVS__FLASH_PLANT_NONE, &x, &e);
         report_case("model", &p, k % 3, x, e);
       }
+  /* int8/fp8 caches under q/out fp16 and bf16, head_dim 64 and 128 */
+  for (uint32_t dt = KVS_DTYPE_INT8; dt <= KVS_DTYPE_FP8; dt++)
+    for (uint32_t qo = KVS_DTYPE_FP16; qo <= KVS_DTYPE_BF16; qo++)
+      for (int id = 0; id < 2; id++)
+        for (int ir = 0; ir < 3; ir++, k++) {
+          const tg_ragged *bt = &batches[k % 3];
+          if (dims[id] * ratios[ir] >= MODEL_MAX_WORK) {
+            printf("skip model %s/%s D=%-3u ratio=%u: under the sanitizers "
+                   "(the plain build runs it)\n",
+                   kvs_dtype_name(dt), kvs_dtype_name(qo), dims[id], ratios[ir]);
+            continue;
+          }
+          tg_params p = {.block_size = k % 2 ? 32 : 16, .num_kv_heads = 2,
+                         .head_dim = dims[id], .ratio = ratios[ir], .dtype = dt,
+                         .qo_dtype = qo, .num_layers = 2,
+                         .layer = (uint32_t)k % 2, .spare_blocks = 3,
+                         .q_scale = k % 2 ? 4.f : 1.f, .seed = 7000 + (uint64_t)k};
+          double x, e;
+          attn_pair(&p, bt, KVS__FLASH_PLANT_NONE, &x, &e);
+          report_case(qo == KVS_DTYPE_FP16 ? "model q/out fp16" : "model q/out bf16",
+                      &p, k % 3, x, e);
+        }
   /* the same comparisons must catch a planted fault */
   static const struct {
     int plant;
+    uint32_t dt;
     const char *what;
-  } plants[] = {{KVS__FLASH_PLANT_MASK, "a row sees one key too many"},
-                {KVS__FLASH_PLANT_NOSKIP, "boundary tiles unmasked"}};
-  for (int i = 0; i < 2; i++) {
+  } plants[] = {
+      {KVS__FLASH_PLANT_MASK, KVS_DTYPE_FP16, "a row sees one key too many"},
+      {KVS__FLASH_PLANT_NOSKIP, KVS_DTYPE_FP16, "boundary tiles unmasked"},
+      {KVS__FLASH_PLANT_MASK, KVS_DTYPE_INT8, "int8: a row sees one key too many"},
+      /* the two halves the kernel splits a float into, shown needed: on
+       * the cases above that the single rounding fails */
+      {KVS__FLASH_PLANT_QHI, KVS_DTYPE_INT8, "int8: rotated q rounded once"},
+      {KVS__FLASH_PLANT_PHI, KVS_DTYPE_INT8,
+       "int8: weight times value scale rounded once"},
+  };
+  static const tg_params halves[] = {
+      {.block_size = 32, .num_kv_heads = 2, .head_dim = 64, .ratio = 4,
+       .dtype = KVS_DTYPE_INT8, .qo_dtype = KVS_DTYPE_FP16, .num_layers = 2,
+       .layer = 1, .spare_blocks = 3, .q_scale = 4.f, .seed = 7019},
+      {.block_size = 16, .num_kv_heads = 2, .head_dim = 128, .ratio = 4,
+       .dtype = KVS_DTYPE_INT8, .qo_dtype = KVS_DTYPE_FP16, .num_layers = 2,
+       .layer = 0, .spare_blocks = 3, .q_scale = 1.f, .seed = 7022},
+  };
+  for (int i = 0; i < 5; i++) {
     tg_params p = plant_params(9100 + (uint64_t)i);
+    p.dtype = plants[i].dt;
+    if (i >= 3)
+      p = halves[i - 3];
     double x, e;
-    attn_pair(&p, &batches[0], plants[i].plant, &x, &e);
+    attn_pair(&p, &batches[1], plants[i].plant, &x, &e);
     report_plant("planted fault", plants[i].what, x);
   }
 }
@@ -522,6 +564,11 @@ static uint32_t emu_pack(uint32_t dt, float lo, float hi) {
   return pack_h(lo, hi);
 }
 
+static float round_to(uint32_t dt, float v) {
+  return dt == KVS_DTYPE_BF16 ? kvs_bf16_to_float(kvs_float_to_bf16(v))
+                              : kvs_fp16_to_float(kvs_float_to_fp16(v));
+}
+
 static void emu_load_kv(emu_smem *m, uint32_t tile, const kvs_attn_args *a,
                         const uint32_t *bt, uint64_t plane, uint32_t j0,
                         uint32_t n_keys, uint32_t rows) {
@@ -540,27 +587,110 @@ static void emu_load_kv(emu_smem *m, uint32_t tile, const kvs_attn_args *a,
   }
 }
 
+/* A CTA's request and plan (kvs__pf_locate, kvs__pf_plan_tile); 0 for a
+ * spare CTA, or for an empty tile, whose zeros it stores. */
+static int emu_cta_plan(const kvs_attn_args *a, uint32_t h, uint32_t bx,
+                        uint32_t BN, uint32_t *s, kvs__pf_plan *p) {
+  const uint32_t D = a->kv.head_dim, CH = D / 8;
+  const uint32_t ratio = a->num_heads / a->kv.num_kv_heads;
+  uint32_t tile;
+  if (!kvs__pf_locate(a->q_start, a->num_seqs, ratio, bx, s, &tile))
+    return 0;
+  const uint32_t q0 = a->q_start[*s], q_len = a->q_start[*s + 1] - q0;
+  kvs__pf_plan_tile(q_len, a->seq_lens[*s], ratio, BN, tile, p);
+  if (p->empty) {
+    for (uint32_t i = 0; i < p->rows * CH; i++) {
+      uint32_t pr = p->row0 + i / CH;
+      uint64_t qrow = kvs__pf_qrow(q0, pr, ratio, a->num_heads, h);
+      memset((char *)a->out + qrow * D * 2 + (i % CH) * 16, 0, 16);
+    }
+    return 0;
+  }
+  return 1;
+}
+
+/* Each lane's two rows (g and g + 8 of its warp's 16): tile row, position,
+ * running max and sum, and the last tile's alpha. */
+typedef struct emu_rows {
+  uint32_t rr[KVS__PF_WARPS][32][2], pos[KVS__PF_WARPS][32][2];
+  float ml[KVS__PF_WARPS][32][2], ll[KVS__PF_WARPS][32][2];
+  float al[KVS__PF_WARPS][32][2];
+} emu_rows;
+
+static void emu_rows_init(emu_rows *R, const kvs_attn_args *a, uint32_t s,
+                          const kvs__pf_plan *p) {
+  const uint32_t ratio = a->num_heads / a->kv.num_kv_heads;
+  const uint32_t q_len = a->q_start[s + 1] - a->q_start[s];
+  for (uint32_t w = 0; w < KVS__PF_WARPS; w++)
+    for (uint32_t L = 0; L < 32; L++)
+      for (uint32_t hl = 0; hl < 2; hl++) {
+        R->rr[w][L][hl] = 16 * w + kvs__pf_acc_row(L, 2 * hl);
+        R->pos[w][L][hl] =
+            kvs__pf_row_pos(p, q_len, a->seq_lens[s], ratio, R->rr[w][L][hl]);
+        R->ml[w][L][hl] = -INFINITY;
+        R->ll[w][L][hl] = 0.f;
+      }
+}
+
+/* The two shfl_xor steps (1, 2) of a quad: max or sum of each row's value. */
+static void emu_quad(float v[32][2], int max) {
+  for (uint32_t of = 1; of <= 2; of *= 2) {
+    float t[32][2];
+    memcpy(t, v, sizeof t);
+    for (uint32_t L = 0; L < 32; L++)
+      for (uint32_t hl = 0; hl < 2; hl++)
+        v[L][hl] = max ? fmaxf(t[L][hl], t[L ^ of][hl]) : t[L][hl] + t[L ^ of][hl];
+  }
+}
+
+/* Warp w's online softmax over key tile kt (its scores S, NT n-tiles):
+ * scaled, masked, the tile's max over the quad, alpha, the weights in S,
+ * the running sum. */
+static void emu_softmax(float (*S)[32][4], uint32_t NT, uint32_t j0, int masked,
+                        float scale2, emu_rows *R, uint32_t w) {
+  float mt[32][2], mu[32][2];
+  for (uint32_t L = 0; L < 32; L++) {
+    mt[L][0] = mt[L][1] = -INFINITY;
+    for (uint32_t n = 0; n < NT; n++)
+      for (uint32_t e = 0; e < 4; e++) {
+        uint32_t j = j0 + 8 * n + kvs__pf_acc_col(L, e);
+        float x = S[n][L][e] * scale2;
+        if (masked && !kvs__pf_visible(j, R->pos[w][L][e >> 1]))
+          x = -INFINITY;
+        S[n][L][e] = x;
+        mt[L][e >> 1] = fmaxf(mt[L][e >> 1], x);
+      }
+  }
+  emu_quad(mt, 1);
+  for (uint32_t L = 0; L < 32; L++) {
+    float sum[2] = {0.f, 0.f};
+    for (uint32_t hl = 0; hl < 2; hl++) {
+      float mn = fmaxf(R->ml[w][L][hl], mt[L][hl]);
+      mu[L][hl] = mn == -INFINITY ? 0.f : mn;
+      R->al[w][L][hl] = exp2f(R->ml[w][L][hl] - mu[L][hl]);
+      R->ml[w][L][hl] = mn;
+    }
+    for (uint32_t n = 0; n < NT; n++)
+      for (uint32_t e = 0; e < 4; e++) {
+        S[n][L][e] = exp2f(S[n][L][e] - mu[L][e >> 1]);
+        sum[e >> 1] += S[n][L][e];
+      }
+    for (uint32_t hl = 0; hl < 2; hl++)
+      R->ll[w][L][hl] = R->ll[w][L][hl] * R->al[w][L][hl] + sum[hl];
+  }
+}
+
 static void emu_cta(const kvs_attn_args *a, uint32_t h, uint32_t bx,
                     emu_smem *m, int plant) {
   const kvs_paged_kv *kv = &a->kv;
   const uint32_t D = kv->head_dim, dt = kv->dtype, BM = KVS__PF_BM;
   const uint32_t BN = kvs__pf_bn(D), NT = BN / 8, DT = D / 8, KS = D / 16, CH = D / 8;
   const uint32_t ratio = a->num_heads / kv->num_kv_heads;
-  uint32_t s, tile;
-  if (!kvs__pf_locate(a->q_start, a->num_seqs, ratio, bx, &s, &tile))
-    return;
-  const uint32_t q0 = a->q_start[s], q_len = a->q_start[s + 1] - q0;
-  const uint32_t len = a->seq_lens[s];
+  uint32_t s;
   kvs__pf_plan p;
-  kvs__pf_plan_tile(q_len, len, ratio, BN, tile, &p);
-  if (p.empty) {
-    for (uint32_t i = 0; i < p.rows * CH; i++) {
-      uint32_t pr = p.row0 + i / CH;
-      uint64_t qrow = kvs__pf_qrow(q0, pr, ratio, a->num_heads, h);
-      memset((char *)a->out + qrow * D * 2 + (i % CH) * 16, 0, 16);
-    }
+  if (!emu_cta_plan(a, h, bx, BN, &s, &p))
     return;
-  }
+  const uint32_t q0 = a->q_start[s];
   memset(m->h, 0xff, (size_t)kvs__pf_smem(D)); /* NaN until written */
   m->n_cp = m->committed = 0;
   const uint32_t sQ = 0, sK = BM * D * 2, sV = sK + BN * D * 2;
@@ -586,16 +716,8 @@ static void emu_cta(const kvs_attn_args *a, uint32_t h, uint32_t bx,
   float (*o)[32][4] = calloc((size_t)KVS__PF_WARPS * DT, sizeof *o);
   float (*sc)[32][4] = calloc((size_t)KVS__PF_WARPS * NT, sizeof *sc);
   uint32_t (*qf)[32][4] = calloc((size_t)KVS__PF_WARPS * KS, sizeof *qf);
-  float ml[KVS__PF_WARPS][32][2], ll[KVS__PF_WARPS][32][2];
-  uint32_t pos[KVS__PF_WARPS][32][2], rr[KVS__PF_WARPS][32][2];
-  for (uint32_t w = 0; w < KVS__PF_WARPS; w++)
-    for (uint32_t L = 0; L < 32; L++)
-      for (uint32_t hl = 0; hl < 2; hl++) {
-        rr[w][L][hl] = 16 * w + kvs__pf_acc_row(L, 2 * hl);
-        pos[w][L][hl] = kvs__pf_row_pos(&p, q_len, len, ratio, rr[w][L][hl]);
-        ml[w][L][hl] = -INFINITY;
-        ll[w][L][hl] = 0.f;
-      }
+  static emu_rows R;
+  emu_rows_init(&R, a, s, &p);
   uint32_t off[32], b[32][4], af[32][4];
   for (uint32_t kt = 0; kt < p.n_ktiles; kt++) {
     emu_wait(m, 1);
@@ -623,45 +745,11 @@ static void emu_cta(const kvs_attn_args *a, uint32_t h, uint32_t bx,
     m->committed++;
     const int masked = kvs__pf_tile_masked(&p, kt);
     for (uint32_t w = 0; w < KVS__PF_WARPS; w++) {
-      float (*S)[32][4] = sc + w * NT, mt[32][2], al[32][2], mu[32][2];
-      for (uint32_t L = 0; L < 32; L++) {
-        mt[L][0] = mt[L][1] = -INFINITY;
-        for (uint32_t n = 0; n < NT; n++)
-          for (uint32_t e = 0; e < 4; e++) {
-            uint32_t j = kt * BN + 8 * n + kvs__pf_acc_col(L, e);
-            float x = S[n][L][e] * scale2;
-            if (masked && !kvs__pf_visible(j, pos[w][L][e >> 1]))
-              x = -INFINITY;
-            S[n][L][e] = x;
-            mt[L][e >> 1] = fmaxf(mt[L][e >> 1], x);
-          }
-      }
-      for (uint32_t of = 1; of <= 2; of *= 2) { /* shfl_xor 1, 2 */
-        float t[32][2];
-        memcpy(t, mt, sizeof t);
-        for (uint32_t L = 0; L < 32; L++)
-          for (uint32_t hl = 0; hl < 2; hl++)
-            mt[L][hl] = fmaxf(t[L][hl], t[L ^ of][hl]);
-      }
-      for (uint32_t L = 0; L < 32; L++) {
-        float sum[2] = {0.f, 0.f};
-        for (uint32_t hl = 0; hl < 2; hl++) {
-          float mn = fmaxf(ml[w][L][hl], mt[L][hl]);
-          mu[L][hl] = mn == -INFINITY ? 0.f : mn;
-          al[L][hl] = exp2f(ml[w][L][hl] - mu[L][hl]);
-          ml[w][L][hl] = mn;
-        }
-        for (uint32_t n = 0; n < NT; n++)
-          for (uint32_t e = 0; e < 4; e++) {
-            S[n][L][e] = exp2f(S[n][L][e] - mu[L][e >> 1]);
-            sum[e >> 1] += S[n][L][e];
-          }
-        for (uint32_t hl = 0; hl < 2; hl++)
-          ll[w][L][hl] = ll[w][L][hl] * al[L][hl] + sum[hl];
+      emu_softmax(sc + w * NT, NT, kt * BN, masked, scale2, &R, w);
+      for (uint32_t L = 0; L < 32; L++)
         for (uint32_t i = 0; i < DT; i++)
           for (uint32_t e = 0; e < 4; e++)
-            o[w * DT + i][L][e] *= al[L][e >> 1];
-      }
+            o[w * DT + i][L][e] *= R.al[w][L][e >> 1];
     }
     emu_wait(m, plant == EMU_PLANT_WAIT ? 2 : 1);
     for (uint32_t w = 0; w < KVS__PF_WARPS; w++) {
@@ -688,22 +776,16 @@ static void emu_cta(const kvs_attn_args *a, uint32_t h, uint32_t bx,
   }
   emu_wait(m, 0);
   for (uint32_t w = 0; w < KVS__PF_WARPS; w++) {
-    for (uint32_t of = 1; of <= 2; of *= 2) { /* shfl_xor 1, 2 */
-      float t[32][2];
-      memcpy(t, ll[w], sizeof t);
-      for (uint32_t L = 0; L < 32; L++)
-        for (uint32_t hl = 0; hl < 2; hl++)
-          ll[w][L][hl] = t[L][hl] + t[L ^ of][hl];
-    }
+    emu_quad(R.ll[w], 0);
     for (uint32_t L = 0; L < 32; L++)
       for (uint32_t hl = 0; hl < 2; hl++) {
-        uint32_t r = rr[w][L][hl];
+        uint32_t r = R.rr[w][L][hl];
         if (r >= p.rows)
           continue;
         uint32_t pr = p.row0 + r;
         uint64_t qrow = kvs__pf_qrow(q0, pr, ratio, a->num_heads, h);
         char *orow = (char *)a->out + qrow * D * 2;
-        float inv = ll[w][L][hl] > 0.f ? 1.f / ll[w][L][hl] : 0.f;
+        float inv = R.ll[w][L][hl] > 0.f ? 1.f / R.ll[w][L][hl] : 0.f;
         for (uint32_t i = 0; i < DT; i++) {
           uint32_t v = emu_pack(dt, o[w * DT + i][L][2 * hl] * inv,
                                 o[w * DT + i][L][2 * hl + 1] * inv);
@@ -711,6 +793,362 @@ static void emu_cta(const kvs_attn_args *a, uint32_t h, uint32_t bx,
         }
       }
   }
+  free(o);
+  free(sc);
+  free(qf);
+}
+
+/*
+ * The int8/fp8 kernel (KQ = 1, 2) the same way: the pieces each thread
+ * fetches (pq_fetch) and converts into shared memory (pq_put: rows, chunks,
+ * the swizzled stores, a value row's byte sum over its threads' shuffles),
+ * the rotated q rows of each warp (lane elements, butterflies across
+ * lanes, the sum, the two halves and where they are stored), the keys'
+ * scales per accumulator column, the tile's unit, the weights' two fp16
+ * halves as A fragments (the tensor cores take fp16 for P.V whatever the
+ * q/out dtype), the offsets' share, and the output's rotation over the
+ * quad's lanes.  Planted: a value row's mean from one thread's piece only;
+ * the output's butterflies across lanes 4 and 8 apart (other rows) instead
+ * of 1 and 2 (the quad).
+ */
+enum { EMU_PLANT_MEAN = 3, EMU_PLANT_ROT };
+
+typedef struct emu_pq {
+  uint8_t raw[KVS__PF_THREADS][2][16];
+  float scl[KVS__PF_THREADS][2][2];
+} emu_pq;
+
+static void emu_pq_fetch(emu_pq *r, const kvs_attn_args *a, const uint32_t *bt,
+                         uint64_t plane, uint32_t h, uint32_t j0, uint32_t n_keys) {
+  const kvs_paged_kv *kv = &a->kv;
+  const uint32_t D = kv->head_dim, CH = D / 16, N = KVS__PF_BN_Q * CH / KVS__PF_THREADS;
+  const uint32_t nf = kvs_scale_floats(kv->dtype);
+  for (uint32_t tid = 0; tid < KVS__PF_THREADS; tid++)
+    for (uint32_t k = 0; k < N; k++) {
+      uint32_t i = k * KVS__PF_THREADS + tid, row = i / CH, c = i % CH, j = j0 + row;
+      memset(r->raw[tid][k], 0, 16);
+      r->scl[tid][k][0] = r->scl[tid][k][1] = 0.f;
+      if (j >= n_keys)
+        continue;
+      const char *pl = (const char *)kv->base +
+                       (uint64_t)bt[j / kv->block_size] * kv->block_stride + plane;
+      uint32_t bo = j % kv->block_size;
+      memcpy(r->raw[tid][k], pl + (uint64_t)bo * kv->token_stride +
+                                 (uint64_t)h * kv->head_stride + c * 16, 16);
+      if (c == 0)
+        memcpy(r->scl[tid][k], pl + kv->scale_offset +
+                                   ((uint64_t)bo * kv->num_kv_heads + h) * nf * 4,
+               nf * 4);
+    }
+}
+
+static void emu_st32(emu_smem *m, uint32_t byte_off, uint32_t v) {
+  memcpy(m->h + byte_off / 2, &v, 4);
+}
+
+static void emu_pq_put(emu_smem *m, uint32_t tile, float *scale, float *offset,
+                       const emu_pq *r, const kvs_attn_args *a, uint32_t sdt,
+                       int value, uint32_t j0, uint32_t n_keys, int plant) {
+  const uint32_t D = a->kv.head_dim, CH = D / 16, N = KVS__PF_BN_Q * CH / KVS__PF_THREADS;
+  const int q8 = a->kv.dtype == KVS_DTYPE_INT8;
+  for (uint32_t k = 0; k < N; k++) {
+    uint32_t sum[KVS__PF_THREADS], t[KVS__PF_THREADS];
+    for (uint32_t tid = 0; tid < KVS__PF_THREADS; tid++) {
+      sum[tid] = 0;
+      for (uint32_t b = 0; b < 16; b++)
+        sum[tid] += r->raw[tid][k][b];
+    }
+    for (uint32_t o = 1; o < CH && plant != EMU_PLANT_MEAN; o *= 2) {
+      memcpy(t, sum, sizeof t);
+      for (uint32_t tid = 0; tid < KVS__PF_THREADS; tid++)
+        sum[tid] = t[tid] + t[tid ^ o];
+    }
+    for (uint32_t tid = 0; tid < KVS__PF_THREADS; tid++) {
+      uint32_t i = k * KVS__PF_THREADS + tid, row = i / CH, c = i % CH;
+      uint32_t mid = q8 && value ? (sum[tid] + D / 2) / D : 128;
+      int live = j0 + row < n_keys;
+      uint32_t u[8];
+      for (uint32_t e = 0; e < 8; e++) {
+        float f[2];
+        for (uint32_t z = 0; z < 2; z++) {
+          uint8_t byte = r->raw[tid][k][2 * e + z];
+          f[z] = q8 ? (float)byte - (float)mid : kvs_fp8_to_float(byte);
+        }
+        u[e] = live ? emu_pack(sdt, f[0], f[1]) : 0u;
+      }
+      for (uint32_t e = 0; e < 8; e++)
+        emu_st32(m, tile + kvs__pf_smem_off(D, row, 2 * c + e / 4) + 4 * (e % 4), u[e]);
+      if (c == 0) {
+        scale[row] = live ? r->scl[tid][k][0] : 0.f;
+        offset[row] = !live || !q8 ? 0.f : r->scl[tid][k][1] + (float)mid * r->scl[tid][k][0];
+      }
+    }
+  }
+}
+
+/* pq_q_rows: warp w's 16 rows, pass 0 (hi, and the sums) or 1 (lo). */
+static void emu_pq_q_rows(emu_smem *m, float *qsum, const kvs_attn_args *a,
+                          const kvs__pf_plan *p, uint32_t q0, uint32_t ratio,
+                          uint32_t h, uint32_t w, int pass) {
+  const uint32_t D = a->kv.head_dim, E = D / 32, qt = a->qo_dtype;
+  for (uint32_t rr = 0; rr < 16; rr++) {
+    uint32_t r = 16 * w + rr;
+    float x[32][4], y[32][4];
+    for (uint32_t L = 0; L < 32; L++)
+      for (uint32_t k = 0; k < E; k++) {
+        x[L][k] = 0.f;
+        if (r < p->rows) {
+          uint64_t qrow = kvs__pf_qrow(q0, p->row0 + r, ratio, a->num_heads, h);
+          uint16_t b;
+          memcpy(&b, (const char *)a->q + (qrow * D + E * L + k) * 2, 2);
+          x[L][k] = qt == KVS_DTYPE_BF16 ? kvs_bf16_to_float(b) : kvs_fp16_to_float(b);
+        }
+      }
+    if (r < p->rows)
+      for (uint32_t hh = 1; hh < D; hh *= 2) {
+        memcpy(y, x, sizeof y);
+        for (uint32_t L = 0; L < 32; L++)
+          for (uint32_t k = 0; k < E; k++) {
+            if (hh < E) {
+              if (!(k & hh)) {
+                x[L][k] = y[L][k] + y[L][k + hh];
+                x[L][k + hh] = y[L][k] - y[L][k + hh];
+              }
+            } else {
+              float o = y[L ^ (hh / E)][k];
+              x[L][k] = (E * L) & hh ? o - y[L][k] : y[L][k] + o;
+            }
+          }
+      }
+    if (pass == 0) {
+      float sm[32], t[32];
+      for (uint32_t L = 0; L < 32; L++) {
+        sm[L] = 0.f;
+        for (uint32_t k = 0; k < E; k++)
+          sm[L] += x[L][k];
+      }
+      for (uint32_t o = 16; o >= 1; o /= 2) {
+        memcpy(t, sm, sizeof t);
+        for (uint32_t L = 0; L < 32; L++)
+          sm[L] = t[L] + t[L ^ o];
+      }
+      qsum[r] = sm[0];
+    }
+    for (uint32_t L = 0; L < 32; L++)
+      for (uint32_t k = 0; k < E; k += 2) {
+        float h0 = round_to(qt, x[L][k]), h1 = round_to(qt, x[L][k + 1]);
+        uint32_t v = pass == 0 ? emu_pack(qt, h0, h1)
+                               : emu_pack(qt, x[L][k] - h0, x[L][k + 1] - h1);
+        emu_st32(m, kvs__pf_smem_off(D, r, E * L / 8) + (E * L % 8) * 2 + 2 * k, v);
+      }
+  }
+}
+
+static float emu_unit(float vmax) {
+  uint32_t b;
+  memcpy(&b, &vmax, 4);
+  int e = (int)((b >> 23) & 0xffu);
+  if (!(vmax > 0.f) || e == 255)
+    return 1.f;
+  e = 126 - e;
+  e = e < -60 ? -60 : e > 60 ? 60 : e;
+  return ldexpf(1.f, e);
+}
+
+static void emu_cta_q(const kvs_attn_args *a, uint32_t h, uint32_t bx,
+                      emu_smem *m, int plant) {
+  const kvs_paged_kv *kv = &a->kv;
+  const uint32_t D = kv->head_dim, qt = a->qo_dtype, BM = KVS__PF_BM;
+  const int q8 = kv->dtype == KVS_DTYPE_INT8;
+  const uint32_t BN = KVS__PF_BN_Q, NT = BN / 8, DT = D / 8, KS = D / 16, CH = D / 8;
+  const uint32_t ratio = a->num_heads / kv->num_kv_heads;
+  uint32_t s;
+  kvs__pf_plan p;
+  if (!emu_cta_plan(a, h, bx, BN, &s, &p))
+    return;
+  const uint32_t q0 = a->q_start[s];
+  memset(m->h, 0xff, (size_t)kvs__pf_smem_for(kv->dtype, D)); /* NaN */
+  m->n_cp = m->committed = 0;
+  const uint32_t sQ = 0, sK = BM * D * 2, sV = sK + BN * D * 2;
+  float kscl[KVS__PF_BN_Q], koff[KVS__PF_BN_Q], vscl[KVS__PF_BN_Q],
+      voff[KVS__PF_BN_Q], qsum[KVS__PF_BM];
+  for (uint32_t i = 0; i < BN; i++) /* NaN until written */
+    kscl[i] = koff[i] = vscl[i] = voff[i] = NAN;
+  for (uint32_t i = 0; i < BM; i++)
+    qsum[i] = NAN;
+  const uint32_t *bt = a->block_tables + (uint64_t)s * a->max_blocks_per_seq;
+  uint32_t (*qf)[32][4] = calloc((size_t)KVS__PF_WARPS * KS, sizeof *qf);
+  uint32_t off[32], b[32][4], af[32][4], al[32][4];
+  if (q8) {
+    for (uint32_t w = 0; w < KVS__PF_WARPS; w++) {
+      emu_pq_q_rows(m, qsum, a, &p, q0, ratio, h, w, 0);
+      emu_bf16 = qt == KVS_DTYPE_BF16;
+      for (uint32_t ks = 0; ks < KS; ks++) {
+        for (uint32_t L = 0; L < 32; L++)
+          off[L] = sQ + kvs__pf_smem_off(D, 16 * w + kvs__pf_ldq_row(L),
+                                        kvs__pf_ldq_chunk(L, ks));
+        emu_ldsm(m->h, off, 0, qf[w * KS + ks]);
+      }
+      emu_pq_q_rows(m, qsum, a, &p, q0, ratio, h, w, 1);
+    }
+  } else {
+    for (uint32_t i = 0; i < BM * CH; i++) {
+      uint32_t r = i / CH, c = i % CH, dst = sQ + kvs__pf_smem_off(D, r, c);
+      if (r < p.rows) {
+        uint64_t qrow = kvs__pf_qrow(q0, p.row0 + r, ratio, a->num_heads, h);
+        emu_cp_async(m, dst, (const char *)a->q + qrow * D * 2 + c * 16);
+      } else {
+        emu_zero16(m, dst);
+      }
+    }
+  }
+  m->committed++;
+  static emu_pq kreg, vreg;
+  emu_pq_fetch(&kreg, a, bt, kv->k_offset, h, 0, p.n_keys);
+  emu_pq_fetch(&vreg, a, bt, kv->v_offset, h, 0, p.n_keys);
+
+  const float scale2 = a->scale * 1.44269504088896341f;
+  float (*o)[32][4] = calloc((size_t)KVS__PF_WARPS * DT, sizeof *o);
+  float (*sc)[32][4] = calloc((size_t)KVS__PF_WARPS * NT, sizeof *sc);
+  float wl[KVS__PF_WARPS][32][2], unit = 1.f;
+  static emu_rows R;
+  emu_rows_init(&R, a, s, &p);
+  memset(wl, 0, sizeof wl);
+  for (uint32_t kt = 0; kt < p.n_ktiles; kt++) {
+    emu_pq_put(m, sK, kscl, koff, &kreg, a, qt, 0, kt * BN, p.n_keys, plant);
+    if (kt == 0)
+      emu_wait(m, 0);
+    emu_bf16 = qt == KVS_DTYPE_BF16; /* Q.K^T in the q/out dtype */
+    for (uint32_t w = 0; w < KVS__PF_WARPS; w++) {
+      float (*S)[32][4] = sc + w * NT;
+      memset(S, 0, sizeof *sc * NT);
+      for (uint32_t ks = 0; ks < KS; ks++) {
+        for (uint32_t L = 0; L < 32; L++)
+          off[L] = sQ + kvs__pf_smem_off(D, 16 * w + kvs__pf_ldq_row(L),
+                                        kvs__pf_ldq_chunk(L, ks));
+        emu_ldsm(m->h, off, 0, q8 ? al : qf[w * KS + ks]);
+        for (uint32_t np = 0; np < NT / 2; np++) {
+          for (uint32_t L = 0; L < 32; L++)
+            off[L] = sK + kvs__pf_smem_off(D, kvs__pf_ldk_row(L, np),
+                                          kvs__pf_ldk_chunk(L, ks));
+          emu_ldsm(m->h, off, 0, b);
+          emu_mma_x4(S[2 * np], S[2 * np + 1], qf[w * KS + ks], b);
+          if (q8)
+            emu_mma_x4(S[2 * np], S[2 * np + 1], al, b);
+        }
+      }
+    }
+    if (kt + 1 < p.n_ktiles)
+      emu_pq_fetch(&kreg, a, bt, kv->k_offset, h, (kt + 1) * BN, p.n_keys);
+    const int masked = kvs__pf_tile_masked(&p, kt);
+    for (uint32_t w = 0; w < KVS__PF_WARPS; w++) {
+      float (*S)[32][4] = sc + w * NT;
+      for (uint32_t L = 0; L < 32; L++) /* the key's scale and offset */
+        for (uint32_t n = 0; n < NT; n++)
+          for (uint32_t e = 0; e < 4; e++) {
+            uint32_t col = 8 * n + kvs__pf_acc_col(L, e);
+            S[n][L][e] = kscl[col] * S[n][L][e] +
+                         koff[col] * (q8 ? qsum[R.rr[w][L][e >> 1]] : 0.f);
+          }
+      emu_softmax(S, NT, kt * BN, masked, scale2, &R, w);
+    }
+    emu_pq_put(m, sV, vscl, voff, &vreg, a, KVS_DTYPE_FP16, 1, kt * BN, p.n_keys, plant);
+    float vmax = 0.f;
+    for (uint32_t c = 0; c < BN; c++)
+      vmax = fmaxf(vmax, vscl[c]);
+    const float tu = emu_unit(vmax), rescale = tu / unit;
+    unit = tu;
+    emu_bf16 = 0; /* P.V in fp16 */
+    for (uint32_t w = 0; w < KVS__PF_WARPS; w++) {
+      float (*S)[32][4] = sc + w * NT;
+      for (uint32_t L = 0; L < 32; L++) {
+        float ws[2] = {0.f, 0.f};
+        for (uint32_t i = 0; i < DT; i++)
+          for (uint32_t e = 0; e < 4; e++)
+            o[w * DT + i][L][e] = o[w * DT + i][L][e] * R.al[w][L][e >> 1] * rescale;
+        for (uint32_t n = 0; n < NT; n++)
+          for (uint32_t e = 0; e < 4; e++) {
+            uint32_t col = 8 * n + kvs__pf_acc_col(L, e);
+            ws[e >> 1] += S[n][L][e] * voff[col];
+            S[n][L][e] *= vscl[col] * tu;
+          }
+        for (uint32_t hl = 0; hl < 2; hl++)
+          wl[w][L][hl] = wl[w][L][hl] * R.al[w][L][hl] + ws[hl];
+      }
+      for (uint32_t kk = 0; kk < BN / 16; kk++) {
+        for (uint32_t L = 0; L < 32; L++)
+          for (uint32_t i = 0; i < 4; i++) {
+            const float *x = S[2 * kk + i / 2][L] + 2 * (i % 2);
+            float h0 = round_to(KVS_DTYPE_FP16, x[0]), h1 = round_to(KVS_DTYPE_FP16, x[1]);
+            af[L][i] = pack_h(h0, h1);
+            al[L][i] = pack_h(x[0] - h0, x[1] - h1);
+          }
+        for (uint32_t dp = 0; dp < DT / 2; dp++) {
+          for (uint32_t L = 0; L < 32; L++)
+            off[L] = sV + kvs__pf_smem_off(D, kvs__pf_ldv_row(L, kk),
+                                          kvs__pf_ldv_chunk(L, dp));
+          emu_ldsm(m->h, off, 1, b);
+          emu_mma_x4(o[w * DT + 2 * dp], o[w * DT + 2 * dp + 1], af, b);
+          emu_mma_x4(o[w * DT + 2 * dp], o[w * DT + 2 * dp + 1], al, b);
+        }
+      }
+    }
+    if (kt + 1 < p.n_ktiles)
+      emu_pq_fetch(&vreg, a, bt, kv->v_offset, h, (kt + 1) * BN, p.n_keys);
+  }
+  for (uint32_t w = 0; w < KVS__PF_WARPS; w++) {
+    emu_quad(R.ll[w], 0);
+    emu_quad(wl[w], 0);
+    float (*O)[32][4] = o + w * DT;
+    for (uint32_t L = 0; L < 32; L++)
+      for (uint32_t i = 0; i < DT; i++)
+        for (uint32_t e = 0; e < 4; e++) {
+          float l = R.ll[w][L][e >> 1], inv = l > 0.f ? 1.f / l : 0.f;
+          O[i][L][e] = (O[i][L][e] * (1.f / unit) + wl[w][L][e >> 1]) * inv;
+        }
+    if (q8) {
+      for (uint32_t L = 0; L < 32; L++)
+        for (uint32_t i = 0; i < DT; i++)
+          for (uint32_t e = 0; e < 4; e += 2) {
+            float x0 = O[i][L][e], x1 = O[i][L][e + 1];
+            O[i][L][e] = x0 + x1;
+            O[i][L][e + 1] = x0 - x1;
+          }
+      for (uint32_t of = 1; of <= 2; of *= 2) {
+        uint32_t lanes = plant == EMU_PLANT_ROT ? 4 * of : of;
+        for (uint32_t i = 0; i < DT; i++) {
+          float t[32][4];
+          for (uint32_t L = 0; L < 32; L++)
+            memcpy(t[L], O[i][L], sizeof t[L]);
+          for (uint32_t L = 0; L < 32; L++)
+            for (uint32_t e = 0; e < 4; e++)
+              O[i][L][e] = L & lanes ? t[L ^ lanes][e] - t[L][e] : t[L][e] + t[L ^ lanes][e];
+        }
+      }
+      for (uint32_t hi = 1; hi < DT; hi *= 2)
+        for (uint32_t i = 0; i < DT; i++)
+          if (!(i & hi))
+            for (uint32_t L = 0; L < 32; L++)
+              for (uint32_t e = 0; e < 4; e++) {
+                float x0 = O[i][L][e], x1 = O[i + hi][L][e];
+                O[i][L][e] = x0 + x1;
+                O[i + hi][L][e] = x0 - x1;
+              }
+    }
+    for (uint32_t L = 0; L < 32; L++)
+      for (uint32_t hl = 0; hl < 2; hl++) {
+        uint32_t r = R.rr[w][L][hl];
+        if (r >= p.rows)
+          continue;
+        uint64_t qrow = kvs__pf_qrow(q0, p.row0 + r, ratio, a->num_heads, h);
+        char *orow = (char *)a->out + qrow * D * 2;
+        for (uint32_t i = 0; i < DT; i++) {
+          uint32_t v = emu_pack(qt, O[i][L][2 * hl], O[i][L][2 * hl + 1]);
+          memcpy(orow + (8 * i + kvs__pf_acc_col(L, 0)) * 2, &v, 4);
+        }
+      }
+  }
+  emu_bf16 = 0;
   free(o);
   free(sc);
   free(qf);
@@ -736,12 +1174,16 @@ static double emu_grid_case(const tg_params *pp, const tg_ragged *bt,
   CHECK(kvs_cpu_prefill_attention(&a, NULL) == 0, "twin");
   tg_naive(&c, ref);
   a.out = got;
-  emu_smem m = {tg_xmalloc(kvs__pf_smem(p.head_dim)), NULL, 0, 0, 0};
+  emu_smem m = {tg_xmalloc(kvs__pf_smem_for(p.dtype, p.head_dim)), NULL, 0, 0, 0};
   emu_bf16 = p.dtype == KVS_DTYPE_BF16;
   uint64_t gx = kvs__pf_grid_x(a.num_rows, a.num_seqs, p.ratio);
   for (uint32_t h = 0; h < p.num_kv_heads; h++)
-    for (uint32_t bx = 0; bx < gx; bx++)
-      emu_cta(&a, h, bx, &m, plant);
+    for (uint32_t bx = 0; bx < gx; bx++) {
+      if (kvs_dtype_quantized(p.dtype))
+        emu_cta_q(&a, h, bx, &m, plant);
+      else
+        emu_cta(&a, h, bx, &m, plant);
+    }
   emu_bf16 = 0;
   double x = tg_twin_excess(got, twin, p.qo_dtype, n);
   *e_ref = tg_max_err(got, p.qo_dtype, ref, n);
@@ -777,13 +1219,33 @@ static void test_emulated_kernel(void) {
       double e, x = emu_grid_case(&p, &emu_batches[k % 2], EMU_PLANT_NONE, &e);
       report_case("emulated kernel", &p, k % 2, x, e);
     }
+  /* int8/fp8 caches: both q/out dtypes, head_dim 64 and 128 */
+  for (uint32_t dt = KVS_DTYPE_INT8; dt <= KVS_DTYPE_FP8; dt++)
+    for (uint32_t qo = KVS_DTYPE_FP16; qo <= KVS_DTYPE_BF16; qo++)
+      for (int id = 0; id < 2; id++, k++) {
+        tg_params p = {.block_size = bss[k % 3], .num_kv_heads = 2,
+                       .head_dim = dims[id], .ratio = ratios[k % 6], .dtype = dt,
+                       .qo_dtype = qo, .num_layers = 2, .layer = (uint32_t)k % 2,
+                       .spare_blocks = 3, .q_scale = k % 2 ? 4.f : 1.f,
+                       .seed = 15000 + (uint64_t)k};
+        double e, x = emu_grid_case(&p, &emu_batches[k % 2], EMU_PLANT_NONE, &e);
+        report_case(qo == KVS_DTYPE_FP16 ? "emulated kernel q/out fp16"
+                                         : "emulated kernel q/out bf16",
+                    &p, k % 2, x, e);
+      }
   static const struct {
     int plant;
+    uint32_t dt;
     const char *what;
-  } plants[] = {{EMU_PLANT_WAIT, "V read one commit group early"},
-                {EMU_PLANT_PACK, "P packed high half first"}};
-  for (int i = 0; i < 2; i++) {
+  } plants[] = {{EMU_PLANT_WAIT, KVS_DTYPE_FP16, "V read one commit group early"},
+                {EMU_PLANT_PACK, KVS_DTYPE_FP16, "P packed high half first"},
+                {EMU_PLANT_MEAN, KVS_DTYPE_INT8,
+                 "int8: a value row's mean from one thread's piece"},
+                {EMU_PLANT_ROT, KVS_DTYPE_INT8,
+                 "int8: the output's butterflies across rows, not the quad"}};
+  for (int i = 0; i < 4; i++) {
     tg_params p = plant_params(9300 + (uint64_t)i);
+    p.dtype = plants[i].dt;
     double e, x = emu_grid_case(&p, &emu_batches[0], plants[i].plant, &e);
     report_plant("planted fault in the emulated kernel", plants[i].what, x);
   }
@@ -885,11 +1347,17 @@ static int test_launcher(void) {
       {KVS_DTYPE_BF16, KVS_DTYPE_BF16, 64, 8, 32, 1},
       {KVS_DTYPE_FP16, KVS_DTYPE_FP16, 256, 1, 16, 1},
       {KVS_DTYPE_BF16, KVS_DTYPE_BF16, 128, 1, 32, 1},
+      {KVS_DTYPE_INT8, KVS_DTYPE_FP16, 128, 4, 16, 1},
+      {KVS_DTYPE_INT8, KVS_DTYPE_BF16, 64, 8, 32, 1},
+      {KVS_DTYPE_FP8, KVS_DTYPE_FP16, 64, 1, 16, 1},
+      {KVS_DTYPE_FP8, KVS_DTYPE_BF16, 128, 4, 32, 1},
       /* not the flash kernel's: the old one, the same answers */
       {KVS_DTYPE_FP32, KVS_DTYPE_FP32, 128, 4, 16, 0},
       {KVS_DTYPE_FP16, KVS_DTYPE_FP32, 128, 4, 16, 0},
       {KVS_DTYPE_BF16, KVS_DTYPE_BF16, 32, 4, 16, 0},
-      {KVS_DTYPE_INT8, KVS_DTYPE_FP16, 128, 4, 16, 0},
+      {KVS_DTYPE_INT8, KVS_DTYPE_FP16, 256, 4, 16, 0},
+      {KVS_DTYPE_FP8, KVS_DTYPE_FP32, 128, 4, 16, 0},
+      {KVS_DTYPE_INT8, KVS_DTYPE_BF16, 32, 2, 16, 0},
   };
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
     p.dtype = shapes[i].dt;
