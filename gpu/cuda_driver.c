@@ -47,6 +47,7 @@ int kvs__cuda_attn_mma = 1;
  * through its C model, tests/standin/flash_model.c); turn it on by default
  * once tests/gpu/run.sh has passed on a GPU (docs/kernels.md). */
 int kvs__cuda_prefill_flash = 0;
+int kvs__cuda_prefill_flash_split = 1;
 uint32_t kvs__cuda_attn_last_nsplit = 1;
 uint32_t kvs__cuda_attn_last_flash = 0;
 static CUfunction f_write, f_write_q, f_blocks, f_merge;
@@ -55,6 +56,7 @@ static CUfunction f_mma[2][2]; /* [fp16, bf16][d64, d128] */
 static CUfunction f_flash[2][3]; /* [fp16, bf16][d64, d128, d256] */
 /* int8/fp8 caches: [int8, fp8][q/out fp16, bf16][d64, d128] */
 static CUfunction f_flash_q[2][2][2];
+static CUfunction f_flash_merge;
 /* The context is current in this thread: kvshare made it current once and
  * does not check again, so a thread that switches to another context of
  * its own makes kvshare's later calls run there.  (Engines that use the
@@ -103,7 +105,9 @@ static int load_kernels_locked(void) {
   if ((r = kvs__cu.cuModuleGetFunction(&f_write, mod, "kvs_write_kv_kernel")) ||
       (r = kvs__cu.cuModuleGetFunction(&f_write_q, mod, "kvs_write_kv_q_kernel")) ||
       (r = kvs__cu.cuModuleGetFunction(&f_blocks, mod, "kvs_blocks_kernel")) ||
-      (r = kvs__cu.cuModuleGetFunction(&f_merge, mod, "kvs_attn_merge_kernel")))
+      (r = kvs__cu.cuModuleGetFunction(&f_merge, mod, "kvs_attn_merge_kernel")) ||
+      (r = kvs__cu.cuModuleGetFunction(&f_flash_merge, mod,
+                                       "kvs_prefill_flash_merge_kernel")))
     return kernels_rc = kvs__cu_status(r);
   static const char *dts[DT_N] = {"fp32", "fp16", "bf16", "int8", "fp8"};
   for (int t = 0; t < DT_N; t++)
@@ -375,22 +379,48 @@ static int flash_applies(const kvs_attn_args *a, uint32_t ratio) {
          kv->num_kv_heads <= 65535;
 }
 
-/* grid (an upper bound of the tiles: the kernel finds its request), one
- * kv head per grid.y; no split, no workspace (docs/kernels.md). */
+/*
+ * grid (an upper bound of the tiles: the kernel finds its request), one kv
+ * head per grid.y, splits over long prefixes per grid.z (docs/kernels.md).
+ * A grid of fewer CTAs than two waves (two per SM, the launch bound) is
+ * split, given a workspace, into enough spans of the longest request's keys
+ * (multiples of KVS__ATTN_PART, at most its partitions) to reach two waves;
+ * the merge kernel then writes the output.
+ */
 static int flash_prefill(const kvs_attn_args *a, uint32_t ratio, void *stream) {
   const kvs_paged_kv *kv = &a->kv;
   uint32_t D = kv->head_dim;
+  uint64_t gx = kvs__pf_grid_x(a->num_rows, a->num_seqs, ratio);
+  uint32_t parts = kvs__attn_parts(a->max_seq_len), nsplit = 1, span = 0;
+  if (kvs__cuda_prefill_flash_split && parts > 1 && a->workspace &&
+      a->workspace_bytes >= kvs_attn_workspace_bytes(a)) {
+    uint64_t ctas = gx * kv->num_kv_heads, want = 4 * (uint64_t)dev_sms;
+    if (ctas < want) {
+      uint64_t k = (want + ctas - 1) / ctas;
+      uint32_t cand = k < parts ? (uint32_t)k : parts;
+      uint32_t per = (a->max_seq_len + cand - 1) / cand;
+      span = (per + KVS__ATTN_PART - 1) / KVS__ATTN_PART * KVS__ATTN_PART;
+      nsplit = (a->max_seq_len + span - 1) / span;
+      if (nsplit <= 1) {
+        nsplit = 1;
+        span = 0;
+      }
+    }
+  }
   kvs_attn_args copy = *a;
-  void *params[] = {&copy};
-  kvs__cuda_attn_last_nsplit = 1;
+  void *params[] = {&copy, &span};
+  kvs__cuda_attn_last_nsplit = nsplit;
   kvs__cuda_attn_last_flash = 1;
   CUfunction f = kvs_dtype_quantized(kv->dtype)
                      ? f_flash_q[kv->dtype == KVS_DTYPE_FP8][a->qo_dtype == KVS_DTYPE_BF16]
                                 [D == 128]
                      : f_flash[kv->dtype == KVS_DTYPE_BF16][D == 64 ? 0 : D == 128 ? 1 : 2];
-  return launch(f, (unsigned)kvs__pf_grid_x(a->num_rows, a->num_seqs, ratio),
-                kv->num_kv_heads, 1, KVS__PF_THREADS, kvs__pf_smem_for(kv->dtype, D),
-                stream, params);
+  int rc = launch(f, (unsigned)gx, kv->num_kv_heads, nsplit, KVS__PF_THREADS,
+                  kvs__pf_smem_for(kv->dtype, D), stream, params);
+  if (rc || !span)
+    return rc;
+  void *mparams[] = {&copy, &nsplit, &span};
+  return launch(f_flash_merge, a->num_rows, a->num_heads, 1, 128, 0, stream, mparams);
 }
 
 static int cuda_attention(const kvs_attn_args *a, int prefill, void *stream) {

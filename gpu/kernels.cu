@@ -1090,8 +1090,10 @@ KVS_ATTN_MMA_INST(bf16, __nv_bfloat16, 64)
 KVS_ATTN_MMA_INST(bf16, __nv_bfloat16, 128)
 
 /* Merge the partitions of a split row: grid (row, query head). */
-extern "C" __global__ void kvs_attn_merge_kernel(kvs_attn_args a, int prefill,
-                                                 uint32_t parts, uint32_t span) {
+/* One (row, query head) per block: out from the partials of its splits
+ * (those of the row's keys, ceil(keys / span); none: zeros). */
+__device__ __forceinline__ void attn_merge_body(const kvs_attn_args &a, int prefill,
+                                                uint32_t parts, uint32_t span) {
   const uint32_t row = blockIdx.x, hq = blockIdx.y;
   const uint32_t D = a.kv.head_dim;
   uint32_t n;
@@ -1128,6 +1130,11 @@ extern "C" __global__ void kvs_attn_merge_kernel(kvs_attn_args a, int prefill,
     st_elem(a.out, ((uint64_t)row * H + hq) * D + d, a.qo_dtype,
             np ? x / L : 0.f);
   }
+}
+
+extern "C" __global__ void kvs_attn_merge_kernel(kvs_attn_args a, int prefill,
+                                                 uint32_t parts, uint32_t span) {
+  attn_merge_body(a, prefill, parts, span);
 }
 
 /* ---- prefill on tensor cores, many rows per CTA -------------------------------- */

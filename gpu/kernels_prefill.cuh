@@ -112,7 +112,7 @@ __device__ __forceinline__ void pf_load_kv(uint32_t tile, const kvs_paged_kv &kv
  * the 16-bit path issues its cp.async, so the loads fly during the next
  * phase's arithmetic) and converts them into shared memory where the
  * 16-bit path waits for its copies (pq_put).  A 32-key tile of D codes is
- * 2 * D / 64 pieces per thread; piece i is row i / (D / 16), codes
+ * D / 64 pieces per thread; piece i is row i / (D / 16), codes
  * 16 (i % (D / 16)) on, and the thread holding a row's first piece also
  * holds its scales.
  *
@@ -225,7 +225,7 @@ __device__ __forceinline__ void pq_put(uint32_t tile, float *scale, float *offse
     if (c == 0) {
       const float2 sl = r.scl[k];
       scale[row] = live ? sl.x : 0.f;
-      offset[row] = !live || KQ != 1 ? 0.f : sl.y + (float)mid * sl.x;
+      offset[row] = !live || KQ != 1 ? 0.f : __fadd_rn(sl.y, __fmul_rn((float)mid, sl.x));
     }
   }
 }
@@ -265,6 +265,7 @@ __device__ __forceinline__ void pq_q_rows(uint32_t sQ, float *qsum, const kvs_at
                                           uint32_t ratio, uint32_t h, uint32_t warp,
                                           uint32_t lane, int pass) {
   constexpr int E = D / 32;
+  static_assert(E == 2 || E == 4, "int8 flash rows: head_dim 64 or 128");
   for (uint32_t rr = 0; rr < 16; rr++) {
     const uint32_t r = 16 * warp + rr;
     float x[E];
@@ -307,9 +308,10 @@ __device__ __forceinline__ void pq_q_rows(uint32_t sQ, float *qsum, const kvs_at
   }
 }
 
-/* The power of two a tile's value weights are taken in: vmax * unit in
- * [0.5, 1) for the tile's largest value scale vmax, within [2^-60, 2^60];
- * 1 for zero or non-finite scales.  As flash_model.c's value_unit. */
+/* The power of two a row's weights times value scales are taken in: vmax *
+ * unit in [0.5, 1) for the largest of them, vmax, within [2^-60, 2^60] (a
+ * change of unit, a quotient of two, stays finite); 1 for 0 or non-finite.
+ * As flash_model.c's value_unit. */
 __device__ __forceinline__ float pq_unit(float vmax) {
   int e = (int)((__float_as_uint(vmax) >> 23) & 0xffu);
   if (!(vmax > 0.f) || e == 255)
@@ -320,7 +322,8 @@ __device__ __forceinline__ float pq_unit(float vmax) {
 }
 
 template <typename T, int KQ, int D>
-__device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a) {
+__device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a,
+                                                   uint32_t span) {
   constexpr int BM = KVS__PF_BM;
   constexpr int BN = KQ ? KVS__PF_BN_Q : KVS__PF_BN(D);
   constexpr int NT = BN / 8;            /* score n-tiles per warp */
@@ -384,6 +387,11 @@ __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a) {
   kvs__pf_plan p;
   kvs__pf_plan_tile(q_len, len, ratio, BN, tile, &p);
 
+  /* Split blockIdx.z: key tiles [kt0, kt1) (all of them without a span). */
+  uint32_t kt0, kt1;
+  kvs__pf_split_tiles(&p, span, BN, blockIdx.z, &kt0, &kt1);
+  if (span && (p.empty || kt0 >= kt1))
+    return; /* nothing of this split (the merge zeroes rows with no key) */
   if (p.empty) { /* no key for any row: zeros */
     for (uint32_t i = tid; i < p.rows * CH; i += KVS__PF_THREADS) {
       const uint32_t pr = p.row0 + i / CH;
@@ -403,7 +411,7 @@ __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a) {
   /* Q tile (rows past the tile zero-filled), K and V of key tile 0.  int8:
    * Q rotated and split by each warp for its own rows; the high halves go
    * to registers, the low halves stay in the Q tile. */
-  if (KQ == 1) {
+  if constexpr (KQ == 1) {
     pq_q_rows<T, D>(sQ, qsum, a, p, q0, ratio, h, warp, lane, 0);
     __syncwarp();
 #pragma unroll
@@ -428,12 +436,14 @@ __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a) {
   }
   if (KQ) {
     pf_commit(); /* fp8: Q's copies */
-    pq_fetch<KQ, D>(kreg, kv, bt, kv.k_offset, h, 0, p.n_keys, bs_pow2, bs_shift);
-    pq_fetch<KQ, D>(vreg, kv, bt, kv.v_offset, h, 0, p.n_keys, bs_pow2, bs_shift);
+    pq_fetch<KQ, D>(kreg, kv, bt, kv.k_offset, h, kt0 * BN, p.n_keys, bs_pow2, bs_shift);
+    pq_fetch<KQ, D>(vreg, kv, bt, kv.v_offset, h, kt0 * BN, p.n_keys, bs_pow2, bs_shift);
   } else {
-    pf_load_kv<D, BN>(sK, kv, bt, kv.k_offset + head_off, 0, p.n_keys, bs_pow2, bs_shift);
+    pf_load_kv<D, BN>(sK, kv, bt, kv.k_offset + head_off, kt0 * BN, p.n_keys, bs_pow2,
+                      bs_shift);
     pf_commit();
-    pf_load_kv<D, BN>(sV, kv, bt, kv.v_offset + head_off, 0, p.n_keys, bs_pow2, bs_shift);
+    pf_load_kv<D, BN>(sV, kv, bt, kv.v_offset + head_off, kt0 * BN, p.n_keys, bs_pow2,
+                      bs_shift);
     pf_commit();
   }
 
@@ -445,23 +455,24 @@ __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a) {
   const float scale2 = a.scale * 1.44269504088896341f;
   float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
   /* int8/fp8: each lane's share of sum(weight * value offset) of its two
-   * rows; the accumulators' unit */
-  float w_lo = 0.f, w_hi = 0.f, unit = 1.f;
+   * rows; per row, the largest weight times value scale so far (decayed
+   * with the running max) and the accumulators' unit */
+  float w_lo = 0.f, w_hi = 0.f, ma_lo = 0.f, ma_hi = 0.f, u_lo = 1.f, u_hi = 1.f;
   float o[DT][4];
 #pragma unroll
   for (int i = 0; i < DT; i++)
     o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
 
-  for (uint32_t kt = 0; kt < p.n_ktiles; kt++) {
+  for (uint32_t kt = kt0; kt < kt1; kt++) {
     if (KQ) {
       pq_put<T, KQ, D, false>(sK, kscl, koff, kreg, kt * BN, p.n_keys);
-      if (kt == 0)
+      if (kt == kt0)
         asm volatile("cp.async.wait_all;\n" ::); /* fp8: Q is in */
     } else {
       pf_wait_one(); /* Q (first tile) and K of this tile are in */
     }
     __syncthreads();
-    if (QREG && KQ != 1 && kt == 0) {
+    if (QREG && KQ != 1 && kt == kt0) {
 #pragma unroll
       for (int ks = 0; ks < (QREG ? KS : 0); ks++)
         pf_ldsm_x4(pf_at<D>(sQ, 16 * warp + kvs__pf_ldq_row(lane), kvs__pf_ldq_chunk(lane, ks)),
@@ -513,11 +524,11 @@ __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a) {
     const float qs_lo = KQ == 1 ? qsum[r_lo] : 0.f, qs_hi = KQ == 1 ? qsum[r_hi] : 0.f;
     __syncthreads(); /* every warp is done with the K tile */
     if (KQ) {
-      if (kt + 1 < p.n_ktiles)
+      if (kt + 1 < kt1)
         pq_fetch<KQ, D>(kreg, kv, bt, kv.k_offset, h, (kt + 1) * BN, p.n_keys, bs_pow2,
                         bs_shift);
     } else {
-      if (kt + 1 < p.n_ktiles)
+      if (kt + 1 < kt1)
         pf_load_kv<D, BN>(sK, kv, bt, kv.k_offset + head_off, (kt + 1) * BN, p.n_keys,
                           bs_pow2, bs_shift);
       pf_commit();
@@ -532,9 +543,10 @@ __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a) {
       for (int e = 0; e < 4; e++) {
         const uint32_t j = kt * BN + 8 * n + kvs__pf_acc_col(lane, e);
         float x = sc[n][e];
-        if (KQ) /* the key's scale, and its offset times sum(q) */
-          x = (e & 1 ? ks2[n].y : ks2[n].x) * x +
-              (e & 1 ? ko2[n].y : ko2[n].x) * (e < 2 ? qs_lo : qs_hi);
+        if (KQ) /* the key's scale, and its offset times sum(q) (as the
+                 * C model rounds it: no contraction) */
+          x = __fadd_rn(__fmul_rn(e & 1 ? ks2[n].y : ks2[n].x, x),
+                        __fmul_rn(e & 1 ? ko2[n].y : ko2[n].x, e < 2 ? qs_lo : qs_hi));
         x *= scale2;
         if (masked && !kvs__pf_visible(j, e < 2 ? pos_lo : pos_hi))
           x = -INFINITY;
@@ -575,38 +587,61 @@ __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a) {
     }
     __syncthreads();
     if (KQ) {
-      /* the tile's unit; each weight times its value's scale in it, as two
-       * fp16 halves; the offsets' share apart */
-      float vmax = 0.f;
-#pragma unroll
-      for (int c = 0; c < BN; c += 4) {
-        const float4 v4 = *(const float4 *)&vscl[c];
-        vmax = fmaxf(fmaxf(fmaxf(fmaxf(vmax, v4.x), v4.y), v4.z), v4.w);
-      }
-      const float tu = pq_unit(vmax), rescale = tu / unit;
-      unit = tu;
-      float ws_lo = 0.f, ws_hi = 0.f;
-#pragma unroll
-      for (int i = 0; i < DT; i++) {
-        o[i][0] = o[i][0] * al_lo * rescale;
-        o[i][1] = o[i][1] * al_lo * rescale;
-        o[i][2] = o[i][2] * al_hi * rescale;
-        o[i][3] = o[i][3] * al_hi * rescale;
-      }
+      /* Each weight times its value row's scale, and times its offset
+       * (summed apart).  A masked weight (exactly 0) stays 0: the scales of
+       * a key the row does not see may be NaN (a row that overflowed).
+       * Per row a unit, a power of two that brings the largest such
+       * product (this tile's, or an earlier one's times alpha) into [0.5,
+       * 1): the products in it as two fp16 halves; the accumulators
+       * rescaled by the change of unit (exact) with alpha. */
+      float ws_lo = 0.f, ws_hi = 0.f, mx_lo = 0.f, mx_hi = 0.f;
 #pragma unroll
       for (int n = 0; n < NT; n++) {
         const float2 vs = *(const float2 *)&vscl[8 * n + kvs__pf_acc_col(lane, 0)];
         const float2 vo = *(const float2 *)&voff[8 * n + kvs__pf_acc_col(lane, 0)];
-        ws_lo += sc[n][0] * vo.x + sc[n][1] * vo.y;
-        ws_hi += sc[n][2] * vo.x + sc[n][3] * vo.y;
-        const float u0 = vs.x * tu, u1 = vs.y * tu;
-        sc[n][0] *= u0;
-        sc[n][1] *= u1;
-        sc[n][2] *= u0;
-        sc[n][3] *= u1;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const float pw = sc[n][e];
+          const float x = pw == 0.f ? 0.f : __fmul_rn(pw, e & 1 ? vs.y : vs.x);
+          const float y = pw == 0.f ? 0.f : __fmul_rn(pw, e & 1 ? vo.y : vo.x);
+          sc[n][e] = x;
+          if (e < 2) {
+            ws_lo = __fadd_rn(ws_lo, y);
+            mx_lo = fmaxf(mx_lo, x);
+          } else {
+            ws_hi = __fadd_rn(ws_hi, y);
+            mx_hi = fmaxf(mx_hi, x);
+          }
+        }
       }
-      w_lo = w_lo * al_lo + ws_lo;
-      w_hi = w_hi * al_hi + ws_hi;
+#pragma unroll
+      for (int of = 1; of <= 2; of *= 2) {
+        mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, of));
+        mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, of));
+      }
+      ma_lo = fmaxf(__fmul_rn(ma_lo, al_lo), mx_lo);
+      ma_hi = fmaxf(__fmul_rn(ma_hi, al_hi), mx_hi);
+      const float nu_lo = pq_unit(ma_lo), nu_hi = pq_unit(ma_hi);
+      const float rs_lo = __fmul_rn(al_lo, nu_lo / u_lo);
+      const float rs_hi = __fmul_rn(al_hi, nu_hi / u_hi);
+      u_lo = nu_lo;
+      u_hi = nu_hi;
+#pragma unroll
+      for (int i = 0; i < DT; i++) {
+        o[i][0] = __fmul_rn(o[i][0], rs_lo);
+        o[i][1] = __fmul_rn(o[i][1], rs_lo);
+        o[i][2] = __fmul_rn(o[i][2], rs_hi);
+        o[i][3] = __fmul_rn(o[i][3], rs_hi);
+      }
+#pragma unroll
+      for (int n = 0; n < NT; n++) {
+        sc[n][0] = __fmul_rn(sc[n][0], nu_lo);
+        sc[n][1] = __fmul_rn(sc[n][1], nu_lo);
+        sc[n][2] = __fmul_rn(sc[n][2], nu_hi);
+        sc[n][3] = __fmul_rn(sc[n][3], nu_hi);
+      }
+      w_lo = __fadd_rn(__fmul_rn(w_lo, al_lo), ws_lo);
+      w_hi = __fadd_rn(__fmul_rn(w_hi, al_hi), ws_hi);
 #pragma unroll
       for (int kk = 0; kk < BN / 16; kk++) {
         uint32_t ah[4], alo[4];
@@ -654,11 +689,11 @@ __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a) {
     }
     __syncthreads(); /* every warp is done with the V tile */
     if (KQ) {
-      if (kt + 1 < p.n_ktiles)
+      if (kt + 1 < kt1)
         pq_fetch<KQ, D>(vreg, kv, bt, kv.v_offset, h, (kt + 1) * BN, p.n_keys, bs_pow2,
                         bs_shift);
     } else {
-      if (kt + 1 < p.n_ktiles)
+      if (kt + 1 < kt1)
         pf_load_kv<D, BN>(sV, kv, bt, kv.v_offset + head_off, (kt + 1) * BN, p.n_keys,
                           bs_pow2, bs_shift);
       pf_commit();
@@ -676,20 +711,21 @@ __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a) {
       w_hi += __shfl_xor_sync(0xffffffffu, w_hi, of);
     }
   }
-  const float inv_lo = l_lo > 0.f ? 1.f / l_lo : 0.f;
-  const float inv_hi = l_hi > 0.f ? 1.f / l_hi : 0.f;
+  /* (a split leaves its partial unnormalised: the merge divides) */
+  const float inv_lo = span ? 1.f : l_lo > 0.f ? 1.f / l_lo : 0.f;
+  const float inv_hi = span ? 1.f : l_hi > 0.f ? 1.f / l_hi : 0.f;
   if (KQ) {
     /* out = (O in the unit, plus the offsets' share) / l; int8: rotated
      * back, a row's D columns over the quad's 4 lanes (column 8i + 2t + e
      * in o[i][e] of lane t: butterflies of stride 1 within a pair, 2 and 4
      * across the quad, 8 and up across i), kvs__hadamard's order */
-    const float iu = 1.f / unit;
+    const float iu_lo = 1.f / u_lo, iu_hi = 1.f / u_hi; /* exact */
 #pragma unroll
     for (int i = 0; i < DT; i++) {
-      o[i][0] = (o[i][0] * iu + w_lo) * inv_lo;
-      o[i][1] = (o[i][1] * iu + w_lo) * inv_lo;
-      o[i][2] = (o[i][2] * iu + w_hi) * inv_hi;
-      o[i][3] = (o[i][3] * iu + w_hi) * inv_hi;
+      o[i][0] = __fmul_rn(__fadd_rn(__fmul_rn(o[i][0], iu_lo), w_lo), inv_lo);
+      o[i][1] = __fmul_rn(__fadd_rn(__fmul_rn(o[i][1], iu_lo), w_lo), inv_lo);
+      o[i][2] = __fmul_rn(__fadd_rn(__fmul_rn(o[i][2], iu_hi), w_hi), inv_hi);
+      o[i][3] = __fmul_rn(__fadd_rn(__fmul_rn(o[i][3], iu_hi), w_hi), inv_hi);
     }
     if (KQ == 1) {
 #pragma unroll
@@ -729,8 +765,27 @@ __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a) {
       continue;
     const uint32_t pr = p.row0 + r;
     const uint64_t qrow = kvs__pf_qrow(q0, pr, ratio, a.num_heads, h);
-    char *orow = (char *)a.out + qrow * D * 2;
     const float inv = hl ? inv_hi : inv_lo;
+    if (span) {
+      /* the row's partial: max (natural-log units), sum, output */
+      if (!kvs__pf_split_writes(hl ? pos_hi : pos_lo, span, blockIdx.z))
+        continue;
+      const uint32_t parts = gridDim.z; /* the workspace's, as kernels.cu's */
+      const uint64_t cells = (uint64_t)a.num_rows * a.num_heads * parts;
+      const uint64_t cell = qrow * parts + blockIdx.z;
+      float *ws = (float *)a.workspace;
+      if (lane % 4 == 0) {
+        ws[cell] = (hl ? m_hi : m_lo) * 0.693147180559945309f;
+        ws[cells + cell] = hl ? l_hi : l_lo;
+      }
+#pragma unroll
+      for (int i = 0; i < DT; i++)
+        *(float2 *)(ws + 2 * cells + cell * D + 8 * i + kvs__pf_acc_col(lane, 0)) =
+            KQ ? make_float2(o[i][2 * hl], o[i][2 * hl + 1])
+               : make_float2(o[i][2 * hl] * inv, o[i][2 * hl + 1] * inv);
+      continue;
+    }
+    char *orow = (char *)a.out + qrow * D * 2;
 #pragma unroll
     for (int i = 0; i < DT; i++)
       *(uint32_t *)(orow + (8 * i + kvs__pf_acc_col(lane, 0)) * 2) =
@@ -739,16 +794,24 @@ __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a) {
   }
 }
 
+/* After a split launch of `parts` splits: the rows' partials into out
+ * (kernels.cu's merge; a name of its own, so that the stand-in driver, whose
+ * old attention kernels write the final output, can tell the two apart). */
+extern "C" __global__ void kvs_prefill_flash_merge_kernel(kvs_attn_args a, uint32_t parts,
+                                                          uint32_t span) {
+  attn_merge_body(a, 1, parts, span);
+}
+
 #define KVS_PREFILL_FLASH_INST(NAME, T, D)                                    \
   extern "C" __global__ void __launch_bounds__(KVS__PF_THREADS, 2)           \
-      kvs_prefill_flash_##NAME##_d##D(kvs_attn_args a) {                       \
-    prefill_flash_body<T, 0, D>(a);                                            \
+      kvs_prefill_flash_##NAME##_d##D(kvs_attn_args a, uint32_t span) {        \
+    prefill_flash_body<T, 0, D>(a, span);                                      \
   }
 /* int8 / fp8 caches, q/out fp16 or bf16: kvs_prefill_flash_int8_fp16_d64 */
 #define KVS_PREFILL_FLASH_INST_Q(CACHE, KQ, NAME, T, D)                        \
   extern "C" __global__ void __launch_bounds__(KVS__PF_THREADS, 2)           \
-      kvs_prefill_flash_##CACHE##_##NAME##_d##D(kvs_attn_args a) {             \
-    prefill_flash_body<T, KQ, D>(a);                                           \
+      kvs_prefill_flash_##CACHE##_##NAME##_d##D(kvs_attn_args a, uint32_t span) { \
+    prefill_flash_body<T, KQ, D>(a, span);                                        \
   }
 KVS_PREFILL_FLASH_INST(fp16, __half, 64)
 KVS_PREFILL_FLASH_INST(fp16, __half, 128)

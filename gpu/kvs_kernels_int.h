@@ -37,11 +37,16 @@ extern int kvs__cuda_attn_max_group;
 /* 1 (default): GQA >= 4 over fp16/bf16 with q/out of the same dtype and
  * head_dim 64 or 128 runs on tensor cores; 0: always the CUDA-core kernel. */
 extern int kvs__cuda_attn_mma;
-/* 1: prefill over a 16-bit cache with q/out of the same dtype and head_dim
- * 64, 128 or 256 runs the flash kernel (gpu/kernels_prefill.cuh); 0
- * (default, until a GPU has verified that kernel: docs/kernels.md): the
- * kernels above. */
+/* 1: prefill runs the flash kernel (gpu/kernels_prefill.cuh) where it
+ * applies (a 16-bit cache with q/out of the same dtype and head_dim 64, 128
+ * or 256; an int8/fp8 cache with q/out fp16 or bf16 and head_dim 64 or
+ * 128); 0 (default, until a GPU has verified that kernel: docs/kernels.md):
+ * the kernels above. */
 extern int kvs__cuda_prefill_flash;
+/* 1 (default): the flash prefill kernel splits long prefixes over several
+ * CTAs when its grid would not fill the GPU twice and the call has a
+ * workspace; 0: never (for the bench to compare). */
+extern int kvs__cuda_prefill_flash_split;
 /* 1 when the last CUDA attention call of this process ran the flash
  * prefill kernel, else 0 (for the tests and benches). */
 extern uint32_t kvs__cuda_attn_last_flash;

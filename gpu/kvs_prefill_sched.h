@@ -46,9 +46,11 @@ static inline KVS_HD uint32_t kvs__pf_bn(uint32_t head_dim) {
 }
 
 /* int8/fp8 caches (head_dim 64 and 128): tiles of 32 keys.  The codes are
- * staged as 16-bit values (exactly: byte - 128, the e4m3 number), and each
- * tile carries its keys' and values' scales and offsets, 4 * BN floats,
- * plus one float per query row (the sum of its rotated q, int8). */
+ * staged as exact 16-bit values (int8: the byte less 128 for a key, less
+ * its row's rounded mean for a value; fp8: the e4m3 number), and each tile
+ * carries its keys' and values' scales and offsets, 4 * BN floats, plus one
+ * float per query row (the sum of its rotated q, int8): (BM + 2 * BN) * D
+ * * 2 + (4 * BN + BM) * 4 bytes. */
 #define KVS__PF_BN_Q 32u
 
 /* Keys per tile for a cache of `dtype`. */
@@ -194,6 +196,37 @@ static inline KVS_HD int kvs__pf_tile_masked(const kvs__pf_plan *p,
  * those keys are past every row's position, so this masks them too.) */
 static inline KVS_HD int kvs__pf_visible(uint32_t j, uint32_t pos) {
   return j <= pos;
+}
+
+/*
+ * Splits over long prefixes (grid.z): split z of a tile walks the key tiles
+ * of keys [z * span, (z + 1) * span), span a multiple of every BN (the
+ * launcher takes a multiple of KVS__ATTN_PART), and writes each row's
+ * partial result to the attention workspace (kvs_kernels_int.h: max, sum,
+ * unnormalised output per (row, query head, split), grid.z splits as its
+ * partitions) for the merge kernel,
+ * which combines splits 0 .. ceil(keys / span) - 1 of every row.  A split
+ * writes the rows that see a key in its range: keys = position + 1 >
+ * z * span.  span 0: no split, the CTA writes the output itself.
+ */
+static inline KVS_HD void kvs__pf_split_tiles(const kvs__pf_plan *p,
+                                              uint32_t span, uint32_t bn,
+                                              uint32_t z, uint32_t *kt0,
+                                              uint32_t *kt1) {
+  if (!span) {
+    *kt0 = 0;
+    *kt1 = p->n_ktiles;
+    return;
+  }
+  uint64_t a = (uint64_t)z * (span / bn), b = a + span / bn;
+  *kt0 = a < p->n_ktiles ? (uint32_t)a : p->n_ktiles;
+  *kt1 = b < p->n_ktiles ? (uint32_t)b : p->n_ktiles;
+}
+
+/* Does split z of a row at position pos have a partial to write? */
+static inline KVS_HD int kvs__pf_split_writes(uint32_t pos, uint32_t span,
+                                              uint32_t z) {
+  return (uint64_t)pos + 1 > (uint64_t)z * span;
 }
 
 /* ---- shared-memory tiles and m16n8k16 fragments ---------------------------

@@ -26,7 +26,8 @@
  * TFLOP/s of the causal attention's useful work: 4 * D flops per (query
  * head, row, key it sees).  Then the four shapes again over int8 and fp8
  * caches (the flash kernel's int8 path does twice the tensor-core products
- * of fp16's, fp8's P.V twice: docs/kernels.md).
+ * of fp16's, fp8's P.V twice: docs/kernels.md), and long prefixes under
+ * few new rows on the flash kernel without and with its split.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -214,9 +215,11 @@ static int do_prefill(void *arg) {
   return kvs_cuda_prefill_attention(arg, NULL);
 }
 
-/* One prefill shape on both kernels, over a cache of dtype (q/out fp16). */
+/* One prefill shape over a cache of dtype (q/out fp16): on the old kernel
+ * and on the flash kernel; or (split) on the flash kernel without and with
+ * its split over long prefixes (both given the workspace). */
 static void run_prefill(uint32_t B, uint32_t prefix, uint32_t qlen, int reps,
-                        uint32_t dtype) {
+                        uint32_t dtype, int split) {
   const uint32_t H = 32, KVH = 8, D = 128;
   kvs_layout l = {.block_size = 16, .num_layers = 2, .num_kv_heads = KVH,
                   .head_dim = D, .dtype = dtype};
@@ -273,17 +276,20 @@ static void run_prefill(uint32_t B, uint32_t prefix, uint32_t qlen, int reps,
                  ((double)qlen * prefix + (double)qlen * (qlen + 1) / 2.0);
   float ms[2];
   uint32_t parts = 1;
-  for (int flash = 0; flash < 2; flash++) {
+  for (int k = 0; k < 2; k++) {
+    int flash = split || k;
     kvs__cuda_prefill_flash = flash;
-    a.workspace = flash ? NULL : d_ws;
-    a.workspace_bytes = flash ? 0 : wsb;
-    ms[flash] = median_ms(do_prefill, &a, reps);
-    if (!flash)
+    kvs__cuda_prefill_flash_split = split && k;
+    a.workspace = flash && !split ? NULL : d_ws;
+    a.workspace_bytes = flash && !split ? 0 : wsb;
+    ms[k] = median_ms(do_prefill, &a, reps);
+    if (k == split)
       parts = kvs__cuda_attn_last_nsplit;
-    else if (kvs__cuda_attn_last_flash != 1)
+    if (flash && kvs__cuda_attn_last_flash != 1)
       printf("(the flash kernel did not run)\n");
   }
   kvs__cuda_prefill_flash = 0;
+  kvs__cuda_prefill_flash_split = 1;
   printf("%-5s %-5u %-6u %-6u %-5u %-4u %-4u %5u %11.1f %8.1f %11.1f %8.1f %7.1fx\n",
          kvs_dtype_name(dtype), B, prefix, qlen, H, KVH, D, parts, ms[0] * 1e3,
          flops / (ms[0] * 1e-3) / 1e12, ms[1] * 1e3,
@@ -310,15 +316,22 @@ static void run_prefills(int reps) {
       {4, 0, 2048}, {4, 4096, 512}, {4, 8192, 2048}, {16, 1024, 256}};
   int pr = reps / 10 > 0 ? reps / 10 : 1;
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-    run_prefill(shapes[i][0], shapes[i][1], shapes[i][2], pr, KVS_DTYPE_FP16);
+    run_prefill(shapes[i][0], shapes[i][1], shapes[i][2], pr, KVS_DTYPE_FP16, 0);
   printf("chunk sweep (batch 4, prefix 0):\n");
   for (uint32_t q = 128; q <= 8192; q *= 2)
-    run_prefill(4, 0, q, pr, KVS_DTYPE_FP16);
+    run_prefill(4, 0, q, pr, KVS_DTYPE_FP16, 0);
   printf("int8 and fp8 caches (q/out fp16; pools of random bytes), the same "
          "shapes:\n");
   for (uint32_t dt = KVS_DTYPE_INT8; dt <= KVS_DTYPE_FP8; dt++)
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-      run_prefill(shapes[i][0], shapes[i][1], shapes[i][2], pr, dt);
+      run_prefill(shapes[i][0], shapes[i][1], shapes[i][2], pr, dt, 0);
+  printf("long prefixes, few new rows: the flash kernel without its split "
+         "(\"old\" columns) and with it (parts = its splits):\n");
+  static const uint32_t longs[][3] = {
+      {1, 16384, 512}, {1, 32768, 128}, {2, 65536, 64}, {4, 8192, 256}};
+  for (size_t i = 0; i < sizeof longs / sizeof longs[0]; i++)
+    run_prefill(longs[i][0], longs[i][1], longs[i][2], pr, KVS_DTYPE_FP16, 1);
+  run_prefill(1, 32768, 128, pr, KVS_DTYPE_INT8, 1);
 }
 
 int main(int argc, char **argv) {

@@ -94,12 +94,12 @@ static void stage_row(const kvs_attn_args *a, uint32_t s, uint32_t j,
   *off = dt == KVS_DTYPE_INT8 ? f[1] + (float)c * f[0] : 0.f;
 }
 
-/* The power of two a tile's value weights are taken in (int8/fp8): with
- * vmax the largest value scale of the tile, vmax * unit in [0.5, 1), so
- * that weight * scale * unit, rounded to fp16, is no subnormal for the
- * weights that matter.  Kept within [2^-60, 2^60] (a change of unit
- * between tiles, a product of two, must stay finite); 1 for a tile of zero
- * or non-finite scales.  Bit operations, as the kernel's. */
+/* The power of two a row's weights times value scales are taken in
+ * (int8/fp8): vmax * unit in [0.5, 1) for the largest of them, vmax (this
+ * tile's, or an earlier one's times alpha), so that the products that
+ * matter, rounded to fp16, are no subnormals.  Kept within [2^-60, 2^60]
+ * (a change of unit, a quotient of two, stays finite); 1 for 0 or
+ * non-finite.  Bit operations, as the kernel's. */
 static float value_unit(float vmax) {
   uint32_t b;
   memcpy(&b, &vmax, 4);
@@ -115,7 +115,7 @@ static float value_unit(float vmax) {
 }
 
 int kvs__flash_model(const kvs_attn_args *a, uint32_t grid_x, uint32_t grid_y,
-                     int plant) {
+                     uint32_t grid_z, uint32_t span, int plant) {
   const kvs_paged_kv *kv = &a->kv;
   const uint32_t D = kv->head_dim, dt = kv->dtype, qt = a->qo_dtype;
   const uint32_t BM = KVS__PF_BM;
@@ -142,14 +142,25 @@ int kvs__flash_model(const kvs_attn_args *a, uint32_t grid_x, uint32_t grid_y,
   float *o = malloc(sizeof(float) * BM * D), *qsum = malloc(sizeof(float) * BM);
   float *m = malloc(sizeof(float) * BM), *l = malloc(sizeof(float) * BM);
   float *lo_sum = malloc(sizeof(float) * BM);
+  float *wmax = malloc(sizeof(float) * BM), *unit = malloc(sizeof(float) * BM);
+  float *xs = malloc(sizeof(float) * BN);
   float *sc = malloc(sizeof(float) * BN);
   uint64_t *qrow = malloc(sizeof(uint64_t) * BM);
   int rc = 0;
   if (!kt_k || !kt_v || !ks || !qh || !ql || !o || !qsum || !m || !l ||
-      !lo_sum || !sc || !qrow) {
+      !lo_sum || !wmax || !unit || !xs || !sc || !qrow) {
     rc = KVS_ENOMEM;
     goto out;
   }
+  const uint64_t cells = (uint64_t)a->num_rows * a->num_heads;
+  const uint32_t parts = grid_z; /* the workspace's partitions */
+  float *ws = a->workspace;
+  if (span && (!ws || span % KVS__ATTN_PART ||
+               a->workspace_bytes < kvs_attn_workspace_bytes(a))) {
+    rc = KVS_EINVAL;
+    goto out;
+  }
+  for (uint32_t z = 0; z < (span ? grid_z : 1); z++)
   for (uint32_t h = 0; h < grid_y && h < kv->num_kv_heads; h++)
     for (uint32_t bx = 0; bx < grid_x; bx++) {
       uint32_t s, tile;
@@ -159,6 +170,12 @@ int kvs__flash_model(const kvs_attn_args *a, uint32_t grid_x, uint32_t grid_y,
       const uint32_t len = a->seq_lens[s];
       kvs__pf_plan p;
       kvs__pf_plan_tile(q_len, len, ratio, BN, tile, &p);
+      uint32_t kt0, kt1;
+      kvs__pf_split_tiles(&p, span, BN, z, &kt0, &kt1);
+      if (plant == KVS__FLASH_PLANT_SPLIT && kt1 > kt0 + 1)
+        kt1--;
+      if (span && (p.empty || kt0 >= kt1))
+        continue; /* nothing of this split: the merge zeroes empty rows */
       for (uint32_t r = 0; r < p.rows; r++) {
         uint32_t pr = p.row0 + r;
         float *qr = qh + (size_t)r * D;
@@ -183,9 +200,10 @@ int kvs__flash_model(const kvs_attn_args *a, uint32_t grid_x, uint32_t grid_y,
         m[r] = -INFINITY;
         l[r] = 0.f;
         lo_sum[r] = 0.f;
+        wmax[r] = 0.f;
+        unit[r] = 1.f; /* the unit of the row's accumulators (int8/fp8) */
       }
-      float unit = 1.f; /* the unit of the accumulators (int8/fp8) */
-      for (uint32_t kt = 0; kt < p.n_ktiles; kt++) {
+      for (uint32_t kt = kt0; kt < kt1; kt++) {
         /* the tile in shared memory: keys past n_keys are zero-filled
          * (codes and scales), never loaded (the pool holds anything
          * there) */
@@ -199,14 +217,6 @@ int kvs__flash_model(const kvs_attn_args *a, uint32_t grid_x, uint32_t grid_y,
             memset(kt_v + (size_t)c * D, 0, sizeof(float) * D);
             ks[c] = ko[c] = vs[c] = vo[c] = 0.f;
           }
-        }
-        float vmax = 0.f, tile_unit = 1.f, rescale = 1.f;
-        if (quant) {
-          for (uint32_t c = 0; c < BN; c++)
-            vmax = fmaxf(vmax, vs[c]);
-          tile_unit = value_unit(vmax);
-          rescale = tile_unit / unit; /* a power of two: exact */
-          unit = tile_unit;
         }
         int masked = kvs__pf_tile_masked(&p, kt);
         if (plant == KVS__FLASH_PLANT_NOSKIP)
@@ -235,22 +245,38 @@ int kvs__flash_model(const kvs_attn_args *a, uint32_t grid_x, uint32_t grid_y,
           float m_new = fmaxf(m[r], mt);
           float m_use = m_new == -INFINITY ? 0.f : m_new;
           float alpha = exp2f(m[r] - m_use);
-          float sum = 0.f, osum = 0.f, *orow = o + (size_t)r * D;
-          for (uint32_t d = 0; d < D; d++)
-            orow[d] = quant ? orow[d] * alpha * rescale : orow[d] * alpha;
+          float sum = 0.f, osum = 0.f, mx = 0.f, *orow = o + (size_t)r * D;
           for (uint32_t c = 0; c < BN; c++) {
             float pw = exp2f(sc[c] - m_use);
             sum += pw;
+            sc[c] = pw;
+            /* int8/fp8: the weight times the value row's scale and times
+             * its offset; a masked weight (0) stays 0, whatever the
+             * scales of a key the row does not see */
+            xs[c] = pw == 0.f ? 0.f : pw * vs[c];
+            osum += pw == 0.f ? 0.f : pw * vo[c];
+            mx = fmaxf(mx, xs[c]);
+          }
+          float rescale = alpha, u = 1.f;
+          if (quant) { /* the row's unit; the accumulators into it */
+            wmax[r] = fmaxf(wmax[r] * alpha, mx);
+            u = value_unit(wmax[r]);
+            rescale = alpha * (u / unit[r]); /* u / unit: exact */
+            unit[r] = u;
+          }
+          for (uint32_t d = 0; d < D; d++)
+            orow[d] *= rescale;
+          for (uint32_t c = 0; c < BN; c++) {
             /* the A fragment of P.V */
             if (!quant) { /* the weight rounded to the cache dtype */
-              float p16 = round16(pw, qt);
+              float p16 = round16(sc[c], qt);
               for (uint32_t d = 0; d < D; d++)
                 orow[d] += p16 * kt_v[c * D + d];
             } else {
-              /* the weight times the value row's scale in the tile's
-               * unit, as two fp16 halves (two products on the tensor
-               * cores): one would round the largest weight too */
-              float x = pw * (vs[c] * tile_unit);
+              /* the product in the unit as two fp16 halves (two products
+               * on the tensor cores): one would round the largest weight
+               * too */
+              float x = xs[c] * u;
               float hi = round16(x, KVS_DTYPE_FP16);
               float lo = plant == KVS__FLASH_PLANT_PHI
                              ? 0.f
@@ -258,7 +284,6 @@ int kvs__flash_model(const kvs_attn_args *a, uint32_t grid_x, uint32_t grid_y,
               for (uint32_t d = 0; d < D; d++)
                 orow[d] += hi * kt_v[c * D + d] + lo * kt_v[c * D + d];
             }
-            osum += pw * vo[c];
           }
           l[r] = l[r] * alpha + sum;
           lo_sum[r] = lo_sum[r] * alpha + osum;
@@ -268,10 +293,22 @@ int kvs__flash_model(const kvs_attn_args *a, uint32_t grid_x, uint32_t grid_y,
       for (uint32_t r = 0; r < p.rows; r++) {
         /* an empty tile (no key for any row) walks no key tile: l = 0 */
         float inv = l[r] > 0.f ? 1.f / l[r] : 0.f, *orow = o + (size_t)r * D;
+        if (span) /* the partial, unnormalised: the merge divides */
+          inv = 1.f;
         for (uint32_t d = 0; d < D; d++)
-          orow[d] = quant ? (orow[d] / unit + lo_sum[r]) * inv : orow[d] * inv;
+          orow[d] = quant ? (orow[d] / unit[r] + lo_sum[r]) * inv : orow[d] * inv;
         if (q8) /* out = H (what the rotated values give) */
           kvs__hadamard(orow, D, 0);
+        if (span) {
+          if (!kvs__pf_split_writes(kvs__pf_row_pos(&p, q_len, len, ratio, r),
+                                    span, z))
+            continue;
+          uint64_t cell = qrow[r] * parts + z;
+          ws[cell] = m[r] * 0.693147180559945309f; /* log2 units to e */
+          ws[cells * parts + cell] = l[r];
+          memcpy(ws + 2 * cells * parts + cell * D, orow, sizeof(float) * D);
+          continue;
+        }
         for (uint32_t d = 0; d < D; d++)
           st16(a->out, qrow[r] * D + d, qt, orow[d]);
       }
@@ -285,9 +322,43 @@ out:
   free(o);
   free(qsum);
   free(lo_sum);
+  free(wmax);
+  free(unit);
+  free(xs);
   free(m);
   free(l);
   free(sc);
   free(qrow);
   return rc;
+}
+
+void kvs__flash_model_merge(const kvs_attn_args *a, uint32_t parts,
+                            uint32_t span) {
+  const uint32_t D = a->kv.head_dim;
+  const uint64_t R = a->num_rows, H = a->num_heads;
+  const float *ws = a->workspace;
+  for (uint32_t s = 0; s < a->num_seqs; s++) {
+    const uint32_t q0 = a->q_start[s], q_len = a->q_start[s + 1] - q0;
+    const uint32_t len = a->seq_lens[s];
+    for (uint32_t i = 0; i < q_len; i++) {
+      const uint32_t n = q_len > len ? 0 : len - q_len + i + 1;
+      const uint32_t np = (n + span - 1) / span;
+      for (uint32_t hq = 0; hq < H; hq++) {
+        const uint64_t cell0 = ((uint64_t)(q0 + i) * H + hq) * parts;
+        float M = -INFINITY, L = 0.f;
+        for (uint32_t z = 0; z < np; z++)
+          M = fmaxf(M, ws[cell0 + z]);
+        for (uint32_t z = 0; z < np; z++)
+          L += ws[R * H * parts + cell0 + z] * expf(ws[cell0 + z] - M);
+        for (uint32_t d = 0; d < D; d++) {
+          float x = 0.f;
+          for (uint32_t z = 0; z < np; z++)
+            x += ws[2 * R * H * parts + (cell0 + z) * D + d] *
+                 expf(ws[cell0 + z] - M);
+          st16(a->out, ((uint64_t)(q0 + i) * H + hq) * D + d, a->qo_dtype,
+               np ? x / L : 0.f);
+        }
+      }
+    }
+  }
 }

@@ -18,6 +18,7 @@ enum kvs__flash_plant {
                          * (no low half) */
   KVS__FLASH_PLANT_PHI, /* int8/fp8: a weight times its value scale
                          * rounded once to fp16 (no low half) */
+  KVS__FLASH_PLANT_SPLIT, /* a split stops one key tile short */
 };
 
 /*
@@ -37,8 +38,20 @@ enum kvs__flash_plant {
  * bf16; a 16-bit cache of the same dtype with head_dim 64/128/256, or an
  * int8/fp8 cache with head_dim 64/128) are the caller's: returns
  * KVS_EINVAL otherwise.
+ *
+ * span > 0: split z < grid_z walks the keys [z * span, (z + 1) * span) of
+ * each tile and writes the rows' partials (max in natural-log units, sum,
+ * unnormalised output; grid_z partitions) to the workspace instead of out
+ * (kvs__pf_split_tiles); span must be a multiple of KVS__ATTN_PART and the
+ * workspace kvs_attn_workspace_bytes(a) at least, else KVS_EINVAL.
  */
 int kvs__flash_model(const kvs_attn_args *a, uint32_t grid_x, uint32_t grid_y,
-                     int plant);
+                     uint32_t grid_z, uint32_t span, int plant);
+
+/* The merge kernel after a split launch (span > 0: `parts` splits of span
+ * keys each, the partials in a->workspace): a->out from the partials, as
+ * kvs_prefill_flash_merge_kernel computes it (gpu/kernels.cu). */
+void kvs__flash_model_merge(const kvs_attn_args *a, uint32_t parts,
+                            uint32_t span);
 
 #endif /* KVS_FLASH_MODEL_H */

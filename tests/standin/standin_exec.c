@@ -31,7 +31,15 @@
 
 /* ---- the kernels kvshare's fatbin holds (gpu/kernels.cu) ----------------- */
 
-enum kernel_kind { K_WRITE, K_BLOCKS, K_ATTN, K_ATTN_MMA, K_MERGE, K_FLASH };
+enum kernel_kind {
+  K_WRITE,
+  K_BLOCKS,
+  K_ATTN,
+  K_ATTN_MMA,
+  K_MERGE,
+  K_FLASH,
+  K_FLASH_MERGE
+};
 
 struct CUfunc_st {
   const char *name;
@@ -83,6 +91,7 @@ static struct CUfunc_st kernels[] = {
     {"kvs_prefill_flash_fp8_fp16_d128", K_FLASH, KVS__PF_THREADS},
     {"kvs_prefill_flash_fp8_bf16_d64", K_FLASH, KVS__PF_THREADS},
     {"kvs_prefill_flash_fp8_bf16_d128", K_FLASH, KVS__PF_THREADS},
+    {"kvs_prefill_flash_merge_kernel", K_FLASH_MERGE, 1024},
 };
 #define NKERNELS (sizeof kernels / sizeof kernels[0])
 
@@ -376,18 +385,29 @@ static int run_attn(const struct op *op, char *why, size_t len) {
 
 /* kvs_prefill_flash_*: the kernel's C model over the launched grid (the
  * twin checks the arguments first, as the launcher did: the model trusts
- * them, as the kernel does). */
+ * them, as the kernel does); with a span, its partials go to the workspace
+ * and kvs_prefill_flash_merge_kernel combines them, as on a GPU. */
 static int run_flash(const struct op *op, char *why, size_t len) {
   kvs_attn_args a = op->u.kernel.p.attn.a;
+  uint32_t span = op->u.kernel.p.attn.split;
 
   if (kvs__check_attn(&a, 1) || !a.num_seqs) {
     snprintf(why, len, "arguments the launcher refuses");
     return -1;
   }
-  if (attn_ranges(&a, 1, 0, why, len))
+  if (attn_ranges(&a, 1, span != 0, why, len))
     return -1;
+  if (op->u.kernel.f->kind == K_FLASH_MERGE) {
+    if (!span || !a.workspace) {
+      snprintf(why, len, "a merge without a span or a workspace");
+      return -1;
+    }
+    kvs__flash_model_merge(&a, op->u.kernel.p.attn.lanes, span);
+    return 0;
+  }
   return twin_failed(kvs__flash_model(&a, op->u.kernel.grid[0],
                                       op->u.kernel.grid[1],
+                                      op->u.kernel.grid[2], span,
                                       KVS__FLASH_PLANT_NONE),
                      "kvs__flash_model", why, len);
 }
@@ -409,6 +429,7 @@ static void run_kernel(struct CUctx_st *ctx, const struct op *op) {
     rc = run_attn(op, why, sizeof why);
     break;
   case K_FLASH:
+  case K_FLASH_MERGE:
     rc = run_flash(op, why, sizeof why);
     break;
   case K_MERGE:
@@ -993,8 +1014,10 @@ CUresult cuModuleGetFunction(CUfunction *f, CUmodule mod, const char *name) {
  * them at launch: params point at the caller's variables). */
 static CUresult copy_params(const struct CUfunc_st *f, void **params,
                             union kernel_params *p) {
-  static const int count[] = {[K_WRITE] = 1, [K_BLOCKS] = 5, [K_ATTN] = 4,
-                              [K_ATTN_MMA] = 3, [K_MERGE] = 4, [K_FLASH] = 1};
+  static const int count[] = {[K_WRITE] = 1,    [K_BLOCKS] = 5,
+                              [K_ATTN] = 4,     [K_ATTN_MMA] = 3,
+                              [K_MERGE] = 4,    [K_FLASH] = 2,
+                              [K_FLASH_MERGE] = 3};
   int n = count[f->kind];
 
   if (!params)
@@ -1026,6 +1049,13 @@ static CUresult copy_params(const struct CUfunc_st *f, void **params,
     break;
   case K_FLASH:
     memcpy(&p->attn.a, params[0], sizeof p->attn.a);
+    memcpy(&p->attn.split, params[1], sizeof p->attn.split); /* span */
+    p->attn.prefill = 1;
+    break;
+  case K_FLASH_MERGE:
+    memcpy(&p->attn.a, params[0], sizeof p->attn.a);
+    memcpy(&p->attn.lanes, params[1], sizeof p->attn.lanes); /* parts */
+    memcpy(&p->attn.split, params[2], sizeof p->attn.split); /* span */
     p->attn.prefill = 1;
     break;
   case K_MERGE:
@@ -1069,6 +1099,25 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
   if ((r = copy_params(f, params, &op->u.kernel.p))) {
     free(op);
     return r;
+  }
+  if (f->kind == K_FLASH) {
+    /* the kernel the launcher picked must be the one for the call's
+     * dtypes and head size, with its shared memory: the model would run
+     * any of them alike */
+    const kvs_attn_args *a = &op->u.kernel.p.attn.a;
+    char want[64];
+    if (kvs_dtype_quantized(a->kv.dtype))
+      snprintf(want, sizeof want, "kvs_prefill_flash_%s_%s_d%u",
+               kvs_dtype_name(a->kv.dtype), kvs_dtype_name(a->qo_dtype),
+               a->kv.head_dim);
+    else
+      snprintf(want, sizeof want, "kvs_prefill_flash_%s_d%u",
+               kvs_dtype_name(a->kv.dtype), a->kv.head_dim);
+    if (strcmp(f->name, want) ||
+        smem != kvs__pf_smem_for(a->kv.dtype, a->kv.head_dim)) {
+      free(op);
+      return CUDA_ERROR_INVALID_VALUE;
+    }
   }
   return submit(ctx, s, op, NULL);
 }

@@ -228,7 +228,7 @@ static const tg_ragged flash_batches[] = {
     {4, {0, 1500, 1100, 700}, {300, 100, 65, 1}},
 };
 
-static void flash_case(const tg_params *pp, const tg_ragged *bt) {
+static void flash_case(const tg_params *pp, const tg_ragged *bt, int split) {
   uint32_t lens[8];
   tg_case c;
   if (tg_ragged_case(&c, pp, bt, lens)) {
@@ -252,6 +252,14 @@ static void flash_case(const tg_params *pp, const tg_ragged *bt) {
   kvs_attn_args g;
   tg_case_args(&c, &g, d_pool, d_out, d_q, d_lens, d_qs, d_tab);
   CU(kvs_cuda_memset(d_out, 0xff, n * 2)); /* NaN: all must be written */
+  void *d_ws = NULL;
+  if (split) { /* a workspace, NaN: the launcher splits few long rows */
+    g.workspace_bytes = kvs_attn_workspace_bytes(&g);
+    d_ws = dev_copy(NULL, g.workspace_bytes);
+    CU(kvs_cuda_memset(d_ws, 0xff, g.workspace_bytes));
+    g.workspace = d_ws;
+  }
+  kvs__cuda_attn_last_nsplit = 0;
   int rc = kvs_cuda_prefill_attention(&g, NULL);
   CHECK(rc == 0, "flash prefill: %d (%s)", rc, kvs_strerror(rc));
   CU(kvs_cuda_sync(NULL));
@@ -259,12 +267,13 @@ static void flash_case(const tg_params *pp, const tg_ragged *bt) {
   double e_ref = tg_max_err(gpu_out, p.qo_dtype, ref, n);
   double x_twin = tg_twin_excess(gpu_out, cpu_out, p.qo_dtype, n);
   int ok = rc == 0 && kvs__cuda_attn_last_flash == 1 &&
-           e_ref <= tg_tol(p.qo_dtype) && x_twin <= 1.0;
+           e_ref <= tg_tol(p.qo_dtype) && x_twin <= 1.0 &&
+           (!split || kvs__cuda_attn_last_nsplit > 1);
   printf("%s flash   bs=%-2u kvh=%u ratio=%-2u D=%-3u kv=%s qo=%s rows=%-4u "
-         "max_len=%-5u: vs twin %.2f of the tolerance, vs naive %.2e%s\n",
+         "max_len=%-5u splits %u: vs twin %.2f of the tolerance, vs naive %.2e%s\n",
          ok ? "ok  " : "FAIL", p.block_size, p.num_kv_heads, p.ratio, D,
          kvs_dtype_name(p.dtype), kvs_dtype_name(p.qo_dtype), c.num_rows,
-         c.max_len, x_twin, e_ref,
+         c.max_len, kvs__cuda_attn_last_nsplit, x_twin, e_ref,
          kvs__cuda_attn_last_flash == 1 ? "" : " (NOT the flash kernel)");
   if (!ok)
     failures++;
@@ -274,6 +283,7 @@ static void flash_case(const tg_params *pp, const tg_ragged *bt) {
   kvs_cuda_free(d_lens);
   kvs_cuda_free(d_qs);
   kvs_cuda_free(d_tab);
+  kvs_cuda_free(d_ws);
   free(cpu_out);
   free(gpu_out);
   free(ref);
@@ -293,7 +303,7 @@ static void test_flash_prefill(void) {
                          .qo_dtype = dt, .num_layers = 2, .layer = (uint32_t)k % 2,
                          .spare_blocks = 3, .q_scale = k % 3 ? 4.f : 1.f,
                          .seed = 12000 + (uint64_t)k};
-          flash_case(&p, &flash_batches[ib]);
+          flash_case(&p, &flash_batches[ib], 0);
         }
   /* int8/fp8 caches, q/out fp16 and bf16, head_dim 64 and 128 */
   for (uint32_t dt = KVS_DTYPE_INT8; dt <= KVS_DTYPE_FP8; dt++)
@@ -306,8 +316,27 @@ static void test_flash_prefill(void) {
                            .qo_dtype = qo, .num_layers = 2, .layer = (uint32_t)k % 2,
                            .spare_blocks = 3, .q_scale = k % 3 ? 4.f : 1.f,
                            .seed = 12000 + (uint64_t)k};
-            flash_case(&p, &flash_batches[ib]);
+            flash_case(&p, &flash_batches[ib], 0);
           }
+  /* few new rows over long prefixes, with a workspace: split over spans of
+   * the keys and merged (kvs_prefill_flash_merge_kernel) */
+  static const tg_ragged long_batches[] = {
+      {2, {3000, 1500}, {16, 1}},
+      {3, {4000, 0, 700}, {1, 9, 30}},
+  };
+  static const uint32_t split_dts[][2] = {{KVS_DTYPE_FP16, KVS_DTYPE_FP16},
+                                          {KVS_DTYPE_BF16, KVS_DTYPE_BF16},
+                                          {KVS_DTYPE_INT8, KVS_DTYPE_FP16},
+                                          {KVS_DTYPE_FP8, KVS_DTYPE_BF16}};
+  for (int i = 0; i < 4; i++)
+    for (int ib = 0; ib < 2; ib++, k++) {
+      tg_params p = {.block_size = k % 2 ? 32 : 16, .num_kv_heads = 2,
+                     .head_dim = ib ? 64 : 128, .ratio = ib ? 1 : 4,
+                     .dtype = split_dts[i][0], .qo_dtype = split_dts[i][1],
+                     .num_layers = 1, .spare_blocks = 2, .q_scale = 2.f,
+                     .seed = 12000 + (uint64_t)k};
+      flash_case(&p, &long_batches[ib], 1);
+    }
   kvs__cuda_prefill_flash = 0;
 }
 

@@ -10,11 +10,14 @@
  *      past n_keys is masked, that no row needs a key past n_keys;
  *   2. its C model (tests/standin/flash_model.c: the same tiles, the same
  *      per-tile online softmax, weights rounded to the cache dtype before
- *      P.V) against the C twin kvs_cpu_prefill_attention and the naive
- *      double-precision reference, on ragged batches over pools whose
- *      unused slots and blocks hold NaN and infinities;
+ *      P.V; int8/fp8 caches as the kernel stages and scales them) against
+ *      the C twin kvs_cpu_prefill_attention and the naive double-precision
+ *      reference, on ragged batches over pools whose unused slots and
+ *      blocks hold NaN and infinities;
+ *   2b. the split over long prefixes: the model's partials merged;
  *   3. that those comparisons can fail: the model with a planted masking
- *      fault must be caught;
+ *      fault, a single 16-bit rounding of int8's q or weights, or a split
+ *      short of a key tile must be caught;
  *   3b. the kernel's fragment plumbing: a warp emulated lane by lane, with
  *      ldmatrix (.x4, .trans) and mma.m16n8k16 written here from the PTX
  *      ISA's fragment layouts, addressing swizzled shared-memory tiles
@@ -24,11 +27,15 @@
  *   3c. whole CTAs of the kernel, transliterated onto that warp (per-lane
  *      softmax, mask, quad reductions, P packing, stores; cp.async landing
  *      only at its wait_group, shared memory NaN until written), over every
- *      CTA of the grid against the twin, with planted faults caught;
+ *      CTA of the grid against the twin, with planted faults caught; the
+ *      int8/fp8 kernel and the split's stores the same way;
+ *   3d. value scales NaN, or 2^20 larger, at a key the earlier rows of its
+ *      tile do not see: those rows as the twin's;
  *   4. the launcher: through the stand-in driver, kvs_cuda_prefill_attention
  *      with kvs__cuda_prefill_flash = 1 launches kvs_prefill_flash_* (which
- *      the stand-in runs as the model) for the shapes it takes, and the old
- *      kernel for everything else and with the knob at 0.
+ *      the stand-in runs as the model) for the shapes it takes, split and
+ *      merged given a workspace, and the old kernel for everything else
+ *      and with the knob at 0.
  * Plain C (no cmocka).  The real kernel's check is test_gpu_cuda on a GPU.
  */
 #include <unistd.h>
@@ -198,7 +205,7 @@ static void attn_pair(const tg_params *pp, const tg_ragged *bt, int plant,
   a.out = model;
   uint32_t ratio = p.ratio;
   uint64_t gx = kvs__pf_grid_x(a.num_rows, a.num_seqs, ratio);
-  CHECK(kvs__flash_model(&a, (uint32_t)gx, p.num_kv_heads, plant) == 0, "model");
+  CHECK(kvs__flash_model(&a, (uint32_t)gx, p.num_kv_heads, 1, 0, plant) == 0, "model");
   *x_twin = tg_twin_excess(model, twin, p.qo_dtype, n);
   *e_ref = tg_max_err(model, p.qo_dtype, ref, n);
   free(twin);
@@ -590,7 +597,7 @@ static void emu_load_kv(emu_smem *m, uint32_t tile, const kvs_attn_args *a,
 /* A CTA's request and plan (kvs__pf_locate, kvs__pf_plan_tile); 0 for a
  * spare CTA, or for an empty tile, whose zeros it stores. */
 static int emu_cta_plan(const kvs_attn_args *a, uint32_t h, uint32_t bx,
-                        uint32_t BN, uint32_t *s, kvs__pf_plan *p) {
+                        uint32_t BN, uint32_t span, uint32_t *s, kvs__pf_plan *p) {
   const uint32_t D = a->kv.head_dim, CH = D / 8;
   const uint32_t ratio = a->num_heads / a->kv.num_kv_heads;
   uint32_t tile;
@@ -598,6 +605,8 @@ static int emu_cta_plan(const kvs_attn_args *a, uint32_t h, uint32_t bx,
     return 0;
   const uint32_t q0 = a->q_start[*s], q_len = a->q_start[*s + 1] - q0;
   kvs__pf_plan_tile(q_len, a->seq_lens[*s], ratio, BN, tile, p);
+  if (p->empty && span)
+    return 0; /* the merge zeroes these rows */
   if (p->empty) {
     for (uint32_t i = 0; i < p->rows * CH; i++) {
       uint32_t pr = p->row0 + i / CH;
@@ -680,17 +689,62 @@ static void emu_softmax(float (*S)[32][4], uint32_t NT, uint32_t j0, int masked,
   }
 }
 
+/* The epilogue's stores of warp w, O its final values: the rows' outputs
+ * in the q/out dtype (4-byte pairs at column 8i + acc_col), or, with a
+ * span, split z's partials to the workspace of gridDim.z = parts
+ * partitions: lane t = 0 of a quad writes the row's max (natural-log
+ * units) and sum, every lane its float pairs. */
+static void emu_store(const kvs_attn_args *a, uint32_t s, uint32_t h,
+                      const kvs__pf_plan *p, const emu_rows *R, uint32_t w,
+                      float (*O)[32][4], uint32_t span, uint32_t z,
+                      uint32_t parts) {
+  const uint32_t D = a->kv.head_dim, DT = D / 8;
+  const uint32_t ratio = a->num_heads / a->kv.num_kv_heads;
+  const uint64_t cells = (uint64_t)a->num_rows * a->num_heads * parts;
+  float *ws = a->workspace;
+  for (uint32_t L = 0; L < 32; L++)
+    for (uint32_t hl = 0; hl < 2; hl++) {
+      uint32_t r = R->rr[w][L][hl];
+      if (r >= p->rows)
+        continue;
+      uint64_t qrow = kvs__pf_qrow(a->q_start[s], p->row0 + r, ratio, a->num_heads, h);
+      if (span) {
+        if (!kvs__pf_split_writes(R->pos[w][L][hl], span, z))
+          continue;
+        uint64_t cell = qrow * parts + z;
+        if (L % 4 == 0) {
+          ws[cell] = R->ml[w][L][hl] * 0.693147180559945309f;
+          ws[cells + cell] = R->ll[w][L][hl];
+        }
+        for (uint32_t i = 0; i < DT; i++)
+          memcpy(ws + 2 * cells + cell * D + 8 * i + kvs__pf_acc_col(L, 0),
+                 &O[i][L][2 * hl], 8);
+        continue;
+      }
+      char *orow = (char *)a->out + qrow * D * 2;
+      for (uint32_t i = 0; i < DT; i++) {
+        uint32_t v = emu_pack(a->qo_dtype, O[i][L][2 * hl], O[i][L][2 * hl + 1]);
+        memcpy(orow + (8 * i + kvs__pf_acc_col(L, 0)) * 2, &v, 4);
+      }
+    }
+}
+
 static void emu_cta(const kvs_attn_args *a, uint32_t h, uint32_t bx,
-                    emu_smem *m, int plant) {
+                    uint32_t span, uint32_t z, uint32_t parts, emu_smem *m,
+                    int plant) {
   const kvs_paged_kv *kv = &a->kv;
   const uint32_t D = kv->head_dim, dt = kv->dtype, BM = KVS__PF_BM;
   const uint32_t BN = kvs__pf_bn(D), NT = BN / 8, DT = D / 8, KS = D / 16, CH = D / 8;
   const uint32_t ratio = a->num_heads / kv->num_kv_heads;
   uint32_t s;
   kvs__pf_plan p;
-  if (!emu_cta_plan(a, h, bx, BN, &s, &p))
+  if (!emu_cta_plan(a, h, bx, BN, span, &s, &p))
     return;
   const uint32_t q0 = a->q_start[s];
+  uint32_t kt0, kt1;
+  kvs__pf_split_tiles(&p, span, BN, z, &kt0, &kt1);
+  if (kt0 >= kt1)
+    return;
   memset(m->h, 0xff, (size_t)kvs__pf_smem(D)); /* NaN until written */
   m->n_cp = m->committed = 0;
   const uint32_t sQ = 0, sK = BM * D * 2, sV = sK + BN * D * 2;
@@ -706,9 +760,9 @@ static void emu_cta(const kvs_attn_args *a, uint32_t h, uint32_t bx,
       emu_zero16(m, dst);
     }
   }
-  emu_load_kv(m, sK, a, bt, kv->k_offset + head_off, 0, p.n_keys, BN);
+  emu_load_kv(m, sK, a, bt, kv->k_offset + head_off, kt0 * BN, p.n_keys, BN);
   m->committed++;
-  emu_load_kv(m, sV, a, bt, kv->v_offset + head_off, 0, p.n_keys, BN);
+  emu_load_kv(m, sV, a, bt, kv->v_offset + head_off, kt0 * BN, p.n_keys, BN);
   m->committed++;
 
   /* per warp, per lane registers */
@@ -719,13 +773,13 @@ static void emu_cta(const kvs_attn_args *a, uint32_t h, uint32_t bx,
   static emu_rows R;
   emu_rows_init(&R, a, s, &p);
   uint32_t off[32], b[32][4], af[32][4];
-  for (uint32_t kt = 0; kt < p.n_ktiles; kt++) {
+  for (uint32_t kt = kt0; kt < kt1; kt++) {
     emu_wait(m, 1);
     for (uint32_t w = 0; w < KVS__PF_WARPS; w++) {
       float (*S)[32][4] = sc + w * NT;
       memset(S, 0, sizeof *sc * NT);
       for (uint32_t ks = 0; ks < KS; ks++) {
-        if (kt == 0 || D > 128) { /* QREG: read once; else every tile */
+        if (kt == kt0 || D > 128) { /* QREG: read once; else every tile */
           for (uint32_t L = 0; L < 32; L++)
             off[L] = sQ + kvs__pf_smem_off(D, 16 * w + kvs__pf_ldq_row(L),
                                           kvs__pf_ldq_chunk(L, ks));
@@ -740,7 +794,7 @@ static void emu_cta(const kvs_attn_args *a, uint32_t h, uint32_t bx,
         }
       }
     }
-    if (kt + 1 < p.n_ktiles)
+    if (kt + 1 < kt1)
       emu_load_kv(m, sK, a, bt, kv->k_offset + head_off, (kt + 1) * BN, p.n_keys, BN);
     m->committed++;
     const int masked = kvs__pf_tile_masked(&p, kt);
@@ -770,7 +824,7 @@ static void emu_cta(const kvs_attn_args *a, uint32_t h, uint32_t bx,
         }
       }
     }
-    if (kt + 1 < p.n_ktiles)
+    if (kt + 1 < kt1)
       emu_load_kv(m, sV, a, bt, kv->v_offset + head_off, (kt + 1) * BN, p.n_keys, BN);
     m->committed++;
   }
@@ -778,20 +832,12 @@ static void emu_cta(const kvs_attn_args *a, uint32_t h, uint32_t bx,
   for (uint32_t w = 0; w < KVS__PF_WARPS; w++) {
     emu_quad(R.ll[w], 0);
     for (uint32_t L = 0; L < 32; L++)
-      for (uint32_t hl = 0; hl < 2; hl++) {
-        uint32_t r = R.rr[w][L][hl];
-        if (r >= p.rows)
-          continue;
-        uint32_t pr = p.row0 + r;
-        uint64_t qrow = kvs__pf_qrow(q0, pr, ratio, a->num_heads, h);
-        char *orow = (char *)a->out + qrow * D * 2;
-        float inv = R.ll[w][L][hl] > 0.f ? 1.f / R.ll[w][L][hl] : 0.f;
-        for (uint32_t i = 0; i < DT; i++) {
-          uint32_t v = emu_pack(dt, o[w * DT + i][L][2 * hl] * inv,
-                                o[w * DT + i][L][2 * hl + 1] * inv);
-          memcpy(orow + (8 * i + kvs__pf_acc_col(L, 0)) * 2, &v, 4);
-        }
+      for (uint32_t e = 0; e < 4; e++) {
+        float l = R.ll[w][L][e >> 1], inv = span ? 1.f : l > 0.f ? 1.f / l : 0.f;
+        for (uint32_t i = 0; i < DT; i++)
+          o[w * DT + i][L][e] *= inv;
       }
+    emu_store(a, s, h, &p, &R, w, o + w * DT, span, z, parts);
   }
   free(o);
   free(sc);
@@ -956,7 +1002,8 @@ static float emu_unit(float vmax) {
 }
 
 static void emu_cta_q(const kvs_attn_args *a, uint32_t h, uint32_t bx,
-                      emu_smem *m, int plant) {
+                      uint32_t span, uint32_t z, uint32_t parts, emu_smem *m,
+                      int plant) {
   const kvs_paged_kv *kv = &a->kv;
   const uint32_t D = kv->head_dim, qt = a->qo_dtype, BM = KVS__PF_BM;
   const int q8 = kv->dtype == KVS_DTYPE_INT8;
@@ -964,9 +1011,13 @@ static void emu_cta_q(const kvs_attn_args *a, uint32_t h, uint32_t bx,
   const uint32_t ratio = a->num_heads / kv->num_kv_heads;
   uint32_t s;
   kvs__pf_plan p;
-  if (!emu_cta_plan(a, h, bx, BN, &s, &p))
+  if (!emu_cta_plan(a, h, bx, BN, span, &s, &p))
     return;
   const uint32_t q0 = a->q_start[s];
+  uint32_t kt0, kt1;
+  kvs__pf_split_tiles(&p, span, BN, z, &kt0, &kt1);
+  if (kt0 >= kt1)
+    return;
   memset(m->h, 0xff, (size_t)kvs__pf_smem_for(kv->dtype, D)); /* NaN */
   m->n_cp = m->committed = 0;
   const uint32_t sQ = 0, sK = BM * D * 2, sV = sK + BN * D * 2;
@@ -1004,29 +1055,35 @@ static void emu_cta_q(const kvs_attn_args *a, uint32_t h, uint32_t bx,
   }
   m->committed++;
   static emu_pq kreg, vreg;
-  emu_pq_fetch(&kreg, a, bt, kv->k_offset, h, 0, p.n_keys);
-  emu_pq_fetch(&vreg, a, bt, kv->v_offset, h, 0, p.n_keys);
+  emu_pq_fetch(&kreg, a, bt, kv->k_offset, h, kt0 * BN, p.n_keys);
+  emu_pq_fetch(&vreg, a, bt, kv->v_offset, h, kt0 * BN, p.n_keys);
 
   const float scale2 = a->scale * 1.44269504088896341f;
   float (*o)[32][4] = calloc((size_t)KVS__PF_WARPS * DT, sizeof *o);
   float (*sc)[32][4] = calloc((size_t)KVS__PF_WARPS * NT, sizeof *sc);
-  float wl[KVS__PF_WARPS][32][2], unit = 1.f;
+  float wl[KVS__PF_WARPS][32][2], ma[KVS__PF_WARPS][32][2], un[KVS__PF_WARPS][32][2];
   static emu_rows R;
   emu_rows_init(&R, a, s, &p);
   memset(wl, 0, sizeof wl);
-  for (uint32_t kt = 0; kt < p.n_ktiles; kt++) {
+  memset(ma, 0, sizeof ma);
+  for (uint32_t w = 0; w < KVS__PF_WARPS; w++)
+    for (uint32_t L = 0; L < 32; L++)
+      un[w][L][0] = un[w][L][1] = 1.f;
+  for (uint32_t kt = kt0; kt < kt1; kt++) {
     emu_pq_put(m, sK, kscl, koff, &kreg, a, qt, 0, kt * BN, p.n_keys, plant);
-    if (kt == 0)
+    if (kt == kt0)
       emu_wait(m, 0);
     emu_bf16 = qt == KVS_DTYPE_BF16; /* Q.K^T in the q/out dtype */
     for (uint32_t w = 0; w < KVS__PF_WARPS; w++) {
       float (*S)[32][4] = sc + w * NT;
       memset(S, 0, sizeof *sc * NT);
       for (uint32_t ks = 0; ks < KS; ks++) {
+        /* int8: the low halves every tile; fp8: Q once (QREG) */
         for (uint32_t L = 0; L < 32; L++)
           off[L] = sQ + kvs__pf_smem_off(D, 16 * w + kvs__pf_ldq_row(L),
                                         kvs__pf_ldq_chunk(L, ks));
-        emu_ldsm(m->h, off, 0, q8 ? al : qf[w * KS + ks]);
+        if (q8 || kt == kt0)
+          emu_ldsm(m->h, off, 0, q8 ? al : qf[w * KS + ks]);
         for (uint32_t np = 0; np < NT / 2; np++) {
           for (uint32_t L = 0; L < 32; L++)
             off[L] = sK + kvs__pf_smem_off(D, kvs__pf_ldk_row(L, np),
@@ -1038,7 +1095,7 @@ static void emu_cta_q(const kvs_attn_args *a, uint32_t h, uint32_t bx,
         }
       }
     }
-    if (kt + 1 < p.n_ktiles)
+    if (kt + 1 < kt1)
       emu_pq_fetch(&kreg, a, bt, kv->k_offset, h, (kt + 1) * BN, p.n_keys);
     const int masked = kvs__pf_tile_masked(&p, kt);
     for (uint32_t w = 0; w < KVS__PF_WARPS; w++) {
@@ -1053,27 +1110,39 @@ static void emu_cta_q(const kvs_attn_args *a, uint32_t h, uint32_t bx,
       emu_softmax(S, NT, kt * BN, masked, scale2, &R, w);
     }
     emu_pq_put(m, sV, vscl, voff, &vreg, a, KVS_DTYPE_FP16, 1, kt * BN, p.n_keys, plant);
-    float vmax = 0.f;
-    for (uint32_t c = 0; c < BN; c++)
-      vmax = fmaxf(vmax, vscl[c]);
-    const float tu = emu_unit(vmax), rescale = tu / unit;
-    unit = tu;
     emu_bf16 = 0; /* P.V in fp16 */
     for (uint32_t w = 0; w < KVS__PF_WARPS; w++) {
-      float (*S)[32][4] = sc + w * NT;
+      float (*S)[32][4] = sc + w * NT, mx[32][2], ws[32][2];
       for (uint32_t L = 0; L < 32; L++) {
-        float ws[2] = {0.f, 0.f};
-        for (uint32_t i = 0; i < DT; i++)
-          for (uint32_t e = 0; e < 4; e++)
-            o[w * DT + i][L][e] = o[w * DT + i][L][e] * R.al[w][L][e >> 1] * rescale;
+        ws[L][0] = ws[L][1] = mx[L][0] = mx[L][1] = 0.f;
         for (uint32_t n = 0; n < NT; n++)
           for (uint32_t e = 0; e < 4; e++) {
             uint32_t col = 8 * n + kvs__pf_acc_col(L, e);
-            ws[e >> 1] += S[n][L][e] * voff[col];
-            S[n][L][e] *= vscl[col] * tu;
+            float pw = S[n][L][e];
+            float x = pw == 0.f ? 0.f : pw * vscl[col];
+            float y = pw == 0.f ? 0.f : pw * voff[col];
+            S[n][L][e] = x;
+            ws[L][e >> 1] += y;
+            mx[L][e >> 1] = fmaxf(mx[L][e >> 1], x);
           }
+      }
+      emu_quad(mx, 1);
+      for (uint32_t L = 0; L < 32; L++) {
+        float nu[2], rs[2];
+        for (uint32_t hl = 0; hl < 2; hl++) {
+          ma[w][L][hl] = fmaxf(ma[w][L][hl] * R.al[w][L][hl], mx[L][hl]);
+          nu[hl] = emu_unit(ma[w][L][hl]);
+          rs[hl] = R.al[w][L][hl] * (nu[hl] / un[w][L][hl]);
+          un[w][L][hl] = nu[hl];
+        }
+        for (uint32_t i = 0; i < DT; i++)
+          for (uint32_t e = 0; e < 4; e++)
+            o[w * DT + i][L][e] *= rs[e >> 1];
+        for (uint32_t n = 0; n < NT; n++)
+          for (uint32_t e = 0; e < 4; e++)
+            S[n][L][e] *= nu[e >> 1];
         for (uint32_t hl = 0; hl < 2; hl++)
-          wl[w][L][hl] = wl[w][L][hl] * R.al[w][L][hl] + ws[hl];
+          wl[w][L][hl] = wl[w][L][hl] * R.al[w][L][hl] + ws[L][hl];
       }
       for (uint32_t kk = 0; kk < BN / 16; kk++) {
         for (uint32_t L = 0; L < 32; L++)
@@ -1093,7 +1162,7 @@ static void emu_cta_q(const kvs_attn_args *a, uint32_t h, uint32_t bx,
         }
       }
     }
-    if (kt + 1 < p.n_ktiles)
+    if (kt + 1 < kt1)
       emu_pq_fetch(&vreg, a, bt, kv->v_offset, h, (kt + 1) * BN, p.n_keys);
   }
   for (uint32_t w = 0; w < KVS__PF_WARPS; w++) {
@@ -1103,8 +1172,8 @@ static void emu_cta_q(const kvs_attn_args *a, uint32_t h, uint32_t bx,
     for (uint32_t L = 0; L < 32; L++)
       for (uint32_t i = 0; i < DT; i++)
         for (uint32_t e = 0; e < 4; e++) {
-          float l = R.ll[w][L][e >> 1], inv = l > 0.f ? 1.f / l : 0.f;
-          O[i][L][e] = (O[i][L][e] * (1.f / unit) + wl[w][L][e >> 1]) * inv;
+          float l = R.ll[w][L][e >> 1], inv = span ? 1.f : l > 0.f ? 1.f / l : 0.f;
+          O[i][L][e] = (O[i][L][e] * (1.f / un[w][L][e >> 1]) + wl[w][L][e >> 1]) * inv;
         }
     if (q8) {
       for (uint32_t L = 0; L < 32; L++)
@@ -1135,18 +1204,7 @@ static void emu_cta_q(const kvs_attn_args *a, uint32_t h, uint32_t bx,
                 O[i + hi][L][e] = x0 - x1;
               }
     }
-    for (uint32_t L = 0; L < 32; L++)
-      for (uint32_t hl = 0; hl < 2; hl++) {
-        uint32_t r = R.rr[w][L][hl];
-        if (r >= p.rows)
-          continue;
-        uint64_t qrow = kvs__pf_qrow(q0, p.row0 + r, ratio, a->num_heads, h);
-        char *orow = (char *)a->out + qrow * D * 2;
-        for (uint32_t i = 0; i < DT; i++) {
-          uint32_t v = emu_pack(qt, O[i][L][2 * hl], O[i][L][2 * hl + 1]);
-          memcpy(orow + (8 * i + kvs__pf_acc_col(L, 0)) * 2, &v, 4);
-        }
-      }
+    emu_store(a, s, h, &p, &R, w, O, span, z, parts);
   }
   emu_bf16 = 0;
   free(o);
@@ -1154,10 +1212,11 @@ static void emu_cta_q(const kvs_attn_args *a, uint32_t h, uint32_t bx,
   free(qf);
 }
 
-/* The emulated kernel over a whole grid, against the twin and the naive
- * reference: excess over the twin's tolerance. */
-static double emu_grid_case(const tg_params *pp, const tg_ragged *bt,
-                            int plant, double *e_ref) {
+/* The emulated kernel (emulate) or the model over a whole grid, split over
+ * spans of `span` keys (0: not split) and merged, against the twin and the
+ * naive reference: excess over the twin's tolerance (*nsplit: the splits). */
+static double grid_case(const tg_params *pp, const tg_ragged *bt, uint32_t span,
+                        int emulate, int plant, double *e_ref, uint32_t *nsplit) {
   uint32_t lens[8];
   tg_case c;
   if (tg_ragged_case(&c, pp, bt, lens)) {
@@ -1174,17 +1233,31 @@ static double emu_grid_case(const tg_params *pp, const tg_ragged *bt,
   CHECK(kvs_cpu_prefill_attention(&a, NULL) == 0, "twin");
   tg_naive(&c, ref);
   a.out = got;
+  uint32_t parts = span ? (a.max_seq_len + span - 1) / span : 1;
+  if (span) { /* the workspace NaN: a partial read but never written shows */
+    a.workspace_bytes = kvs_attn_workspace_bytes(&a);
+    a.workspace = tg_xmalloc(a.workspace_bytes);
+    memset(a.workspace, 0xff, a.workspace_bytes);
+  }
   emu_smem m = {tg_xmalloc(kvs__pf_smem_for(p.dtype, p.head_dim)), NULL, 0, 0, 0};
   emu_bf16 = p.dtype == KVS_DTYPE_BF16;
   uint64_t gx = kvs__pf_grid_x(a.num_rows, a.num_seqs, p.ratio);
-  for (uint32_t h = 0; h < p.num_kv_heads; h++)
-    for (uint32_t bx = 0; bx < gx; bx++) {
-      if (kvs_dtype_quantized(p.dtype))
-        emu_cta_q(&a, h, bx, &m, plant);
-      else
-        emu_cta(&a, h, bx, &m, plant);
-    }
+  for (uint32_t z = 0; z < parts && emulate; z++)
+    for (uint32_t h = 0; h < p.num_kv_heads; h++)
+      for (uint32_t bx = 0; bx < gx; bx++) {
+        if (kvs_dtype_quantized(p.dtype))
+          emu_cta_q(&a, h, bx, span, z, parts, &m, plant);
+        else
+          emu_cta(&a, h, bx, span, z, parts, &m, plant);
+      }
   emu_bf16 = 0;
+  if (!emulate)
+    CHECK(kvs__flash_model(&a, (uint32_t)gx, p.num_kv_heads, parts, span, plant) == 0,
+          "model");
+  *nsplit = parts;
+  if (span)
+    kvs__flash_model_merge(&a, parts, span);
+  free(a.workspace);
   double x = tg_twin_excess(got, twin, p.qo_dtype, n);
   *e_ref = tg_max_err(got, p.qo_dtype, ref, n);
   free(m.h);
@@ -1196,6 +1269,54 @@ static double emu_grid_case(const tg_params *pp, const tg_ragged *bt,
   return x;
 }
 
+/* ---- 2b. splits over long prefixes ----------------------------------------- */
+
+/*
+ * The model split over its keys (spans of 256 and 512: grid.z splits, each
+ * writing its rows' partials to the workspace) and merged as the merge
+ * kernel does, against the twin: long prefixes, a request shorter than one
+ * span among long ones, chunk 1, q_len 0; every cache dtype the kernel
+ * takes.  The workspace starts as NaN (a partial the merge reads but no
+ * split wrote would show), and so does the output.  A planted fault (a
+ * split that skips its last key tile) must be caught.
+ */
+static const tg_ragged split_batches[] = {
+    {4, {1300, 0, 700, 100}, {40, 300, 1, 0}},
+    {3, {2000, 511, 0}, {64, 2, 9}},
+};
+
+static void test_split(void) {
+  static const uint32_t dts[][2] = {{KVS_DTYPE_FP16, KVS_DTYPE_FP16},
+                                    {KVS_DTYPE_BF16, KVS_DTYPE_BF16},
+                                    {KVS_DTYPE_INT8, KVS_DTYPE_FP16},
+                                    {KVS_DTYPE_FP8, KVS_DTYPE_BF16}};
+  int k = 0;
+  for (int i = 0; i < 4; i++)
+    for (uint32_t span = 256; span <= 512; span *= 2, k++) {
+      tg_params p = {.block_size = k % 2 ? 32 : 16, .num_kv_heads = 2,
+                     .head_dim = k % 3 ? 64 : 128, .ratio = k % 2 ? 4 : 1,
+                     .dtype = dts[i][0], .qo_dtype = dts[i][1], .num_layers = 1,
+                     .spare_blocks = 2, .q_scale = k % 2 ? 4.f : 1.f,
+                     .seed = 17000 + (uint64_t)k};
+      if (KVS_ASAN && p.head_dim == 128)
+        p.head_dim = 64; /* time: the plain build runs D 128 */
+      double e;
+      uint32_t ns;
+      double x = grid_case(&p, &split_batches[k % 2], span, 0, KVS__FLASH_PLANT_NONE, &e, &ns);
+      int ok = x <= 1.0 && e <= tg_tol(p.qo_dtype);
+      printf("%s split %s/%s D=%-3u ratio=%u span %u (%u splits) batch %d: vs twin "
+             "%.2f of the tolerance, vs naive %.2e\n",
+             ok ? "ok  " : "FAIL", kvs_dtype_name(p.dtype), kvs_dtype_name(p.qo_dtype),
+             p.head_dim, p.ratio, span, ns, k % 2, x, e);
+      failures += !ok;
+    }
+  tg_params p = plant_params(9400);
+  double e;
+  uint32_t ns;
+  report_plant("planted fault", "a split that stops one key tile short",
+               grid_case(&p, &split_batches[0], 256, 0, KVS__FLASH_PLANT_SPLIT, &e, &ns));
+}
+
 /* Smaller batches than the model's (the emulation is slow under ASan):
  * prefix 0 and off the tile, chunk 1, q_len 0 with and without keys, more
  * than one query and key tile. */
@@ -1205,6 +1326,7 @@ static const tg_ragged emu_batches[] = {
 };
 
 static void test_emulated_kernel(void) {
+  uint32_t ns;
   /* GQA groups that straddle tiles (3, 6), a block size not a power of 2 */
   static const uint32_t dims[] = {64, 128, 256}, ratios[] = {1, 8, 3, 6, 4, 2};
   static const uint32_t bss[] = {16, 32, 24};
@@ -1216,7 +1338,7 @@ static void test_emulated_kernel(void) {
                      .qo_dtype = dt, .num_layers = 2, .layer = (uint32_t)k % 2,
                      .spare_blocks = 3, .q_scale = k % 2 ? 4.f : 1.f,
                      .seed = 15000 + (uint64_t)k};
-      double e, x = emu_grid_case(&p, &emu_batches[k % 2], EMU_PLANT_NONE, &e);
+      double e, x = grid_case(&p, &emu_batches[k % 2], 0, 1, EMU_PLANT_NONE, &e, &ns);
       report_case("emulated kernel", &p, k % 2, x, e);
     }
   /* int8/fp8 caches: both q/out dtypes, head_dim 64 and 128 */
@@ -1228,7 +1350,7 @@ static void test_emulated_kernel(void) {
                        .qo_dtype = qo, .num_layers = 2, .layer = (uint32_t)k % 2,
                        .spare_blocks = 3, .q_scale = k % 2 ? 4.f : 1.f,
                        .seed = 15000 + (uint64_t)k};
-        double e, x = emu_grid_case(&p, &emu_batches[k % 2], EMU_PLANT_NONE, &e);
+        double e, x = grid_case(&p, &emu_batches[k % 2], 0, 1, EMU_PLANT_NONE, &e, &ns);
         report_case(qo == KVS_DTYPE_FP16 ? "emulated kernel q/out fp16"
                                          : "emulated kernel q/out bf16",
                     &p, k % 2, x, e);
@@ -1246,9 +1368,126 @@ static void test_emulated_kernel(void) {
   for (int i = 0; i < 4; i++) {
     tg_params p = plant_params(9300 + (uint64_t)i);
     p.dtype = plants[i].dt;
-    double e, x = emu_grid_case(&p, &emu_batches[0], plants[i].plant, &e);
+    double e, x = grid_case(&p, &emu_batches[0], 0, 1, plants[i].plant, &e, &ns);
     report_plant("planted fault in the emulated kernel", plants[i].what, x);
   }
+  /* split over long prefixes: each split's partials written lane by lane
+   * as the kernel's epilogue does, then merged */
+  static const tg_ragged long_batch = {3, {700, 0, 300}, {40, 9, 1}};
+  static const uint32_t split_dt[][2] = {{KVS_DTYPE_FP16, KVS_DTYPE_FP16},
+                                         {KVS_DTYPE_INT8, KVS_DTYPE_BF16},
+                                         {KVS_DTYPE_FP8, KVS_DTYPE_FP16}};
+  for (int i = 0; i < 3; i++) {
+    tg_params p = {.block_size = 16, .num_kv_heads = 2, .head_dim = 64,
+                   .ratio = i == 1 ? 1 : 4, .dtype = split_dt[i][0],
+                   .qo_dtype = split_dt[i][1], .num_layers = 1, .spare_blocks = 2,
+                   .q_scale = 2.f, .seed = 16000 + (uint64_t)i};
+    double e, x = grid_case(&p, &long_batch, 256, 1, EMU_PLANT_NONE, &e, &ns);
+    report_case("emulated kernel, split over spans of 256", &p, 0, x, e);
+  }
+}
+
+/* ---- 3d. value scales the rows do not all see ------------------------------ */
+
+/*
+ * Review findings, kept as tests: (1) a value row whose scales are NaN (a
+ * row that overflowed when written) must turn NaN only the rows that see
+ * it, as in the twin, not the earlier rows of its tile, whose weight for it
+ * is 0; (2) a value scale 2^20 times the others at a key the earlier rows
+ * do not see must not cost those rows their precision (a unit per tile
+ * from its largest scale made their products subnormal).  Request 0's new
+ * rows are at positions 100..163; key 150's value scales (kv head 0) are
+ * changed in the pool after it is written.  The model and the emulated
+ * kernel against the twin, NaN where and only where the twin has NaN.
+ */
+static void poke_vscale(const kvs_attn_args *a, uint32_t s, uint32_t j,
+                        uint32_t h, int nan, float factor) {
+  const kvs_paged_kv *kv = &a->kv;
+  uint32_t blk = a->block_tables[(uint64_t)s * a->max_blocks_per_seq + j / kv->block_size];
+  float *f = (float *)((char *)kv->base + (uint64_t)blk * kv->block_stride +
+                       kv->v_offset + kv->scale_offset +
+                       ((uint64_t)(j % kv->block_size) * kv->num_kv_heads + h) *
+                           kvs_scale_floats(kv->dtype) * 4);
+  for (uint32_t i = 0; i < kvs_scale_floats(kv->dtype); i++)
+    f[i] = nan ? NAN : f[i] * factor;
+}
+
+/* max excess over the twin's tolerance where both are numbers; 1e30 when
+ * NaN sits in one and not the other */
+static double nan_aware_excess(const void *got, const void *twin, uint32_t dt,
+                               size_t n, size_t *nans) {
+  double worst = 0;
+  *nans = 0;
+  for (size_t i = 0; i < n; i++) {
+    float g, t;
+    kvs_convert(&g, KVS_DTYPE_FP32, (const char *)got + 2 * i, dt, 1);
+    kvs_convert(&t, KVS_DTYPE_FP32, (const char *)twin + 2 * i, dt, 1);
+    if (isnan(g) || isnan(t)) {
+      if (isnan(g) != isnan(t))
+        return 1e30;
+      ++*nans;
+      continue;
+    }
+    double x = fabs((double)g - t) / tg_twin_tol(dt, t);
+    worst = x > worst ? x : worst;
+  }
+  return worst;
+}
+
+static void test_scales(void) {
+  static const tg_ragged bt = {2, {100, 30}, {64, 40}};
+  static const uint32_t dts[][2] = {{KVS_DTYPE_INT8, KVS_DTYPE_FP16},
+                                    {KVS_DTYPE_FP8, KVS_DTYPE_BF16}};
+  for (int i = 0; i < 2; i++)
+    for (int what = 0; what < 2; what++) {
+      tg_params pp = {.block_size = 16, .num_kv_heads = 2, .head_dim = 64,
+                      .ratio = 2, .dtype = dts[i][0], .qo_dtype = dts[i][1],
+                      .num_layers = 1, .spare_blocks = 2, .q_scale = 1.f,
+                      .seed = 18000 + (uint64_t)(2 * i + what)};
+      uint32_t lens[8];
+      tg_case c;
+      if (tg_ragged_case(&c, &pp, &bt, lens)) {
+        CHECK(0, "case refused");
+        return;
+      }
+      tg_params p = c.p;
+      size_t n = (size_t)c.num_rows * c.num_heads * p.head_dim;
+      void *twin = tg_xmalloc(n * 2), *got = tg_xmalloc(n * 2);
+      kvs_attn_args a;
+      tg_case_args(&c, &a, c.pool, twin, c.q, c.seq_lens, c.q_start, c.tables);
+      poke_vscale(&a, 0, 150, 0, what == 0, 1048576.f);
+      CHECK(kvs_cpu_prefill_attention(&a, NULL) == 0, "twin");
+      uint64_t gx = kvs__pf_grid_x(a.num_rows, a.num_seqs, p.ratio);
+      for (int emu = 0; emu < 2; emu++) {
+        memset(got, 0xff, n * 2);
+        a.out = got;
+        if (emu) {
+          emu_smem m = {tg_xmalloc(kvs__pf_smem_for(p.dtype, p.head_dim)), NULL, 0, 0, 0};
+          for (uint32_t h = 0; h < p.num_kv_heads; h++)
+            for (uint32_t bx = 0; bx < gx; bx++)
+              emu_cta_q(&a, h, bx, 0, 0, 1, &m, EMU_PLANT_NONE);
+          free(m.h);
+          free(m.cp);
+        } else {
+          CHECK(kvs__flash_model(&a, (uint32_t)gx, p.num_kv_heads, 1, 0,
+                                 KVS__FLASH_PLANT_NONE) == 0, "model");
+        }
+        size_t nans;
+        double x = nan_aware_excess(got, twin, p.qo_dtype, n, &nans);
+        /* what == 0: the twin has NaN rows (those at or past key 150) */
+        int ok = x <= 1.0 && (what ? nans == 0 : nans > 0);
+        printf("%s %s %s/%s, key 150's value scales %s: vs twin %.2f of the "
+               "tolerance, %zu NaN outputs as the twin\n",
+               ok ? "ok  " : "FAIL", emu ? "emulated kernel" : "model",
+               kvs_dtype_name(p.dtype), kvs_dtype_name(p.qo_dtype),
+               what ? "x 2^20" : "NaN", x, nans);
+        failures += !ok;
+        a.out = twin;
+      }
+      free(twin);
+      free(got);
+      tg_case_free(&c);
+    }
 }
 
 /* ---- 4. the launcher, on the stand-in driver ------------------------------ */
@@ -1267,7 +1506,7 @@ static void *dev_copy(const void *host, size_t bytes) {
 /* One prefill call through kvs_cuda_prefill_attention: expect the flash
  * kernel or not; the result against the twin. */
 static void standin_case(const tg_params *pp, const tg_ragged *bt,
-                         int want_flash) {
+                         int want_flash, int want_split) {
   uint32_t lens[8];
   tg_case c;
   if (tg_ragged_case(&c, pp, bt, lens)) {
@@ -1289,19 +1528,30 @@ static void standin_case(const tg_params *pp, const tg_ragged *bt,
   kvs_attn_args g;
   tg_case_args(&c, &g, d_pool, d_out, d_q, d_lens, d_qs, d_tab);
   CHECK(kvs_cuda_memset(d_out, 0xff, n * qes) == 0, "memset");
+  void *d_ws = NULL;
+  if (want_split) { /* a workspace (NaN): the launcher may split */
+    g.workspace_bytes = kvs_attn_workspace_bytes(&g);
+    d_ws = dev_copy(NULL, g.workspace_bytes);
+    CHECK(kvs_cuda_memset(d_ws, 0xff, g.workspace_bytes) == 0, "memset");
+    g.workspace = d_ws;
+  }
   kvs__cuda_attn_last_flash = 2; /* neither: the launcher must say */
+  kvs__cuda_attn_last_nsplit = 0;
   int rc = kvs_cuda_prefill_attention(&g, NULL);
   CHECK(rc == 0, "prefill: %s", kvs_strerror(rc));
   CHECK(kvs_cuda_sync(NULL) == 0, "sync");
   CHECK(kvs_cuda_memcpy_dtoh(got, d_out, n * qes) == 0, "dtoh");
   double x = tg_twin_excess(got, twin, p.qo_dtype, n);
-  int ok = rc == 0 && x <= 1.0 && (int)kvs__cuda_attn_last_flash == want_flash;
+  int ok = rc == 0 && x <= 1.0 && (int)kvs__cuda_attn_last_flash == want_flash &&
+           (!want_split || kvs__cuda_attn_last_nsplit > 1);
   printf("%s stand-in knob=%d kv=%s qo=%s D=%-3u ratio=%u: %s kernel (want %s), "
-         "vs twin %.2f of the tolerance\n",
+         "%u split(s)%s, vs twin %.2f of the tolerance\n",
          ok ? "ok  " : "FAIL", kvs__cuda_prefill_flash, kvs_dtype_name(p.dtype),
          kvs_dtype_name(p.qo_dtype), p.head_dim, p.ratio,
          kvs__cuda_attn_last_flash == 1 ? "flash" : "old",
-         want_flash ? "flash" : "old", x);
+         want_flash ? "flash" : "old", kvs__cuda_attn_last_nsplit,
+         want_split ? " (want more than 1)" : "", x);
+  kvs_cuda_free(d_ws);
   failures += !ok;
   kvs_cuda_free(d_pool);
   kvs_cuda_free(d_q);
@@ -1337,7 +1587,7 @@ static int test_launcher(void) {
                  .ratio = 4, .dtype = KVS_DTYPE_FP16, .qo_dtype = KVS_DTYPE_FP16,
                  .num_layers = 2, .layer = 1, .spare_blocks = 2, .q_scale = 2.f,
                  .seed = 31};
-  standin_case(&p, &batches[0], 0); /* knob off: the old kernel */
+  standin_case(&p, &batches[0], 0, 0); /* knob off: the old kernel */
   kvs__cuda_prefill_flash = 1;
   static const struct {
     uint32_t dt, qo, dim, ratio, bs;
@@ -1366,8 +1616,28 @@ static int test_launcher(void) {
     p.ratio = shapes[i].ratio;
     p.block_size = shapes[i].bs;
     p.seed = 40 + i;
-    standin_case(&p, &batches[(i + 1) % 3], shapes[i].flash);
+    standin_case(&p, &batches[(i + 1) % 3], shapes[i].flash, 0);
   }
+  /* few tiles over long prefixes, a workspace: split (the stand-in's 4
+   * "SMs" want 16 CTAs), merged by kvs_prefill_flash_merge_kernel; with
+   * kvs__cuda_prefill_flash_split = 0 not */
+  static const tg_ragged few = {3, {1400, 900, 0}, {8, 1, 5}};
+  static const uint32_t split_dts[][2] = {{KVS_DTYPE_FP16, KVS_DTYPE_FP16},
+                                          {KVS_DTYPE_INT8, KVS_DTYPE_BF16},
+                                          {KVS_DTYPE_FP8, KVS_DTYPE_FP16}};
+  for (int i = 0; i < 3; i++) {
+    p.dtype = split_dts[i][0];
+    p.qo_dtype = split_dts[i][1];
+    p.head_dim = i == 1 ? 64 : 128;
+    p.ratio = i == 2 ? 1 : 4;
+    p.block_size = 16;
+    p.seed = 60 + i;
+    standin_case(&p, &few, 1, 1);
+  }
+  kvs__cuda_prefill_flash_split = 0;
+  standin_case(&p, &few, 1, 0);
+  CHECK(kvs__cuda_attn_last_nsplit == 1, "split with the split knob off");
+  kvs__cuda_prefill_flash_split = 1;
   kvs__cuda_prefill_flash = 0;
   return 0;
 }
@@ -1386,10 +1656,12 @@ int main(void) {
   test_schedule();
   test_fragments();
   test_model();
+  test_split();
   test_launcher();
   /* (after the launcher: in this order LeakSanitizer's exit scan passed
    * even with TLS scanned; see __lsan_default_options above) */
   test_emulated_kernel();
+  test_scales();
   printf("%s: %d failure(s)\n", failures ? "FAIL" : "PASS", failures);
   return failures ? 1 : 0;
 }
