@@ -392,15 +392,17 @@ static int flash_prefill(const kvs_attn_args *a, uint32_t ratio, void *stream) {
   uint32_t D = kv->head_dim;
   uint64_t gx = kvs__pf_grid_x(a->num_rows, a->num_seqs, ratio);
   uint32_t parts = kvs__attn_parts(a->max_seq_len), nsplit = 1, span = 0;
+  /* (the partials are stored as float pairs: an 8-byte aligned workspace) */
   if (kvs__cuda_prefill_flash_split && parts > 1 && a->workspace &&
+      (uintptr_t)a->workspace % 8 == 0 &&
       a->workspace_bytes >= kvs_attn_workspace_bytes(a)) {
     uint64_t ctas = gx * kv->num_kv_heads, want = 4 * (uint64_t)dev_sms;
     if (ctas < want) {
-      uint64_t k = (want + ctas - 1) / ctas;
-      uint32_t cand = k < parts ? (uint32_t)k : parts;
-      uint32_t per = (a->max_seq_len + cand - 1) / cand;
-      span = (per + KVS__ATTN_PART - 1) / KVS__ATTN_PART * KVS__ATTN_PART;
-      nsplit = (a->max_seq_len + span - 1) / span;
+      uint64_t k = (want + ctas - 1) / ctas, len = a->max_seq_len;
+      uint64_t cand = k < parts ? k : parts;
+      uint64_t per = (len + cand - 1) / cand;
+      span = (uint32_t)((per + KVS__ATTN_PART - 1) / KVS__ATTN_PART * KVS__ATTN_PART);
+      nsplit = (uint32_t)((len + span - 1) / span);
       if (nsplit <= 1) {
         nsplit = 1;
         span = 0;

@@ -574,11 +574,11 @@ __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a,
       sc[n][1] = exp2f(sc[n][1] - mu_lo);
       sc[n][2] = exp2f(sc[n][2] - mu_hi);
       sc[n][3] = exp2f(sc[n][3] - mu_hi);
-      sum_lo += sc[n][0] + sc[n][1];
-      sum_hi += sc[n][2] + sc[n][3];
+      sum_lo = __fadd_rn(sum_lo, __fadd_rn(sc[n][0], sc[n][1]));
+      sum_hi = __fadd_rn(sum_hi, __fadd_rn(sc[n][2], sc[n][3]));
     }
-    l_lo = l_lo * al_lo + sum_lo;
-    l_hi = l_hi * al_hi + sum_hi;
+    l_lo = __fadd_rn(__fmul_rn(l_lo, al_lo), sum_lo); /* no fma: as the model */
+    l_hi = __fadd_rn(__fmul_rn(l_hi, al_hi), sum_hi);
 
     if (KQ) {
       pq_put<T, KQ, D, true>(sV, vscl, voff, vreg, kt * BN, p.n_keys);

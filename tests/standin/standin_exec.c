@@ -1100,6 +1100,12 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
     free(op);
     return r;
   }
+  if (f->kind == K_FLASH_MERGE &&
+      (gx != op->u.kernel.p.attn.a.num_rows || gy != op->u.kernel.p.attn.a.num_heads ||
+       gz != 1)) {
+    free(op); /* one block per (row, query head), as the kernel takes it */
+    return CUDA_ERROR_INVALID_VALUE;
+  }
   if (f->kind == K_FLASH) {
     /* the kernel the launcher picked must be the one for the call's
      * dtypes and head size, with its shared memory: the model would run
