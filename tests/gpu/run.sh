@@ -6,7 +6,8 @@
 #   1. the CUDA kernels against their C twins (test_gpu_cuda, with forced
 #      splits; every cache dtype, int8/fp8 included: the quantizing write
 #      byte for byte, attention over poisoned pools; the flash prefill
-#      kernel, off by default, with its knob on), under
+#      kernel, off by default, with its knob on: 16-bit and int8/fp8
+#      caches, and split over long prefixes), under
 #      compute-sanitizer memcheck when it is there
 #   2. the cuda pool on the real driver: a daemon and 4 workers, K/V written
 #      by one, read, attended and copied by the others, every refusal, kill -9
@@ -16,7 +17,8 @@
 #   3. make demo's workload on the GPU pool (tests/demo.sh, backend auto)
 #   4. the benchmarks: the pool (bench_gpu_pool), GPU decode attention
 #      (bench_attention_gpu, int8/fp8 rows with their tokens/s against fp16
-#      in the same run; prefill TFLOP/s, old kernel vs flash; and against
+#      in the same run; prefill TFLOP/s, old kernel vs flash, fp16 and
+#      int8/fp8, flash without and with its split; and against
 #      PyTorch's SDPA, decode and prefill:
 #      bench_attention_sdpa.py), the CPU attention body (bench_attention), and
 #      device <-> pinned host copies against raw cuMemcpy (bench_tiers gpu)
