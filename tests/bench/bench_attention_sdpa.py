@@ -16,7 +16,9 @@ contiguous [batch][kv head][token][dim] tensors (with enable_gqa).  The
 outputs are compared before anything is timed.
 
 Prefill: batch / cached prefix / new tokens 4/0/2048, 4/4096/512,
-4/8192/2048, 16/1024/256, 32/8 heads, D 128, fp16: kvs_cuda_prefill_attention
+4/8192/2048, 16/1024/256, a chunk sweep 4/0/128..8192, and 1/32768/128,
+2/16384/256 (given a workspace up to 1 GiB: where the flash kernel splits
+long prefixes), 32/8 heads, D 128, fp16: kvs_cuda_prefill_attention
 on the old kernel and on the flash kernel (each in a child process, the
 second with KVS_CUDA_PREFILL_FLASH=1: the knob is read when the kernels
 load) against SDPA with a lower-right causal mask (the new tokens see the
@@ -260,6 +262,11 @@ def gpu_bench():
 
 
 PREFILLS = [(4, 0, 2048), (4, 4096, 512), (4, 8192, 2048), (16, 1024, 256)]
+# issue 26's chunk sweep (batch 4, prefix 0), then few new rows over long
+# prefixes (where the flash kernel splits the keys: the call gets the
+# workspace, as the decode rows do)
+PREFILLS += [(4, 0, q) for q in (128, 256, 512, 1024, 4096, 8192)]
+PREFILLS += [(1, 32768, 128), (2, 16384, 256)]
 
 
 def prefill_rows(which):
@@ -288,6 +295,11 @@ def prefill_rows(which):
         a = args_for(pool.data_ptr(), 2, nblocks, kvh, d, FP16, out.data_ptr(), q.data_ptr(),
                      lens.data_ptr(), tab.data_ptr(), b, h, maxb, n)
         a.q_start, a.num_rows = qstart.data_ptr(), b * qlen
+        wsb = lib.kvs_attn_workspace_bytes(ctypes.byref(a))
+        ws = None  # a workspace up to 1 GiB (as bench_attention_gpu)
+        if 0 < wsb <= 1 << 30:
+            ws = torch.empty(wsb, dtype=torch.uint8, device="cuda")
+            a.workspace, a.workspace_bytes = ws.data_ptr(), ws.numel()
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
 
         def ours():
@@ -322,7 +334,7 @@ def prefill_rows(which):
         print(f"{b}/{prefix}/{qlen:<10} {which:6} {t_ours * 1e3:10.1f} "
               f"{flops / t_ours / 1e9:8.1f} {t_sdpa * 1e3:9.1f} {flops / t_sdpa / 1e9:8.1f} "
               f"{t_sdpa / t_ours:6.2f}x {err:8.2g}", flush=True)
-        del pool, k, v
+        del pool, k, v, ws
 
 
 def prefill_bench():
