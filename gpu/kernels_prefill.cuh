@@ -12,7 +12,10 @@
  * of BN (64; 16 for head_dim 256) with an online softmax.  The schedule —
  * which CTA takes which tile, its positions, its key tiles, which of them
  * are masked — is kvs_prefill_sched.h, shared with the C model the tests
- * run (tests/standin/flash_model.c).
+ * run (tests/standin/flash_model.c).  Few rows over long prefixes: grid.z
+ * splits the keys into spans (kvs__pf_split_tiles); each split stores its
+ * rows' partials in the attention workspace and
+ * kvs_prefill_flash_merge_kernel writes the output.
  *
  * Shared memory (dynamic, (BM + 2 BN) * D * 2 bytes, at most 48 KiB): Q
  * [BM][D], K [BN][D], V [BN][D], each row of D 16-bit elements in 16-byte
