@@ -466,6 +466,21 @@ __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a,
   for (int i = 0; i < DT; i++)
     o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
 
+  /* K or V (plane k_offset or v_offset) of key tile kt + 1 on its way, once
+   * every warp is done with this tile's: int8/fp8 into this thread's
+   * registers, 16-bit by cp.async into the tile (one commit group each,
+   * empty past the last tile) */
+  auto load_next = [&](PqRegs<D> &regs, uint32_t stile, uint64_t plane, uint32_t kt) {
+    if (KQ) {
+      if (kt + 1 < kt1)
+        pq_fetch<KQ, D>(regs, kv, bt, plane, h, (kt + 1) * BN, p.n_keys, bs_pow2, bs_shift);
+    } else {
+      if (kt + 1 < kt1)
+        pf_load_kv<D, BN>(stile, kv, bt, plane + head_off, (kt + 1) * BN, p.n_keys, bs_pow2,
+                          bs_shift);
+      pf_commit();
+    }
+  };
   for (uint32_t kt = kt0; kt < kt1; kt++) {
     if (KQ) {
       pq_put<T, KQ, D, false>(sK, kscl, koff, kreg, kt * BN, p.n_keys);
@@ -526,16 +541,7 @@ __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a,
     }
     const float qs_lo = KQ == 1 ? qsum[r_lo] : 0.f, qs_hi = KQ == 1 ? qsum[r_hi] : 0.f;
     __syncthreads(); /* every warp is done with the K tile */
-    if (KQ) {
-      if (kt + 1 < kt1)
-        pq_fetch<KQ, D>(kreg, kv, bt, kv.k_offset, h, (kt + 1) * BN, p.n_keys, bs_pow2,
-                        bs_shift);
-    } else {
-      if (kt + 1 < kt1)
-        pf_load_kv<D, BN>(sK, kv, bt, kv.k_offset + head_off, (kt + 1) * BN, p.n_keys,
-                          bs_pow2, bs_shift);
-      pf_commit();
-    }
+    load_next(kreg, sK, kv.k_offset, kt);
 
     /* Scale, mask (boundary tiles only), online softmax. */
     const bool masked = kvs__pf_tile_masked(&p, kt);
@@ -691,16 +697,7 @@ __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a,
       }
     }
     __syncthreads(); /* every warp is done with the V tile */
-    if (KQ) {
-      if (kt + 1 < kt1)
-        pq_fetch<KQ, D>(vreg, kv, bt, kv.v_offset, h, (kt + 1) * BN, p.n_keys, bs_pow2,
-                        bs_shift);
-    } else {
-      if (kt + 1 < kt1)
-        pf_load_kv<D, BN>(sV, kv, bt, kv.v_offset + head_off, (kt + 1) * BN, p.n_keys,
-                          bs_pow2, bs_shift);
-      pf_commit();
-    }
+    load_next(vreg, sV, kv.v_offset, kt);
   }
   asm volatile("cp.async.wait_all;\n" ::);
 

@@ -596,10 +596,14 @@ static void emu_load_kv(emu_smem *m, uint32_t tile, const kvs_attn_args *a,
   }
 }
 
-/* A CTA's request and plan (kvs__pf_locate, kvs__pf_plan_tile); 0 for a
- * spare CTA, or for an empty tile, whose zeros it stores. */
-static int emu_cta_plan(const kvs_attn_args *a, uint32_t h, uint32_t bx,
-                        uint32_t BN, uint32_t span, uint32_t *s, kvs__pf_plan *p) {
+/* A CTA's request and plan (kvs__pf_locate, kvs__pf_plan_tile) and, for
+ * split z, its key tiles [*kt0, *kt1); shared memory reset to NaN.  0 for a
+ * spare CTA, for an empty tile (whose zeros it stores unless split), or a
+ * split with no key tile. */
+static int emu_cta_begin(const kvs_attn_args *a, uint32_t h, uint32_t bx,
+                         uint32_t BN, uint32_t span, uint32_t z, emu_smem *m,
+                         uint32_t *s, kvs__pf_plan *p, uint32_t *kt0,
+                         uint32_t *kt1) {
   const uint32_t D = a->kv.head_dim, CH = D / 8;
   const uint32_t ratio = a->num_heads / a->kv.num_kv_heads;
   uint32_t tile;
@@ -617,6 +621,11 @@ static int emu_cta_plan(const kvs_attn_args *a, uint32_t h, uint32_t bx,
     }
     return 0;
   }
+  kvs__pf_split_tiles(p, span, BN, z, kt0, kt1);
+  if (*kt0 >= *kt1)
+    return 0;
+  memset(m->h, 0xff, (size_t)kvs__pf_smem_for(a->kv.dtype, D)); /* NaN until written */
+  m->n_cp = m->committed = 0;
   return 1;
 }
 
@@ -739,17 +748,11 @@ static void emu_cta(const kvs_attn_args *a, uint32_t h, uint32_t bx,
   const uint32_t D = kv->head_dim, dt = kv->dtype, BM = KVS__PF_BM;
   const uint32_t BN = kvs__pf_bn(D), NT = BN / 8, DT = D / 8, KS = D / 16, CH = D / 8;
   const uint32_t ratio = a->num_heads / kv->num_kv_heads;
-  uint32_t s;
+  uint32_t s, kt0, kt1;
   kvs__pf_plan p;
-  if (!emu_cta_plan(a, h, bx, BN, span, &s, &p))
+  if (!emu_cta_begin(a, h, bx, BN, span, z, m, &s, &p, &kt0, &kt1))
     return;
   const uint32_t q0 = a->q_start[s];
-  uint32_t kt0, kt1;
-  kvs__pf_split_tiles(&p, span, BN, z, &kt0, &kt1);
-  if (kt0 >= kt1)
-    return;
-  memset(m->h, 0xff, (size_t)kvs__pf_smem(D)); /* NaN until written */
-  m->n_cp = m->committed = 0;
   const uint32_t sQ = 0, sK = BM * D * 2, sV = sK + BN * D * 2;
   const uint32_t *bt = a->block_tables + (uint64_t)s * a->max_blocks_per_seq;
   const uint64_t head_off = (uint64_t)h * kv->head_stride * 2;
@@ -1012,17 +1015,11 @@ static void emu_cta_q(const kvs_attn_args *a, uint32_t h, uint32_t bx,
   const int q8 = kv->dtype == KVS_DTYPE_INT8;
   const uint32_t BN = KVS__PF_BN_Q, NT = BN / 8, DT = D / 8, KS = D / 16, CH = D / 8;
   const uint32_t ratio = a->num_heads / kv->num_kv_heads;
-  uint32_t s;
+  uint32_t s, kt0, kt1;
   kvs__pf_plan p;
-  if (!emu_cta_plan(a, h, bx, BN, span, &s, &p))
+  if (!emu_cta_begin(a, h, bx, BN, span, z, m, &s, &p, &kt0, &kt1))
     return;
   const uint32_t q0 = a->q_start[s];
-  uint32_t kt0, kt1;
-  kvs__pf_split_tiles(&p, span, BN, z, &kt0, &kt1);
-  if (kt0 >= kt1)
-    return;
-  memset(m->h, 0xff, (size_t)kvs__pf_smem_for(kv->dtype, D)); /* NaN */
-  m->n_cp = m->committed = 0;
   const uint32_t sQ = 0, sK = BM * D * 2, sV = sK + BN * D * 2;
   float kscl[KVS__PF_BN_Q], koff[KVS__PF_BN_Q], vscl[KVS__PF_BN_Q],
       voff[KVS__PF_BN_Q], qsum[KVS__PF_BM];
