@@ -1112,7 +1112,9 @@ __device__ __forceinline__ void attn_merge_body(const kvs_attn_args &a, int pref
     uint32_t qlen = a.q_start[lo + 1] - a.q_start[lo];
     n = qlen > len ? 0 : len - qlen + (row - a.q_start[lo]) + 1;
   }
-  const uint32_t np = (n + span - 1) / span;
+  /* (at most the partitions the workspace holds, should a length break
+   * the max_seq_len contract the host cannot check: no read past it) */
+  const uint32_t np = min((n + span - 1) / span, parts);
   const float *ws = (const float *)a.workspace;
   const uint64_t R = a.num_rows, H = a.num_heads;
   const uint64_t cell0 = ((uint64_t)row * H + hq) * parts;

@@ -342,7 +342,8 @@ void kvs__flash_model_merge(const kvs_attn_args *a, uint32_t parts,
     const uint32_t len = a->seq_lens[s];
     for (uint32_t i = 0; i < q_len; i++) {
       const uint32_t n = q_len > len ? 0 : len - q_len + i + 1;
-      const uint32_t np = (n + span - 1) / span;
+      const uint32_t np0 = (n + span - 1) / span;
+      const uint32_t np = np0 < parts ? np0 : parts; /* (as the kernel) */
       for (uint32_t hq = 0; hq < H; hq++) {
         const uint64_t cell0 = ((uint64_t)(q0 + i) * H + hq) * parts;
         float M = -INFINITY, L = 0.f;
