@@ -46,9 +46,12 @@
  * Poisoned memory: a key or value row past the tile's n_keys (past the
  * request, or past every row's position) is never loaded: its chunks are
  * zero-filled in shared memory.  A masked score is selected to -inf, never
- * computed from a key; its weight is exactly 0 and meets a zero or a real
- * value row, never a NaN.  Q rows past the tile (padding) are zeros and
- * never stored.
+ * computed from a key; its weight is exactly 0 and meets a zero or a value
+ * row the request wrote: poison in unused memory never reaches an output.
+ * A written value row that is itself NaN or infinite (a later token of the
+ * chunk) does reach the rows of its tile that mask it (0 x Inf and 0 x NaN
+ * are NaN on the tensor cores), where the C twin skips it; docs/kernels.md
+ * lists this.  Q rows past the tile (padding) are zeros and never stored.
  */
 #include "kvs_prefill_sched.h"
 
