@@ -155,7 +155,10 @@ int kvs_paged_kv_init(kvs_paged_kv *kv, void *base, const kvs_layout *l,
  * i goes to slot slots[i] = block * block_size + offset; a negative slot is
  * skipped (padding).  Values are converted to the cache dtype (round to
  * nearest even; for int8/fp8 each head's row is quantized with its own scale,
- * kvs_quantize_row).  Two tokens with the same slot: one of them wins.
+ * kvs_quantize_row).  Two tokens with the same slot: one of them wins on
+ * the CPU and for 16/32-bit caches; for an int8/fp8 cache on a GPU the slot
+ * may end with one token's bytes and the other's scale, so pass distinct
+ * slots (vLLM-style slot mappings are).
  */
 typedef struct kvs_write_args {
   kvs_paged_kv kv;

@@ -19,6 +19,9 @@ ifneq ($(NVCC),)
 GPU_FATBIN := $(BUILD)/gpu/kernels.fatbin
 GPU_OBJS   := $(patsubst %.c,$(BUILD)/%.o,$(GPU_SRCS)) $(BUILD)/gpu/cuda_fatbin.o
 
+# No --use_fast_math, -ftz=true or -prec-div=false: the write kernel's
+# bytes must equal its C twin's (test_gpu_cuda), which takes IEEE division
+# and subnormals; CUDA 13 gives the source no macro to check this by.
 $(GPU_FATBIN): gpu/kernels.cu gpu/kernels_prefill.cuh gpu/kvs_prefill_sched.h \
               gpu/kvs_kernels.h gpu/kvs_kernels_int.h shm/kvs_layout.h
 	@mkdir -p $(dir $@)
