@@ -28,16 +28,24 @@ py=${PYTHON:-/usr/bin/python3}
 dir=
 pids=()
 skipped=()
-# Wait until a client gets through to the socket at $1: systemd-socket-
+# Wait until a connection to the socket at $1 is accepted: systemd-socket-
 # activate makes the socket file when it binds, a moment before it listens,
-# and a connection in between is refused (the activator execs the daemon on
-# the first one that is accepted).
+# and a connection in between is refused.  The activator execs the daemon
+# on the first accepted one, which here closes at once.
 await_listen() {
-  for _ in $(seq 50); do
-    "$cli" --socket "$1" ping >/dev/null 2>&1 && return 0
-    sleep 0.1
-  done
-  return 1
+  "$py" - "$1" <<'EOF'
+import socket, sys, time
+for _ in range(50):
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect(sys.argv[1])
+        sys.exit(0)
+    except OSError:
+        time.sleep(0.1)
+    finally:
+        s.close()
+sys.exit(1)
+EOF
 }
 fail() {
   echo "FAIL: $*" >&2
@@ -200,7 +208,7 @@ else
   for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
   [ -S "$sock" ] || fail "systemd-socket-activate made no socket"
   ino=$(stat -c %i "$sock")
-  await_listen "$sock" || fail "no daemon answers on the passed socket"
+  await_listen "$sock" || fail "the activator never listened"
   out=$("$cli" --socket "$sock" stats --check) || fail "stats through the passed socket: exit $?"
   grep -Eq '^num_blocks +64$' <<<"$out" || fail "stats: $out"
   grep -q "socket activation: serving $sock (fd 3" "$dir/act.log" || fail "no 'socket activation' line"
@@ -226,7 +234,7 @@ else
   apid=$!
   pids+=("$apid")
   for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
-  await_listen "$sock" || fail "no daemon answers with --socket elsewhere"
+  await_listen "$sock" || fail "the activator never listened (--socket elsewhere)"
   "$cli" --socket "$sock" ping >/dev/null || fail "ping with --socket elsewhere: exit $?"
   grep -q "warn: socket activation: serving the socket systemd passed, $sock, not the configured socket $dir/other/k.sock" \
     "$dir/act.log" || fail "no warning about --socket"
@@ -243,20 +251,8 @@ else
   apid=$!
   pids+=("$apid")
   for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
-  # (the first accepted connection execs the daemon, which then refuses)
-  "$py" - "$sock" <<'EOF' || fail "two sockets: the activator never listened"
-import socket, sys, time
-for _ in range(50):
-    s = socket.socket(socket.AF_UNIX)
-    try:
-        s.connect(sys.argv[1])
-        sys.exit(0)
-    except OSError:
-        time.sleep(0.1)
-    finally:
-        s.close()
-sys.exit(1)
-EOF
+  # (the daemon this execs must then refuse)
+  await_listen "$sock" || fail "two sockets: the activator never listened"
   "$cli" --socket "$sock" ping >/dev/null 2>&1 && fail "a daemon passed two sockets served"
   wait "$apid"; rc=$?
   [ $rc = 1 ] || fail "two sockets: exit $rc, wanted 1"
