@@ -169,10 +169,14 @@ static void test_attention(void) {
              {128, 4, KVS_DTYPE_FP16}, {128, 8, KVS_DTYPE_BF16},
              {64, 6, KVS_DTYPE_BF16},  {128, 16, KVS_DTYPE_FP16},
              {128, 5, KVS_DTYPE_BF16},
-             /* quantized: partial groups, a 2-lane row (D 32), D 512 */
+             /* quantized: partial groups, a 2-lane row (D 32), D 512;
+              * the smallest and largest rows: one lane (D 16) and two
+              * 16-byte chunks a lane (D 1024) */
              {32, 8, KVS_DTYPE_INT8},   {128, 3, KVS_DTYPE_FP8},
              {128, 6, KVS_DTYPE_INT8},  {512, 2, KVS_DTYPE_FP8},
-             {64, 12, KVS_DTYPE_INT8}};
+             {64, 12, KVS_DTYPE_INT8},  {16, 4, KVS_DTYPE_INT8},
+             {16, 2, KVS_DTYPE_FP8},    {1024, 2, KVS_DTYPE_INT8},
+             {1024, 4, KVS_DTYPE_FP8}};
   for (size_t i = 0; i < sizeof odd / sizeof odd[0]; i++) {
     uint32_t lens[] = {1, 16, 49, 700, 0, 257};
     tg_params p = {.block_size = 16, .num_kv_heads = 2, .head_dim = odd[i].dim,
@@ -346,20 +350,25 @@ static void test_flash_prefill(void) {
  * head_dim 128, and for the quantized dtypes 37 (lanes without elements;
  * int8: a rotation over segments of 32, 4 and 1) and 3200 (int8: three
  * warps, 38400 bytes of shared memory, and segments of 2048, 1024 and
- * 128), and rows with a NaN, an infinity, a constant value, zeros of both
- * signs. */
+ * 128) and 4096 from fp32 (int8: one segment, all 48 KiB of shared
+ * memory), and rows with a NaN, an infinity, a constant value, zeros of
+ * both signs. */
 static void test_write(void) {
   for (uint32_t dt = 0; dt < KVS_DTYPE__COUNT; dt++)
-    for (uint32_t sdt = 0; sdt < 3; sdt++) {
+    for (uint32_t case_ = 0; case_ < 4; case_++) {
       int quant = kvs_dtype_quantized(dt);
+      uint32_t sdt = case_ % 3; /* the sources' dtype */
+      if (case_ == 3 && !quant)
+        continue;
       kvs_layout l = {.block_size = 16, .num_layers = 4, .num_kv_heads = 4,
-                      .head_dim = !quant ? 128 : sdt == 0 ? 128 : sdt == 1 ? 37 : 3200,
+                      .head_dim = !quant ? 128 : case_ == 0 ? 128 : case_ == 1 ? 37
+                                           : case_ == 2 ? 3200 : 4096,
                       .dtype = dt,
                       .num_blocks = 20};
       kvs_layout_finish(&l);
       uint64_t bytes = kvs_pool_bytes(&l);
       char *pool = tg_xmalloc(bytes), *back = tg_xmalloc(bytes);
-      uint64_t rng = 31 + dt * 3 + sdt;
+      uint64_t rng = 31 + dt * 4 + case_;
       for (uint64_t i = 0; i < bytes; i++)
         pool[i] = (char)(tg_next(&rng) & 0x3f); /* finite in every dtype */
       enum { N = 100 };
