@@ -332,14 +332,15 @@ static void test_flash_prefill(void) {
                                           {KVS_DTYPE_BF16, KVS_DTYPE_BF16},
                                           {KVS_DTYPE_INT8, KVS_DTYPE_FP16},
                                           {KVS_DTYPE_FP8, KVS_DTYPE_BF16}};
+  /* (and head dim 256 for the 16-bit caches: i 0 and 1, batch 0) */
   for (int i = 0; i < 4; i++)
-    for (int ib = 0; ib < 2; ib++, k++) {
+    for (int ib = 0; ib < 2 + (i < 2); ib++, k++) {
       tg_params p = {.block_size = k % 2 ? 32 : 16, .num_kv_heads = 2,
-                     .head_dim = ib ? 64 : 128, .ratio = ib ? 1 : 4,
+                     .head_dim = ib == 2 ? 256 : ib ? 64 : 128, .ratio = ib == 1 ? 1 : 4,
                      .dtype = split_dts[i][0], .qo_dtype = split_dts[i][1],
                      .num_layers = 1, .spare_blocks = 2, .q_scale = 2.f,
                      .seed = 12000 + (uint64_t)k};
-      flash_case(&p, &long_batches[ib], 1);
+      flash_case(&p, &long_batches[ib % 2], 1);
     }
   kvs__cuda_prefill_flash = 0;
 }
