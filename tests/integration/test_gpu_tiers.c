@@ -242,6 +242,19 @@ static void host_and_disk(const char *disk, int copies) {
   finish(c);
 }
 
+/* The stand-in's batched copies in one direction ("host to device" or
+ * "device to host") so far, waiting up to 5 s for more than `above` (the
+ * daemon's log is read as it grows). */
+static int batched_copies(const char *dir, int above) {
+  char what[64];
+  int n = 0;
+
+  snprintf(what, sizeof what, "(%s, batched)", dir);
+  for (int i = 0; i < 500 && (n = itest_log_count(&d, what)) <= above; i++)
+    usleep(10000);
+  return n;
+}
+
 static void disk_alone(const char *disk) {
   const char *tail[] = {"--disk-tier", disk, "--disk-tier-bytes", "2M",
                         "--tier-fault", "flip:1,read-eio:2", NULL};
@@ -250,7 +263,10 @@ static void disk_alone(const char *disk) {
   kvs_swap_stats ss;
   uint64_t lost;
 
+  if (!real_gpu)
+    setenv("KVS_STANDIN_REPORT", "1", 1);
   start(tail);
+  unsetenv("KVS_STANDIN_REPORT");
   if (!itest_log_says(&d, "staging buffers pinned")) {
     itest_print_log(&d);
     exit(1);
@@ -269,6 +285,7 @@ static void disk_alone(const char *disk) {
   uint32_t n = FULL * kvs_layout_of(c)->block_size, tok[64];
   kvs_lookup_result lr;
   kvs_alloc_result ar;
+  int out0 = real_gpu ? 0 : batched_copies("device to host", -1);
   for (uint64_t r = 1; r <= NSWAP; r++) {
     prompt_tokens(5000 + (uint32_t)r, tok, n);
     CHECK_OK(c, kvs_lookup(c, r, tok, n, NULL, 0, &lr));
@@ -279,14 +296,30 @@ static void disk_alone(const char *disk) {
     CHECK_OK(c, kvs_swap_out(c, r, &sr));
     CHECK(sr.tokens == n);
   }
+  /* On the stand-in each SwapOut's FULL blocks leave in one batched copy
+   * (demotions may add more of them: this proves swaps do not go block by
+   * block only as far as the count goes); each SwapIn's come back in one,
+   * and nothing else copies to the device while they run (no Lookup). */
+  if (!real_gpu)
+    CHECK(batched_copies("device to host", out0 + NSWAP - 1) >= out0 + NSWAP);
   for (uint32_t p = 100; p < 100 + 32 / FULL; p++) /* the pool cycled */
     compute(c, p);
+  int in0 = real_gpu ? 0 : batched_copies("host to device", -1);
   for (uint64_t r = 1; r <= NSWAP; r++) {
     CHECK_OK(c, kvs_swap_in(c, r, &sr));
     CHECK(sr.tokens == n && sr.lost_tokens == 0 && sr.num_blocks == FULL);
     for (uint32_t i = 0; i < sr.num_blocks; i++)
       CHECK(bad_bytes(c, sr.blocks[i], 5000 + r, i) == 0);
     CHECK_OK(c, kvs_free(c, r));
+  }
+  if (!real_gpu) {
+    int in1 = batched_copies("host to device", in0 + NSWAP - 1);
+    if (in1 != in0 + NSWAP) {
+      itest_print_log(&d);
+      fprintf(stderr, "swap-in: %d batched copies to the device, want %d\n",
+              in1 - in0, NSWAP);
+      exit(1);
+    }
   }
   CHECK_OK(c, kvs_swap_stats_get(c, &ss));
   fprintf(stderr, "swap: %llu blocks out, %llu kept below, %llu in\n",

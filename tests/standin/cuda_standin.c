@@ -651,6 +651,21 @@ static size_t region_at_locked(uintptr_t p, int write,
   return 0;
 }
 
+/* Is p in device memory proper (cuMemAlloc or a VMM mapping), not in pinned
+ * host memory, which the device also reaches? */
+int standin__on_device(const void *ptr) {
+  uintptr_t p = (uintptr_t)ptr;
+  int dev = 0;
+
+  pthread_mutex_lock(&standin__lock);
+  for (struct range *a = plain; a && !dev; a = a->next)
+    dev = p >= a->base && p - a->base < a->size;
+  for (struct mapping *m = mappings; m && !dev; m = m->next)
+    dev = p >= m->base && p - m->base < m->size;
+  pthread_mutex_unlock(&standin__lock);
+  return dev;
+}
+
 /* One allocation holds the whole range, except that a range may run on
  * through back-to-back mappings of one reservation (kvshare's pool is
  * several chunks mapped in a row): a real driver refuses a copy that runs

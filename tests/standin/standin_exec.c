@@ -804,7 +804,10 @@ CUresult cuMemcpyBatchAsync(CUdeviceptr *dsts, CUdeviceptr *srcs,
                    standin__dev_range(sp, sizes[i], 0), h);
   }
   if (r == CUDA_SUCCESS && getenv("KVS_STANDIN_REPORT"))
-    fprintf(stderr, "cuda stand-in: a batched copy of %zu\n", count);
+    fprintf(stderr, "cuda stand-in: a batched copy of %zu (%s, batched)\n",
+            count,
+            standin__on_device((void *)(uintptr_t)dsts[0]) ? "host to device"
+                                                           : "device to host");
   return r;
 }
 
