@@ -11,6 +11,8 @@
 #include <string.h>
 
 #include <cmocka.h>
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
+#include <xxhash.h>
 
 #include "daemon/core/core.h"
 
@@ -473,6 +475,42 @@ static void test_salt_isolation(void **state) {
   finish(c);
 }
 
+/* Blocks of different cache dtypes never share a hash chain: the root
+ * names the dtype, and int8's its format, so a disk slot or a remote key
+ * written under one is never found under another, even where two dtypes'
+ * blocks have the same size.  The reference root is XXH3-128 over the tag,
+ * the shape and the model id as hash.c documents it; int8 must differ from
+ * it (it is what the earlier int8 formats' blocks were keyed by), the other
+ * dtypes equal it. */
+static void test_root_per_dtype(void **state) {
+  (void)state;
+  static const char tag[] = "kvshare/root/v1", model[] = "m";
+  kvs_hash128 roots[KVS_DTYPE__COUNT], first[KVS_DTYPE__COUNT];
+  uint32_t tok[BS] = {1, 2, 3, 4};
+  kvs_hash128 nosalt = {0, 0};
+
+  for (uint32_t dt = 0; dt < KVS_DTYPE__COUNT; dt++) {
+    kvs_layout l = {BS, 2, 2, 32, dt, 16, 0};
+    uint32_t f[5] = {BS, 2, 2, 32, dt};
+    XXH3_state_t st;
+
+    roots[dt] = core_root_hash(&l, model);
+    XXH3_128bits_reset(&st);
+    XXH3_128bits_update(&st, tag, sizeof(tag));
+    XXH3_128bits_update(&st, f, sizeof(f));
+    XXH3_128bits_update(&st, model, strlen(model));
+    XXH128_hash_t ref = XXH3_128bits_digest(&st);
+    int same = roots[dt].lo == ref.low64 && roots[dt].hi == ref.high64;
+    assert_int_equal(same, dt != KVS_DTYPE_INT8);
+    first[dt] = core_block_hash(roots[dt], nosalt, tok, BS);
+  }
+  for (uint32_t a = 0; a < KVS_DTYPE__COUNT; a++)
+    for (uint32_t b = a + 1; b < KVS_DTYPE__COUNT; b++) {
+      assert_false(roots[a].lo == roots[b].lo && roots[a].hi == roots[b].hi);
+      assert_false(first[a].lo == first[b].lo && first[a].hi == first[b].hi);
+    }
+}
+
 /* Freed requests are reused (core.c keeps up to 64, with their arrays when
  * small): a reused request starts as a new one, whatever the old one held
  * (a salt, a long prompt whose arrays are dropped, a short one whose arrays
@@ -673,6 +711,7 @@ int main(void) {
       cmocka_unit_test(test_lru_order),
       cmocka_unit_test(test_forced_collision_never_served),
       cmocka_unit_test(test_salt_isolation),
+      cmocka_unit_test(test_root_per_dtype),
       cmocka_unit_test(test_reused_requests_start_clean),
       cmocka_unit_test(test_preempt_and_resume),
       cmocka_unit_test(test_pins),
