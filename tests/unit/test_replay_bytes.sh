@@ -95,6 +95,13 @@ for bad in "--capacity-bytes 0" "--capacity-bytes 1X" "--capacity-bytes -5" \
   "$bin" --trace "$tmp/trace.jsonl" $bad --no-progress >/dev/null 2>&1
   [ $? = 2 ] || fail "$bad: want exit 2"
 done
+# A layout without a capacity in bytes would change nothing: refused.
+for lay in "--dtype int8" "--head-dim 64 --capacity-tokens 1e5" \
+           "--layers 2 --sweep 1e5,unlimited"; do
+  "$bin" --trace "$tmp/trace.jsonl" $lay --no-progress >/dev/null 2>"$tmp/err"
+  [ $? = 2 ] || fail "$lay: want exit 2"
+  grep -q "size a capacity in bytes" "$tmp/err" || fail "$lay: $(cat "$tmp/err")"
+done
 
 # Quantized pools of the same bytes hit at least as much as fp16, over a
 # range from a few blocks to more than the trace needs (one sweep each).

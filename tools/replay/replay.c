@@ -626,7 +626,8 @@ static void replay_usage(FILE *f) {
           "                          not with --capacity-tokens\n"
           "  --layers N, --kv-heads N, --head-dim N, --dtype fp32|fp16|bf16|int8|fp8\n"
           "                          the layout of a block (default 32, 8, 128,\n"
-          "                          fp16: a Llama-3-8B-like model)\n"
+          "                          fp16: a Llama-3-8B-like model), which sizes\n"
+          "                          a capacity in bytes (refused without one)\n"
           "  --block-size N          tokens per block (default 16)\n"
           "  --policy NAME[,NAME...] eviction policy: slru (default, as the daemon),\n"
           "                          lru, mq, or opt (Belady's offline optimum: it\n"
@@ -1084,6 +1085,7 @@ int replay_main(int argc, char **argv) {
   uint32_t num_blocks;
   int json = 0, progress = -1, opt, rc, status = 1, nodes_mode = 0;
   int tenants_given = 0, key_given = 0, tokens_given = 0, suffixed;
+  int layout_given = 0, bytes_given = 0;
   replay_nodes_config nc = {.nodes = 1, .split = REPLAY_SPLIT_RR,
                             .prefix_blocks = 1};
   trace *t = NULL;
@@ -1130,6 +1132,7 @@ int replay_main(int argc, char **argv) {
       *(opt == OPT_LAYERS     ? &cfg.num_layers
         : opt == OPT_KV_HEADS ? &cfg.num_kv_heads
                               : &cfg.head_dim) = (uint32_t)v;
+      layout_given = 1;
       break;
     case OPT_DTYPE:
       if (replay_parse_dtype(optarg, &cfg.dtype) != 0) {
@@ -1137,6 +1140,7 @@ int replay_main(int argc, char **argv) {
                 "int8, fp8)\n", optarg);
         return 2;
       }
+      layout_given = 1;
       break;
     case OPT_BLOCK_SIZE:
       if (replay_parse_count(optarg, 4096, &v) != 0) {
@@ -1302,6 +1306,7 @@ int replay_main(int argc, char **argv) {
         /* Bytes of the layout (a K, M, G or T suffix). */
         if (replay_bytes_capacity(&cfg, cap_bytes[i], &caps[i]) != 0)
           return 2;
+        bytes_given = 1;
       } else if (replay_parse_count(items[i], UINT64_MAX >> 1, &caps[i]) != 0) {
         fprintf(stderr, "kvshare-replay: bad --sweep capacity '%s'\n",
                 items[i]);
@@ -1318,6 +1323,13 @@ int replay_main(int argc, char **argv) {
       replay_bytes_capacity(&cfg, cfg.capacity_bytes, &cfg.capacity_tokens) !=
           0)
     return 2;
+  if (layout_given && !cfg.capacity_bytes && !bytes_given) {
+    fprintf(stderr, "kvshare-replay: --layers, --kv-heads, --head-dim and "
+            "--dtype size a capacity in bytes (--capacity-bytes, or a --sweep "
+            "capacity with a K, M, G or T suffix); a capacity in tokens does "
+            "not depend on them\n");
+    return 2;
+  }
   if (plot != NULL && sweep_list == NULL) {
     fprintf(stderr, "kvshare-replay: --plot goes with --sweep\n");
     return 2;
