@@ -634,15 +634,22 @@ static int scan_one(tier_disk *d, uint32_t s, uint8_t *p, int res,
   if (h.block_size != m->block_size || h.num_layers != m->num_layers ||
       h.num_kv_heads != m->num_kv_heads || h.head_dim != m->head_dim ||
       h.dtype != m->dtype || h.data_len != d->data_len) {
-    if (!st->other_layout++)
+    if (!st->other_layout++) {
+      char dt[24]; /* the slot's dtype by name; a value unknown here, as is */
+
+      if (h.dtype < KVS_DTYPE__COUNT)
+        snprintf(dt, sizeof(dt), "%s", kvs_dtype_name(h.dtype));
+      else
+        snprintf(dt, sizeof(dt), "value %u", h.dtype);
       snprintf(st->layout_note, sizeof(st->layout_note),
                "slot %u holds a block of block_size %u, %u layers, %u kv "
-               "heads, head_dim %u, dtype %u, %llu bytes; this daemon's: "
-               "%u, %u, %u, %u, %u, %llu", s, h.block_size, h.num_layers,
-               h.num_kv_heads, h.head_dim, h.dtype,
+               "heads, head_dim %u, dtype %s, %llu bytes; this daemon's: "
+               "%u, %u, %u, %u, %s, %llu", s, h.block_size, h.num_layers,
+               h.num_kv_heads, h.head_dim, dt,
                (unsigned long long)h.data_len, m->block_size, m->num_layers,
-               m->num_kv_heads, m->head_dim, m->dtype,
+               m->num_kv_heads, m->head_dim, kvs_dtype_name(m->dtype),
                (unsigned long long)d->data_len);
+    }
     return 0;
   }
   if (h.root_lo != m->root.lo || h.root_hi != m->root.hi) {

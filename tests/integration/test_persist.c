@@ -190,16 +190,19 @@ static void test_restart(void) {
   kvs_close(c);
   itest_daemon_finish(&d, -1);
 
-  /* Another layout (head_dim 32: 2 KiB blocks, the same slot size), then
-   * another model id: nothing restored, and the log says why. */
+  /* Another layout (the same shape in fp16, slots of the same 4 KiB),
+   * then another model id: nothing restored, and the log says why,
+   * the dtypes by name. */
   const char *other[] = {"--pool-blocks", "32", "--block-size", "4",
                          "--num-layers", "2", "--num-kv-heads", "1",
-                         "--head-dim", "32", "--dtype", "fp32", NULL};
+                         "--head-dim", "64", "--dtype", "fp16", NULL};
   start(other, "yes", NULL, "2M");
   r = restored(&d);
   CHECK(r.found && r.restored == 0 && r.layout >= on_disk &&
         r.skipped == r.layout);
   CHECK(itest_log_says(&d, "written under another layout are not restored"));
+  CHECK(itest_log_says(&d, "head_dim 64, dtype fp32, 4096 bytes; this "
+                           "daemon's: 4, 2, 1, 64, fp16, 4096)"));
   c = itest_connect(&d, "other-layout");
   for (uint32_t p = 0; p < NPROMPTS; p++)
     CHECK(lookup_check(c, p) == 0);
