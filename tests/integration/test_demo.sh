@@ -16,14 +16,14 @@ for dt in fp16 bf16 int8 fp8; do
   KVS_DEMO_DAEMON_ARGS="--dtype $dt --num-layers 2 --num-kv-heads 2 --head-dim 32 --pool-blocks 512" \
     tests/demo.sh "$build" || { echo "FAIL: the demo with a $dt pool"; exit 1; }
 done
-# The same demo on fp16 and int8 cuda pools through the stand-in driver (no GPU here:
+# The same demo on fp16, int8 and fp8 cuda pools through the stand-in driver (no GPU here:
 # the workers' device path — staging, CUDA kernel launches, stream
 # synchronisation, device reads — runs against memfd "device" memory and
 # the C twins; tests/standin/).  On a GPU machine make demo does this for
 # real.
 standin=$build/tests/standin/libcuda-standin.so
 [ -r "$standin" ] || { echo "FAIL: $standin not built"; exit 1; }
-for dt in fp16 int8; do
+for dt in fp16 int8 fp8; do
   echo "== $dt, cuda pool on the stand-in driver"
   KVS_CUDA_DRIVER=$standin KVS_DEMO_WORKERS=3 KVS_DEMO_USERS=2 KVS_DEMO_TURNS=2 \
   KVS_DEMO_SYS=40 KVS_DEMO_REPLY=3 \
