@@ -2,8 +2,9 @@
  * test_gpu_numpy.c — runs the C attention twins on random paged cases, writes
  * inputs and outputs to a temporary directory, and has numpy recompute them
  * (tests/unit/test_gpu_numpy.py) with its own layout arithmetic and dtype
- * decoding.  Plain C.  Needs a Python with numpy: $KVS_PYTHON, else
- * /usr/bin/python3; skipped (77) when none can import numpy.
+ * decoding.  Plain C.  Needs a Python with numpy: $KVS_PYTHON when set,
+ * else the python3 on PATH, else /usr/bin/python3 (pick_python); skipped
+ * (77) when none can import numpy.
  */
 #include <errno.h>
 #include <stdlib.h>
