@@ -281,6 +281,17 @@ int kvs_cuda_device_info(int *mem_clock_khz, int *bus_width_bits,
   return 0;
 }
 
+int kvs__cuda_device_compute(int *sm_clock_khz, int *cc_major, int *cc_minor) {
+  int rc = ctx_ready();
+  if (rc)
+    return rc;
+  *sm_clock_khz = *cc_major = *cc_minor = 0;
+  kvs__cu.cuDeviceGetAttribute(sm_clock_khz, CU_ATTR_CLOCK_RATE, kvs__cuda_device());
+  kvs__cu.cuDeviceGetAttribute(cc_major, CU_ATTR_CC_MAJOR, kvs__cuda_device());
+  kvs__cu.cuDeviceGetAttribute(cc_minor, CU_ATTR_CC_MINOR, kvs__cuda_device());
+  return 0;
+}
+
 /* ---- kernels ------------------------------------------------------------------- */
 
 static int launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz,

@@ -86,6 +86,9 @@ struct kvs__cu_memcpy_attrs {
   X(CU_ATTR_MULTIPROCESSOR_COUNT, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,  \
     16)                                                                      \
   X(CU_ATTR_MEMORY_CLOCK_RATE, CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE, 36)    \
+  X(CU_ATTR_CLOCK_RATE, CU_DEVICE_ATTRIBUTE_CLOCK_RATE, 13)                  \
+  X(CU_ATTR_CC_MAJOR, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 75)      \
+  X(CU_ATTR_CC_MINOR, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, 76)      \
   X(CU_ATTR_GLOBAL_MEMORY_BUS_WIDTH,                                         \
     CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH, 37)                         \
   X(CU_ATTR_VMM_SUPPORTED,                                                   \

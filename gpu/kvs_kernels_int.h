@@ -97,6 +97,10 @@ static inline KVS_HD uint32_t kvs__hadamard_seg(uint32_t n, uint32_t off) {
 }
 void kvs__hadamard(float *x, uint32_t n, int down);
 
+/* The open device's SM clock in kHz (the driver's "typical" clock) and its
+ * compute capability: for the benches' peak TFLOP/s. */
+int kvs__cuda_device_compute(int *sm_clock_khz, int *cc_major, int *cc_minor);
+
 /* Validation shared by both backends (host-side fields only). */
 int kvs__check_paged_kv(const kvs_paged_kv *kv);
 int kvs__check_attn(const kvs_attn_args *a, int prefill);

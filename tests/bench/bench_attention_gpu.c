@@ -4,11 +4,13 @@
  * device's nominal memory bandwidth.  Prints "skipped: no GPU" and exits 0
  * where CUDA cannot run (it is in `make bench`).
  *
- *   bench_attention_gpu [reps [sweep|profile|prefill]]
+ *   bench_attention_gpu [reps [sweep|profile|prefill|decode]]
  *
  * sweep: also times configurations at several split targets (blocks per
  * SM), on the CUDA-core kernel only, and with at most 4 query heads per
- * block; profile: one configuration only, for a profiler.
+ * block; profile: one configuration only, for a profiler; decode: the 11
+ * fp16/bf16/fp32 decode rows only, the rows the build of `b994ecf` times
+ * (tests/gpu/run.sh runs both builds, alternately, for a before/after).
  *
  * Times are CUDA-event times (median of 5 runs of `reps` back-to-back calls,
  * after warm-up).  Bytes counted: every K and V element of every request's
@@ -27,7 +29,11 @@
  * head, row, key it sees).  Then the four shapes again over int8 and fp8
  * caches (the flash kernel's int8 path does twice the tensor-core products
  * of fp16's, fp8's P.V twice: docs/kernels.md), and long prefixes under
- * few new rows on the flash kernel without and with its split.
+ * few new rows on the flash kernel without and with its split.  The flash
+ * kernel's TFLOP/s are also given as % of the device's dense fp16
+ * tensor-core peak (fp32 sums): SMs x flops per clock per SM (2048 on
+ * sm_80, 4096 on sm_90; other devices: not given) x the driver's SM clock,
+ * an upper bound (NVIDIA's datasheet figure takes a lower clock).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,6 +54,7 @@
   } while (0)
 
 static uint64_t rng = 12345;
+static double tc_peak; /* TFLOP/s, 0: unknown */
 static uint64_t next_rand(void) {
   uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -290,10 +297,13 @@ static void run_prefill(uint32_t B, uint32_t prefix, uint32_t qlen, int reps,
   }
   kvs__cuda_prefill_flash = 0;
   kvs__cuda_prefill_flash_split = 1;
-  printf("%-5s %-5u %-6u %-6u %-5u %-4u %-4u %5u %11.1f %8.1f %11.1f %8.1f %7.1fx\n",
+  double tf1 = flops / (ms[1] * 1e-3) / 1e12;
+  char pk[16] = "-";
+  if (tc_peak > 0)
+    snprintf(pk, sizeof pk, "%.1f%%", 100.0 * tf1 / tc_peak);
+  printf("%-5s %-5u %-6u %-6u %-5u %-4u %-4u %5u %11.1f %8.1f %11.1f %8.1f %6s %7.1fx\n",
          kvs_dtype_name(dtype), B, prefix, qlen, H, KVH, D, parts, ms[0] * 1e3,
-         flops / (ms[0] * 1e-3) / 1e12, ms[1] * 1e3,
-         flops / (ms[1] * 1e-3) / 1e12, ms[0] / ms[1]);
+         flops / (ms[0] * 1e-3) / 1e12, ms[1] * 1e3, tf1, pk, ms[0] / ms[1]);
   kvs_cuda_free(d_pool);
   kvs_cuda_free(d_q);
   kvs_cuda_free(d_out);
@@ -309,9 +319,9 @@ static void run_prefill(uint32_t B, uint32_t prefix, uint32_t qlen, int reps,
 static void run_prefills(int reps) {
   printf("\nprefill, fp16, causal over the cached prefix and the new tokens "
          "(old kernel: parts = its split; flash: no split):\n");
-  printf("%-5s %-5s %-6s %-6s %-5s %-4s %-4s %5s %11s %8s %11s %8s %8s\n", "cache",
+  printf("%-5s %-5s %-6s %-6s %-5s %-4s %-4s %5s %11s %8s %11s %8s %6s %8s\n", "cache",
          "batch", "prefix", "new", "heads", "kvh", "D", "parts", "old us", "TFLOP/s",
-         "flash us", "TFLOP/s", "speedup");
+         "flash us", "TFLOP/s", "%peak", "speedup");
   static const uint32_t shapes[][3] = {
       {4, 0, 2048}, {4, 4096, 512}, {4, 8192, 2048}, {16, 1024, 256}};
   int pr = reps / 10 > 0 ? reps / 10 : 1;
@@ -352,6 +362,17 @@ int main(int argc, char **argv) {
   double peak = 2.0 * clk * 1e3 * bus / 8.0 / 1e9; /* GB/s, DDR */
   printf("device: %s (%s), %d SMs, nominal memory bandwidth %.0f GB/s\n",
          kvs_cuda_device_name(), kvs_cuda_device_uuid(), sms, peak);
+  int smclk = 0, ccmaj = 0, ccmin = 0;
+  CU(kvs__cuda_device_compute(&smclk, &ccmaj, &ccmin));
+  int fpc = ccmaj == 8 && ccmin == 0 ? 2048 : ccmaj == 9 && ccmin == 0 ? 4096 : 0;
+  tc_peak = (double)sms * fpc * smclk * 1e3 / 1e12;
+  if (fpc)
+    printf("sm_%d%d: dense fp16 tensor-core peak %.0f TFLOP/s (%d SMs x %d "
+           "flops/clock x %.0f MHz)\n", ccmaj, ccmin, tc_peak, sms, fpc,
+           smclk / 1e3);
+  else
+    printf("sm_%d%d, %.0f MHz: no tensor-core peak known here (%%peak: -)\n",
+           ccmaj, ccmin, smclk / 1e3);
 
   /* Baseline: a large device-to-device copy, bytes read + written. */
   size_t cbytes = 1ull << 30;
@@ -401,6 +422,11 @@ int main(int argc, char **argv) {
   const char *mode = argc > 2 ? argv[2] : "";
   if (strcmp(mode, "profile") == 0) {
     run_cfg(&cfg[2], reps, 0, copy_bw, peak);
+    return 0;
+  }
+  if (strcmp(mode, "decode") == 0) { /* b994ecf's rows: cfg[0..10] */
+    for (size_t ci = 0; ci < 11; ci++)
+      run_cfg(&cfg[ci], reps, ci == 0 || ci == 2, copy_bw, peak);
     return 0;
   }
   for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++)

@@ -15,6 +15,12 @@
 # (run.sh unpacks the archive when the folder is not there.)
 # The binaries are x86-64 and linked against this machine's glibc; a newer
 # glibc there runs them.
+#
+# It also builds bench_attention_gpu as it was at KVS_GPU_BASE (default
+# b994ecf, the build whose decode figures the first GPU run measured) and
+# carries it as tests/bench/bench_attention_gpu.base: run.sh times its
+# decode rows and today's alternately, for a before/after in one run.
+# KVS_GPU_BASE= (empty) leaves it out.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 src=build-gpu
@@ -26,7 +32,19 @@ progs=(kvshared kvshare tests/unit/test_gpu_cuda tests/unit/test_gpu_numpy
        tests/integration/test_gpu_pool tests/integration/test_gpu_tiers
        tests/demo/worker tests/bench/bench_tiers
        tests/bench/bench_gpu_pool tests/bench/bench_attention_gpu
-       tests/bench/bench_attention)
+       tests/bench/bench_attention tests/bench/bench_rtt)
+base=${KVS_GPU_BASE-b994ecf}
+if [ -n "$base" ]; then
+  # the old tree from git (no worktree to clean up), built on its own
+  wt=$(mktemp -d "${TMPDIR:-/tmp}/kvs-gpu-base.XXXXXX")
+  trap 'rm -rf "$wt"' EXIT
+  git archive "$base" | tar -x -C "$wt"
+  make -C "$wt" BUILD=build-gpu build-gpu/tests/bench/bench_attention_gpu \
+    >/dev/null
+  cp "$wt/build-gpu/tests/bench/bench_attention_gpu" \
+    "$src/tests/bench/bench_attention_gpu.base"
+  progs+=(tests/bench/bench_attention_gpu.base)
+fi
 for p in "${progs[@]}"; do
   mkdir -p "$out/$(dirname "$p")"
   cp "$src/$p" "$out/$p"

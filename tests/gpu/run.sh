@@ -17,11 +17,15 @@
 #   3. make demo's workload on the GPU pool (tests/demo.sh, backend auto)
 #   4. the benchmarks: the pool (bench_gpu_pool), GPU decode attention
 #      (bench_attention_gpu, int8/fp8 rows with their tokens/s against fp16
-#      in the same run; prefill TFLOP/s, old kernel vs flash, fp16 and
-#      int8/fp8, flash without and with its split; and against
-#      PyTorch's SDPA, decode and prefill:
-#      bench_attention_sdpa.py), the CPU attention body (bench_attention), and
-#      device <-> pinned host copies against raw cuMemcpy (bench_tiers gpu)
+#      in the same run; prefill TFLOP/s and % of the tensor-core peak, old
+#      kernel vs flash, fp16 and int8/fp8, flash without and with its
+#      split; and against PyTorch's SDPA, decode and prefill:
+#      bench_attention_sdpa.py); decode before/after: the build of
+#      $KVS_GPU_BASE (pack.sh; b994ecf) and today's, alternately, the
+#      time of each row; the CPU attention body (bench_attention),
+#      device <-> pinned host copies against raw cuMemcpy, block by block,
+#      batched and one call (bench_tiers gpu), and the daemon's socket and
+#      ring round trips on this machine's cores (bench_rtt)
 #   5. kvshare.torch on CUDA tensors (test_torch.py, its stream-ordering
 #      test included) and the engine (client/python/examples/engine) with a
 #      ~1B-parameter model on the cuda pool, every answer checked
@@ -87,14 +91,45 @@ step "3. the demo on the GPU pool"
 check tests/demo.sh "$b"
 nvidia-smi --query-gpu=memory.used --format=csv
 fi
+# Decode rows of the old build (B) and today's (N), alternately, twice
+# each; then per row the median time of each and old / new (> 1: faster
+# now).  Skipped without the old build.
+decode_before_after() {
+  local base=$b/tests/bench/bench_attention_gpu.base t
+  [ -x "$base" ] || { echo "SKIPPED: decode before/after (no $base)"; return 0; }
+  t=$(mktemp)
+  for i in 1 2; do
+    "$base" 20 | sed 's/^/B /' >>"$t" || return 1
+    "$b/tests/bench/bench_attention_gpu" 20 decode | sed 's/^/N /' >>"$t" || return 1
+  done
+  grep -E '^[BN] (fp16|bf16|fp32) ' "$t" | awk '
+    { key = $2 " " $3 "x" $4 " " $5 "/" $6 " D" $7 " ws " $8
+      if (!(key in seen)) { seen[key] = 1; order[n++] = key }
+      t[$1, key] = t[$1, key] " " $11; c[$1, key] = c[$1, key] " " $13 }
+    function med(s,   a, k, i, j, x) {
+      k = split(s, a, " ")
+      for (i = 1; i <= k; i++) for (j = i + 1; j <= k; j++)
+        if (a[j] + 0 < a[i] + 0) { x = a[i]; a[i] = a[j]; a[j] = x }
+      return k % 2 ? a[(k + 1) / 2] : (a[k / 2] + a[k / 2 + 1]) / 2 }
+    END {
+      print "decode before/after (old build vs today, median time us of two runs each; old/new > 1: faster now):"
+      for (i = 0; i < n; i++) { k = order[i]; o = med(t["B", k]); w = med(t["N", k])
+        printf "  %-32s old %9.1f us (%%copy%s)  new %9.1f us (%%copy%s)  old/new %.3f\n",
+               k, o, c["B", k], w, c["N", k], (w > 0 ? o / w : 0) } }'
+  rm -f "$t"
+}
 if want 4; then
 step "4. benchmarks"
 check "$b/tests/bench/bench_gpu_pool"
 check "$b/tests/bench/bench_attention_gpu" 20
+check decode_before_after
 # against PyTorch's SDPA on contiguous K/V (the python3 with torch)
 check python3 tests/bench/bench_attention_sdpa.py
 check "$b/tests/bench/bench_attention"
 check "$b/tests/bench/bench_tiers" gpu
+# the socket's and ring's 256-op steps on this machine's cores (issue 30:
+# <= 150 ns per block-op through the socket)
+check env KVS_BENCH_QUICK=$quick "$b/tests/bench/bench_rtt"
 fi
 if want 5; then
 step "5. kvshare.torch and the engine on the GPU pool"
