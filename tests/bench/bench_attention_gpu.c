@@ -4,13 +4,20 @@
  * device's nominal memory bandwidth.  Prints "skipped: no GPU" and exits 0
  * where CUDA cannot run (it is in `make bench`).
  *
- *   bench_attention_gpu [reps [sweep|profile|prefill|decode]]
+ *   bench_attention_gpu [reps [sweep|profile|prefill|decode|smoke]]
  *
  * sweep: also times configurations at several split targets (blocks per
  * SM), on the CUDA-core kernel only, and with at most 4 query heads per
  * block; profile: one configuration only, for a profiler; decode: the 11
  * fp16/bf16/fp32 decode rows only, the rows the build of `b994ecf` times
- * (tests/gpu/run.sh runs both builds, alternately, for a before/after).
+ * (tests/gpu/run.sh runs both builds, alternately, for a before/after);
+ * smoke: every row of the default run, batches cut to 2 and lengths divided
+ * (decode rows by 8, to keep their split; prefill rows by 64, the long
+ * prefixes by 16, to keep theirs), each timed once, warm-up none, on the
+ * stand-in driver too (make test runs
+ * it there: the rows a GPU run reaches first, their workspaces, kernel
+ * choices and printing, on the C twins; a row whose flash kernel does not
+ * run is then an error).  Its times say nothing.
  *
  * Times are CUDA-event times (median of 5 runs of `reps` back-to-back calls,
  * after warm-up).  Bytes counted: every K and V element of every request's
@@ -55,6 +62,17 @@
 
 static uint64_t rng = 12345;
 static double tc_peak; /* TFLOP/s, 0: unknown */
+static uint32_t shrink = 1; /* smoke: lengths / shrink (64), batches <= 2 */
+
+/* n / (shrink / less): less is 8 for decode rows, 4 for long prefixes */
+static uint32_t shrunk_len(uint32_t n, uint32_t less) {
+  uint32_t by = shrink / less ? shrink / less : 1;
+  return n / by ? n / by : (n ? 1 : 0);
+}
+
+static uint32_t shrunk_batch(uint32_t b) {
+  return shrink == 1 || b <= 2 ? b : 2;
+}
 static uint64_t next_rand(void) {
   uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -82,15 +100,18 @@ static int do_decode(void *arg) {
   return kvs_cuda_decode_attention(arg, NULL);
 }
 
+static uint32_t shrink;
+
 static float median_ms(int (*fn)(void *), void *arg, int reps) {
   float t[5];
-  for (int i = 0; i < 2; i++) /* warm-up */
+  int n = shrink > 1 ? 1 : 5; /* (smoke: once, no warm-up) */
+  for (int i = 0; i < 2 && n > 1; i++) /* warm-up */
     CU(fn(arg));
   CU(kvs_cuda_sync(NULL));
-  for (int i = 0; i < 5; i++)
+  for (int i = 0; i < n; i++)
     CU(kvs_cuda_time_ms(NULL, fn, arg, reps, &t[i]));
-  qsort(t, 5, sizeof t[0], cmp_float);
-  return t[2] / (float)reps;
+  qsort(t, (size_t)n, sizeof t[0], cmp_float);
+  return t[n / 2] / (float)reps;
 }
 
 /* Fill device memory with random bytes that are finite in every dtype. */
@@ -136,7 +157,7 @@ static void run_cfg(const bench_cfg *c, int reps, int one_pass, double copy_bw,
   kvs_layout l = {.block_size = 16, .num_layers = 2,
                   .num_kv_heads = c->kvh, .head_dim = c->dim,
                   .dtype = c->dtype};
-  uint32_t B = c->batch, len = c->len;
+  uint32_t B = shrunk_batch(c->batch), len = shrunk_len(c->len, 8);
   uint32_t mb = (len + l.block_size - 1) / l.block_size;
   l.num_blocks = B * mb;
   if (kvs_layout_finish(&l)) {
@@ -228,6 +249,9 @@ static int do_prefill(void *arg) {
 static void run_prefill(uint32_t B, uint32_t prefix, uint32_t qlen, int reps,
                         uint32_t dtype, int split) {
   const uint32_t H = 32, KVH = 8, D = 128;
+  B = shrunk_batch(B);
+  prefix = shrunk_len(prefix, split ? 4 : 1);
+  qlen = shrunk_len(qlen, split ? 4 : 1);
   kvs_layout l = {.block_size = 16, .num_layers = 2, .num_kv_heads = KVH,
                   .head_dim = D, .dtype = dtype};
   uint32_t len = prefix + qlen, mb = (len + l.block_size - 1) / l.block_size;
@@ -292,8 +316,11 @@ static void run_prefill(uint32_t B, uint32_t prefix, uint32_t qlen, int reps,
     ms[k] = median_ms(do_prefill, &a, reps);
     if (k == split)
       parts = kvs__cuda_attn_last_nsplit;
-    if (flash && kvs__cuda_attn_last_flash != 1)
+    if (flash && kvs__cuda_attn_last_flash != 1) {
       printf("(the flash kernel did not run)\n");
+      if (shrink > 1)
+        exit(1);
+    }
   }
   kvs__cuda_prefill_flash = 0;
   kvs__cuda_prefill_flash_split = 1;
@@ -347,12 +374,16 @@ static void run_prefills(int reps) {
 int main(int argc, char **argv) {
   int reps = argc > 1 ? atoi(argv[1]) : 20;
   const char *why;
+  if (strcmp(argc > 2 ? argv[2] : "", "smoke") == 0) {
+    shrink = 64;
+    reps = 1;
+  }
   if (kvs_cuda_available(&why)) {
     printf("bench_attention_gpu: skipped: no GPU (%s)\n", why);
     return 0;
   }
   CU(kvs_cuda_open(NULL));
-  if (strstr(kvs_cuda_device_name(), "stand-in")) {
+  if (strstr(kvs_cuda_device_name(), "stand-in") && shrink == 1) {
     printf("bench_attention_gpu: skipped: no GPU (%s)\n",
            kvs_cuda_device_name());
     return 0;
@@ -375,7 +406,7 @@ int main(int argc, char **argv) {
            ccmaj, ccmin, smclk / 1e3);
 
   /* Baseline: a large device-to-device copy, bytes read + written. */
-  size_t cbytes = 1ull << 30;
+  size_t cbytes = (1ull << 30) / shrink;
   void *ca, *cb;
   CU(kvs_cuda_malloc(&ca, cbytes));
   CU(kvs_cuda_malloc(&cb, cbytes));

@@ -457,6 +457,12 @@ CUresult cuDeviceGetAttribute(int *value, int attr, CUdevice dev) {
   case CU_ATTR_GLOBAL_MEMORY_BUS_WIDTH:
     *value = 256;
     break;
+  case CU_ATTR_CLOCK_RATE: /* (kHz) */
+    *value = 1000000;
+    break;
+  case CU_ATTR_CC_MAJOR:
+    *value = 9;
+    break;
   default:
     *value = 0;
     break;
