@@ -455,8 +455,9 @@ int main(int argc, char **argv) {
     run_cfg(&cfg[2], reps, 0, copy_bw, peak);
     return 0;
   }
-  if (strcmp(mode, "decode") == 0) { /* b994ecf's rows: cfg[0..10] */
-    for (size_t ci = 0; ci < 11; ci++)
+  enum { BASE_ROWS = 11 }; /* b994ecf's rows: cfg[0 .. BASE_ROWS - 1] */
+  if (strcmp(mode, "decode") == 0) {
+    for (size_t ci = 0; ci < BASE_ROWS; ci++)
       run_cfg(&cfg[ci], reps, ci == 0 || ci == 2, copy_bw, peak);
     return 0;
   }

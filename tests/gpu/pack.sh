@@ -9,8 +9,8 @@
 # every build-*/), keeping build/'s layout so the programs find each other,
 # debug sections stripped, and packs that into build-gpucarry.tgz: each
 # program that links the kernels carries their ~6 MB fatbin, and the
-# folder (54 MiB) would not fit the device tool's 64 MiB with the tree,
-# the archive (about 20 MiB) does.  Then, with the device tool:
+# folder (64 MiB) would not fit the device tool's 64 MiB with the tree,
+# the archive (about 24 MiB) does.  Then, with the device tool:
 #   run(carry=["build-gpucarry.tgz"], command="tests/gpu/run.sh")
 # (run.sh unpacks the archive when the folder is not there.)
 # The binaries are x86-64 and linked against this machine's glibc; a newer

@@ -93,14 +93,23 @@ nvidia-smi --query-gpu=memory.used --format=csv
 fi
 # Decode rows of the old build (B) and today's (N), alternately, twice
 # each; then per row the median time of each and old / new (> 1: faster
-# now).  Skipped without the old build.
+# now).  Skipped without the old build; fails when either build fails or
+# prints no row.
 decode_before_after() {
-  local base=$b/tests/bench/bench_attention_gpu.base t
+  local base=$b/tests/bench/bench_attention_gpu.base t o i
   [ -x "$base" ] || { echo "SKIPPED: decode before/after (no $base)"; return 0; }
   t=$(mktemp)
+  o=$(mktemp)
   for i in 1 2; do
-    "$base" 20 | sed 's/^/B /' >>"$t" || return 1
-    "$b/tests/bench/bench_attention_gpu" 20 decode | sed 's/^/N /' >>"$t" || return 1
+    "$base" 20 >"$o" || { echo "the old build's bench failed: $(tail -3 "$o")"; rm -f "$t" "$o"; return 1; }
+    sed 's/^/B /' "$o" >>"$t"
+    "$b/tests/bench/bench_attention_gpu" 20 decode >"$o" ||
+      { echo "today's bench failed: $(tail -3 "$o")"; rm -f "$t" "$o"; return 1; }
+    sed 's/^/N /' "$o" >>"$t"
+  done
+  rm -f "$o"
+  for i in B N; do
+    grep -qE "^$i (fp16|bf16|fp32) " "$t" || { echo "no decode row from build $i"; rm -f "$t"; return 1; }
   done
   grep -E '^[BN] (fp16|bf16|fp32) ' "$t" | awk '
     { key = $2 " " $3 "x" $4 " " $5 "/" $6 " D" $7 " ws " $8
@@ -129,7 +138,12 @@ check "$b/tests/bench/bench_attention"
 check "$b/tests/bench/bench_tiers" gpu
 # the socket's and ring's 256-op steps on this machine's cores (issue 30:
 # <= 150 ns per block-op through the socket)
-check env KVS_BENCH_QUICK=$quick "$b/tests/bench/bench_rtt"
+# (bench_rtt takes any KVS_BENCH_QUICK, "0" too, as quick)
+if [ "$quick" = 1 ]; then
+  check env KVS_BENCH_QUICK=1 "$b/tests/bench/bench_rtt"
+else
+  check "$b/tests/bench/bench_rtt"
+fi
 fi
 if want 5; then
 step "5. kvshare.torch and the engine on the GPU pool"

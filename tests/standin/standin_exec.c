@@ -803,6 +803,8 @@ CUresult cuMemcpyBatchAsync(CUdeviceptr *dsts, CUdeviceptr *srcs,
     r = copy_async(d, sp, sizes[i], standin__dev_range(d, sizes[i], 1),
                    standin__dev_range(sp, sizes[i], 0), h);
   }
+  /* (its direction by the first destination: kvshare batches device <->
+   * host jobs only, one direction a job) */
   if (r == CUDA_SUCCESS && getenv("KVS_STANDIN_REPORT"))
     fprintf(stderr, "cuda stand-in: a batched copy of %zu (%s, batched)\n",
             count,

@@ -102,6 +102,8 @@ extern __thread int standin__in_host_fn;
  * back-to-back mappings of one reservation.  Takes the lock.
  */
 int standin__dev_range(const void *p, size_t n, int write);
+/* p in device memory proper (cuMemAlloc, a VMM mapping), not pinned host
+ * memory: which way a batched copy goes. */
 int standin__on_device(const void *p);
 /* Is [p, p + n) inside memory registered with cuMemHostRegister? */
 int standin__host_registered(const void *p, size_t n);

@@ -90,10 +90,13 @@ grep -q "^bytes  *1073741824 = 963 blocks of 1114112 bytes = 15408 tokens (int8"
   2>"$tmp/err"; [ $? = 2 ] || fail "bytes and tokens: want exit 2"
 grep -q "one or the other" "$tmp/err" || fail "bytes and tokens: $(cat "$tmp/err")"
 for bad in "--capacity-bytes 0" "--capacity-bytes 1X" "--capacity-bytes -5" \
-           "--dtype fp4" "--layers 0" "--head-dim 5000" \
+           "--dtype fp4" "--layers 0 --capacity-bytes 1G" \
+           "--head-dim 5000 --capacity-bytes 1G" \
            "--capacity-bytes 1M --dtype int8"; do
-  "$bin" --trace "$tmp/trace.jsonl" $bad --no-progress >/dev/null 2>&1
+  "$bin" --trace "$tmp/trace.jsonl" $bad --no-progress >/dev/null 2>"$tmp/err"
   [ $? = 2 ] || fail "$bad: want exit 2"
+  grep -q "size a capacity in bytes" "$tmp/err" &&
+    fail "$bad: refused for want of bytes, not for itself"
 done
 # A layout without a capacity in bytes would change nothing: refused.
 for lay in "--dtype int8" "--head-dim 64 --capacity-tokens 1e5" \
