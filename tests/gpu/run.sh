@@ -105,6 +105,9 @@ decode_before_after() {
     sed 's/^/B /' "$o" >>"$t"
     "$b/tests/bench/bench_attention_gpu" 20 decode >"$o" ||
       { echo "today's bench failed: $(tail -3 "$o")"; rm -f "$t" "$o"; return 1; }
+    if grep -q "skipped: no GPU" "$o"; then
+      cat "$o"; rm -f "$t" "$o"; return 77
+    fi
     sed 's/^/N /' "$o" >>"$t"
   done
   rm -f "$o"
@@ -129,20 +132,26 @@ decode_before_after() {
 }
 if want 4; then
 step "4. benchmarks"
-check "$b/tests/bench/bench_gpu_pool"
+# The open issues' figures first (a command past its time limit keeps
+# what it printed): decode and prefill on the GPU, then against PyTorch's
+# SDPA on contiguous K/V (the python3 with torch), device <-> host moves,
+# the socket's and ring's 256-op steps on this machine's cores, decode
+# before/after; then the pool and the CPU body.
 check "$b/tests/bench/bench_attention_gpu" 20
-check decode_before_after
-# against PyTorch's SDPA on contiguous K/V (the python3 with torch)
 check python3 tests/bench/bench_attention_sdpa.py
-check "$b/tests/bench/bench_attention"
 check "$b/tests/bench/bench_tiers" gpu
-# the socket's and ring's 256-op steps on this machine's cores (issue 30:
-# <= 150 ns per block-op through the socket)
 # (bench_rtt takes any KVS_BENCH_QUICK, "0" too, as quick)
 if [ "$quick" = 1 ]; then
   check env KVS_BENCH_QUICK=1 "$b/tests/bench/bench_rtt"
 else
   check "$b/tests/bench/bench_rtt"
+fi
+check decode_before_after
+check "$b/tests/bench/bench_gpu_pool"
+if [ "$quick" = 1 ]; then
+  check "$b/tests/bench/bench_attention" quick
+else
+  check "$b/tests/bench/bench_attention"
 fi
 fi
 if want 5; then
