@@ -51,6 +51,8 @@ struct kvs_client {
   int ring_wfd;          /* our end of the wake channel (both ways) */
   uint64_t ring_seq;
   uint64_t ring_spin_ns; /* $KVS_RING_SPIN_US */
+  uint64_t sock_spin_ns; /* $KVS_SOCKET_SPIN_US: a reply's socket polled
+                            this long before the call blocks (0: at once) */
 
   kvs__arena arena;      /* the last reply's results */
   kvs__arena scratch;    /* what encoding a request needs */

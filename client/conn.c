@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -83,6 +84,32 @@ int kvs__ensure_cap(uint8_t **buf, size_t *cap, size_t need) {
  * NULL, file descriptors passed with the bytes are collected there (up to
  * max; extra ones are closed); otherwise any passed fd is closed.
  */
+static uint64_t mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* recv without blocking, again and again, for up to c->sock_spin_ns: the
+ * reply of a daemon that polls its sockets (socket_poll_us) comes back
+ * without waking this thread.  -EAGAIN when none came. */
+static ssize_t recv_spin(kvs_client *c) {
+  uint64_t t0 = 0;
+
+  for (;;) {
+    ssize_t r = recv(c->fd, c->rbuf + c->rlen, c->rcap - c->rlen, MSG_DONTWAIT);
+    if (r >= 0)
+      return r;
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+      return -errno;
+    uint64_t t = mono_ns();
+    if (!t0)
+      t0 = t;
+    else if (t - t0 >= c->sock_spin_ns)
+      return -EAGAIN;
+  }
+}
+
 int kvs__recv_raw(kvs_client *c, uint32_t max_frame, int *fds, int *nfds,
                   int max, const uint8_t **frame, size_t *flen_out) {
   for (;;) {
@@ -118,11 +145,14 @@ int kvs__recv_raw(kvs_client *c, uint32_t max_frame, int *fds, int *nfds,
     int got[KVS_SHM_MAX_FDS], ngot = 0;
     ssize_t r;
     if (!fds) {
-      do
-        r = recv(c->fd, c->rbuf + c->rlen, c->rcap - c->rlen, 0);
-      while (r < 0 && errno == EINTR);
-      if (r < 0)
-        r = -errno;
+      r = c->sock_spin_ns ? recv_spin(c) : -EAGAIN;
+      if (r == -EAGAIN) {
+        do
+          r = recv(c->fd, c->rbuf + c->rlen, c->rcap - c->rlen, 0);
+        while (r < 0 && errno == EINTR);
+        if (r < 0)
+          r = -errno;
+      }
     } else {
       r = kvs_recv_fds(c->fd, c->rbuf + c->rlen, c->rcap - c->rlen, got,
                        KVS_SHM_MAX_FDS, &ngot);
@@ -450,6 +480,11 @@ int kvs_connect(const char *path, const kvs_connect_opts *opts,
   c->max_frame = KVS_FRAME_MAX_DEFAULT;
   c->max_batch_ops = KVS_UNPACK_OPS_DEFAULT;
   c->timeout_ms = opts ? opts->timeout_ms : 0;
+  const char *spin = getenv("KVS_SOCKET_SPIN_US");
+  if (spin && *spin) {
+    unsigned long us = strtoul(spin, NULL, 10);
+    c->sock_spin_ns = (uint64_t)(us < 1000000 ? us : 1000000) * 1000u;
+  }
   int rc = 0;
   c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (c->fd < 0) {

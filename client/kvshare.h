@@ -389,7 +389,10 @@ int kvs_set_promote(kvs_client *c, int on);
  * in the environment at kvs_connect (granted when the daemon's ring_bytes
  * is not 0); $KVS_RING_SPIN_US (default 50) is how long a call spins on the
  * reply before it sleeps.  Worth it when the worker and the daemon run on
- * different cores; see docs/client.md.
+ * different cores; see docs/client.md.  Without a ring, $KVS_SOCKET_SPIN_US
+ * (default 0) is how long a call reads its reply from the socket without
+ * blocking before it blocks: with a daemon that polls its sockets
+ * (socket_poll_us) a round trip then costs no wake-up.
  */
 int kvs_ring_active(const kvs_client *c);
 

@@ -146,6 +146,13 @@ static const cfg_option options[] = {
      "this long (one CPU busy) before it sleeps; a client that posts to a "
      "sleeping daemon wakes it through an eventfd.  0: never poll (every "
      "ring request costs a wake-up)."},
+    {"socket_poll_us", T_U32, F(socket_poll_us), 0, 1000000, "0", NULL, "US",
+     "Listening",
+     "After each frame read from a socket, the daemon keeps polling the "
+     "sockets this long (one CPU busy, yielding) instead of sleeping, so "
+     "that the next request finds it awake; with clients that spin on their "
+     "replies (KVS_SOCKET_SPIN_US) a round trip costs no wake-up.  0: sleep "
+     "at once."},
     {"max_frame", T_SIZE, F(max_frame), 1024, 1u << 30, "16M", NULL, "BYTES",
      "Listening",
      "Largest frame payload accepted.  A longer frame gets ETOOBIG and the "

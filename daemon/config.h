@@ -117,6 +117,7 @@ typedef struct cfg {
   uint32_t frame_timeout_ms;
   uint64_t ring_bytes;   /* each way; 0: no rings */
   uint32_t ring_poll_us;
+  uint32_t socket_poll_us; /* 0: sleep when no socket has a frame */
   /* tenants: none configured, every admitted peer is one tenant */
   uint32_t ntenants;
   cfg_tenant tenants[CFG_MAX_TENANTS];

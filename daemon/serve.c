@@ -566,6 +566,7 @@ static void srv_stop(srv *s, const char *why) {
     tiers_stop(s->parts[i].tiers);
   rings_stop(s->rings);
   s->rings = s->hub.rings = NULL;
+  sockpoll_close(&s->hub.poll);
   sess_shutdown_all(&s->hub, 0);
   if (s->hub.sessions || !srv_io_idle(s))
     uv_timer_start(&s->drain_timer, on_drain_timeout,
@@ -910,6 +911,7 @@ static int run(cfg *c) {
     every = t / 4 ? t / 4 : 1;
     uv_timer_start(&s.sweep_timer, on_sweep_timer, every, every);
   }
+  sockpoll_init(&s.hub.poll, &loop, c->socket_poll_us);
   announce_ready(&s);
 
   uv_run(&loop, UV_RUN_DEFAULT);

@@ -25,6 +25,7 @@
 #include "daemon/config.h"
 #include "daemon/dispatch/dispatch.h"
 #include "daemon/net/ring.h"
+#include "daemon/net/sockpoll.h"
 #include "daemon/observe/metrics.h"
 #include "kvs_arena.h"
 
@@ -54,6 +55,7 @@ typedef struct sess_hub {
    * over). */
   void (*on_gone)(void *data);
   void *data;
+  sockpoll poll;         /* socket_poll_us (serve.c starts and closes it) */
 } sess_hub;
 
 /* The ring owner's functions the hub gives rings_start. */

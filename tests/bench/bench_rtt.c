@@ -13,6 +13,9 @@
  *     allocate / commit / free) and a decode step (128 requests x append /
  *     commit); block-ops per second and the ratio of the step's round trip
  *     to the small raw ping-pong and to a raw ping-pong of the same bytes.
+ *   - the same through the request ring, and over the socket with both
+ *     sides polling instead of sleeping (socket_poll_us,
+ *     KVS_SOCKET_SPIN_US).
  * With 2 or more CPUs the small ops are measured twice, with the client and
  * the servers pinned to different cores and to the same core; the batched
  * steps run on different cores.  KVS_BENCH_QUICK=1 runs fewer rounds.
@@ -1083,6 +1086,32 @@ int main(void) {
     bench_lookup(cr);
     bench_batch(cr, raw_small, 1);
     kvs_close(cr);
+  }
+  {
+    /* The socket again, with both sides polling instead of sleeping: a
+     * daemon started with --socket-poll-us 100, a client with
+     * KVS_SOCKET_SPIN_US=100 (docs/client.md), against the same raw
+     * baselines (which sleep). */
+    itest_daemon d4;
+    const char *o4[] = {"--num-layers", "2", "--head-dim", "16",
+                        "--pool-blocks", "16384", "--backend", "host",
+                        "--log-level", "warn", "--socket-poll-us", "100",
+                        NULL};
+    kvs_client *cs;
+
+    itest_daemon_start(&d4, o4);
+    pin(d4.pid, server_cpu);
+    setenv("KVS_SOCKET_SPIN_US", "100", 1);
+    cs = itest_connect(&d4, "bench_rtt_spin");
+    unsetenv("KVS_SOCKET_SPIN_US");
+    batch_label = ", socket polled by both sides (--socket-poll-us 100, "
+                  "KVS_SOCKET_SPIN_US=100)";
+    if (ncpu >= 2)
+      bench_small(cs, "socket polled by both sides, client and server on "
+                  "different cores", &unused, 1);
+    bench_batch(cs, raw_small, 1);
+    kvs_close(cs);
+    itest_daemon_finish(&d4, itest_fd_count(0));
   }
   unpin(0);
   unpin(d.pid);

@@ -175,6 +175,12 @@ int itest_daemon_try(itest_daemon *d, const char *const *extra) {
     argv[n++] = "--dumpable";
     argv[n++] = "yes";
   }
+  /* test_sockpoll_suite.sh: every daemon polls its sockets */
+  const char *poll_us = getenv("KVS_ITEST_SOCKET_POLL_US");
+  if (poll_us) {
+    argv[n++] = "--socket-poll-us";
+    argv[n++] = poll_us;
+  }
   for (int i = 0; extra && extra[i] && n < 62; i++)
     argv[n++] = extra[i];
   argv[n] = NULL;
