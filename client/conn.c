@@ -2,6 +2,8 @@
  * conn.c — libkvshare: connect, handshake, pool mapping, the round trip.
  */
 #include <errno.h>
+#include <poll.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,23 +92,53 @@ static uint64_t mono_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-/* recv without blocking, again and again, for up to c->sock_spin_ns: the
- * reply of a daemon that polls its sockets (socket_poll_us) comes back
- * without waking this thread.  -EAGAIN when none came. */
-static ssize_t recv_spin(kvs_client *c) {
-  uint64_t t0 = 0;
+/* Rounds of the socket spin before each round yields the CPU (a daemon on
+ * the same core then gets to run). */
+#define SOCK_SPIN_EAGER 8
 
-  for (;;) {
+/* recv without blocking, again and again, for up to c->sock_spin_ns (and
+ * never past timeout_ms): the reply of a daemon that polls its sockets
+ * (socket_poll_us) comes back without waking this thread.  When none
+ * came, the rest of timeout_ms is waited in poll() (-EAGAIN when it ran
+ * out), or, without a timeout, *block says that the caller's blocking
+ * recv is left to do. */
+static ssize_t recv_spin(kvs_client *c, int *block) {
+  const uint64_t t0 = mono_ns();
+  const uint64_t limit = c->timeout_ms > 0 ? (uint64_t)c->timeout_ms * 1000000u : 0;
+  uint64_t spin = c->sock_spin_ns, t;
+
+  *block = 0;
+  if (limit && spin > limit)
+    spin = limit;
+  for (unsigned i = 0;; i++) {
     ssize_t r = recv(c->fd, c->rbuf + c->rlen, c->rcap - c->rlen, MSG_DONTWAIT);
     if (r >= 0)
       return r;
     if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
       return -errno;
-    uint64_t t = mono_ns();
-    if (!t0)
-      t0 = t;
-    else if (t - t0 >= c->sock_spin_ns)
+    t = mono_ns();
+    if (t - t0 >= spin)
+      break;
+    if (i >= SOCK_SPIN_EAGER)
+      sched_yield();
+  }
+  if (!limit) {
+    *block = 1;
+    return -EAGAIN;
+  }
+  for (;;) { /* the rest of the timeout */
+    struct pollfd p = {c->fd, POLLIN, 0};
+    if (t - t0 >= limit)
       return -EAGAIN;
+    int n = poll(&p, 1, (int)((limit - (t - t0) + 999999) / 1000000));
+    if (n < 0 && errno != EINTR)
+      return -errno;
+    ssize_t r = recv(c->fd, c->rbuf + c->rlen, c->rcap - c->rlen, MSG_DONTWAIT);
+    if (r >= 0)
+      return r;
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+      return -errno;
+    t = mono_ns();
   }
 }
 
@@ -145,8 +177,10 @@ int kvs__recv_raw(kvs_client *c, uint32_t max_frame, int *fds, int *nfds,
     int got[KVS_SHM_MAX_FDS], ngot = 0;
     ssize_t r;
     if (!fds) {
-      r = c->sock_spin_ns ? recv_spin(c) : -EAGAIN;
-      if (r == -EAGAIN) {
+      int block = 1;
+      if (c->sock_spin_ns)
+        r = recv_spin(c, &block);
+      if (block) {
         do
           r = recv(c->fd, c->rbuf + c->rlen, c->rcap - c->rlen, 0);
         while (r < 0 && errno == EINTR);
@@ -481,9 +515,9 @@ int kvs_connect(const char *path, const kvs_connect_opts *opts,
   c->max_batch_ops = KVS_UNPACK_OPS_DEFAULT;
   c->timeout_ms = opts ? opts->timeout_ms : 0;
   const char *spin = getenv("KVS_SOCKET_SPIN_US");
-  if (spin && *spin) {
-    unsigned long us = strtoul(spin, NULL, 10);
-    c->sock_spin_ns = (uint64_t)(us < 1000000 ? us : 1000000) * 1000u;
+  if (spin && *spin) { /* (a negative or unreadable value: 0, no spin) */
+    long us = strtol(spin, NULL, 10);
+    c->sock_spin_ns = us <= 0 ? 0 : (uint64_t)(us < 1000000 ? us : 1000000) * 1000u;
   }
   int rc = 0;
   c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);

@@ -934,6 +934,7 @@ static void process_input(sess *c) {
       }
       break;
     }
+    sockpoll_frame(&c->hub->poll);
     handle_frame(c, kvs_frame_flags(c->rbuf + pos),
                  c->rbuf + pos + KVS_FRAME_HEADER_SIZE,
                  flen - KVS_FRAME_HEADER_SIZE);

@@ -30,11 +30,16 @@ void sockpoll_init(sockpoll *p, uv_loop_t *loop, uint32_t us) {
 void sockpoll_kick(sockpoll *p) {
   if (!p->ns || p->closed)
     return;
-  p->frames++;
-  p->frames_awake += p->polling;
   p->last = uv_hrtime();
   if (!p->polling && uv_idle_start(&p->idle, on_idle) == 0)
     p->polling = 1;
+}
+
+void sockpoll_frame(sockpoll *p) {
+  if (!p->ns || p->closed)
+    return;
+  p->frames++;
+  p->frames_awake += p->polling;
 }
 
 void sockpoll_close(sockpoll *p) {

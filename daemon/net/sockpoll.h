@@ -23,13 +23,17 @@ typedef struct sockpoll {
   uint64_t ns;   /* socket_poll_us in ns; 0: off (no handle) */
   uint64_t last; /* uv_hrtime() of the last frame */
   int polling, closed;
-  uint64_t frames, frames_awake; /* read; of them, while polling */
+  uint64_t frames, frames_awake; /* from sockets; of them, while polling */
 } sockpoll;
 
 /* Off (us 0) or ready to poll; nothing to close when off. */
 void sockpoll_init(sockpoll *p, uv_loop_t *loop, uint32_t us);
-/* A frame was read: poll for p->ns from now (no-op when off or closed). */
+/* Bytes were read from a socket: poll for p->ns from now (no-op when off
+ * or closed). */
 void sockpoll_kick(sockpoll *p);
+/* A whole frame from a socket is handled: counted, and whether the daemon
+ * was polling when it came (before the kick of its read). */
+void sockpoll_frame(sockpoll *p);
 /* Stops polling for good and closes the handle (the daemon is stopping);
  * logs how many frames found the daemon polling. */
 void sockpoll_close(sockpoll *p);
