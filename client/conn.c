@@ -178,8 +178,7 @@ int kvs__recv_raw(kvs_client *c, uint32_t max_frame, int *fds, int *nfds,
     ssize_t r;
     if (!fds) {
       int block = 1;
-      if (c->sock_spin_ns)
-        r = recv_spin(c, &block);
+      r = c->sock_spin_ns ? recv_spin(c, &block) : -EAGAIN;
       if (block) {
         do
           r = recv(c->fd, c->rbuf + c->rlen, c->rcap - c->rlen, 0);
