@@ -93,6 +93,8 @@ int kvs__recv_raw(kvs_client *c, uint32_t max_frame, int *fds, int *nfds,
  * channel): owned by the client on success, left to the caller on
  * failure. */
 int kvs__ring_setup(kvs_client *c, const int fds[2], uint32_t area);
+/* CLOCK_MONOTONIC in ns (the ring's and the socket's spins). */
+uint64_t kvs__now_ns(void);
 void kvs__ring_close(kvs_client *c);
 /* Sends the frame in c->wbuf (len bytes, at most c->ring_area) through the
  * ring and receives its reply into c->rbuf (from the ring, or the socket

@@ -7,7 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -80,18 +79,6 @@ int kvs__ensure_cap(uint8_t **buf, size_t *cap, size_t need) {
   return 0;
 }
 
-/*
- * Receives one whole frame into c->rbuf: *frame points at it (header
- * included, *flen bytes), valid until the next receive.  When fds is not
- * NULL, file descriptors passed with the bytes are collected there (up to
- * max; extra ones are closed); otherwise any passed fd is closed.
- */
-static uint64_t mono_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* Rounds of the socket spin before each round yields the CPU (a daemon on
  * the same core then gets to run). */
 #define SOCK_SPIN_EAGER 8
@@ -103,45 +90,41 @@ static uint64_t mono_ns(void) {
  * out), or, without a timeout, *block says that the caller's blocking
  * recv is left to do. */
 static ssize_t recv_spin(kvs_client *c, int *block) {
-  const uint64_t t0 = mono_ns();
+  const uint64_t t0 = kvs__now_ns();
   const uint64_t limit = c->timeout_ms > 0 ? (uint64_t)c->timeout_ms * 1000000u : 0;
-  uint64_t spin = c->sock_spin_ns, t;
+  const uint64_t spin = limit && c->sock_spin_ns > limit ? limit : c->sock_spin_ns;
 
   *block = 0;
-  if (limit && spin > limit)
-    spin = limit;
   for (unsigned i = 0;; i++) {
     ssize_t r = recv(c->fd, c->rbuf + c->rlen, c->rcap - c->rlen, MSG_DONTWAIT);
     if (r >= 0)
       return r;
     if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
       return -errno;
-    t = mono_ns();
-    if (t - t0 >= spin)
-      break;
-    if (i >= SOCK_SPIN_EAGER)
-      sched_yield();
-  }
-  if (!limit) {
-    *block = 1;
-    return -EAGAIN;
-  }
-  for (;;) { /* the rest of the timeout */
-    struct pollfd p = {c->fd, POLLIN, 0};
-    if (t - t0 >= limit)
+    uint64_t t = kvs__now_ns() - t0;
+    if (t < spin) { /* spinning */
+      if (i >= SOCK_SPIN_EAGER)
+        sched_yield();
+      continue;
+    }
+    if (!limit) {
+      *block = 1;
       return -EAGAIN;
-    int n = poll(&p, 1, (int)((limit - (t - t0) + 999999) / 1000000));
-    if (n < 0 && errno != EINTR)
+    }
+    if (t >= limit)
+      return -EAGAIN;
+    struct pollfd p = {c->fd, POLLIN, 0}; /* the rest of the timeout */
+    if (poll(&p, 1, (int)((limit - t + 999999) / 1000000)) < 0 && errno != EINTR)
       return -errno;
-    ssize_t r = recv(c->fd, c->rbuf + c->rlen, c->rcap - c->rlen, MSG_DONTWAIT);
-    if (r >= 0)
-      return r;
-    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-      return -errno;
-    t = mono_ns();
   }
 }
 
+/*
+ * Receives one whole frame into c->rbuf: *frame points at it (header
+ * included, *flen bytes), valid until the next receive.  When fds is not
+ * NULL, file descriptors passed with the bytes are collected there (up to
+ * max; extra ones are closed); otherwise any passed fd is closed.
+ */
 int kvs__recv_raw(kvs_client *c, uint32_t max_frame, int *fds, int *nfds,
                   int max, const uint8_t **frame, size_t *flen_out) {
   for (;;) {

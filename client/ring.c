@@ -25,7 +25,7 @@
 /* Rounds of pure spinning before the spin yields (about a microsecond). */
 #define SPIN_PAUSES 32
 
-static uint64_t now_ns(void) {
+uint64_t kvs__now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
@@ -85,7 +85,7 @@ static int take_reply(kvs_client *c, uint32_t len) {
 
 int kvs__ring_roundtrip(kvs_client *c, size_t len) {
   kvs_ring_hdr *h = c->rh;
-  uint64_t seq = ++c->ring_seq, t0 = now_ns(), deadline = 0;
+  uint64_t seq = ++c->ring_seq, t0 = kvs__now_ns(), deadline = 0;
   uint32_t rlen;
 
   memcpy(kvs_ring_req_area(h), c->wbuf, len);
@@ -101,7 +101,7 @@ int kvs__ring_roundtrip(kvs_client *c, size_t len) {
     if (kvs_ring_answered(h, seq, &rlen))
       return take_reply(c, rlen);
     if (i >= SPIN_PAUSES) {
-      if (now_ns() - t0 >= spin)
+      if (kvs__now_ns() - t0 >= spin)
         break;
       sched_yield();
     } else {
@@ -118,7 +118,7 @@ int kvs__ring_roundtrip(kvs_client *c, size_t len) {
     if (kvs_ring_client_sleep(h, seq, &rlen))
       return take_reply(c, rlen);
     if (deadline) {
-      uint64_t t = now_ns();
+      uint64_t t = kvs__now_ns();
 
       if (t >= deadline) {
         kvs_ring_client_awake(h);

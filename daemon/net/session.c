@@ -994,8 +994,7 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
   c->rlen += (size_t)nread;
   c->progress_ms = uv_now(c->hub->loop);
   process_input(c);
-  if (!c->hub->stopping)
-    sockpoll_kick(&c->hub->poll);
+  sockpoll_kick(&c->hub->poll); /* (closed once the daemon stops) */
 }
 
 /* ---- the hub's side -------------------------------------------------------- */

@@ -100,8 +100,6 @@ static int do_decode(void *arg) {
   return kvs_cuda_decode_attention(arg, NULL);
 }
 
-static uint32_t shrink;
-
 static float median_ms(int (*fn)(void *), void *arg, int reps) {
   float t[5];
   int n = shrink > 1 ? 1 : 5; /* (smoke: once, no warm-up) */

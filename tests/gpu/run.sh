@@ -140,19 +140,13 @@ step "4. benchmarks"
 check "$b/tests/bench/bench_attention_gpu" 20
 check python3 tests/bench/bench_attention_sdpa.py
 check "$b/tests/bench/bench_tiers" gpu
-# (bench_rtt takes any KVS_BENCH_QUICK, "0" too, as quick)
-if [ "$quick" = 1 ]; then
-  check env KVS_BENCH_QUICK=1 "$b/tests/bench/bench_rtt"
-else
-  check "$b/tests/bench/bench_rtt"
-fi
+# (bench_rtt takes any KVS_BENCH_QUICK, "0" too, as quick: set or unset)
+if [ "$quick" = 1 ]; then rtt_quick=KVS_BENCH_QUICK=1 cpu_quick=quick
+else rtt_quick= cpu_quick=; fi
+check env $rtt_quick "$b/tests/bench/bench_rtt"
 check decode_before_after
 check "$b/tests/bench/bench_gpu_pool"
-if [ "$quick" = 1 ]; then
-  check "$b/tests/bench/bench_attention" quick
-else
-  check "$b/tests/bench/bench_attention"
-fi
+check "$b/tests/bench/bench_attention" $cpu_quick
 fi
 if want 5; then
 step "5. kvshare.torch and the engine on the GPU pool"
