@@ -537,6 +537,10 @@ if mode == "engine":
         check(live.below["REMOTE"] and all(h in want for h in live.below["REMOTE"]),
               f"{len(live.below['REMOTE'])} blocks written to the remote tier, "
               "under the engine's keys")
+        # the index has read past the scrape above: scrape again and read
+        # up to it, so that both count the same batches
+        fams = scrape()
+        catch_up(sub, live, int(value(fams, "kvshare_kv_event_batches", suffix="_total")))
     check_index(live, fams)
     # The tiers' latency histograms: one count per block moved, as the
     # tiers' own counters say; remote reads one per chain read.
