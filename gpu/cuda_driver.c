@@ -36,6 +36,7 @@ static int opened; /* device, context and module ready: written once under
 static CUmodule mod;
 static char dev_name[256];
 static int dev_sms = 1;
+static int dev_cc = 0; /* compute capability, major * 10 + minor */
 /* Attention blocks per SM the split aims at (a tuning knob for the bench). */
 int kvs__cuda_attn_blocks_per_sm = 0;
 /* Largest query-head group one attention block takes (bench knob). */
@@ -48,12 +49,15 @@ int kvs__cuda_attn_mma = 1;
  * once tests/gpu/run.sh has passed on a GPU (docs/kernels.md). */
 int kvs__cuda_prefill_flash = 0;
 int kvs__cuda_prefill_flash_split = 1;
+int kvs__cuda_prefill_wgmma = 1;
 uint32_t kvs__cuda_attn_last_nsplit = 1;
 uint32_t kvs__cuda_attn_last_flash = 0;
+uint32_t kvs__cuda_attn_last_wg = 0;
 static CUfunction f_write, f_write_q, f_blocks, f_merge;
 static CUfunction f_attn[DT_N][NV_N][G_N];
 static CUfunction f_mma[2][2]; /* [fp16, bf16][d64, d128] */
 static CUfunction f_flash[2][3]; /* [fp16, bf16][d64, d128, d256] */
+static CUfunction f_flash_wg[2][2]; /* sm_90a: [fp16, bf16][d64, d128] */
 /* int8/fp8 caches: [int8, fp8][q/out fp16, bf16][d64, d128] */
 static CUfunction f_flash_q[2][2][2];
 static CUfunction f_flash_merge;
@@ -136,6 +140,12 @@ static int load_kernels_locked(void) {
                t ? "bf16" : "fp16", 64 << d);
       if ((r = kvs__cu.cuModuleGetFunction(&f_flash[t][d], mod, name)))
         return kernels_rc = kvs__cu_status(r);
+      if (d == 2)
+        continue;
+      snprintf(name, sizeof name, "kvs_prefill_flash_wg_%s_d%d",
+               t ? "bf16" : "fp16", 64 << d);
+      if ((r = kvs__cu.cuModuleGetFunction(&f_flash_wg[t][d], mod, name)))
+        return kernels_rc = kvs__cu_status(r);
     }
   for (int c = 0; c < 2; c++)
     for (int t = 0; t < 2; t++)
@@ -152,12 +162,20 @@ static int load_kernels_locked(void) {
     const char *e = getenv("KVS_CUDA_PREFILL_FLASH");
     if (e && *e)
       kvs__cuda_prefill_flash = strcmp(e, "0") != 0;
+    e = getenv("KVS_CUDA_PREFILL_WGMMA");
+    if (e && *e)
+      kvs__cuda_prefill_wgmma = strcmp(e, "0") != 0;
   }
   CUdevice dev = kvs__cuda_device();
   kvs__cu.cuDeviceGetName(dev_name, sizeof dev_name, dev);
   if (kvs__cu.cuDeviceGetAttribute(&dev_sms, CU_ATTR_MULTIPROCESSOR_COUNT, dev) ||
       dev_sms < 1)
     dev_sms = 1;
+  int ccmaj = 0, ccmin = 0;
+  if (kvs__cu.cuDeviceGetAttribute(&ccmaj, CU_ATTR_CC_MAJOR, dev) ||
+      kvs__cu.cuDeviceGetAttribute(&ccmin, CU_ATTR_CC_MINOR, dev))
+    ccmaj = ccmin = 0;
+  dev_cc = 10 * ccmaj + ccmin;
   __atomic_store_n(&opened, 1, __ATOMIC_RELEASE);
   return kernels_rc = 0;
 }
@@ -422,14 +440,22 @@ static int flash_prefill(const kvs_attn_args *a, uint32_t ratio, void *stream) {
   }
   kvs_attn_args copy = *a;
   void *params[] = {&copy, &span};
+  /* the wgmma variant only where its image runs: sm_90a, compute
+   * capability 9.0 exactly */
+  const int wg = kvs__cuda_prefill_wgmma && dev_cc == 90 &&
+                 !kvs_dtype_quantized(kv->dtype) && D <= 128;
   kvs__cuda_attn_last_nsplit = nsplit;
   kvs__cuda_attn_last_flash = 1;
+  kvs__cuda_attn_last_wg = (uint32_t)wg;
+  const int bf = kv->dtype == KVS_DTYPE_BF16;
   CUfunction f = kvs_dtype_quantized(kv->dtype)
                      ? f_flash_q[kv->dtype == KVS_DTYPE_FP8][a->qo_dtype == KVS_DTYPE_BF16]
                                 [D == 128]
-                     : f_flash[kv->dtype == KVS_DTYPE_BF16][D == 64 ? 0 : D == 128 ? 1 : 2];
+                 : wg ? f_flash_wg[bf][D == 128]
+                      : f_flash[bf][D == 64 ? 0 : D == 128 ? 1 : 2];
   int rc = launch(f, (unsigned)gx, kv->num_kv_heads, nsplit, KVS__PF_THREADS,
-                  kvs__pf_smem_for(kv->dtype, D), stream, params);
+                  wg ? kvs__pf_wg_smem(D) : kvs__pf_smem_for(kv->dtype, D), stream,
+                  params);
   if (rc || !span)
     return rc;
   void *mparams[] = {&copy, &nsplit, &span};
@@ -469,6 +495,7 @@ static int cuda_attention(const kvs_attn_args *a, int prefill, void *stream) {
     return rc;
   uint32_t ratio = a->num_heads / kv->num_kv_heads;
   kvs__cuda_attn_last_flash = 0;
+  kvs__cuda_attn_last_wg = 0;
   if (prefill && kvs__cuda_prefill_flash && flash_applies(a, ratio))
     return flash_prefill(a, ratio, stream);
   const int quant = kvs_dtype_quantized(kv->dtype);

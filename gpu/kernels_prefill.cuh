@@ -43,6 +43,14 @@
  * two halves, the weights split into two fp16 halves; see pq_fetch below
  * and docs/kernels.md.
  *
+ * WG (kvs_prefill_flash_wg_*, the sm_90a image only; 16-bit caches, D 64
+ * and 128): the same body with the products on wgmma (kernels_wgmma.cuh).
+ * K and V tiles in wgmma's 128-byte-swizzle layout (kvs__pf_wg_off, on 1024
+ * bytes), read in place by the tensor cores through descriptors; Q staged
+ * once in the V tile's bytes and kept in registers; S = Q K^T as D / 16
+ * m64n64k16, O += P V as BN / 16 m64n{D}k16 with P's accumulators as the A
+ * operand, as above.  docs/kernels.md, "The wgmma variant".
+ *
  * Poisoned memory: a key or value row past the tile's n_keys (past the
  * request, or past every row's position) is never loaded: its chunks are
  * zero-filled in shared memory.  A masked score is selected to -inf, never
@@ -54,6 +62,7 @@
  * lists this.  Q rows past the tile (padding) are zeros and never stored.
  */
 #include "kvs_prefill_sched.h"
+#include "kernels_wgmma.cuh"
 
 __device__ __forceinline__ void pf_cp_async16(uint32_t dst, const void *src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
@@ -79,6 +88,16 @@ __device__ __forceinline__ void pf_ldsm_x4_t(uint32_t addr, uint32_t *r) {
                : "r"(addr));
 }
 
+/* P.V, k-step kk: the accumulators of score n-tiles 2kk and 2kk + 1,
+ * rounded to T and paired, are the A fragment as they stand. */
+template <typename T>
+__device__ __forceinline__ void pf_pack_p(const float (*sc)[4], int kk, uint32_t *a) {
+  a[0] = Mma<T>::pack(sc[2 * kk][0], sc[2 * kk][1]);
+  a[1] = Mma<T>::pack(sc[2 * kk][2], sc[2 * kk][3]);
+  a[2] = Mma<T>::pack(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+  a[3] = Mma<T>::pack(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+}
+
 /* Byte address of 16-byte chunk c of row r of a tile of D-element rows. */
 template <int D>
 __device__ __forceinline__ uint32_t pf_at(uint32_t tile, uint32_t r, uint32_t c) {
@@ -87,7 +106,7 @@ __device__ __forceinline__ uint32_t pf_at(uint32_t tile, uint32_t r, uint32_t c)
 
 /* One K or V tile: keys j0 .. j0 + ROWS - 1 of the request, through the
  * block table; keys at or past n_keys zero-filled, never read. */
-template <int D, int ROWS>
+template <int D, int ROWS, bool WG = false>
 __device__ __forceinline__ void pf_load_kv(uint32_t tile, const kvs_paged_kv &kv,
                                            const uint32_t *bt, uint64_t plane,
                                            uint32_t j0, uint32_t n_keys,
@@ -99,7 +118,8 @@ __device__ __forceinline__ void pf_load_kv(uint32_t tile, const kvs_paged_kv &kv
   for (int i0 = 0; i0 < ROWS * CH; i0 += KVS__PF_THREADS) {
     const uint32_t i = i0 + threadIdx.x, r = i / CH, c = i % CH;
     const uint32_t j = j0 + r;
-    const uint32_t dst = pf_at<D>(tile, r, c);
+    const uint32_t dst =
+        WG ? tile + kvs__pf_wg_off(ROWS, r, c) : pf_at<D>(tile, r, c);
     if (j < n_keys) {
       uint32_t bi = bs_pow2 ? j >> bs_shift : j / kv.block_size;
       uint32_t bo = bs_pow2 ? j & (kv.block_size - 1) : j % kv.block_size;
@@ -327,9 +347,10 @@ __device__ __forceinline__ float pq_unit(float vmax) {
   return __uint_as_float((uint32_t)(e + 127) << 23);
 }
 
-template <typename T, int KQ, int D>
+template <typename T, int KQ, int D, bool WG = false>
 __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a,
                                                    uint32_t span) {
+  static_assert(!WG || (KQ == 0 && D <= 128), "wgmma: 16-bit caches, D 64/128");
   constexpr int BM = KVS__PF_BM;
   constexpr int BN = KQ ? KVS__PF_BN_Q : KVS__PF_BN(D);
   constexpr int NT = BN / 8;            /* score n-tiles per warp */
@@ -342,8 +363,11 @@ __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a,
   const uint32_t tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const uint32_t h = blockIdx.y, bx = blockIdx.x;
   const uint32_t ratio = a.num_heads / kv.num_kv_heads;
-  const uint32_t sQ = (uint32_t)__cvta_generic_to_shared(pf_smem);
-  const uint32_t sK = sQ + BM * D * 2, sV = sK + BN * D * 2;
+  const uint32_t s0 = (uint32_t)__cvta_generic_to_shared(pf_smem);
+  /* WG: K and V tiles on 1024 bytes (the swizzle's period), Q staged in V's */
+  const uint32_t sK = WG ? (s0 + 1023u) & ~1023u : s0 + BM * D * 2;
+  const uint32_t sV = sK + BN * D * 2;
+  const uint32_t sQ = WG ? sV : s0;
   /* int8/fp8: the tile's key and value scales and offsets, the rows' sums
    * of rotated q (past the V tile) */
   float *const kscl = (float *)(pf_smem + (BM + 2 * BN) * D * 2);
@@ -354,7 +378,7 @@ __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a,
    * scan of their tile counts.  The answer goes through shared memory (the
    * K tile's first bytes, before anything is loaded there: a static
    * __shared__ would push the CTA past 48 KiB). */
-  uint32_t *meta = (uint32_t *)(pf_smem + BM * D * 2);
+  uint32_t *meta = (uint32_t *)(pf_smem + (sK - s0));
   if (warp == 0) {
     uint32_t before = 0;
     int found = 0;
@@ -444,6 +468,21 @@ __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a,
     pf_commit(); /* fp8: Q's copies */
     pq_fetch<KQ, D>(kreg, kv, bt, kv.k_offset, h, kt0 * BN, p.n_keys, bs_pow2, bs_shift);
     pq_fetch<KQ, D>(vreg, kv, bt, kv.v_offset, h, kt0 * BN, p.n_keys, bs_pow2, bs_shift);
+  } else if (WG) {
+    /* Q's fragments into registers before V lands where Q was staged */
+    pf_load_kv<D, BN, true>(sK, kv, bt, kv.k_offset + head_off, kt0 * BN, p.n_keys,
+                            bs_pow2, bs_shift);
+    pf_commit();
+    asm volatile("cp.async.wait_all;\n" ::);
+    __syncthreads();
+#pragma unroll
+    for (int ks = 0; ks < (QREG ? KS : 0); ks++)
+      pf_ldsm_x4(pf_at<D>(sQ, 16 * warp + kvs__pf_ldq_row(lane), kvs__pf_ldq_chunk(lane, ks)),
+                 qf[ks]);
+    __syncthreads();
+    pf_load_kv<D, BN, true>(sV, kv, bt, kv.v_offset + head_off, kt0 * BN, p.n_keys,
+                            bs_pow2, bs_shift);
+    pf_commit();
   } else {
     pf_load_kv<D, BN>(sK, kv, bt, kv.k_offset + head_off, kt0 * BN, p.n_keys, bs_pow2,
                       bs_shift);
@@ -479,8 +518,8 @@ __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a,
         pq_fetch<KQ, D>(regs, kv, bt, plane, h, (kt + 1) * BN, p.n_keys, bs_pow2, bs_shift);
     } else {
       if (kt + 1 < kt1)
-        pf_load_kv<D, BN>(stile, kv, bt, plane + head_off, (kt + 1) * BN, p.n_keys, bs_pow2,
-                          bs_shift);
+        pf_load_kv<D, BN, WG>(stile, kv, bt, plane + head_off, (kt + 1) * BN, p.n_keys,
+                              bs_pow2, bs_shift);
       pf_commit();
     }
   };
@@ -491,9 +530,11 @@ __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a,
         asm volatile("cp.async.wait_all;\n" ::); /* fp8: Q is in */
     } else {
       pf_wait_one(); /* Q (first tile) and K of this tile are in */
+      if (WG)
+        wg_proxy_fence();
     }
     __syncthreads();
-    if (QREG && KQ != 1 && kt == kt0) {
+    if (QREG && KQ != 1 && !WG && kt == kt0) {
 #pragma unroll
       for (int ks = 0; ks < (QREG ? KS : 0); ks++)
         pf_ldsm_x4(pf_at<D>(sQ, 16 * warp + kvs__pf_ldq_row(lane), kvs__pf_ldq_chunk(lane, ks)),
@@ -505,8 +546,16 @@ __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a,
 #pragma unroll
     for (int n = 0; n < NT; n++)
       sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
+    if constexpr (WG) { /* the warpgroup's 64 rows x BN keys, B = K read in place */
+      wg_arrive();
 #pragma unroll
-    for (int ks = 0; ks < KS; ks++) {
+      for (int ks = 0; ks < KS; ks++)
+        Wg<T, BN, 0>::run(sc, qf[QREG ? ks : 0], kvs__pf_wg_desc_k(sK, BN, ks));
+      wg_commit_wait();
+      wg_hold<NT>(sc);
+    }
+#pragma unroll
+    for (int ks = 0; ks < (WG ? 0 : KS); ks++) {
       uint32_t af[4];
       if (QREG) {
         af[0] = qf[QREG ? ks : 0][0];
@@ -596,6 +645,8 @@ __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a,
       pq_put<T, KQ, D, true>(sV, vscl, voff, vreg, kt * BN, p.n_keys);
     } else {
       pf_wait_one(); /* V of this tile is in (K of the next may not be) */
+      if (WG)
+        wg_proxy_fence();
     }
     __syncthreads();
     if (KQ) {
@@ -683,19 +734,29 @@ __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a,
         o[i][3] *= al_hi;
       }
       /* O += P V: P's accumulators are the A fragments of the k-steps. */
+      if constexpr (WG) { /* the warpgroup's 64 rows x D, B = V read transposed */
+        uint32_t pa[BN / 16][4];
 #pragma unroll
-      for (int kk = 0; kk < BN / 16; kk++) {
-        const uint32_t a0 = Mma<T>::pack(sc[2 * kk][0], sc[2 * kk][1]);
-        const uint32_t a1 = Mma<T>::pack(sc[2 * kk][2], sc[2 * kk][3]);
-        const uint32_t a2 = Mma<T>::pack(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
-        const uint32_t a3 = Mma<T>::pack(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+        for (int kk = 0; kk < BN / 16; kk++)
+          pf_pack_p<T>(sc, kk, pa[kk]);
+        wg_arrive();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++)
+          Wg<T, D, 1>::run(o, pa[kk], kvs__pf_wg_desc_v(sV, BN, kk));
+        wg_commit_wait();
+        wg_hold<DT>(o);
+      }
+#pragma unroll
+      for (int kk = 0; kk < (WG ? 0 : BN / 16); kk++) {
+        uint32_t pa[4];
+        pf_pack_p<T>(sc, kk, pa);
 #pragma unroll
         for (int dp = 0; dp < DT / 2; dp++) {
           uint32_t b[4];
           pf_ldsm_x4_t(pf_at<D>(sV, kvs__pf_ldv_row(lane, kk), kvs__pf_ldv_chunk(lane, dp)),
                        b);
-          Mma<T>::run(o[2 * dp], a0, a1, a2, a3, b[0], b[1]);
-          Mma<T>::run(o[2 * dp + 1], a0, a1, a2, a3, b[2], b[3]);
+          Mma<T>::run(o[2 * dp], pa[0], pa[1], pa[2], pa[3], b[0], b[1]);
+          Mma<T>::run(o[2 * dp + 1], pa[0], pa[1], pa[2], pa[3], b[2], b[3]);
         }
       }
     }
@@ -816,6 +877,27 @@ extern "C" __global__ void kvs_prefill_flash_merge_kernel(kvs_attn_args a, uint3
       kvs_prefill_flash_##CACHE##_##NAME##_d##D(kvs_attn_args a, uint32_t span) { \
     prefill_flash_body<T, KQ, D>(a, span);                                        \
   }
+/* The sm_90a variant: wgmma (kernels_wgmma.cuh), 16-bit caches, D 64/128;
+ * the launcher picks it on compute capability 9.0 only, with shared memory
+ * for either body (kvs__pf_wg_smem): any other image (a JIT of the
+ * compute_90 PTX) runs the mma.sync body under this name. */
+template <typename T, int D>
+__device__ __forceinline__ void prefill_flash_wg(const kvs_attn_args &a, uint32_t span) {
+#if KVS_WGMMA
+  prefill_flash_body<T, 0, D, true>(a, span);
+#else
+  prefill_flash_body<T, 0, D, false>(a, span);
+#endif
+}
+#define KVS_PREFILL_FLASH_WG_INST(NAME, T, D)                                 \
+  extern "C" __global__ void __launch_bounds__(KVS__PF_THREADS, 2)           \
+      kvs_prefill_flash_wg_##NAME##_d##D(kvs_attn_args a, uint32_t span) {     \
+    prefill_flash_wg<T, D>(a, span);                                           \
+  }
+KVS_PREFILL_FLASH_WG_INST(fp16, __half, 64)
+KVS_PREFILL_FLASH_WG_INST(fp16, __half, 128)
+KVS_PREFILL_FLASH_WG_INST(bf16, __nv_bfloat16, 64)
+KVS_PREFILL_FLASH_WG_INST(bf16, __nv_bfloat16, 128)
 KVS_PREFILL_FLASH_INST(fp16, __half, 64)
 KVS_PREFILL_FLASH_INST(fp16, __half, 128)
 KVS_PREFILL_FLASH_INST(fp16, __half, 256)

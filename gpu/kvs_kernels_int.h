@@ -47,9 +47,17 @@ extern int kvs__cuda_prefill_flash;
  * CTAs when its grid would not fill the GPU twice and the call has a
  * workspace; 0: never (for the bench to compare). */
 extern int kvs__cuda_prefill_flash_split;
+/* 1 (default): where the flash kernel runs a 16-bit cache at head_dim 64
+ * or 128 on a GPU of compute capability 9.0 (H100, H200), it runs its
+ * wgmma variant (kvs_prefill_flash_wg_*, the sm_90a image); 0: the mma.sync
+ * kernel everywhere (for the tests and benches to compare; also
+ * KVS_CUDA_PREFILL_WGMMA=0 when the kernels load). */
+extern int kvs__cuda_prefill_wgmma;
 /* 1 when the last CUDA attention call of this process ran the flash
- * prefill kernel, else 0 (for the tests and benches). */
+ * prefill kernel, else 0; kvs__cuda_attn_last_wg 1 when that was its wgmma
+ * variant (for the tests and benches). */
 extern uint32_t kvs__cuda_attn_last_flash;
+extern uint32_t kvs__cuda_attn_last_wg;
 /* Partitions the last CUDA attention launch of this process split each row
  * into (1: not split), for the tests and benches to tell a split run from
  * one that was merely given a workspace. */

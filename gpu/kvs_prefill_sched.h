@@ -282,4 +282,50 @@ static inline KVS_HD uint32_t kvs__pf_acc_col(uint32_t lane, uint32_t e) {
   return 2u * (lane % 4u) + (e & 1u);
 }
 
+/*
+ * The sm_90a variant (kvs_prefill_flash_wg_*: 16-bit caches, head_dim 64 and
+ * 128) multiplies with wgmma, whose B operand the tensor cores read from
+ * shared memory through a 64-bit descriptor.  Its K and V tiles use the
+ * canonical 128-byte-swizzle layout: the tile's D columns in atoms of 64
+ * (128 bytes a row), atom a at a * BN * 128, row r (a key) at r * 128 in
+ * it, 16-byte chunk c of the row at (c ^ (r % 8)) * 16 -- the hardware's
+ * swizzle XORs address bits 4-6 with bits 7-9, so the tiles start on 1024
+ * bytes.  The Q tile is staged in the V tile's bytes (the old layout) and
+ * lives in registers from then on.
+ *
+ * Descriptor: bits 0-13 start address >> 4, 16-29 the leading byte offset
+ * >> 4, 32-45 the stride byte offset >> 4, 62-63 the swizzle (1: 128
+ * bytes).  S = Q K^T reads K "K-major" (a key's dims contiguous): 8-row
+ * groups 1024 bytes apart (stride), the leading offset unused (1); k-step ks
+ * starts at atom ks / 4, byte 32 (ks % 4).  O = P V reads V "MN-major"
+ * (transposed: a key's dims are B's columns): 8-key groups 1024 bytes
+ * apart (stride), the 64-column atoms BN * 128 apart (leading); k-step kk
+ * starts at key 16 kk. */
+static inline KVS_HD uint32_t kvs__pf_wg_off(uint32_t bn, uint32_t r, uint32_t c) {
+  return (c >> 3) * bn * 128u + r * 128u + (((c & 7u) ^ (r & 7u)) << 4);
+}
+static inline KVS_HD uint64_t kvs__pf_wg_desc(uint32_t addr, uint32_t lead,
+                                              uint32_t stride) {
+  return (uint64_t)((addr & 0x3ffffu) >> 4) | (uint64_t)((lead >> 4) & 0x3fffu) << 16 |
+         (uint64_t)((stride >> 4) & 0x3fffu) << 32 | (uint64_t)1 << 62;
+}
+static inline KVS_HD uint64_t kvs__pf_wg_desc_k(uint32_t tile, uint32_t bn,
+                                                uint32_t ks) {
+  return kvs__pf_wg_desc(tile + (ks >> 2) * bn * 128u + (ks & 3u) * 32u, 16u, 1024u);
+}
+static inline KVS_HD uint64_t kvs__pf_wg_desc_v(uint32_t tile, uint32_t bn,
+                                                uint32_t kk) {
+  return kvs__pf_wg_desc(tile + kk * 2048u, bn * 128u, 1024u);
+}
+/* Its dynamic shared memory: the K and V tiles and up to 1 KiB to align
+ * them (17 / 33 KiB at head_dim 64 / 128), or the mma.sync body's if that
+ * is more (24 / 48 KiB): an image other than sm_90a runs that body under
+ * the same name (the driver should load the sm_90a image on compute
+ * capability 9.0, but a JIT of the compute_90 PTX must not fault). */
+static inline KVS_HD uint32_t kvs__pf_wg_smem(uint32_t head_dim) {
+  const uint32_t wg = 2u * KVS__PF_BN(head_dim) * head_dim * 2u + 1024u;
+  const uint32_t mma = kvs__pf_smem_for(KVS_DTYPE_FP16, head_dim);
+  return wg > mma ? wg : mma;
+}
+
 #endif /* KVS_PREFILL_SCHED_H */

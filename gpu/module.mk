@@ -9,8 +9,11 @@
 
 GPU_SRCS  := gpu/kernels_common.c gpu/kernels_cpu.c gpu/cuda_loader.c \
              gpu/cuda_driver.c gpu/vmm.c
+# sm_90a (not sm_90): the image for compute capability 9.0 carries the
+# flash prefill's wgmma variant, which needs the architecture-specific
+# features; compute_90 PTX stays for later GPUs (without that variant).
 GPU_ARCHS ?= -gencode arch=compute_80,code=sm_80 \
-             -gencode arch=compute_90,code=sm_90 \
+             -gencode arch=compute_90a,code=sm_90a \
              -gencode arch=compute_90,code=compute_90
 GPU_LIBS  := -ldl -lpthread -lm
 MOD_CFLAGS_gpu_ := $(if $(filter 1,$(SAN)),,-O3) -Wno-psabi
@@ -22,7 +25,8 @@ GPU_OBJS   := $(patsubst %.c,$(BUILD)/%.o,$(GPU_SRCS)) $(BUILD)/gpu/cuda_fatbin.
 # No --use_fast_math, -ftz=true or -prec-div=false: the write kernel's
 # bytes must equal its C twin's (test_gpu_cuda), which takes IEEE division
 # and subnormals; CUDA 13 gives the source no macro to check this by.
-$(GPU_FATBIN): gpu/kernels.cu gpu/kernels_prefill.cuh gpu/kvs_prefill_sched.h \
+$(GPU_FATBIN): gpu/kernels.cu gpu/kernels_prefill.cuh gpu/kernels_wgmma.cuh \
+              gpu/kvs_prefill_sched.h \
               gpu/kvs_kernels.h gpu/kvs_kernels_int.h shm/kvs_layout.h
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  NVCC    $<")

@@ -36,7 +36,11 @@
  * head, row, key it sees).  Then the four shapes again over int8 and fp8
  * caches (the flash kernel's int8 path does twice the tensor-core products
  * of fp16's, fp8's P.V twice: docs/kernels.md), and long prefixes under
- * few new rows on the flash kernel without and with its split.  The flash
+ * few new rows on the flash kernel without and with its split.  On compute
+ * capability 9.0 the 16-bit rows without split are timed a third time, on
+ * the flash kernel's wgmma variant (kvs__cuda_prefill_wgmma = 1; the
+ * "flash" columns then have it 0: mma.sync), its "x flash" against them;
+ * elsewhere those columns say "-".  The flash
  * kernel's TFLOP/s are also given as % of the device's dense fp16
  * tensor-core peak (fp32 sums): SMs x flops per clock per SM (2048 on
  * sm_80, 4096 on sm_90; other devices: not given) x the driver's SM clock,
@@ -62,6 +66,7 @@
 
 static uint64_t rng = 12345;
 static double tc_peak; /* TFLOP/s, 0: unknown */
+static int dev_cc; /* compute capability, major * 10 + minor */
 static uint32_t shrink = 1; /* smoke: lengths / shrink (64), batches <= 2 */
 
 /* n / (shrink / less): less is 8 for decode rows, 4 for long prefixes */
@@ -303,32 +308,46 @@ static void run_prefill(uint32_t B, uint32_t prefix, uint32_t qlen, int reps,
   /* keys seen: row i of a request sees prefix + i + 1 */
   double flops = 4.0 * D * H * B *
                  ((double)qlen * prefix + (double)qlen * (qlen + 1) / 2.0);
-  float ms[2];
+  float ms[3];
   uint32_t parts = 1;
-  for (int k = 0; k < 2; k++) {
+  /* k 0: old (or flash without split), 1: flash (mma.sync; with split),
+   * 2: flash, its wgmma variant (16-bit, no split, compute capability 9.0) */
+  const int wg_row = !split && !kvs_dtype_quantized(dtype) && dev_cc == 90;
+  for (int k = 0; k < 2 + wg_row; k++) {
     int flash = split || k;
     kvs__cuda_prefill_flash = flash;
     kvs__cuda_prefill_flash_split = split && k;
+    kvs__cuda_prefill_wgmma = k == 2;
     a.workspace = flash && !split ? NULL : d_ws;
     a.workspace_bytes = flash && !split ? 0 : wsb;
     ms[k] = median_ms(do_prefill, &a, reps);
     if (k == split)
       parts = kvs__cuda_attn_last_nsplit;
-    if (flash && kvs__cuda_attn_last_flash != 1) {
-      printf("(the flash kernel did not run)\n");
+    if ((flash && kvs__cuda_attn_last_flash != 1) ||
+        (int)kvs__cuda_attn_last_wg != (k == 2)) {
+      printf("(the %s kernel did not run)\n", k == 2 ? "wgmma" : "flash");
       if (shrink > 1)
         exit(1);
     }
   }
   kvs__cuda_prefill_flash = 0;
   kvs__cuda_prefill_flash_split = 1;
+  kvs__cuda_prefill_wgmma = 1;
   double tf1 = flops / (ms[1] * 1e-3) / 1e12;
-  char pk[16] = "-";
+  char pk[16] = "-", wg[64] = "          -        -      -        -";
   if (tc_peak > 0)
     snprintf(pk, sizeof pk, "%.1f%%", 100.0 * tf1 / tc_peak);
-  printf("%-5s %-5u %-6u %-6u %-5u %-4u %-4u %5u %11.1f %8.1f %11.1f %8.1f %6s %7.1fx\n",
+  if (wg_row) {
+    double tf2 = flops / (ms[2] * 1e-3) / 1e12;
+    char pk2[16] = "-";
+    if (tc_peak > 0)
+      snprintf(pk2, sizeof pk2, "%.1f%%", 100.0 * tf2 / tc_peak);
+    snprintf(wg, sizeof wg, "%11.1f %8.1f %6s %7.2fx", ms[2] * 1e3, tf2, pk2,
+             ms[1] / ms[2]);
+  }
+  printf("%-5s %-5u %-6u %-6u %-5u %-4u %-4u %5u %11.1f %8.1f %11.1f %8.1f %6s %7.1fx %s\n",
          kvs_dtype_name(dtype), B, prefix, qlen, H, KVH, D, parts, ms[0] * 1e3,
-         flops / (ms[0] * 1e-3) / 1e12, ms[1] * 1e3, tf1, pk, ms[0] / ms[1]);
+         flops / (ms[0] * 1e-3) / 1e12, ms[1] * 1e3, tf1, pk, ms[0] / ms[1], wg);
   kvs_cuda_free(d_pool);
   kvs_cuda_free(d_q);
   kvs_cuda_free(d_out);
@@ -344,9 +363,10 @@ static void run_prefill(uint32_t B, uint32_t prefix, uint32_t qlen, int reps,
 static void run_prefills(int reps) {
   printf("\nprefill, fp16, causal over the cached prefix and the new tokens "
          "(old kernel: parts = its split; flash: no split):\n");
-  printf("%-5s %-5s %-6s %-6s %-5s %-4s %-4s %5s %11s %8s %11s %8s %6s %8s\n", "cache",
-         "batch", "prefix", "new", "heads", "kvh", "D", "parts", "old us", "TFLOP/s",
-         "flash us", "TFLOP/s", "%peak", "speedup");
+  printf("%-5s %-5s %-6s %-6s %-5s %-4s %-4s %5s %11s %8s %11s %8s %6s %8s %11s %8s %6s "
+         "%8s\n", "cache", "batch", "prefix", "new", "heads", "kvh", "D", "parts", "old us",
+         "TFLOP/s", "flash us", "TFLOP/s", "%peak", "speedup", "wgmma us", "TFLOP/s",
+         "%peak", "x flash");
   static const uint32_t shapes[][3] = {
       {4, 0, 2048}, {4, 4096, 512}, {4, 8192, 2048}, {16, 1024, 256}};
   int pr = reps / 10 > 0 ? reps / 10 : 1;
@@ -395,6 +415,7 @@ int main(int argc, char **argv) {
   CU(kvs__cuda_device_compute(&smclk, &ccmaj, &ccmin));
   int fpc = ccmaj == 8 && ccmin == 0 ? 2048 : ccmaj == 9 && ccmin == 0 ? 4096 : 0;
   tc_peak = (double)sms * fpc * smclk * 1e3 / 1e12;
+  dev_cc = 10 * ccmaj + ccmin;
   if (fpc)
     printf("sm_%d%d: dense fp16 tensor-core peak %.0f TFLOP/s (%d SMs x %d "
            "flops/clock x %.0f MHz)\n", ccmaj, ccmin, tc_peak, sms, fpc,

@@ -19,9 +19,10 @@ Prefill: batch / cached prefix / new tokens 4/0/2048, 4/4096/512,
 4/8192/2048, 16/1024/256, a chunk sweep 4/0/128..8192, and 1/32768/128,
 2/16384/256 (given a workspace up to 1 GiB: where the flash kernel splits
 long prefixes), 32/8 heads, D 128, fp16: kvs_cuda_prefill_attention
-on the old kernel and on the flash kernel (each in a child process, the
-second with KVS_CUDA_PREFILL_FLASH=1: the knob is read when the kernels
-load) against SDPA with a lower-right causal mask (the new tokens see the
+on the old kernel, on the flash kernel (mma.sync) and, on compute
+capability 9.0, on its wgmma variant (each in a child process with
+KVS_CUDA_PREFILL_FLASH and KVS_CUDA_PREFILL_WGMMA set: the knobs are read
+when the kernels load) against SDPA with a lower-right causal mask (the new tokens see the
 whole prefix) on the same K/V gathered contiguous; TFLOP/s of the useful
 causal work (4 * D flops per query head, row and key seen).
 
@@ -271,7 +272,7 @@ PREFILLS += [(1, 32768, 128), (2, 16384, 256)]
 
 def prefill_rows(which):
     """Child process: the prefill shapes on the kernel the environment
-    chose (KVS_CUDA_PREFILL_FLASH), against SDPA."""
+    chose (KVS_CUDA_PREFILL_FLASH, KVS_CUDA_PREFILL_WGMMA), against SDPA."""
     import torch
     import torch.nn.functional as F
     lib = load_lib()
@@ -342,12 +343,19 @@ def prefill_bench():
     print(f"\nprefill, 32/8 heads, D 128, fp16 (b/prefix/new):")
     print(f"{'shape':16} {'kernel':6} {'kvshare us':>10} {'TFLOP/s':>8} {'SDPA us':>9} "
           f"{'TFLOP/s':>8} {'x SDPA':>7} {'max err':>8}", flush=True)
-    for flash in ("0", "1"):
-        env = dict(os.environ, KVS_CUDA_PREFILL_FLASH=flash)
+    import torch
+    # the old kernel, the flash kernel on mma.sync, and on compute
+    # capability 9.0 its wgmma variant (the knobs are read when the kernels
+    # load: a child process each)
+    runs = [("old", "0", "0"), ("flash", "1", "0")]
+    if torch.cuda.get_device_capability() == (9, 0):
+        runs.append(("wgmma", "1", "1"))
+    for which, flash, wg in runs:
+        env = dict(os.environ, KVS_CUDA_PREFILL_FLASH=flash, KVS_CUDA_PREFILL_WGMMA=wg)
         rc = subprocess.run([sys.executable, os.path.abspath(__file__), "--prefill-rows",
-                             "flash" if flash == "1" else "old"], env=env).returncode
+                             which], env=env).returncode
         if rc:
-            sys.exit(f"prefill rows ({'flash' if flash == '1' else 'old'}): exit {rc}")
+            sys.exit(f"prefill rows ({which}): exit {rc}")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@
 #      splits; every cache dtype, int8/fp8 included: the quantizing write
 #      byte for byte, attention over poisoned pools; the flash prefill
 #      kernel, off by default, with its knob on: 16-bit and int8/fp8
-#      caches, and split over long prefixes), under
+#      caches, and split over long prefixes; on compute capability 9.0
+#      the 16-bit cases on its wgmma variant and again on mma.sync), under
 #      compute-sanitizer memcheck when it is there
 #   2. the cuda pool on the real driver: a daemon and 4 workers, K/V written
 #      by one, read, attended and copied by the others, every refusal, kill -9
@@ -19,7 +20,8 @@
 #      (bench_attention_gpu, int8/fp8 rows with their tokens/s against fp16
 #      in the same run; prefill TFLOP/s and % of the tensor-core peak, old
 #      kernel vs flash, fp16 and int8/fp8, flash without and with its
-#      split; and against PyTorch's SDPA, decode and prefill:
+#      split, the wgmma variant on 9.0; and against PyTorch's SDPA, decode
+#      and prefill (old, flash, wgmma):
 #      bench_attention_sdpa.py); decode before/after: the build of
 #      $KVS_GPU_BASE (pack.sh; b994ecf) and today's, alternately, the
 #      time of each row; the CPU attention body (bench_attention),

@@ -83,6 +83,10 @@ static struct CUfunc_st kernels[] = {
     {"kvs_prefill_flash_bf16_d64", K_FLASH, KVS__PF_THREADS},
     {"kvs_prefill_flash_bf16_d128", K_FLASH, KVS__PF_THREADS},
     {"kvs_prefill_flash_bf16_d256", K_FLASH, KVS__PF_THREADS},
+    {"kvs_prefill_flash_wg_fp16_d64", K_FLASH, KVS__PF_THREADS},
+    {"kvs_prefill_flash_wg_fp16_d128", K_FLASH, KVS__PF_THREADS},
+    {"kvs_prefill_flash_wg_bf16_d64", K_FLASH, KVS__PF_THREADS},
+    {"kvs_prefill_flash_wg_bf16_d128", K_FLASH, KVS__PF_THREADS},
     {"kvs_prefill_flash_int8_fp16_d64", K_FLASH, KVS__PF_THREADS},
     {"kvs_prefill_flash_int8_fp16_d128", K_FLASH, KVS__PF_THREADS},
     {"kvs_prefill_flash_int8_bf16_d64", K_FLASH, KVS__PF_THREADS},
@@ -1114,18 +1118,21 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
   if (f->kind == K_FLASH) {
     /* the kernel the launcher picked must be the one for the call's
      * dtypes and head size, with its shared memory: the model would run
-     * any of them alike */
+     * any of them alike (the wgmma variant, kvs_prefill_flash_wg_*, for a
+     * 16-bit cache at head_dim 64 or 128, with its own) */
     const kvs_attn_args *a = &op->u.kernel.p.attn.a;
+    const int wg = strncmp(f->name, "kvs_prefill_flash_wg_", 21) == 0;
     char want[64];
     if (kvs_dtype_quantized(a->kv.dtype))
       snprintf(want, sizeof want, "kvs_prefill_flash_%s_%s_d%u",
                kvs_dtype_name(a->kv.dtype), kvs_dtype_name(a->qo_dtype),
                a->kv.head_dim);
     else
-      snprintf(want, sizeof want, "kvs_prefill_flash_%s_d%u",
+      snprintf(want, sizeof want, "kvs_prefill_flash_%s%s_d%u", wg ? "wg_" : "",
                kvs_dtype_name(a->kv.dtype), a->kv.head_dim);
     if (strcmp(f->name, want) ||
-        smem != kvs__pf_smem_for(a->kv.dtype, a->kv.head_dim)) {
+        smem != (wg ? kvs__pf_wg_smem(a->kv.head_dim)
+                    : kvs__pf_smem_for(a->kv.dtype, a->kv.head_dim))) {
       free(op);
       return CUDA_ERROR_INVALID_VALUE;
     }

@@ -222,8 +222,11 @@ static void test_attention(void) {
  * 16/32, D 64/128/256, GQA 1/4/8, pools poisoned with NaN/Inf in every
  * unused slot, block and layer), plus long prefixes; int8/fp8 caches under
  * q/out fp16 and bf16 at D 64/128.  The launcher must say it ran the flash
- * kernel.
+ * kernel, and on compute capability 9.0 for 16-bit caches at D 64/128 its
+ * wgmma variant (those cases run twice: with kvs__cuda_prefill_wgmma 1 and
+ * 0, the mma.sync kernel).
  */
+static int flash_cc; /* compute capability, major * 10 + minor */
 
 static const tg_ragged flash_batches[] = {
     {7, {0, 100, 37, 0, 200, 64, 0}, {70, 1, 150, 0, 0, 64, 1}},
@@ -270,12 +273,15 @@ static void flash_case(const tg_params *pp, const tg_ragged *bt, int split) {
   CU(kvs_cuda_memcpy_dtoh(gpu_out, d_out, n * 2));
   double e_ref = tg_max_err(gpu_out, p.qo_dtype, ref, n);
   double x_twin = tg_twin_excess(gpu_out, cpu_out, p.qo_dtype, n);
+  const uint32_t want_wg = kvs__cuda_prefill_wgmma && flash_cc == 90 &&
+                           !kvs_dtype_quantized(p.dtype) && D <= 128;
   int ok = rc == 0 && kvs__cuda_attn_last_flash == 1 &&
-           e_ref <= tg_tol(p.qo_dtype) && x_twin <= 1.0 &&
-           (!split || kvs__cuda_attn_last_nsplit > 1);
-  printf("%s flash   bs=%-2u kvh=%u ratio=%-2u D=%-3u kv=%s qo=%s rows=%-4u "
+           kvs__cuda_attn_last_wg == want_wg && e_ref <= tg_tol(p.qo_dtype) &&
+           x_twin <= 1.0 && (!split || kvs__cuda_attn_last_nsplit > 1);
+  printf("%s flash%s bs=%-2u kvh=%u ratio=%-2u D=%-3u kv=%s qo=%s rows=%-4u "
          "max_len=%-5u splits %u: vs twin %.2f of the tolerance, vs naive %.2e%s\n",
-         ok ? "ok  " : "FAIL", p.block_size, p.num_kv_heads, p.ratio, D,
+         ok ? "ok  " : "FAIL", kvs__cuda_attn_last_wg ? "-wg" : "   ", p.block_size,
+         p.num_kv_heads, p.ratio, D,
          kvs_dtype_name(p.dtype), kvs_dtype_name(p.qo_dtype), c.num_rows,
          c.max_len, kvs__cuda_attn_last_nsplit, x_twin, e_ref,
          kvs__cuda_attn_last_flash == 1 ? "" : " (NOT the flash kernel)");
@@ -294,21 +300,44 @@ static void flash_case(const tg_params *pp, const tg_ragged *bt, int split) {
   tg_case_free(&c);
 }
 
+/* Case k of the 16-bit flash cases. */
+static tg_params flash16_params(int k, uint32_t dt, uint32_t dim, uint32_t ratio) {
+  tg_params p = {.block_size = k % 2 ? 32 : 16, .num_kv_heads = 2, .head_dim = dim,
+                 .ratio = ratio, .dtype = dt, .qo_dtype = dt, .num_layers = 2,
+                 .layer = (uint32_t)k % 2, .spare_blocks = 3,
+                 .q_scale = k % 3 ? 4.f : 1.f, .seed = 12000 + (uint64_t)k};
+  return p;
+}
+
 static void test_flash_prefill(void) {
   static const uint32_t dims[] = {64, 128, 256}, ratios[] = {1, 4, 8};
-  int k = 0;
+  int k = 0, smclk = 0, ccmaj = 0, ccmin = 0;
+  if (kvs__cuda_device_compute(&smclk, &ccmaj, &ccmin) == 0)
+    flash_cc = 10 * ccmaj + ccmin;
   kvs__cuda_prefill_flash = 1;
+  /* 16-bit caches (the wgmma variant where it runs; the same cases on
+   * mma.sync below) */
   for (uint32_t dt = KVS_DTYPE_FP16; dt <= KVS_DTYPE_BF16; dt++)
     for (int id = 0; id < 3; id++)
       for (int ir = 0; ir < 3; ir++)
         for (int ib = 0; ib < 4; ib++, k++) {
-          tg_params p = {.block_size = k % 2 ? 32 : 16, .num_kv_heads = 2,
-                         .head_dim = dims[id], .ratio = ratios[ir], .dtype = dt,
-                         .qo_dtype = dt, .num_layers = 2, .layer = (uint32_t)k % 2,
-                         .spare_blocks = 3, .q_scale = k % 3 ? 4.f : 1.f,
-                         .seed = 12000 + (uint64_t)k};
+          tg_params p = flash16_params(k, dt, dims[id], ratios[ir]);
           flash_case(&p, &flash_batches[ib], 0);
         }
+  if (flash_cc == 90) { /* the same 16-bit cases at D 64/128 on mma.sync */
+    kvs__cuda_prefill_wgmma = 0;
+    int k2 = 0;
+    for (uint32_t dt = KVS_DTYPE_FP16; dt <= KVS_DTYPE_BF16; dt++)
+      for (int id = 0; id < 3; id++)
+        for (int ir = 0; ir < 3; ir++)
+          for (int ib = 0; ib < 4; ib++, k2++) {
+            if (id == 2)
+              continue; /* D 256: the mma.sync kernel above */
+            tg_params p = flash16_params(k2, dt, dims[id], ratios[ir]);
+            flash_case(&p, &flash_batches[ib], 0);
+          }
+    kvs__cuda_prefill_wgmma = 1;
+  }
   /* int8/fp8 caches, q/out fp16 and bf16, head_dim 64 and 128 */
   for (uint32_t dt = KVS_DTYPE_INT8; dt <= KVS_DTYPE_FP8; dt++)
     for (uint32_t qo = KVS_DTYPE_FP16; qo <= KVS_DTYPE_BF16; qo++)

@@ -359,6 +359,8 @@ static void emu_ldsm(const uint16_t *tile, const uint32_t off[32], int trans,
 }
 
 static int emu_bf16; /* emu_mma decodes bf16 when set (3c) */
+static int emu_bad_desc; /* descriptors emu_wg_b could not read (3b') */
+static uint32_t emu_smem_size; /* bytes emu_wg_b may read (past them: a fault) */
 static float h16(uint16_t b) {
   return emu_bf16 ? kvs_bf16_to_float(b) : kvs_fp16_to_float(b);
 }
@@ -412,6 +414,27 @@ static uint32_t pack_h(float lo, float hi) {
   return kvs_float_to_fp16(lo) | (uint32_t)kvs_float_to_fp16(hi) << 16;
 }
 
+/* P's accumulators (score n-tiles 2kk, 2kk + 1) packed into the A
+ * fragments of P.V k-step kk, as the kernel packs them. */
+static void pack_p(float (*sc)[32][4], uint32_t kk, uint32_t af[32][4]) {
+  for (uint32_t L = 0; L < 32; L++) {
+    af[L][0] = pack_h(sc[2 * kk][L][0], sc[2 * kk][L][1]);
+    af[L][1] = pack_h(sc[2 * kk][L][2], sc[2 * kk][L][3]);
+    af[L][2] = pack_h(sc[2 * kk + 1][L][0], sc[2 * kk + 1][L][1]);
+    af[L][3] = pack_h(sc[2 * kk + 1][L][2], sc[2 * kk + 1][L][3]);
+  }
+}
+
+/* A Q tile [64][D] of small integers: q, and sq in the kernel's swizzled
+ * layout, stored chunk by chunk as the cp.async loads store them. */
+static void fill_q_tile(float *q, uint16_t *sq, uint32_t D, uint64_t *rng) {
+  for (uint32_t r = 0; r < KVS__PF_BM; r++)
+    for (uint32_t d = 0; d < D; d++) {
+      q[r * D + d] = (float)((int)(tg_next(rng) % 7) - 3);
+      sq[kvs__pf_smem_off(D, r, d / 8) / 2 + d % 8] = kvs_float_to_fp16(q[r * D + d]);
+    }
+}
+
 /* One warp (w) of a CTA over a Q tile [64][D], K and V tiles [BN][D] in
  * swizzled shared memory, values small integers (every sum exact). */
 static int emu_warp(uint32_t D, uint32_t w, uint64_t *rng) {
@@ -420,12 +443,7 @@ static int emu_warp(uint32_t D, uint32_t w, uint64_t *rng) {
   float *v = tg_xmalloc(sizeof(float) * BN * D), *pm = tg_xmalloc(sizeof(float) * 16 * BN);
   uint16_t *sq = tg_xmalloc((size_t)BM * D * 2), *sk = tg_xmalloc((size_t)BN * D * 2);
   uint16_t *sv = tg_xmalloc((size_t)BN * D * 2);
-  /* stored chunk by chunk, as the cp.async loads store them */
-  for (uint32_t r = 0; r < BM; r++)
-    for (uint32_t d = 0; d < D; d++) {
-      q[r * D + d] = (float)((int)(tg_next(rng) % 7) - 3);
-      sq[kvs__pf_smem_off(D, r, d / 8) / 2 + d % 8] = kvs_float_to_fp16(q[r * D + d]);
-    }
+  fill_q_tile(q, sq, D, rng);
   for (uint32_t r = 0; r < BN; r++)
     for (uint32_t d = 0; d < D; d++) {
       k[r * D + d] = (float)((int)(tg_next(rng) % 7) - 3);
@@ -464,12 +482,7 @@ static int emu_warp(uint32_t D, uint32_t w, uint64_t *rng) {
   /* O += P V: P's accumulators packed into A fragments as the kernel does */
   float (*o)[32][4] = calloc(D / 8, sizeof *o);
   for (uint32_t kk = 0; kk < BN / 16; kk++) {
-    for (uint32_t L = 0; L < 32; L++) {
-      af[L][0] = pack_h(sc[2 * kk][L][0], sc[2 * kk][L][1]);
-      af[L][1] = pack_h(sc[2 * kk][L][2], sc[2 * kk][L][3]);
-      af[L][2] = pack_h(sc[2 * kk + 1][L][0], sc[2 * kk + 1][L][1]);
-      af[L][3] = pack_h(sc[2 * kk + 1][L][2], sc[2 * kk + 1][L][3]);
-    }
+    pack_p(sc, kk, af);
     for (uint32_t dp = 0; dp < D / 16; dp++) {
       for (uint32_t L = 0; L < 32; L++)
         off[L] = kvs__pf_smem_off(D, kvs__pf_ldv_row(L, kk), kvs__pf_ldv_chunk(L, dp));
@@ -515,6 +528,186 @@ static void test_fragments(void) {
   }
 }
 
+/* ---- 3b'. the wgmma variant's plumbing (sm_90a) --------------------------- */
+
+/*
+ * wgmma.mma_async.sync.aligned.m64nNk16.f32.f16.f16 with A in registers, per
+ * the PTX ISA: warp w of the warpgroup holds rows 16w..16w+15 of A as the
+ * A fragment of mma.m16n8k16 and the same rows of D as N / 8 accumulator
+ * tiles of mma.m16n8 (so one warp's share is computed here); B, 16 x N, is
+ * read from shared memory through the descriptor (start, leading and stride
+ * byte offsets >> 4 in bits 0-13, 16-29, 32-45; swizzle mode in 62-63),
+ * here only its canonical 128-byte-swizzle layouts:
+ *   K-major (tnsp 0): B(k, n) at start + (n % 8) * 128 + (n / 8) * stride
+ *     + 2k (the 16 k of a row in two 16-byte units, contiguous);
+ *   MN-major (tnsp 1): B(k, n) at start + 2 (n % 64) + (n / 64) * leading
+ *     + (k % 8) * 128 + (k / 8) * stride;
+ * then the swizzle: address bits 4-6 XOR bits 7-9.  Written from the ISA's
+ * layouts, not from the kernel's helpers, which are what it checks.
+ */
+static float emu_wg_b(const uint8_t *smem, uint64_t desc, int tnsp, uint32_t k,
+                      uint32_t n) {
+  uint32_t start = (uint32_t)(desc & 0x3fffu) << 4;
+  uint32_t lead = (uint32_t)((desc >> 16) & 0x3fffu) << 4;
+  uint32_t stride = (uint32_t)((desc >> 32) & 0x3fffu) << 4;
+  if (desc >> 62 != 1 || ((desc >> 49) & 7u)) {
+    emu_bad_desc++;
+    return 0.f;
+  }
+  uint32_t at = tnsp ? start + 2 * (n % 64) + (n / 64) * lead + (k % 8) * 128 +
+                           (k / 8) * stride
+                     : start + (n % 8) * 128 + (n / 8) * stride + 2 * k;
+  at ^= ((at >> 7) & 7u) << 4;
+  if (at + 2 > emu_smem_size) {
+    emu_bad_desc++;
+    return 0.f;
+  }
+  uint16_t b;
+  memcpy(&b, smem + at, 2);
+  return h16(b);
+}
+
+static void emu_wgmma_warp(float (*d)[32][4], uint32_t N, const uint32_t a[32][4],
+                           const uint8_t *smem, uint64_t desc, int tnsp) {
+  float A[16][16];
+  for (uint32_t L = 0; L < 32; L++) {
+    uint32_t g = L / 4, t = L % 4;
+    for (uint32_t h = 0; h < 2; h++) {
+      uint32_t k = 2 * t + h;
+      A[g][k] = h ? h_hi(a[L][0]) : h_lo(a[L][0]);
+      A[g + 8][k] = h ? h_hi(a[L][1]) : h_lo(a[L][1]);
+      A[g][k + 8] = h ? h_hi(a[L][2]) : h_lo(a[L][2]);
+      A[g + 8][k + 8] = h ? h_hi(a[L][3]) : h_lo(a[L][3]);
+    }
+  }
+  for (uint32_t n8 = 0; n8 < N / 8; n8++)
+    for (uint32_t L = 0; L < 32; L++)
+      for (uint32_t e = 0; e < 4; e++) {
+        uint32_t row = L / 4 + 8 * (e >> 1), col = 8 * n8 + 2 * (L % 4) + (e & 1);
+        float x = 0.f;
+        for (uint32_t k = 0; k < 16; k++)
+          x += A[row][k] * emu_wg_b(smem, desc, tnsp, k, col);
+        d[n8][L][e] += x;
+      }
+}
+
+/* One CTA's S = Q K^T and O = P V on the wgmma variant's wiring: K and V
+ * stored where the kernel's loads put them (kvs__pf_wg_off, tiles aligned
+ * from the dynamic shared memory's start s0 as the kernel aligns them), Q
+ * fragments from the Q tile staged in the V tile's bytes, descriptors from
+ * kvs__pf_wg_desc_k / _v.  plant 1: the V descriptor's strides swapped;
+ * 2: K read as MN-major (the planted runs must come out wrong).  Returns
+ * the number of wrong elements (and layout faults). */
+static int emu_wg_cta(uint32_t D, uint32_t s0, int plant, uint64_t *rng) {
+  const uint32_t BN = kvs__pf_bn(D), BM = KVS__PF_BM, tile = BN * D * 2;
+  const uint32_t sK = (s0 + 1023u) & ~1023u, sV = sK + tile;
+  int bad = 0;
+  if (sV + tile - s0 > kvs__pf_wg_smem(D))
+    bad++; /* the tiles must fit the shared memory the launch asks for */
+  uint8_t *smem = calloc(1, sV + tile);
+  uint8_t *used = calloc(1, sV + tile);
+  emu_smem_size = sV + tile;
+  float *q = tg_xmalloc(sizeof(float) * BM * D), *k = tg_xmalloc(sizeof(float) * BN * D);
+  float *v = tg_xmalloc(sizeof(float) * BN * D), *pm = tg_xmalloc(sizeof(float) * BM * BN);
+  uint16_t *sq = tg_xmalloc((size_t)BM * D * 2);
+  fill_q_tile(q, sq, D, rng);
+  /* the 16-byte chunks as pf_load_kv<D, BN, true> stores them: each in the
+   * tile, none twice */
+  for (uint32_t r = 0; r < BN; r++)
+    for (uint32_t c = 0; c < D / 8; c++) {
+      uint32_t at = kvs__pf_wg_off(BN, r, c);
+      if (at % 16 || at + 16 > tile || used[sK + at]) {
+        bad++;
+        continue;
+      }
+      used[sK + at] = 1;
+      for (uint32_t e = 0; e < 8; e++) {
+        uint32_t d = 8 * c + e;
+        k[r * D + d] = (float)((int)(tg_next(rng) % 7) - 3);
+        v[r * D + d] = (float)((int)(tg_next(rng) % 5) - 2);
+        uint16_t kb = kvs_float_to_fp16(k[r * D + d]), vb = kvs_float_to_fp16(v[r * D + d]);
+        memcpy(smem + sK + at + 2 * e, &kb, 2);
+        memcpy(smem + sV + at + 2 * e, &vb, 2);
+      }
+    }
+  emu_bad_desc = 0;
+  uint32_t off[32], af[32][4];
+  for (uint32_t w = 0; w < KVS__PF_WARPS; w++) {
+    float (*sc)[32][4] = calloc(BN / 8, sizeof *sc);
+    for (uint32_t ks = 0; ks < D / 16; ks++) {
+      for (uint32_t L = 0; L < 32; L++)
+        off[L] = kvs__pf_smem_off(D, 16 * w + kvs__pf_ldq_row(L), kvs__pf_ldq_chunk(L, ks));
+      emu_ldsm(sq, off, 0, af);
+      emu_wgmma_warp(sc, BN, af, smem, kvs__pf_wg_desc_k(sK, BN, ks), plant == 2);
+    }
+    for (uint32_t n = 0; n < BN / 8; n++)
+      for (uint32_t L = 0; L < 32; L++)
+        for (uint32_t e = 0; e < 4; e++) {
+          uint32_t row = 16 * w + kvs__pf_acc_row(L, e), key = 8 * n + kvs__pf_acc_col(L, e);
+          float x = 0.f;
+          for (uint32_t d = 0; d < D; d++)
+            x += q[row * D + d] * k[key * D + d];
+          bad += sc[n][L][e] != x;
+          float p = (float)((row * 7 + key * 3) % 5);
+          pm[row * BN + key] = p;
+          sc[n][L][e] = p;
+        }
+    float (*o)[32][4] = calloc(D / 8, sizeof *o);
+    for (uint32_t kk = 0; kk < BN / 16; kk++) {
+      pack_p(sc, kk, af);
+      uint64_t dv = kvs__pf_wg_desc_v(sV, BN, kk);
+      if (plant == 1) /* leading and stride offsets swapped */
+        dv = (dv & ~(0x3fffull << 16 | 0x3fffull << 32)) | ((dv >> 16) & 0x3fffu) << 32 |
+             ((dv >> 32) & 0x3fffu) << 16;
+      emu_wgmma_warp(o, D, af, smem, dv, 1);
+    }
+    for (uint32_t i = 0; i < D / 8; i++)
+      for (uint32_t L = 0; L < 32; L++)
+        for (uint32_t e = 0; e < 4; e++) {
+          uint32_t row = 16 * w + kvs__pf_acc_row(L, e), dim = 8 * i + kvs__pf_acc_col(L, e);
+          float x = 0.f;
+          for (uint32_t j = 0; j < BN; j++)
+            x += pm[row * BN + j] * v[j * D + dim];
+          bad += o[i][L][e] != x;
+        }
+    free(sc);
+    free(o);
+  }
+  bad += emu_bad_desc;
+  free(smem);
+  free(used);
+  free(q);
+  free(k);
+  free(v);
+  free(pm);
+  free(sq);
+  return bad;
+}
+
+static void test_wg_fragments(void) {
+  uint64_t rng = 1993;
+  static const uint32_t dims[] = {64, 128};
+  emu_bf16 = 0;
+  for (int i = 0; i < 2; i++) {
+    int bad = 0;
+    /* dynamic shared memory starting on 1024 bytes and off it */
+    static const uint32_t starts[] = {0x400, 0x10, 0x7f0};
+    for (int j = 0; j < 3; j++)
+      bad += emu_wg_cta(dims[i], starts[j], 0, &rng);
+    int caught1 = emu_wg_cta(dims[i], 0x400, 1, &rng) > 0;
+    int caught2 = emu_wg_cta(dims[i], 0x400, 2, &rng) > 0;
+    /* an image without wgmma runs the mma.sync body under the same launch */
+    bad += kvs__pf_wg_smem(dims[i]) < kvs__pf_smem(dims[i]);
+    int ok = bad == 0 && caught1 && caught2;
+    printf("%s wgmma fragments D=%-3u BN=%-2u: emulated warpgroup's Q.K^T and P.V "
+           "through the descriptors %s; planted faults (V strides swapped, K "
+           "transposed) %s\n",
+           ok ? "ok  " : "FAIL", dims[i], kvs__pf_bn(dims[i]), bad ? "WRONG" : "exact",
+           caught1 && caught2 ? "caught" : "MISSED");
+    failures += !ok;
+  }
+}
+
 /* ---- 3c. whole CTAs of the kernel, emulated ------------------------------- */
 
 /*
@@ -531,6 +724,20 @@ static void test_fragments(void) {
  * late, P packed high half first) must be caught.
  */
 enum { EMU_PLANT_NONE, EMU_PLANT_WAIT, EMU_PLANT_PACK };
+
+/* emu_cta runs the wgmma variant (WG) when set: K and V tiles in its layout
+ * from the first 1024-byte boundary after a dynamic shared memory start of
+ * EMU_WG_S0 (off that boundary, as the kernel must expect), Q staged in the
+ * V tile and read into registers before V's first copy is issued, the
+ * products through emu_wgmma_warp and the kernel's descriptors.  Planted
+ * (EMU_PLANT_WGQ): V's first copy issued before Q's fragments are read. */
+static int emu_wg;
+#define EMU_WG_S0 0x230u
+enum { EMU_PLANT_WGQ = 5 };
+static uint32_t emu_smem_bytes(uint32_t dtype, uint32_t D) {
+  uint32_t wg = EMU_WG_S0 + kvs__pf_wg_smem(D), mma = kvs__pf_smem_for(dtype, D);
+  return emu_wg && wg > mma ? wg : mma;
+}
 
 typedef struct emu_cp {
   uint32_t dst; /* halfword index in shared memory */
@@ -585,7 +792,7 @@ static void emu_load_kv(emu_smem *m, uint32_t tile, const kvs_attn_args *a,
   const uint32_t D = kv->head_dim, CH = D / 8;
   for (uint32_t i = 0; i < rows * CH; i++) {
     uint32_t r = i / CH, c = i % CH, j = j0 + r;
-    uint32_t dst = tile + kvs__pf_smem_off(D, r, c);
+    uint32_t dst = tile + (emu_wg ? kvs__pf_wg_off(rows, r, c) : kvs__pf_smem_off(D, r, c));
     if (j < n_keys)
       emu_cp_async(m, dst, (const char *)kv->base +
                                (uint64_t)bt[j / kv->block_size] * kv->block_stride +
@@ -624,7 +831,7 @@ static int emu_cta_begin(const kvs_attn_args *a, uint32_t h, uint32_t bx,
   kvs__pf_split_tiles(p, span, BN, z, kt0, kt1);
   if (*kt0 >= *kt1)
     return 0;
-  memset(m->h, 0xff, (size_t)kvs__pf_smem_for(a->kv.dtype, D)); /* NaN until written */
+  memset(m->h, 0xff, emu_smem_bytes(a->kv.dtype, D)); /* NaN until written */
   m->n_cp = m->committed = 0;
   return 1;
 }
@@ -753,7 +960,9 @@ static void emu_cta(const kvs_attn_args *a, uint32_t h, uint32_t bx,
   if (!emu_cta_begin(a, h, bx, BN, span, z, m, &s, &p, &kt0, &kt1))
     return;
   const uint32_t q0 = a->q_start[s];
-  const uint32_t sQ = 0, sK = BM * D * 2, sV = sK + BN * D * 2;
+  const uint32_t sK = emu_wg ? (EMU_WG_S0 + 1023u) & ~1023u : BM * D * 2;
+  const uint32_t sV = sK + BN * D * 2, sQ = emu_wg ? sV : 0;
+  const uint8_t *bytes = (const uint8_t *)m->h;
   const uint32_t *bt = a->block_tables + (uint64_t)s * a->max_blocks_per_seq;
   const uint64_t head_off = (uint64_t)h * kv->head_stride * 2;
   for (uint32_t i = 0; i < BM * CH; i++) {
@@ -768,23 +977,41 @@ static void emu_cta(const kvs_attn_args *a, uint32_t h, uint32_t bx,
   }
   emu_load_kv(m, sK, a, bt, kv->k_offset + head_off, kt0 * BN, p.n_keys, BN);
   m->committed++;
-  emu_load_kv(m, sV, a, bt, kv->v_offset + head_off, kt0 * BN, p.n_keys, BN);
-  m->committed++;
-
   /* per warp, per lane registers */
+  uint32_t (*qf)[32][4] = calloc((size_t)KVS__PF_WARPS * KS, sizeof *qf);
+  uint32_t off[32], b[32][4], af[32][4];
+  if (emu_wg) { /* Q's fragments into registers, then V over the Q tile */
+    if (plant == EMU_PLANT_WGQ) {
+      emu_load_kv(m, sV, a, bt, kv->v_offset + head_off, kt0 * BN, p.n_keys, BN);
+      m->committed++;
+    }
+    emu_wait(m, 0);
+    for (uint32_t w = 0; w < KVS__PF_WARPS; w++)
+      for (uint32_t ks = 0; ks < KS; ks++) {
+        for (uint32_t L = 0; L < 32; L++)
+          off[L] = sQ + kvs__pf_smem_off(D, 16 * w + kvs__pf_ldq_row(L),
+                                        kvs__pf_ldq_chunk(L, ks));
+        emu_ldsm(m->h, off, 0, qf[w * KS + ks]);
+      }
+  }
+  if (plant != EMU_PLANT_WGQ) {
+    emu_load_kv(m, sV, a, bt, kv->v_offset + head_off, kt0 * BN, p.n_keys, BN);
+    m->committed++;
+  }
+
   const float scale2 = a->scale * 1.44269504088896341f;
   float (*o)[32][4] = calloc((size_t)KVS__PF_WARPS * DT, sizeof *o);
   float (*sc)[32][4] = calloc((size_t)KVS__PF_WARPS * NT, sizeof *sc);
-  uint32_t (*qf)[32][4] = calloc((size_t)KVS__PF_WARPS * KS, sizeof *qf);
   static emu_rows R;
   emu_rows_init(&R, a, s, &p);
-  uint32_t off[32], b[32][4], af[32][4];
   for (uint32_t kt = kt0; kt < kt1; kt++) {
     emu_wait(m, 1);
     for (uint32_t w = 0; w < KVS__PF_WARPS; w++) {
       float (*S)[32][4] = sc + w * NT;
       memset(S, 0, sizeof *sc * NT);
-      for (uint32_t ks = 0; ks < KS; ks++) {
+      for (uint32_t ks = 0; ks < KS && emu_wg; ks++)
+        emu_wgmma_warp(S, BN, qf[w * KS + ks], bytes, kvs__pf_wg_desc_k(sK, BN, ks), 0);
+      for (uint32_t ks = 0; ks < KS && !emu_wg; ks++) {
         if (kt == kt0 || D > 128) { /* QREG: read once; else every tile */
           for (uint32_t L = 0; L < 32; L++)
             off[L] = sQ + kvs__pf_smem_off(D, 16 * w + kvs__pf_ldq_row(L),
@@ -821,7 +1048,9 @@ static void emu_cta(const kvs_attn_args *a, uint32_t h, uint32_t bx,
             af[L][i] = plant == EMU_PLANT_PACK ? emu_pack(dt, x[1], x[0])
                                                : emu_pack(dt, x[0], x[1]);
           }
-        for (uint32_t dp = 0; dp < DT / 2; dp++) {
+        if (emu_wg)
+          emu_wgmma_warp(o + w * DT, D, af, bytes, kvs__pf_wg_desc_v(sV, BN, kk), 1);
+        for (uint32_t dp = 0; dp < DT / 2 && !emu_wg; dp++) {
           for (uint32_t L = 0; L < 32; L++)
             off[L] = sV + kvs__pf_smem_off(D, kvs__pf_ldv_row(L, kk),
                                           kvs__pf_ldv_chunk(L, dp));
@@ -1239,7 +1468,9 @@ static double grid_case(const tg_params *pp, const tg_ragged *bt, uint32_t span,
     a.workspace = tg_xmalloc(a.workspace_bytes);
     memset(a.workspace, 0xff, a.workspace_bytes);
   }
-  emu_smem m = {tg_xmalloc(kvs__pf_smem_for(p.dtype, p.head_dim)), NULL, 0, 0, 0};
+  emu_smem m = {tg_xmalloc(emu_smem_bytes(p.dtype, p.head_dim)), NULL, 0, 0, 0};
+  emu_smem_size = emu_smem_bytes(p.dtype, p.head_dim);
+  emu_bad_desc = 0;
   emu_bf16 = p.dtype == KVS_DTYPE_BF16;
   uint64_t gx = kvs__pf_grid_x(a.num_rows, a.num_seqs, p.ratio);
   for (uint32_t z = 0; z < parts && emulate; z++)
@@ -1251,6 +1482,7 @@ static double grid_case(const tg_params *pp, const tg_ragged *bt, uint32_t span,
           emu_cta(&a, h, bx, span, z, parts, &m, plant);
       }
   emu_bf16 = 0;
+  CHECK(emu_bad_desc == 0, "%d wgmma operand reads outside shared memory", emu_bad_desc);
   if (!emulate)
     CHECK(kvs__flash_model(&a, (uint32_t)gx, p.num_kv_heads, parts, span, plant) == 0,
           "model");
@@ -1405,6 +1637,33 @@ static void test_emulated_kernel(void) {
     double e, x = grid_case(&p, &long_batch, 256, 1, EMU_PLANT_NONE, &e, &ns);
     report_case("emulated kernel, split over spans of 256", &p, 0, x, e);
   }
+  /* the wgmma variant (16-bit caches, D 64/128), split or not */
+  emu_wg = 1;
+  for (int i = 0; i < 5; i++, k++) {
+    tg_params p = {.block_size = bss[k % 3], .num_kv_heads = 2,
+                   .head_dim = i % 2 ? 64 : 128, .ratio = ratios[k % 6],
+                   .dtype = i % 3 == 1 ? KVS_DTYPE_BF16 : KVS_DTYPE_FP16,
+                   .num_layers = 2, .layer = (uint32_t)k % 2, .spare_blocks = 3,
+                   .q_scale = k % 2 ? 4.f : 1.f, .seed = 15000 + (uint64_t)k};
+    p.qo_dtype = p.dtype;
+    double e, x = i == 4 ? grid_case(&p, &long_batch, 256, 1, EMU_PLANT_NONE, &e, &ns)
+                         : grid_case(&p, &emu_batches[i % 2], 0, 1, EMU_PLANT_NONE, &e, &ns);
+    report_case(i == 4 ? "emulated wgmma kernel, split over spans of 256"
+                       : "emulated wgmma kernel",
+                &p, i == 4 ? 0 : i % 2, x, e);
+  }
+  static const struct {
+    int plant;
+    const char *what;
+  } wg_plants[] = {{EMU_PLANT_WGQ, "wgmma: V's first copy issued before Q is read"},
+                   {EMU_PLANT_WAIT, "wgmma: V read one commit group early"},
+                   {EMU_PLANT_PACK, "wgmma: P packed high half first"}};
+  for (int i = 0; i < 3; i++) {
+    tg_params p = plant_params(9400 + (uint64_t)i);
+    double e, x = grid_case(&p, &emu_batches[0], 0, 1, wg_plants[i].plant, &e, &ns);
+    report_plant("planted fault in the emulated kernel", wg_plants[i].what, x);
+  }
+  emu_wg = 0;
 }
 
 /* ---- 3d. value scales the rows do not all see ------------------------------ */
@@ -1482,7 +1741,7 @@ static void test_scales(void) {
         memset(got, 0xff, n * 2);
         a.out = got;
         if (emu) {
-          emu_smem m = {tg_xmalloc(kvs__pf_smem_for(p.dtype, p.head_dim)), NULL, 0, 0, 0};
+          emu_smem m = {tg_xmalloc(emu_smem_bytes(p.dtype, p.head_dim)), NULL, 0, 0, 0};
           for (uint32_t h = 0; h < p.num_kv_heads; h++)
             for (uint32_t bx = 0; bx < gx; bx++)
               emu_cta_q(&a, h, bx, 0, 0, 1, &m, EMU_PLANT_NONE);
@@ -1558,20 +1817,29 @@ static void standin_case(const tg_params *pp, const tg_ragged *bt,
     g.workspace = d_ws;
   }
   kvs__cuda_attn_last_flash = 2; /* neither: the launcher must say */
+  kvs__cuda_attn_last_wg = 2;
   kvs__cuda_attn_last_nsplit = 0;
+  /* the stand-in is compute capability 9.0: the wgmma variant where it
+   * applies, unless turned off */
+  const int want_wg = want_flash && kvs__cuda_prefill_wgmma &&
+                      !kvs_dtype_quantized(p.dtype) && p.head_dim <= 128;
   int rc = kvs_cuda_prefill_attention(&g, NULL);
   CHECK(rc == 0, "prefill: %s", kvs_strerror(rc));
   CHECK(kvs_cuda_sync(NULL) == 0, "sync");
   CHECK(kvs_cuda_memcpy_dtoh(got, d_out, n * qes) == 0, "dtoh");
   double x = tg_twin_excess(got, twin, p.qo_dtype, n);
   int ok = rc == 0 && x <= 1.0 && (int)kvs__cuda_attn_last_flash == want_flash &&
+           (int)kvs__cuda_attn_last_wg == want_wg &&
            (kvs__cuda_attn_last_nsplit > 1) == (want_split != 0);
-  printf("%s stand-in knob=%d kv=%s qo=%s D=%-3u ratio=%u: %s kernel (want %s), "
-         "%u split(s)%s, vs twin %.2f of the tolerance\n",
-         ok ? "ok  " : "FAIL", kvs__cuda_prefill_flash, kvs_dtype_name(p.dtype),
-         kvs_dtype_name(p.qo_dtype), p.head_dim, p.ratio,
-         kvs__cuda_attn_last_flash == 1 ? "flash" : "old",
-         want_flash ? "flash" : "old", kvs__cuda_attn_last_nsplit,
+  printf("%s stand-in knob=%d wgmma=%d kv=%s qo=%s D=%-3u ratio=%u: %s kernel (want "
+         "%s), %u split(s)%s, vs twin %.2f of the tolerance\n",
+         ok ? "ok  " : "FAIL", kvs__cuda_prefill_flash, kvs__cuda_prefill_wgmma,
+         kvs_dtype_name(p.dtype), kvs_dtype_name(p.qo_dtype), p.head_dim, p.ratio,
+         kvs__cuda_attn_last_flash != 1 ? "old"
+         : kvs__cuda_attn_last_wg == 1  ? "flash wgmma"
+                                        : "flash",
+         !want_flash ? "old" : want_wg ? "flash wgmma" : "flash",
+         kvs__cuda_attn_last_nsplit,
          want_split ? " (want more than 1)" : ws ? " (want 1)" : "", x);
   kvs_cuda_free(d_ws);
   failures += !ok;
@@ -1659,6 +1927,19 @@ static int test_launcher(void) {
   kvs__cuda_prefill_flash_split = 0; /* a workspace, the knob off */
   standin_case(&p, &few, 1, 1, 0);
   kvs__cuda_prefill_flash_split = 1;
+  /* the wgmma variant off: the mma.sync kernels (their names and shared
+   * memory), split or not */
+  kvs__cuda_prefill_wgmma = 0;
+  for (int i = 0; i < 4; i++) {
+    p.dtype = i % 2 ? KVS_DTYPE_BF16 : KVS_DTYPE_FP16;
+    p.qo_dtype = p.dtype;
+    p.head_dim = i < 2 ? 128 : 64;
+    p.ratio = i == 3 ? 1 : 4;
+    p.block_size = 16;
+    p.seed = 70 + i;
+    standin_case(&p, i == 2 ? &few : &batches[i % 3], 1, i == 2, i == 2);
+  }
+  kvs__cuda_prefill_wgmma = 1;
   kvs__cuda_prefill_flash = 0;
   return 0;
 }
@@ -1676,6 +1957,7 @@ int main(void) {
   setvbuf(stdout, NULL, _IONBF, 0);
   test_schedule();
   test_fragments();
+  test_wg_fragments();
   test_model();
   test_split();
   test_launcher();
