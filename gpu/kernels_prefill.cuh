@@ -547,6 +547,7 @@ __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a,
     for (int n = 0; n < NT; n++)
       sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
     if constexpr (WG) { /* the warpgroup's 64 rows x BN keys, B = K read in place */
+      wg_hold<NT>(sc); /* the zeros written before the fence */
       wg_arrive();
 #pragma unroll
       for (int ks = 0; ks < KS; ks++)
@@ -739,6 +740,7 @@ __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a,
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++)
           pf_pack_p<T>(sc, kk, pa[kk]);
+        wg_hold<DT>(o); /* the rescaled accumulators written before the fence */
         wg_arrive();
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++)

@@ -9,10 +9,12 @@
  * image); elsewhere the same names trap, and are never reached:
  * kvs_prefill_flash_wg_* runs the mma.sync body on any other image.
  *
- * The instructions are asynchronous: a batch is wg_arrive() (orders the
- * registers' earlier writes), the MMAs, wg_commit_wait() (waits for all of
- * them); wg_hold() then ties each accumulator register to the wait, so that
- * the compiler moves no read of them above it.  The operand lists are
+ * The instructions are asynchronous: a batch is wg_hold() on the
+ * accumulators (so that the compiler sinks no write of them past the
+ * fence: the PTX ISA leaves a register access between the fence and the
+ * MMAs undefined), wg_arrive() (wgmma.fence), the MMAs, wg_commit_wait()
+ * (waits for all of them); wg_hold() again ties each accumulator register
+ * to the wait, so that the compiler moves no read of them above it.  The operand lists are
  * written out (one "+f" per accumulator: 32 for N = 64, 64 for N = 128).
  */
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
