@@ -1,0 +1,47 @@
+#!/bin/bash
+# test_wgmma_ptx — the flash prefill's wgmma variant as nvcc compiles it
+# (docs/kernels.md, "The wgmma variant (sm_90a)").  No GPU runs it here, so
+# the PTX is read instead:
+#  - sm_90a: each kvs_prefill_flash_wg_* has its two batches a key tile
+#    (two wgmma.fence, commit_group, wait_group) and D/16 + 4 MMAs, and no
+#    floating-point instruction sits between a fence and the MMAs after it
+#    (the PTX ISA leaves a register access there undefined; nvcc once sank
+#    S's zeroing there);
+#  - no other kernel uses wgmma, and the compute_90 PTX (what later GPUs
+#    JIT) has none at all.
+# Skipped where nvcc is not installed.
+set -u
+cd "$(dirname "$0")/../.."
+nvcc=$(command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+[ -n "$nvcc" ] || { echo "skipped: no nvcc"; exit 77; }
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/kvs-wgptx-XXXXXX") || exit 1
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+for arch in 90a 90; do
+  "$nvcc" -ptx -O3 -std=c++17 -I. -Ishm -Igpu -gencode arch=compute_$arch,code=compute_$arch \
+    -o "$tmp/k$arch.ptx" gpu/kernels.cu || fail "nvcc -ptx for compute_$arch"
+done
+n=$(grep -c 'wgmma' "$tmp/k90.ptx")
+[ "$n" = 0 ] || fail "$n wgmma lines in the compute_90 PTX"
+# per entry: name, fences, MMAs, commits, waits, float ops between a fence
+# and its first MMA
+awk '
+  /^\.visible \.entry/ { name = $3; sub(/\(.*/, "", name); next }
+  name == "" { next }
+  /wgmma\.fence/ { f[name]++; open = 1; next }
+  /wgmma\.mma_async/ { m[name]++; open = 0; next }
+  /wgmma\.commit_group/ { c[name]++; next }
+  /wgmma\.wait_group/ { w[name]++; next }
+  open && /^[ \t]*(mov|mul|add|sub|fma|cvt|max|min|neg|ex2|selp)\.[a-z0-9.]*(f32|f16|bf16)/ { bad[name]++ }
+  END { for (k in f) printf "%s %d %d %d %d %d\n", k, f[k], m[k], c[k], w[k], bad[k] + 0 }
+' "$tmp/k90a.ptx" | sort > "$tmp/wg"
+cat "$tmp/wg"
+for t in fp16 bf16; do
+  for d in 64 128; do
+    want="kvs_prefill_flash_wg_${t}_d$d 2 $((d / 16 + 4)) 2 2 0"
+    grep -qx "$want" "$tmp/wg" || fail "want: $want"
+  done
+done
+n=$(wc -l < "$tmp/wg")
+[ "$n" = 4 ] || fail "$n kernels use wgmma, want the 4 kvs_prefill_flash_wg_*"
+echo "ok"
