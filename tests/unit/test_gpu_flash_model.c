@@ -371,9 +371,8 @@ static float h_hi(uint32_t r) { return h16((uint16_t)(r >> 16)); }
  * A a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..);
  * B b0 (k 2t..2t+1, n g), b1 (k 2t+8.., n g); C c0,c1 (g, 2t..2t+1),
  * c2,c3 (g+8, 2t..). */
-static void emu_mma(float c[32][4], const uint32_t a[32][4],
-                    const uint32_t b0[32], const uint32_t b1[32]) {
-  float A[16][16], B[16][8];
+/* The 16 x 16 A of a warp's A fragment (wgmma's per warp is the same). */
+static void emu_unpack_a(const uint32_t a[32][4], float A[16][16]) {
   for (uint32_t L = 0; L < 32; L++) {
     uint32_t g = L / 4, t = L % 4;
     for (uint32_t h = 0; h < 2; h++) {
@@ -382,6 +381,18 @@ static void emu_mma(float c[32][4], const uint32_t a[32][4],
       A[g + 8][k] = h ? h_hi(a[L][1]) : h_lo(a[L][1]);
       A[g][k + 8] = h ? h_hi(a[L][2]) : h_lo(a[L][2]);
       A[g + 8][k + 8] = h ? h_hi(a[L][3]) : h_lo(a[L][3]);
+    }
+  }
+}
+
+static void emu_mma(float c[32][4], const uint32_t a[32][4],
+                    const uint32_t b0[32], const uint32_t b1[32]) {
+  float A[16][16], B[16][8];
+  emu_unpack_a(a, A);
+  for (uint32_t L = 0; L < 32; L++) {
+    uint32_t g = L / 4, t = L % 4;
+    for (uint32_t h = 0; h < 2; h++) {
+      uint32_t k = 2 * t + h;
       B[k][g] = h ? h_hi(b0[L]) : h_lo(b0[L]);
       B[k + 8][g] = h ? h_hi(b1[L]) : h_lo(b1[L]);
     }
@@ -435,6 +446,43 @@ static void fill_q_tile(float *q, uint16_t *sq, uint32_t D, uint64_t *rng) {
     }
 }
 
+/* Warp w's scores S (BN / 8 accumulator tiles) against q . k; then S set
+ * to the weights P, small integers of each score's row and key, also kept
+ * in pm [16][BN] (the warp's rows).  Returns the wrong scores. */
+static int check_s_set_p(float (*sc)[32][4], uint32_t w, uint32_t D, uint32_t BN,
+                         const float *q, const float *k, float *pm) {
+  int bad = 0;
+  for (uint32_t n = 0; n < BN / 8; n++)
+    for (uint32_t L = 0; L < 32; L++)
+      for (uint32_t e = 0; e < 4; e++) {
+        uint32_t row = 16 * w + kvs__pf_acc_row(L, e), key = 8 * n + kvs__pf_acc_col(L, e);
+        float x = 0.f;
+        for (uint32_t d = 0; d < D; d++)
+          x += q[row * D + d] * k[key * D + d];
+        bad += sc[n][L][e] != x;
+        float p = (float)((row * 7 + key * 3) % 5);
+        pm[(row - 16 * w) * BN + key] = p;
+        sc[n][L][e] = p;
+      }
+  return bad;
+}
+
+/* A warp's O (D / 8 accumulator tiles) against pm [16][BN] . v. */
+static int check_o(float (*o)[32][4], uint32_t D, uint32_t BN, const float *pm,
+                   const float *v) {
+  int bad = 0;
+  for (uint32_t i = 0; i < D / 8; i++)
+    for (uint32_t L = 0; L < 32; L++)
+      for (uint32_t e = 0; e < 4; e++) {
+        uint32_t row = kvs__pf_acc_row(L, e), dim = 8 * i + kvs__pf_acc_col(L, e);
+        float x = 0.f;
+        for (uint32_t j = 0; j < BN; j++)
+          x += pm[row * BN + j] * v[j * D + dim];
+        bad += o[i][L][e] != x;
+      }
+  return bad;
+}
+
 /* One warp (w) of a CTA over a Q tile [64][D], K and V tiles [BN][D] in
  * swizzled shared memory, values small integers (every sum exact). */
 static int emu_warp(uint32_t D, uint32_t w, uint64_t *rng) {
@@ -466,19 +514,7 @@ static int emu_warp(uint32_t D, uint32_t w, uint64_t *rng) {
       emu_mma_x4(sc[2 * np], sc[2 * np + 1], af, b);
     }
   }
-  for (uint32_t n = 0; n < BN / 8; n++)
-    for (uint32_t L = 0; L < 32; L++)
-      for (uint32_t e = 0; e < 4; e++) {
-        uint32_t row = 16 * w + kvs__pf_acc_row(L, e), key = 8 * n + kvs__pf_acc_col(L, e);
-        float x = 0.f;
-        for (uint32_t d = 0; d < D; d++)
-          x += q[row * D + d] * k[key * D + d];
-        bad += sc[n][L][e] != x;
-        /* the weights P: small integers of the score's row and key */
-        float p = (float)((row * 7 + key * 3) % 5);
-        pm[(row - 16 * w) * BN + key] = p;
-        sc[n][L][e] = p;
-      }
+  bad += check_s_set_p(sc, w, D, BN, q, k, pm);
   /* O += P V: P's accumulators packed into A fragments as the kernel does */
   float (*o)[32][4] = calloc(D / 8, sizeof *o);
   for (uint32_t kk = 0; kk < BN / 16; kk++) {
@@ -490,15 +526,7 @@ static int emu_warp(uint32_t D, uint32_t w, uint64_t *rng) {
       emu_mma_x4(o[2 * dp], o[2 * dp + 1], af, b);
     }
   }
-  for (uint32_t i = 0; i < D / 8; i++)
-    for (uint32_t L = 0; L < 32; L++)
-      for (uint32_t e = 0; e < 4; e++) {
-        uint32_t row = kvs__pf_acc_row(L, e), dim = 8 * i + kvs__pf_acc_col(L, e);
-        float x = 0.f;
-        for (uint32_t j = 0; j < BN; j++)
-          x += pm[row * BN + j] * v[j * D + dim];
-        bad += o[i][L][e] != x;
-      }
+  bad += check_o(o, D, BN, pm, v);
   free(sc);
   free(o);
   free(q);
@@ -570,16 +598,7 @@ static float emu_wg_b(const uint8_t *smem, uint64_t desc, int tnsp, uint32_t k,
 static void emu_wgmma_warp(float (*d)[32][4], uint32_t N, const uint32_t a[32][4],
                            const uint8_t *smem, uint64_t desc, int tnsp) {
   float A[16][16];
-  for (uint32_t L = 0; L < 32; L++) {
-    uint32_t g = L / 4, t = L % 4;
-    for (uint32_t h = 0; h < 2; h++) {
-      uint32_t k = 2 * t + h;
-      A[g][k] = h ? h_hi(a[L][0]) : h_lo(a[L][0]);
-      A[g + 8][k] = h ? h_hi(a[L][1]) : h_lo(a[L][1]);
-      A[g][k + 8] = h ? h_hi(a[L][2]) : h_lo(a[L][2]);
-      A[g + 8][k + 8] = h ? h_hi(a[L][3]) : h_lo(a[L][3]);
-    }
-  }
+  emu_unpack_a(a, A);
   for (uint32_t n8 = 0; n8 < N / 8; n8++)
     for (uint32_t L = 0; L < 32; L++)
       for (uint32_t e = 0; e < 4; e++) {
@@ -640,18 +659,7 @@ static int emu_wg_cta(uint32_t D, uint32_t s0, int plant, uint64_t *rng) {
       emu_ldsm(sq, off, 0, af);
       emu_wgmma_warp(sc, BN, af, smem, kvs__pf_wg_desc_k(sK, BN, ks), plant == 2);
     }
-    for (uint32_t n = 0; n < BN / 8; n++)
-      for (uint32_t L = 0; L < 32; L++)
-        for (uint32_t e = 0; e < 4; e++) {
-          uint32_t row = 16 * w + kvs__pf_acc_row(L, e), key = 8 * n + kvs__pf_acc_col(L, e);
-          float x = 0.f;
-          for (uint32_t d = 0; d < D; d++)
-            x += q[row * D + d] * k[key * D + d];
-          bad += sc[n][L][e] != x;
-          float p = (float)((row * 7 + key * 3) % 5);
-          pm[row * BN + key] = p;
-          sc[n][L][e] = p;
-        }
+    bad += check_s_set_p(sc, w, D, BN, q, k, pm + 16 * w * BN);
     float (*o)[32][4] = calloc(D / 8, sizeof *o);
     for (uint32_t kk = 0; kk < BN / 16; kk++) {
       pack_p(sc, kk, af);
@@ -661,15 +669,7 @@ static int emu_wg_cta(uint32_t D, uint32_t s0, int plant, uint64_t *rng) {
              ((dv >> 32) & 0x3fffu) << 16;
       emu_wgmma_warp(o, D, af, smem, dv, 1);
     }
-    for (uint32_t i = 0; i < D / 8; i++)
-      for (uint32_t L = 0; L < 32; L++)
-        for (uint32_t e = 0; e < 4; e++) {
-          uint32_t row = 16 * w + kvs__pf_acc_row(L, e), dim = 8 * i + kvs__pf_acc_col(L, e);
-          float x = 0.f;
-          for (uint32_t j = 0; j < BN; j++)
-            x += pm[row * BN + j] * v[j * D + dim];
-          bad += o[i][L][e] != x;
-        }
+    bad += check_o(o, D, BN, pm + 16 * w * BN, v);
     free(sc);
     free(o);
   }
