@@ -36,11 +36,13 @@
  * head, row, key it sees).  Then the four shapes again over int8 and fp8
  * caches (the flash kernel's int8 path does twice the tensor-core products
  * of fp16's, fp8's P.V twice: docs/kernels.md), and long prefixes under
- * few new rows on the flash kernel without and with its split.  On compute
- * capability 9.0 the 16-bit rows without split are timed a third time, on
- * the flash kernel's wgmma variant (kvs__cuda_prefill_wgmma = 1; the
- * "flash" columns then have it 0: mma.sync), its "x flash" against them;
- * elsewhere those columns say "-".  The flash
+ * few new rows on the flash kernel without and with its split; the flash
+ * columns are the mma.sync kernel (kvs__cuda_prefill_wgmma = 0).  Last, on
+ * compute capability 9.0 only, the fp16 rows without split (the four shapes
+ * and the chunk sweep) again on the flash kernel's wgmma variant, "x flash"
+ * against the flash time of the same row above: last, so that a fault of
+ * that unverified kernel, which ends the process, loses nothing else.  The
+ * flash
  * kernel's TFLOP/s are also given as % of the device's dense fp16
  * tensor-core peak (fp32 sums): SMs x flops per clock per SM (2048 on
  * sm_80, 4096 on sm_90; other devices: not given) x the driver's SM clock,
@@ -247,10 +249,12 @@ static int do_prefill(void *arg) {
 }
 
 /* One prefill shape over a cache of dtype (q/out fp16): on the old kernel
- * and on the flash kernel; or (split) on the flash kernel without and with
- * its split over long prefixes (both given the workspace). */
-static void run_prefill(uint32_t B, uint32_t prefix, uint32_t qlen, int reps,
-                        uint32_t dtype, int split) {
+ * and on the flash kernel (mma.sync), returning the flash time (ms); or
+ * (split) on the flash kernel without and with its split over long
+ * prefixes (both given the workspace); or (wg_vs > 0) on the wgmma variant
+ * only, against a flash time of wg_vs ms. */
+static float run_prefill(uint32_t B, uint32_t prefix, uint32_t qlen, int reps,
+                         uint32_t dtype, int split, float wg_vs) {
   const uint32_t H = 32, KVH = 8, D = 128;
   B = shrunk_batch(B);
   prefix = shrunk_len(prefix, split ? 4 : 1);
@@ -308,12 +312,11 @@ static void run_prefill(uint32_t B, uint32_t prefix, uint32_t qlen, int reps,
   /* keys seen: row i of a request sees prefix + i + 1 */
   double flops = 4.0 * D * H * B *
                  ((double)qlen * prefix + (double)qlen * (qlen + 1) / 2.0);
-  float ms[3];
+  float ms[3] = {0.f, 0.f, 0.f};
   uint32_t parts = 1;
   /* k 0: old (or flash without split), 1: flash (mma.sync; with split),
-   * 2: flash, its wgmma variant (16-bit, no split, compute capability 9.0) */
-  const int wg_row = !split && !kvs_dtype_quantized(dtype) && dev_cc == 90;
-  for (int k = 0; k < 2 + wg_row; k++) {
+   * 2: flash, its wgmma variant (wg_vs: that one only) */
+  for (int k = wg_vs > 0 ? 2 : 0; k < (wg_vs > 0 ? 3 : 2); k++) {
     int flash = split || k;
     kvs__cuda_prefill_flash = flash;
     kvs__cuda_prefill_flash_split = split && k;
@@ -333,21 +336,19 @@ static void run_prefill(uint32_t B, uint32_t prefix, uint32_t qlen, int reps,
   kvs__cuda_prefill_flash = 0;
   kvs__cuda_prefill_flash_split = 1;
   kvs__cuda_prefill_wgmma = 1;
-  double tf1 = flops / (ms[1] * 1e-3) / 1e12;
-  char pk[16] = "-", wg[64] = "          -        -      -        -";
+  const int f = wg_vs > 0 ? 2 : 1; /* the flash time printed */
+  double tf = flops / (ms[f] * 1e-3) / 1e12;
+  char pk[16] = "-";
   if (tc_peak > 0)
-    snprintf(pk, sizeof pk, "%.1f%%", 100.0 * tf1 / tc_peak);
-  if (wg_row) {
-    double tf2 = flops / (ms[2] * 1e-3) / 1e12;
-    char pk2[16] = "-";
-    if (tc_peak > 0)
-      snprintf(pk2, sizeof pk2, "%.1f%%", 100.0 * tf2 / tc_peak);
-    snprintf(wg, sizeof wg, "%11.1f %8.1f %6s %7.2fx", ms[2] * 1e3, tf2, pk2,
-             ms[1] / ms[2]);
-  }
-  printf("%-5s %-5u %-6u %-6u %-5u %-4u %-4u %5u %11.1f %8.1f %11.1f %8.1f %6s %7.1fx %s\n",
-         kvs_dtype_name(dtype), B, prefix, qlen, H, KVH, D, parts, ms[0] * 1e3,
-         flops / (ms[0] * 1e-3) / 1e12, ms[1] * 1e3, tf1, pk, ms[0] / ms[1], wg);
+    snprintf(pk, sizeof pk, "%.1f%%", 100.0 * tf / tc_peak);
+  if (wg_vs > 0)
+    printf("%-5s %-5u %-6u %-6u %-5u %-4u %-4u %11.1f %11.1f %8.1f %6s %7.2fx\n",
+           kvs_dtype_name(dtype), B, prefix, qlen, H, KVH, D, wg_vs * 1e3, ms[2] * 1e3, tf,
+           pk, wg_vs / ms[2]);
+  else
+    printf("%-5s %-5u %-6u %-6u %-5u %-4u %-4u %5u %11.1f %8.1f %11.1f %8.1f %6s %7.1fx\n",
+           kvs_dtype_name(dtype), B, prefix, qlen, H, KVH, D, parts, ms[0] * 1e3,
+           flops / (ms[0] * 1e-3) / 1e12, ms[1] * 1e3, tf, pk, ms[0] / ms[1]);
   kvs_cuda_free(d_pool);
   kvs_cuda_free(d_q);
   kvs_cuda_free(d_out);
@@ -358,35 +359,60 @@ static void run_prefill(uint32_t B, uint32_t prefix, uint32_t qlen, int reps,
   free(tables);
   free(lens);
   free(qs);
+  return ms[f];
 }
 
 static void run_prefills(int reps) {
   printf("\nprefill, fp16, causal over the cached prefix and the new tokens "
          "(old kernel: parts = its split; flash: no split):\n");
-  printf("%-5s %-5s %-6s %-6s %-5s %-4s %-4s %5s %11s %8s %11s %8s %6s %8s %11s %8s %6s "
-         "%8s\n", "cache", "batch", "prefix", "new", "heads", "kvh", "D", "parts", "old us",
-         "TFLOP/s", "flash us", "TFLOP/s", "%peak", "speedup", "wgmma us", "TFLOP/s",
-         "%peak", "x flash");
+  printf("%-5s %-5s %-6s %-6s %-5s %-4s %-4s %5s %11s %8s %11s %8s %6s %8s\n", "cache",
+         "batch", "prefix", "new", "heads", "kvh", "D", "parts", "old us", "TFLOP/s",
+         "flash us", "TFLOP/s", "%peak", "speedup");
   static const uint32_t shapes[][3] = {
       {4, 0, 2048}, {4, 4096, 512}, {4, 8192, 2048}, {16, 1024, 256}};
   int pr = reps / 10 > 0 ? reps / 10 : 1;
-  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-    run_prefill(shapes[i][0], shapes[i][1], shapes[i][2], pr, KVS_DTYPE_FP16, 0);
+  /* the fp16 rows the wgmma variant is timed on last: shapes, then chunks */
+  enum { N_WG = 4 + 7 };
+  uint32_t wg_rows[N_WG][3];
+  float wg_flash[N_WG];
+  int nw = 0;
+  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++, nw++) {
+    memcpy(wg_rows[nw], shapes[i], sizeof wg_rows[nw]);
+    wg_flash[nw] = run_prefill(shapes[i][0], shapes[i][1], shapes[i][2], pr,
+                               KVS_DTYPE_FP16, 0, 0.f);
+  }
   printf("chunk sweep (batch 4, prefix 0):\n");
-  for (uint32_t q = 128; q <= 8192; q *= 2)
-    run_prefill(4, 0, q, pr, KVS_DTYPE_FP16, 0);
+  for (uint32_t q = 128; q <= 8192; q *= 2, nw++) {
+    wg_rows[nw][0] = 4;
+    wg_rows[nw][1] = 0;
+    wg_rows[nw][2] = q;
+    wg_flash[nw] = run_prefill(4, 0, q, pr, KVS_DTYPE_FP16, 0, 0.f);
+  }
   printf("int8 and fp8 caches (q/out fp16; pools of random bytes), the same "
          "shapes:\n");
   for (uint32_t dt = KVS_DTYPE_INT8; dt <= KVS_DTYPE_FP8; dt++)
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-      run_prefill(shapes[i][0], shapes[i][1], shapes[i][2], pr, dt, 0);
+      run_prefill(shapes[i][0], shapes[i][1], shapes[i][2], pr, dt, 0, 0.f);
   printf("long prefixes, few new rows: the flash kernel without its split "
          "(\"old\" columns) and with it (parts = its splits):\n");
   static const uint32_t longs[][3] = {
       {1, 16384, 512}, {1, 32768, 128}, {2, 65536, 64}, {4, 8192, 256}};
   for (size_t i = 0; i < sizeof longs / sizeof longs[0]; i++)
-    run_prefill(longs[i][0], longs[i][1], longs[i][2], pr, KVS_DTYPE_FP16, 1);
-  run_prefill(1, 32768, 128, pr, KVS_DTYPE_INT8, 1);
+    run_prefill(longs[i][0], longs[i][1], longs[i][2], pr, KVS_DTYPE_FP16, 1, 0.f);
+  run_prefill(1, 32768, 128, pr, KVS_DTYPE_INT8, 1, 0.f);
+  if (dev_cc != 90) {
+    printf("wgmma variant: not on this GPU (compute capability %d.%d; it runs on "
+           "9.0 only)\n", dev_cc / 10, dev_cc % 10);
+    return;
+  }
+  printf("the flash kernel's wgmma variant (sm_90a), fp16, the shapes and the chunk "
+         "sweep again (flash us: the mma.sync time of the row above):\n");
+  printf("%-5s %-5s %-6s %-6s %-5s %-4s %-4s %11s %11s %8s %6s %8s\n", "cache", "batch",
+         "prefix", "new", "heads", "kvh", "D", "flash us", "wgmma us", "TFLOP/s", "%peak",
+         "x flash");
+  for (int i = 0; i < nw; i++)
+    run_prefill(wg_rows[i][0], wg_rows[i][1], wg_rows[i][2], pr, KVS_DTYPE_FP16, 0,
+                wg_flash[i]);
 }
 
 int main(int argc, char **argv) {

@@ -30,11 +30,14 @@ n=$(grep -cE "$dec" <<<"$out")
 [ "$n" -ge 20 ] || fail "$n decode rows, want 20 or more"
 q=$(grep -cE "${dec} +$num+x$" <<<"$out")
 [ "$q" = 6 ] || fail "$q int8/fp8 rows with their x fp16, want 6"
-pre="^(fp16|int8|fp8) +[0-9]+ +[0-9]+ +[0-9]+ +32 +8 +128 +[0-9]+ +$num +$num +$num +$num +$num+% +$num+x"
-n=$(grep -cE "$pre( +- +- +- +-| +$num +$num +$num+% +$num+x)$" <<<"$out")
+pre="^(fp16|int8|fp8) +[0-9]+ +[0-9]+ +[0-9]+ +32 +8 +128 +[0-9]+ +$num +$num +$num +$num +$num+% +$num+x$"
+n=$(grep -cE "$pre" <<<"$out")
 [ "$n" = 24 ] || fail "$n prefill rows, want 24 (4 shapes, 7 chunks, 8 int8/fp8, 5 long)"
 # the stand-in is compute capability 9.0: the fp16 rows without split (4
-# shapes, 7 chunks) also on the wgmma variant
-n=$(grep -cE "$pre +$num +$num +$num+% +$num+x$" <<<"$out")
-[ "$n" = 11 ] || fail "$n prefill rows with wgmma columns, want 11"
+# shapes, 7 chunks) again on the wgmma variant, after all the others
+wg="^fp16 +[0-9]+ +[0-9]+ +[0-9]+ +32 +8 +128 +$num +$num +$num +$num+% +$num+x$"
+n=$(grep -cE "$wg" <<<"$out")
+[ "$n" = 11 ] || fail "$n wgmma prefill rows, want 11"
+last=$(grep -E "$pre|$wg" <<<"$out" | tail -11 | grep -cE "$wg")
+[ "$last" = 11 ] || fail "the wgmma rows are not the last prefill rows"
 echo "ok"

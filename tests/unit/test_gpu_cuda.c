@@ -222,9 +222,9 @@ static void test_attention(void) {
  * 16/32, D 64/128/256, GQA 1/4/8, pools poisoned with NaN/Inf in every
  * unused slot, block and layer), plus long prefixes; int8/fp8 caches under
  * q/out fp16 and bf16 at D 64/128.  The launcher must say it ran the flash
- * kernel, and on compute capability 9.0 for 16-bit caches at D 64/128 its
- * wgmma variant (those cases run twice: with kvs__cuda_prefill_wgmma 1 and
- * 0, the mma.sync kernel).
+ * kernel: every case on mma.sync (kvs__cuda_prefill_wgmma = 0), then on
+ * compute capability 9.0 the 16-bit cases at D 64/128 (split ones too) on
+ * its wgmma variant, last.
  */
 static int flash_cc; /* compute capability, major * 10 + minor */
 
@@ -315,8 +315,9 @@ static void test_flash_prefill(void) {
   if (kvs__cuda_device_compute(&smclk, &ccmaj, &ccmin) == 0)
     flash_cc = 10 * ccmaj + ccmin;
   kvs__cuda_prefill_flash = 1;
-  /* 16-bit caches (the wgmma variant where it runs; the same cases on
-   * mma.sync below) */
+  /* the mma.sync kernel first, every case; then (compute capability 9.0)
+   * the 16-bit cases at D 64/128 again on the wgmma variant */
+  kvs__cuda_prefill_wgmma = 0;
   for (uint32_t dt = KVS_DTYPE_FP16; dt <= KVS_DTYPE_BF16; dt++)
     for (int id = 0; id < 3; id++)
       for (int ir = 0; ir < 3; ir++)
@@ -324,20 +325,6 @@ static void test_flash_prefill(void) {
           tg_params p = flash16_params(k, dt, dims[id], ratios[ir]);
           flash_case(&p, &flash_batches[ib], 0);
         }
-  if (flash_cc == 90) { /* the same 16-bit cases at D 64/128 on mma.sync */
-    kvs__cuda_prefill_wgmma = 0;
-    int k2 = 0;
-    for (uint32_t dt = KVS_DTYPE_FP16; dt <= KVS_DTYPE_BF16; dt++)
-      for (int id = 0; id < 3; id++)
-        for (int ir = 0; ir < 3; ir++)
-          for (int ib = 0; ib < 4; ib++, k2++) {
-            if (id == 2)
-              continue; /* D 256: the mma.sync kernel above */
-            tg_params p = flash16_params(k2, dt, dims[id], ratios[ir]);
-            flash_case(&p, &flash_batches[ib], 0);
-          }
-    kvs__cuda_prefill_wgmma = 1;
-  }
   /* int8/fp8 caches, q/out fp16 and bf16, head_dim 64 and 128 */
   for (uint32_t dt = KVS_DTYPE_INT8; dt <= KVS_DTYPE_FP8; dt++)
     for (uint32_t qo = KVS_DTYPE_FP16; qo <= KVS_DTYPE_BF16; qo++)
@@ -361,16 +348,37 @@ static void test_flash_prefill(void) {
                                           {KVS_DTYPE_BF16, KVS_DTYPE_BF16},
                                           {KVS_DTYPE_INT8, KVS_DTYPE_FP16},
                                           {KVS_DTYPE_FP8, KVS_DTYPE_BF16}};
-  /* (and head dim 256 for the 16-bit caches: i 0 and 1, batch 0) */
-  for (int i = 0; i < 4; i++)
-    for (int ib = 0; ib < 2 + (i < 2); ib++, k++) {
-      tg_params p = {.block_size = k % 2 ? 32 : 16, .num_kv_heads = 2,
-                     .head_dim = ib == 2 ? 256 : ib ? 64 : 128, .ratio = ib == 1 ? 1 : 4,
-                     .dtype = split_dts[i][0], .qo_dtype = split_dts[i][1],
-                     .num_layers = 1, .spare_blocks = 2, .q_scale = 2.f,
-                     .seed = 12000 + (uint64_t)k};
-      flash_case(&p, &long_batches[ib % 2], 1);
+  /* (and head dim 256 for the 16-bit caches: i 0 and 1, batch 0); on the
+   * wgmma pass the 16-bit ones at D 64/128 again, the same seeds */
+  const int k_split = k;
+  for (int wg = 0; wg <= (flash_cc == 90); wg++) {
+    kvs__cuda_prefill_wgmma = wg;
+    if (wg) { /* the 16-bit cases at D 64/128 on the wgmma variant */
+      int k2 = 0;
+      for (uint32_t dt = KVS_DTYPE_FP16; dt <= KVS_DTYPE_BF16; dt++)
+        for (int id = 0; id < 3; id++)
+          for (int ir = 0; ir < 3; ir++)
+            for (int ib = 0; ib < 4; ib++, k2++) {
+              if (id == 2)
+                continue; /* D 256: the mma.sync kernel's, above */
+              tg_params p = flash16_params(k2, dt, dims[id], ratios[ir]);
+              flash_case(&p, &flash_batches[ib], 0);
+            }
     }
+    k = k_split;
+    for (int i = 0; i < 4; i++)
+      for (int ib = 0; ib < 2 + (i < 2); ib++, k++) {
+        if (wg && (i >= 2 || ib == 2))
+          continue; /* int8/fp8 and D 256: no wgmma variant */
+        tg_params p = {.block_size = k % 2 ? 32 : 16, .num_kv_heads = 2,
+                       .head_dim = ib == 2 ? 256 : ib ? 64 : 128, .ratio = ib == 1 ? 1 : 4,
+                       .dtype = split_dts[i][0], .qo_dtype = split_dts[i][1],
+                       .num_layers = 1, .spare_blocks = 2, .q_scale = 2.f,
+                       .seed = 12000 + (uint64_t)k};
+        flash_case(&p, &long_batches[ib % 2], 1);
+      }
+  }
+  kvs__cuda_prefill_wgmma = 1;
   kvs__cuda_prefill_flash = 0;
 }
 
@@ -552,13 +560,7 @@ int main(void) {
 
   test_write();
   test_blocks();
-  test_flash_prefill();
   test_attention();
-  /* the same shapes with prefill on the flash kernel where it applies */
-  printf("-- prefill on the flash kernel (kvs__cuda_prefill_flash = 1):\n");
-  kvs__cuda_prefill_flash = 1;
-  test_attention();
-  kvs__cuda_prefill_flash = 0;
   /* the same shapes again on the CUDA-core kernel only */
   printf("-- without the tensor-core kernel:\n");
   kvs__cuda_attn_mma = 0;
@@ -582,6 +584,20 @@ int main(void) {
         split_runs[0] - before[0], split_runs[1] - before[1]);
   printf("cases that split: %d decode, %d prefill\n", split_runs[0],
          split_runs[1]);
+  /* The flash prefill kernel last, its wgmma variant (compute capability
+   * 9.0) after the mma.sync kernel: a fault of a kernel no GPU has run yet
+   * ends the process (the context is lost), and must cost no other check. */
+  test_flash_prefill();
+  for (int wg = 0; wg <= (flash_cc == 90); wg++) {
+    /* the same shapes with prefill on the flash kernel where it applies */
+    printf("-- prefill on the flash kernel (kvs__cuda_prefill_flash = 1, %s):\n",
+           wg ? "its wgmma variant" : "mma.sync");
+    kvs__cuda_prefill_flash = 1;
+    kvs__cuda_prefill_wgmma = wg;
+    test_attention();
+  }
+  kvs__cuda_prefill_flash = 0;
+  kvs__cuda_prefill_wgmma = 1;
   printf("%s: %d failure(s)\n", failures ? "FAIL" : "PASS", failures);
   return failures ? 1 : 0;
 }
