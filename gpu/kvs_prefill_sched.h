@@ -324,7 +324,7 @@ static inline KVS_HD uint64_t kvs__pf_wg_desc_v(uint32_t tile, uint32_t bn,
  * capability 9.0, but a JIT of the compute_90 PTX must not fault). */
 static inline KVS_HD uint32_t kvs__pf_wg_smem(uint32_t head_dim) {
   const uint32_t wg = 2u * KVS__PF_BN(head_dim) * head_dim * 2u + 1024u;
-  const uint32_t mma = kvs__pf_smem_for(KVS_DTYPE_FP16, head_dim);
+  const uint32_t mma = kvs__pf_smem(head_dim);
   return wg > mma ? wg : mma;
 }
 

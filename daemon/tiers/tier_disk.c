@@ -637,7 +637,7 @@ static int scan_one(tier_disk *d, uint32_t s, uint8_t *p, int res,
     if (!st->other_layout++) {
       char dt[24]; /* the slot's dtype by name; a value unknown here, as is */
 
-      if (strcmp(kvs_dtype_name(h.dtype), "unknown") != 0)
+      if (kvs_dtype_size(h.dtype))
         snprintf(dt, sizeof(dt), "%s", kvs_dtype_name(h.dtype));
       else
         snprintf(dt, sizeof(dt), "value %u", h.dtype);

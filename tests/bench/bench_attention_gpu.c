@@ -42,8 +42,7 @@
  * and the chunk sweep) again on the flash kernel's wgmma variant, "x flash"
  * against the flash time of the same row above: last, so that a fault of
  * that unverified kernel, which ends the process, loses nothing else.  The
- * flash
- * kernel's TFLOP/s are also given as % of the device's dense fp16
+ * flash kernel's TFLOP/s are also given as % of the device's dense fp16
  * tensor-core peak (fp32 sums): SMs x flops per clock per SM (2048 on
  * sm_80, 4096 on sm_90; other devices: not given) x the driver's SM clock,
  * an upper bound (NVIDIA's datasheet figure takes a lower clock).

@@ -300,10 +300,11 @@ static void flash_case(const tg_params *pp, const tg_ragged *bt, int split) {
   tg_case_free(&c);
 }
 
-/* Case k of the 16-bit flash cases. */
-static tg_params flash16_params(int k, uint32_t dt, uint32_t dim, uint32_t ratio) {
+/* Flash case k: a cache of dtype dt, q/out qo. */
+static tg_params flash_params(int k, uint32_t dt, uint32_t qo, uint32_t dim,
+                              uint32_t ratio) {
   tg_params p = {.block_size = k % 2 ? 32 : 16, .num_kv_heads = 2, .head_dim = dim,
-                 .ratio = ratio, .dtype = dt, .qo_dtype = dt, .num_layers = 2,
+                 .ratio = ratio, .dtype = dt, .qo_dtype = qo, .num_layers = 2,
                  .layer = (uint32_t)k % 2, .spare_blocks = 3,
                  .q_scale = k % 3 ? 4.f : 1.f, .seed = 12000 + (uint64_t)k};
   return p;
@@ -322,7 +323,7 @@ static void test_flash_prefill(void) {
     for (int id = 0; id < 3; id++)
       for (int ir = 0; ir < 3; ir++)
         for (int ib = 0; ib < 4; ib++, k++) {
-          tg_params p = flash16_params(k, dt, dims[id], ratios[ir]);
+          tg_params p = flash_params(k, dt, dt, dims[id], ratios[ir]);
           flash_case(&p, &flash_batches[ib], 0);
         }
   /* int8/fp8 caches, q/out fp16 and bf16, head_dim 64 and 128 */
@@ -331,11 +332,7 @@ static void test_flash_prefill(void) {
       for (int id = 0; id < 2; id++)
         for (int ir = 0; ir < 3; ir++)
           for (int ib = 0; ib < 4; ib++, k++) {
-            tg_params p = {.block_size = k % 2 ? 32 : 16, .num_kv_heads = 2,
-                           .head_dim = dims[id], .ratio = ratios[ir], .dtype = dt,
-                           .qo_dtype = qo, .num_layers = 2, .layer = (uint32_t)k % 2,
-                           .spare_blocks = 3, .q_scale = k % 3 ? 4.f : 1.f,
-                           .seed = 12000 + (uint64_t)k};
+            tg_params p = flash_params(k, dt, qo, dims[id], ratios[ir]);
             flash_case(&p, &flash_batches[ib], 0);
           }
   /* few new rows over long prefixes, with a workspace: split over spans of
@@ -361,7 +358,7 @@ static void test_flash_prefill(void) {
             for (int ib = 0; ib < 4; ib++, k2++) {
               if (id == 2)
                 continue; /* D 256: the mma.sync kernel's, above */
-              tg_params p = flash16_params(k2, dt, dims[id], ratios[ir]);
+              tg_params p = flash_params(k2, dt, dt, dims[id], ratios[ir]);
               flash_case(&p, &flash_batches[ib], 0);
             }
     }
