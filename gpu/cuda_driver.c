@@ -57,7 +57,7 @@ static CUfunction f_write, f_write_q, f_blocks, f_merge;
 static CUfunction f_attn[DT_N][NV_N][G_N];
 static CUfunction f_mma[2][2]; /* [fp16, bf16][d64, d128] */
 static CUfunction f_flash[2][3]; /* [fp16, bf16][d64, d128, d256] */
-static CUfunction f_flash_wg[2][2]; /* sm_90a: [fp16, bf16][d64, d128] */
+static CUfunction f_flash_wg[2]; /* sm_90a, head_dim 128: [fp16, bf16] */
 /* int8/fp8 caches: [int8, fp8][q/out fp16, bf16][d64, d128] */
 static CUfunction f_flash_q[2][2][2];
 static CUfunction f_flash_merge;
@@ -140,11 +140,10 @@ static int load_kernels_locked(void) {
                t ? "bf16" : "fp16", 64 << d);
       if ((r = kvs__cu.cuModuleGetFunction(&f_flash[t][d], mod, name)))
         return kernels_rc = kvs__cu_status(r);
-      if (d == 2)
+      if (d != 1)
         continue;
-      snprintf(name, sizeof name, "kvs_prefill_flash_wg_%s_d%d",
-               t ? "bf16" : "fp16", 64 << d);
-      if ((r = kvs__cu.cuModuleGetFunction(&f_flash_wg[t][d], mod, name)))
+      snprintf(name, sizeof name, "kvs_prefill_flash_wg_%s_d128", t ? "bf16" : "fp16");
+      if ((r = kvs__cu.cuModuleGetFunction(&f_flash_wg[t], mod, name)))
         return kernels_rc = kvs__cu_status(r);
     }
   for (int c = 0; c < 2; c++)
@@ -441,9 +440,10 @@ static int flash_prefill(const kvs_attn_args *a, uint32_t ratio, void *stream) {
   kvs_attn_args copy = *a;
   void *params[] = {&copy, &span};
   /* the wgmma variant only where its image runs: sm_90a, compute
-   * capability 9.0 exactly */
+   * capability 9.0 exactly; head_dim 128 (docs/kernels.md: ptxas 13.0
+   * miscompiled it at 64) */
   const int wg = kvs__cuda_prefill_wgmma && dev_cc == 90 &&
-                 !kvs_dtype_quantized(kv->dtype) && D <= 128;
+                 !kvs_dtype_quantized(kv->dtype) && D == 128;
   kvs__cuda_attn_last_nsplit = nsplit;
   kvs__cuda_attn_last_flash = 1;
   kvs__cuda_attn_last_wg = (uint32_t)wg;
@@ -451,7 +451,7 @@ static int flash_prefill(const kvs_attn_args *a, uint32_t ratio, void *stream) {
   CUfunction f = kvs_dtype_quantized(kv->dtype)
                      ? f_flash_q[kv->dtype == KVS_DTYPE_FP8][a->qo_dtype == KVS_DTYPE_BF16]
                                 [D == 128]
-                 : wg ? f_flash_wg[bf][D == 128]
+                 : wg ? f_flash_wg[bf]
                       : f_flash[bf][D == 64 ? 0 : D == 128 ? 1 : 2];
   int rc = launch(f, (unsigned)gx, kv->num_kv_heads, nsplit, KVS__PF_THREADS,
                   wg ? kvs__pf_wg_smem(D) : kvs__pf_smem_for(kv->dtype, D), stream,

@@ -85,11 +85,8 @@ template <int NT> __device__ __forceinline__ void wg_hold(float (*d)[4]) {
   };
 template <typename T, int N, int TNSP_B> struct Wg;
 KVS_WG_SPEC(__half, "f16", 64, 0, KVS_WG_R32, KVS_WG_D32, "32", "33", "34", "35", "36", "37")
-KVS_WG_SPEC(__half, "f16", 64, 1, KVS_WG_R32, KVS_WG_D32, "32", "33", "34", "35", "36", "37")
 KVS_WG_SPEC(__half, "f16", 128, 1, KVS_WG_R64, KVS_WG_D64, "64", "65", "66", "67", "68", "69")
 KVS_WG_SPEC(__nv_bfloat16, "bf16", 64, 0, KVS_WG_R32, KVS_WG_D32, "32", "33", "34", "35", "36",
-            "37")
-KVS_WG_SPEC(__nv_bfloat16, "bf16", 64, 1, KVS_WG_R32, KVS_WG_D32, "32", "33", "34", "35", "36",
             "37")
 KVS_WG_SPEC(__nv_bfloat16, "bf16", 128, 1, KVS_WG_R64, KVS_WG_D64, "64", "65", "66", "67", "68",
             "69")

@@ -36,12 +36,11 @@ awk '
   END { for (k in f) printf "%s %d %d %d %d %d\n", k, f[k], m[k], c[k], w[k], bad[k] + 0 }
 ' "$tmp/k90a.ptx" | sort > "$tmp/wg"
 cat "$tmp/wg"
+# (head_dim 128 only: ptxas 13.0 compiled the D 64 instance wrong)
 for t in fp16 bf16; do
-  for d in 64 128; do
-    want="kvs_prefill_flash_wg_${t}_d$d 2 $((d / 16 + 4)) 2 2 0"
-    grep -qx "$want" "$tmp/wg" || fail "want: $want"
-  done
+  want="kvs_prefill_flash_wg_${t}_d128 2 12 2 2 0"
+  grep -qx "$want" "$tmp/wg" || fail "want: $want"
 done
 n=$(wc -l < "$tmp/wg")
-[ "$n" = 4 ] || fail "$n kernels use wgmma, want the 4 kvs_prefill_flash_wg_*"
+[ "$n" = 2 ] || fail "$n kernels use wgmma, want the 2 kvs_prefill_flash_wg_*"
 echo "ok"

@@ -274,7 +274,7 @@ static void flash_case(const tg_params *pp, const tg_ragged *bt, int split) {
   double e_ref = tg_max_err(gpu_out, p.qo_dtype, ref, n);
   double x_twin = tg_twin_excess(gpu_out, cpu_out, p.qo_dtype, n);
   const uint32_t want_wg = kvs__cuda_prefill_wgmma && flash_cc == 90 &&
-                           !kvs_dtype_quantized(p.dtype) && D <= 128;
+                           !kvs_dtype_quantized(p.dtype) && D == 128;
   int ok = rc == 0 && kvs__cuda_attn_last_flash == 1 &&
            kvs__cuda_attn_last_wg == want_wg && e_ref <= tg_tol(p.qo_dtype) &&
            x_twin <= 1.0 && (!split || kvs__cuda_attn_last_nsplit > 1);
@@ -317,7 +317,7 @@ static void test_flash_prefill(void) {
     flash_cc = 10 * ccmaj + ccmin;
   kvs__cuda_prefill_flash = 1;
   /* the mma.sync kernel first, every case; then (compute capability 9.0)
-   * the 16-bit cases at D 64/128 again on the wgmma variant */
+   * the 16-bit cases at D 128 again on the wgmma variant */
   kvs__cuda_prefill_wgmma = 0;
   for (uint32_t dt = KVS_DTYPE_FP16; dt <= KVS_DTYPE_BF16; dt++)
     for (int id = 0; id < 3; id++)
@@ -346,18 +346,18 @@ static void test_flash_prefill(void) {
                                           {KVS_DTYPE_INT8, KVS_DTYPE_FP16},
                                           {KVS_DTYPE_FP8, KVS_DTYPE_BF16}};
   /* (and head dim 256 for the 16-bit caches: i 0 and 1, batch 0); on the
-   * wgmma pass the 16-bit ones at D 64/128 again, the same seeds */
+   * wgmma pass the 16-bit ones at D 128 again, the same seeds */
   const int k_split = k;
   for (int wg = 0; wg <= (flash_cc == 90); wg++) {
     kvs__cuda_prefill_wgmma = wg;
-    if (wg) { /* the 16-bit cases at D 64/128 on the wgmma variant */
+    if (wg) { /* the 16-bit cases at D 128 on the wgmma variant */
       int k2 = 0;
       for (uint32_t dt = KVS_DTYPE_FP16; dt <= KVS_DTYPE_BF16; dt++)
         for (int id = 0; id < 3; id++)
           for (int ir = 0; ir < 3; ir++)
             for (int ib = 0; ib < 4; ib++, k2++) {
-              if (id == 2)
-                continue; /* D 256: the mma.sync kernel's, above */
+              if (dims[id] != 128)
+                continue; /* D 64 and 256: the mma.sync kernel's, above */
               tg_params p = flash_params(k2, dt, dt, dims[id], ratios[ir]);
               flash_case(&p, &flash_batches[ib], 0);
             }
@@ -365,8 +365,8 @@ static void test_flash_prefill(void) {
     k = k_split;
     for (int i = 0; i < 4; i++)
       for (int ib = 0; ib < 2 + (i < 2); ib++, k++) {
-        if (wg && (i >= 2 || ib == 2))
-          continue; /* int8/fp8 and D 256: no wgmma variant */
+        if (wg && (i >= 2 || ib != 0))
+          continue; /* int8/fp8, D 64 and 256: no wgmma variant */
         tg_params p = {.block_size = k % 2 ? 32 : 16, .num_kv_heads = 2,
                        .head_dim = ib == 2 ? 256 : ib ? 64 : 128, .ratio = ib == 1 ? 1 : 4,
                        .dtype = split_dts[i][0], .qo_dtype = split_dts[i][1],
