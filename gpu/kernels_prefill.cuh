@@ -203,10 +203,11 @@ __device__ __forceinline__ void pq_codes(const uint4 &raw, uint32_t c, float *f)
   const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
   for (int q = 0; q < 4; q++) {
-    if (KQ == 1) {
+    if (KQ == 1) { /* 2^23 + byte, less 2^23 + c: exact, no I2F */
+      const float off = 8388608.f + (float)c;
 #pragma unroll
       for (int b = 0; b < 4; b++)
-        f[4 * q + b] = (float)((w[q] >> (8 * b)) & 0xffu) - (float)c;
+        f[4 * q + b] = __uint_as_float(__byte_perm(w[q], 0x4b000000u, 0x7440u | b)) - off;
     } else {
       e4m3x2_to_float(w[q] & 0xffffu, f + 4 * q);
       e4m3x2_to_float(w[q] >> 16, f + 4 * q + 2);
