@@ -198,8 +198,11 @@ class Llama:
         self.cfg, self.device, self.dtype = cfg, torch.device(device), dtype
         self.w = {n: t.to(self.device, dtype) for n, t in weights.items()}
         half = cfg.head_dim // 2
-        self.inv_freq = 1.0 / (cfg.rope_theta ** (
+        # on the model's device, beside the positions it meets (float64:
+        # the angles of long positions keep their digits)
+        self.inv_freq = (1.0 / (cfg.rope_theta ** (
             torch.arange(half, dtype=torch.float64) * 2 / cfg.head_dim))
+        ).to(self.device)
 
     def layer(self, i, name):
         return self.w[f"model.layers.{i}.{name}.weight"]
@@ -212,9 +215,10 @@ class Llama:
 
     def rope(self, x, positions):
         """x [rows, heads, head_dim] at positions [rows] (rotate-half)."""
-        ang = positions.to(torch.float64)[:, None] * self.inv_freq[None, :]
-        cos = torch.cat([ang.cos(), ang.cos()], -1).to(self.device, x.dtype)
-        sin = torch.cat([ang.sin(), ang.sin()], -1).to(self.device, x.dtype)
+        ang = (positions.to(self.device, torch.float64)[:, None] *
+               self.inv_freq[None, :])
+        cos = torch.cat([ang.cos(), ang.cos()], -1).to(x.dtype)
+        sin = torch.cat([ang.sin(), ang.sin()], -1).to(x.dtype)
         half = x.shape[-1] // 2
         rot = torch.cat([-x[..., half:], x[..., :half]], -1)
         return x * cos[:, None, :] + rot * sin[:, None, :]
