@@ -43,13 +43,12 @@ int kvs__cuda_attn_blocks_per_sm = 0;
 int kvs__cuda_attn_max_group = 8;
 /* Use the tensor-core kernel where it applies (bench knob). */
 int kvs__cuda_attn_mma = 1;
-/* Prefill on the flash kernel (kernels_prefill.cuh) where it applies.  Off
- * by default: no GPU has run that kernel yet (it is checked here only
- * through its C model, tests/standin/flash_model.c); turn it on by default
- * once tests/gpu/run.sh has passed on a GPU (docs/kernels.md). */
-int kvs__cuda_prefill_flash = 0;
+/* Prefill on the flash kernel (kernels_prefill.cuh) where it applies: on
+ * by default since tests/gpu/run.sh passed on an H100 (docs/kernels.md). */
+int kvs__cuda_prefill_flash = 1;
 int kvs__cuda_prefill_flash_split = 1;
 int kvs__cuda_prefill_wgmma = 1;
+int kvs__cuda_decode_flash = 4;
 uint32_t kvs__cuda_attn_last_nsplit = 1;
 uint32_t kvs__cuda_attn_last_flash = 0;
 uint32_t kvs__cuda_attn_last_wg = 0;
@@ -156,14 +155,17 @@ static int load_kernels_locked(void) {
           return kernels_rc = kvs__cu_status(r);
       }
   {
-    /* An opt-in without a rebuild (for a GPU check or a bench run from
-     * Python): KVS_CUDA_PREFILL_FLASH=1 when the kernels load. */
+    /* The knobs without a rebuild (for a GPU check or a bench run from
+     * Python), read when the kernels load. */
     const char *e = getenv("KVS_CUDA_PREFILL_FLASH");
     if (e && *e)
       kvs__cuda_prefill_flash = strcmp(e, "0") != 0;
     e = getenv("KVS_CUDA_PREFILL_WGMMA");
     if (e && *e)
       kvs__cuda_prefill_wgmma = strcmp(e, "0") != 0;
+    e = getenv("KVS_CUDA_DECODE_FLASH");
+    if (e && *e)
+      kvs__cuda_decode_flash = atoi(e) > 0 ? atoi(e) : 0;
   }
   CUdevice dev = kvs__cuda_device();
   kvs__cu.cuDeviceGetName(dev_name, sizeof dev_name, dev);
@@ -462,6 +464,42 @@ static int flash_prefill(const kvs_attn_args *a, uint32_t ratio, void *stream) {
   return launch(f_flash_merge, a->num_rows, a->num_heads, 1, 128, 0, stream, mparams);
 }
 
+/*
+ * Decode over an int8/fp8 cache on the flash kernel (kvs__cuda_decode_flash):
+ * a decode call is a prefill whose requests have one new row each, the
+ * last of their seq_len keys, so q_start is 0, 1, .., num_seqs.  One device
+ * array of that, made on first use under the lock and kept with the module
+ * (256 KiB); a call of more requests keeps the decode kernel.
+ */
+#define KVS__IOTA_N 65537u
+static CUdeviceptr d_iota;
+
+static int iota_ready(void) {
+  int rc = 0;
+  pthread_mutex_lock(&lock);
+  if (!d_iota) {
+    uint32_t *h = malloc(KVS__IOTA_N * sizeof *h);
+    CUdeviceptr d = 0;
+    if (!h) {
+      rc = KVS_ENOMEM;
+    } else {
+      for (uint32_t i = 0; i < KVS__IOTA_N; i++)
+        h[i] = i;
+      rc = kvs__cu_status(kvs__cu.cuMemAlloc(&d, KVS__IOTA_N * sizeof *h));
+      if (!rc) {
+        rc = kvs__cu_status(kvs__cu.cuMemcpyHtoD(d, h, KVS__IOTA_N * sizeof *h));
+        if (rc)
+          kvs__cu.cuMemFree(d);
+        else
+          d_iota = d;
+      }
+      free(h);
+    }
+  }
+  pthread_mutex_unlock(&lock);
+  return rc;
+}
+
 static int cuda_attention(const kvs_attn_args *a, int prefill, void *stream) {
   int rc = kvs__check_attn(a, prefill);
   if (rc)
@@ -498,6 +536,15 @@ static int cuda_attention(const kvs_attn_args *a, int prefill, void *stream) {
   kvs__cuda_attn_last_wg = 0;
   if (prefill && kvs__cuda_prefill_flash && flash_applies(a, ratio))
     return flash_prefill(a, ratio, stream);
+  if (!prefill && kvs__cuda_decode_flash > 0 && ratio >= (uint32_t)kvs__cuda_decode_flash &&
+      kvs_dtype_quantized(kv->dtype) &&
+      a->num_seqs < KVS__IOTA_N && flash_applies(a, ratio)) {
+    if ((rc = iota_ready()))
+      return rc;
+    kvs_attn_args copy = *a;
+    copy.q_start = (const uint32_t *)(uintptr_t)d_iota;
+    return flash_prefill(&copy, ratio, stream);
+  }
   const int quant = kvs_dtype_quantized(kv->dtype);
   /* Tensor cores for GQA groups of 4 or more over a 16-bit cache, q/out in
    * the same dtype (the products then round nothing the C twin keeps). */

@@ -40,19 +40,27 @@ extern int kvs__cuda_attn_mma;
 /* 1: prefill runs the flash kernel (gpu/kernels_prefill.cuh) where it
  * applies (a 16-bit cache with q/out of the same dtype and head_dim 64, 128
  * or 256; an int8/fp8 cache with q/out fp16 or bf16 and head_dim 64 or
- * 128); 0 (default, until a GPU has verified that kernel: docs/kernels.md):
- * the kernels above. */
+ * 128), the default since it passed tests/gpu/run.sh on an H100; 0 (also
+ * KVS_CUDA_PREFILL_FLASH=0 when the kernels load): the kernels above. */
 extern int kvs__cuda_prefill_flash;
 /* 1 (default): the flash prefill kernel splits long prefixes over several
  * CTAs when its grid would not fill the GPU twice and the call has a
  * workspace; 0: never (for the bench to compare). */
 extern int kvs__cuda_prefill_flash_split;
-/* 1 (default): where the flash kernel runs a 16-bit cache at head_dim 64
- * or 128 on a GPU of compute capability 9.0 (H100, H200), it runs its
+/* 1 (default): where the flash kernel runs a 16-bit cache at head_dim 128
+ * on a GPU of compute capability 9.0 (H100, H200), it runs its
  * wgmma variant (kvs_prefill_flash_wg_*, the sm_90a image); 0: the mma.sync
  * kernel everywhere (for the tests and benches to compare; also
  * KVS_CUDA_PREFILL_WGMMA=0 when the kernels load). */
 extern int kvs__cuda_prefill_wgmma;
+/* N > 0: decode over an int8/fp8 cache (q/out fp16 or bf16, head_dim 64 or
+ * 128, fewer than 65537 requests) with GQA groups of N query heads or more
+ * runs on the flash prefill kernel, each request one new row; 0: always
+ * the decode kernel.  Default 4: on an H100 that was 1.2-1.3x faster than
+ * the decode kernel at groups of 4 and 3.6-4x at 8 (docs/benchmarks.md);
+ * smaller groups were not measured.  KVS_CUDA_DECODE_FLASH=N when the
+ * kernels load. */
+extern int kvs__cuda_decode_flash;
 /* 1 when the last CUDA attention call of this process ran the flash
  * prefill kernel, else 0; kvs__cuda_attn_last_wg 1 when that was its wgmma
  * variant (for the tests and benches). */

@@ -4,13 +4,18 @@
  * device's nominal memory bandwidth.  Prints "skipped: no GPU" and exits 0
  * where CUDA cannot run (it is in `make bench`).
  *
- *   bench_attention_gpu [reps [sweep|profile|prefill|decode|smoke]]
+ *   bench_attention_gpu [reps [sweep|profile|prefill|decode|smoke|ncu]]
  *
  * sweep: also times configurations at several split targets (blocks per
  * SM), on the CUDA-core kernel only, and with at most 4 query heads per
  * block; profile: one configuration only, for a profiler; decode: the 11
  * fp16/bf16/fp32 decode rows only, the rows the build of `b994ecf` times
  * (tests/gpu/run.sh runs both builds, alternately, for a before/after);
+ * ncu: for a profiler (ncu --kernel-name regex:...), each kernel of the
+ * open issues once at one shape: prefill 4/0/2048 fp16 on the old kernel,
+ * the flash kernel and its wgmma variant; decode 32 x 4096 int8 and fp8
+ * on the decode kernel and on the flash kernel, and fp16 (reps 1, no
+ * warm-up, no median: the times printed say nothing);
  * smoke: every row of the default run, batches cut to 2 and lengths divided
  * (decode rows by 8, to keep their split; prefill rows by 64, the long
  * prefixes by 16, to keep theirs), each timed once, warm-up none, on the
@@ -24,7 +29,9 @@
  * keys, read once (the floor for decode), and for int8/fp8 their scales; q,
  * out, tables are ignored.  int8 and fp8 rows (q/out fp16) also give their
  * tokens/s against the fp16 row of the same shape timed just before
- * ("x fp16": issue 24 asks >= 1.6 at batch 32 x 4096, 32/8 heads, D 128).
+ * ("x fp16": issue 24 asks >= 1.6 at batch 32 x 4096, 32/8 heads, D 128),
+ * on the decode kernel, then again on the flash kernel (kvs__cuda_decode_flash,
+ * which by default takes them at GQA groups of 4 or more).
  *
  * Prefill (chunked, causal, after the decode rows; `prefill` as the second
  * argument runs only these): batch / cached prefix / new tokens per
@@ -106,9 +113,11 @@ static int do_decode(void *arg) {
   return kvs_cuda_decode_attention(arg, NULL);
 }
 
+static int once; /* ncu: every timed call once, no warm-up */
+
 static float median_ms(int (*fn)(void *), void *arg, int reps) {
   float t[5];
-  int n = shrink > 1 ? 1 : 5; /* (smoke: once, no warm-up) */
+  int n = shrink > 1 || once ? 1 : 5; /* (smoke, ncu: once, no warm-up) */
   for (int i = 0; i < 2 && n > 1; i++) /* warm-up */
     CU(fn(arg));
   CU(kvs_cuda_sync(NULL));
@@ -462,9 +471,28 @@ int main(int argc, char **argv) {
          copy_bw, 100.0 * copy_bw / peak);
   CU(kvs_cuda_free(ca));
   CU(kvs_cuda_free(cb));
+  /* the decode kernel's rows (int8/fp8 at GQA >= 4 would default to the
+   * flash kernel: a section of their own below) */
+  kvs__cuda_decode_flash = 0;
 
   if (strcmp(argc > 2 ? argv[2] : "", "prefill") == 0) {
     run_prefills(reps);
+    return 0;
+  }
+  if (strcmp(argc > 2 ? argv[2] : "", "ncu") == 0) {
+    static const bench_cfg q[] = {{KVS_DTYPE_FP16, 32, 4096, 32, 8, 128},
+                                  {KVS_DTYPE_INT8, 32, 4096, 32, 8, 128},
+                                  {KVS_DTYPE_FP8, 32, 4096, 32, 8, 128}};
+    once = 1;
+    run_prefill(4, 0, 2048, 1, KVS_DTYPE_FP16, 0, 0.f);
+    if (dev_cc == 90)
+      run_prefill(4, 0, 2048, 1, KVS_DTYPE_FP16, 0, 1.f);
+    for (int df = 0; df < 2; df++) {
+      kvs__cuda_decode_flash = df;
+      for (int i = df; i < 3; i++)
+        run_cfg(&q[i], 1, 1, copy_bw, peak);
+    }
+    kvs__cuda_decode_flash = 0;
     return 0;
   }
   printf("\n%-5s %-5s %-6s %-5s %-6s %-4s %-3s %5s %10s %10s %9s %8s %8s %7s\n",
@@ -507,6 +535,20 @@ int main(int argc, char **argv) {
   }
   for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++)
     run_cfg(&cfg[ci], reps, ci == 0 || ci == 2, copy_bw, peak);
+  /* the quantized rows again with decode over int8/fp8 on the flash
+   * kernel, each after its fp16 row (which keeps the decode kernel) */
+  printf("int8/fp8 decode on the flash kernel (kvs__cuda_decode_flash = 1), "
+         "each after its fp16 row:\n");
+  kvs__cuda_decode_flash = 1;
+  for (size_t ci = BASE_ROWS; ci < sizeof cfg / sizeof cfg[0]; ci++) {
+    run_cfg(&cfg[ci], reps, 0, copy_bw, peak);
+    if (kvs_dtype_quantized(cfg[ci].dtype) && kvs__cuda_attn_last_flash != 1) {
+      printf("(the flash kernel did not run)\n");
+      if (shrink > 1)
+        exit(1);
+    }
+  }
+  kvs__cuda_decode_flash = 0;
   if (strcmp(mode, "sweep") == 0) {
     static const int bps[] = {2, 4, 8, 16};
     for (size_t i = 0; i < sizeof bps / sizeof bps[0]; i++) {

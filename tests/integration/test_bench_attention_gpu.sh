@@ -3,7 +3,8 @@
 # times on a GPU for issues 24, 26 and 30, run here in its smoke mode on
 # the stand-in driver (lengths cut, each row once, the kernels' C twins):
 # every decode row (with the split workspace where the full run has one,
-# int8/fp8 rows with their tokens/s against fp16), every prefill row of
+# int8/fp8 rows with their tokens/s against fp16, on the decode kernel and
+# on the flash kernel), every prefill row of
 # the old and the flash kernel (the four shapes, the chunk sweep, int8/fp8,
 # the long prefixes with the split) with its % of the tensor-core peak,
 # and no row whose flash kernel did not run.  The times say nothing; the
@@ -29,7 +30,8 @@ dec="^(fp16|bf16|fp32|int8|fp8) +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +(yes|no
 n=$(grep -cE "$dec" <<<"$out")
 [ "$n" -ge 20 ] || fail "$n decode rows, want 20 or more"
 q=$(grep -cE "${dec} +$num+x$" <<<"$out")
-[ "$q" = 6 ] || fail "$q int8/fp8 rows with their x fp16, want 6"
+[ "$q" = 12 ] || fail "$q int8/fp8 rows with their x fp16, want 12 (6, then 6 on the flash kernel)"
+grep -q "^int8/fp8 decode on the flash kernel" <<<"$out" || fail "no decode-on-flash section"
 pre="^(fp16|int8|fp8) +[0-9]+ +[0-9]+ +[0-9]+ +32 +8 +128 +[0-9]+ +$num +$num +$num +$num +$num+% +$num+x$"
 n=$(grep -cE "$pre" <<<"$out")
 [ "$n" = 24 ] || fail "$n prefill rows, want 24 (4 shapes, 7 chunks, 8 int8/fp8, 5 long)"

@@ -95,9 +95,17 @@ static void attn_case(const tg_params *p, int prefill) {
     int ok = e_ref <= tg_tol(p->qo_dtype) && x_twin <= 1.0;
     if (want_split && split && c.max_len > KVS__ATTN_PART && nsplit < 2)
       ok = 0; /* the forced split did not happen */
+    /* decode over int8/fp8 on the flash kernel where it applies */
+    const uint32_t want_df = !prefill && kvs__cuda_decode_flash > 0 &&
+                             p->ratio >= (uint32_t)kvs__cuda_decode_flash &&
+                             kvs_dtype_quantized(p->dtype) && p->qo_dtype != KVS_DTYPE_FP32 &&
+                             (D == 64 || D == 128);
+    if (!prefill && kvs__cuda_attn_last_flash != want_df)
+      ok = 0;
     printf("%s %-7s bs=%-2u kvh=%u ratio=%-2u D=%-3u kv=%s qo=%s rows=%-3u "
            "max_len=%-5u: vs twin %.2f of the tolerance, vs naive %.2e; %s\n",
-           ok ? "ok  " : "FAIL", prefill ? "prefill" : "decode", p->block_size,
+           ok ? "ok  " : "FAIL",
+           prefill ? "prefill" : want_df ? "decode-flash" : "decode", p->block_size,
            p->num_kv_heads, p->ratio, D, kvs_dtype_name(p->dtype),
            kvs_dtype_name(p->qo_dtype), c.num_rows, c.max_len, x_twin, e_ref,
            nsplit > 1 ? "split" : split ? "workspace given, not split"
@@ -531,7 +539,9 @@ static void test_blocks(void) {
   free(stg_back);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+  /* "flash": only the flash kernel's checks (a GPU run short of time) */
+  const int only_flash = argc > 1 && strcmp(argv[1], "flash") == 0;
   const char *why = NULL;
   if (kvs_cuda_available(&why) != 0) {
     printf("skipped: no GPU (%s)\n", why);
@@ -555,6 +565,11 @@ int main(void) {
   CHECK(kvs_kernels_cuda()->decode_attention == kvs_cuda_decode_attention,
         "table");
 
+  /* The kernels before the flash kernel (on by default for prefill) */
+  kvs__cuda_prefill_flash = 0;
+  kvs__cuda_decode_flash = 0;
+  if (only_flash)
+    goto flash;
   test_write();
   test_blocks();
   test_attention();
@@ -581,19 +596,24 @@ int main(void) {
         split_runs[0] - before[0], split_runs[1] - before[1]);
   printf("cases that split: %d decode, %d prefill\n", split_runs[0],
          split_runs[1]);
+flash:
   /* The flash prefill kernel last, its wgmma variant (compute capability
    * 9.0) after the mma.sync kernel: a fault of a kernel no GPU has run yet
    * ends the process (the context is lost), and must cost no other check. */
   test_flash_prefill();
   for (int wg = 0; wg <= (flash_cc == 90); wg++) {
-    /* the same shapes with prefill on the flash kernel where it applies */
-    printf("-- prefill on the flash kernel (kvs__cuda_prefill_flash = 1, %s):\n",
+    /* the same shapes with prefill on the flash kernel where it applies,
+     * and decode over int8/fp8 caches (kvs__cuda_decode_flash) */
+    printf("-- prefill on the flash kernel (kvs__cuda_prefill_flash = 1, %s), "
+           "decode over int8/fp8 too (kvs__cuda_decode_flash = 1):\n",
            wg ? "its wgmma variant" : "mma.sync");
     kvs__cuda_prefill_flash = 1;
+    kvs__cuda_decode_flash = 1;
     kvs__cuda_prefill_wgmma = wg;
     test_attention();
   }
-  kvs__cuda_prefill_flash = 0;
+  kvs__cuda_prefill_flash = 1;
+  kvs__cuda_decode_flash = 0;
   kvs__cuda_prefill_wgmma = 1;
   printf("%s: %d failure(s)\n", failures ? "FAIL" : "PASS", failures);
   return failures ? 1 : 0;

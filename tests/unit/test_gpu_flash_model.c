@@ -1855,6 +1855,66 @@ static void standin_case(const tg_params *pp, const tg_ragged *bt,
   tg_case_free(&c);
 }
 
+/* One decode call through kvs_cuda_decode_attention (one new row a request,
+ * q_start none): the flash kernel (kvs__cuda_decode_flash, int8/fp8) or the
+ * decode kernel as want_flash says, with a workspace (NaN) or none; the
+ * result against the decode twin, every output written. */
+static void standin_decode(const tg_params *pp, int want_flash, int ws) {
+  uint32_t lens[] = {1, 17, 300, 0, 1100, 64, 33};
+  tg_params p = *pp;
+  p.num_seqs = 7;
+  p.lens = lens;
+  p.qlens = NULL;
+  tg_case c;
+  if (tg_case_build(&c, &p)) {
+    CHECK(0, "case refused");
+    return;
+  }
+  size_t qes = kvs_dtype_size(p.qo_dtype);
+  size_t n = (size_t)c.num_rows * c.num_heads * p.head_dim;
+  void *twin = tg_xmalloc(n * qes), *got = tg_xmalloc(n * qes);
+  kvs_attn_args a;
+  tg_case_args(&c, &a, c.pool, twin, c.q, c.seq_lens, NULL, c.tables);
+  CHECK(kvs_cpu_decode_attention(&a, NULL) == 0, "twin");
+  void *d_pool = dev_copy(c.pool, kvs_pool_bytes(&c.layout));
+  void *d_q = dev_copy(c.q, n * qes), *d_out = dev_copy(NULL, n * qes);
+  void *d_lens = dev_copy(c.seq_lens, 4 * p.num_seqs);
+  void *d_tab = dev_copy(c.tables, 4 * (size_t)p.num_seqs * c.max_blocks);
+  kvs_attn_args g;
+  tg_case_args(&c, &g, d_pool, d_out, d_q, d_lens, NULL, d_tab);
+  CHECK(kvs_cuda_memset(d_out, 0xff, n * qes) == 0, "memset");
+  void *d_ws = NULL;
+  if (ws) {
+    g.workspace_bytes = kvs_attn_workspace_bytes(&g);
+    d_ws = dev_copy(NULL, g.workspace_bytes);
+    CHECK(kvs_cuda_memset(d_ws, 0xff, g.workspace_bytes) == 0, "memset");
+    g.workspace = d_ws;
+  }
+  kvs__cuda_attn_last_flash = 2; /* neither: the launcher must say */
+  int rc = kvs_cuda_decode_attention(&g, NULL);
+  CHECK(rc == 0, "decode: %s", kvs_strerror(rc));
+  CHECK(kvs_cuda_sync(NULL) == 0, "sync");
+  CHECK(kvs_cuda_memcpy_dtoh(got, d_out, n * qes) == 0, "dtoh");
+  double x = tg_twin_excess(got, twin, p.qo_dtype, n);
+  int ok = rc == 0 && x <= 1.0 && (int)kvs__cuda_attn_last_flash == want_flash;
+  printf("%s stand-in decode knob=%d kv=%s qo=%s D=%-3u ratio=%u%s: %s kernel (want %s), "
+         "%u split(s), vs twin %.2f of the tolerance\n",
+         ok ? "ok  " : "FAIL", kvs__cuda_decode_flash, kvs_dtype_name(p.dtype),
+         kvs_dtype_name(p.qo_dtype), p.head_dim, p.ratio, ws ? ", workspace" : "",
+         kvs__cuda_attn_last_flash == 1 ? "flash" : "decode", want_flash ? "flash" : "decode",
+         kvs__cuda_attn_last_nsplit, x);
+  failures += !ok;
+  kvs_cuda_free(d_ws);
+  kvs_cuda_free(d_pool);
+  kvs_cuda_free(d_q);
+  kvs_cuda_free(d_out);
+  kvs_cuda_free(d_lens);
+  kvs_cuda_free(d_tab);
+  free(twin);
+  free(got);
+  tg_case_free(&c);
+}
+
 static int test_launcher(void) {
   const char *build = getenv("KVS_BUILD");
   char so[512];
@@ -1873,7 +1933,10 @@ static int test_launcher(void) {
   CHECK(kvs_cuda_open(NULL) == 0, "open");
   CHECK(strstr(kvs_cuda_device_name(), "stand-in") != NULL, "device %s",
         kvs_cuda_device_name());
-  CHECK(kvs__cuda_prefill_flash == 0, "the flash kernel is on by default");
+  CHECK(kvs__cuda_prefill_flash == 1, "the flash kernel is off by default");
+  CHECK(kvs__cuda_decode_flash == 4, "decode on the flash kernel from GQA %d by default",
+        kvs__cuda_decode_flash);
+  kvs__cuda_prefill_flash = 0;
   tg_params p = {.block_size = 16, .num_kv_heads = 2, .head_dim = 128,
                  .ratio = 4, .dtype = KVS_DTYPE_FP16, .qo_dtype = KVS_DTYPE_FP16,
                  .num_layers = 2, .layer = 1, .spare_blocks = 2, .q_scale = 2.f,
@@ -1941,7 +2004,35 @@ static int test_launcher(void) {
     standin_case(&p, i == 2 ? &few : &batches[i % 3], 1, i == 2, i == 2);
   }
   kvs__cuda_prefill_wgmma = 1;
-  kvs__cuda_prefill_flash = 0;
+  /* decode: int8/fp8 on the flash kernel at GQA groups of at least
+   * kvs__cuda_decode_flash query heads (0: never; 1: always; the default 4),
+   * the decode kernel otherwise and for what the flash kernel does not
+   * take; with a workspace or not */
+  static const struct {
+    uint32_t dt, qo, dim, ratio;
+    int flash;
+  } dec[] = {
+      {KVS_DTYPE_INT8, KVS_DTYPE_FP16, 128, 4, 1}, {KVS_DTYPE_FP8, KVS_DTYPE_BF16, 64, 8, 1},
+      {KVS_DTYPE_INT8, KVS_DTYPE_BF16, 64, 1, 1},  {KVS_DTYPE_FP8, KVS_DTYPE_FP16, 128, 2, 1},
+      {KVS_DTYPE_INT8, KVS_DTYPE_FP32, 128, 4, 0}, {KVS_DTYPE_FP8, KVS_DTYPE_FP16, 256, 2, 0},
+      {KVS_DTYPE_FP16, KVS_DTYPE_FP16, 128, 4, 0}, {KVS_DTYPE_BF16, KVS_DTYPE_BF16, 64, 8, 0},
+  };
+  static const int knobs[] = {0, 1, 4};
+  for (int ik = 0; ik < 3; ik++) {
+    const int knob = knobs[ik];
+    kvs__cuda_decode_flash = knob;
+    for (size_t i = 0; i < sizeof dec / sizeof dec[0]; i++) {
+      p.dtype = dec[i].dt;
+      p.qo_dtype = dec[i].qo;
+      p.head_dim = dec[i].dim;
+      p.ratio = dec[i].ratio;
+      p.block_size = i % 2 ? 32 : 16;
+      p.seed = 80 + i;
+      standin_decode(&p, knob && (int)dec[i].ratio >= knob && dec[i].flash, (int)i % 2);
+    }
+  }
+  kvs__cuda_decode_flash = 4;
+  kvs__cuda_prefill_flash = 1;
   return 0;
 }
 
