@@ -6,9 +6,9 @@
 #   1. the CUDA kernels against their C twins (test_gpu_cuda, with forced
 #      splits; every cache dtype, int8/fp8 included: the quantizing write
 #      byte for byte, attention over poisoned pools; the flash prefill
-#      kernel, off by default, with its knob on: 16-bit and int8/fp8
-#      caches, and split over long prefixes; on compute capability 9.0
-#      the 16-bit cases on its wgmma variant and again on mma.sync), under
+#      kernel last: 16-bit and int8/fp8 caches, split over long prefixes,
+#      int8/fp8 decode on it; on compute capability 9.0 the 16-bit cases
+#      at head_dim 128 again on its wgmma variant), under
 #      compute-sanitizer memcheck when it is there
 #   2. the cuda pool on the real driver: a daemon and 4 workers, K/V written
 #      by one, read, attended and copied by the others, every refusal, kill -9
@@ -31,6 +31,11 @@
 #   5. kvshare.torch on CUDA tensors (test_torch.py, its stream-ordering
 #      test included) and the engine (client/python/examples/engine) with a
 #      ~1B-parameter model on the cuda pool, every answer checked
+#
+# Each check prints its seconds.  On an H100 (2026-11-27, KVS_GPU_QUICK=1):
+# step 1 3 min (test_gpu_cuda alone; its flash checks, `test_gpu_cuda
+# flash`, 106 s), steps 2 and 3 11 s, step 4 about 100 s, step 5 more than
+# 70 s (the 1b engine run did not finish in that).
 #
 # KVS_GPU_STEPS="1 4" runs only those steps (default: all), so that the
 # checks can be split over calls that each fit a time limit; KVS_GPU_QUICK=1
@@ -62,12 +67,14 @@ exec > >(tee ${log:+"$log"}) 2>&1
 fail=0
 step() { echo; echo "== $*"; }
 check() {
+  local t0=$SECONDS
   "$@"; local rc=$?
   case $rc in
     0) ;;
     77) echo "SKIPPED: $*" ;;
     *) echo "FAILED ($rc): $*"; fail=1 ;;
   esac
+  echo "($(( SECONDS - t0 )) s: ${1##*/} ${2:-})"
 }
 git log -1 --format='commit %h %s' 2>/dev/null
 nvidia-smi -L || { echo "no GPU"; exit 1; }
