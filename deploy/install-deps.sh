@@ -27,14 +27,28 @@ done
 # itself would install (and may start) a Prometheus server.
 need_promtool=
 command -v promtool >/dev/null 2>&1 || need_promtool=1
-[ -z "$missing" ] && [ -z "$need_promtool" ] && exit 0
+# nvdisasm, where nvcc is but the toolkit came without it: test_wgmma_ptx.sh
+# reads the SASS of the wgmma kernels with it (NVIDIA's wheel from PyPI,
+# 6 MB, in /usr/local/lib/kvshare-tools; the test skips that part without)
+TOOLS=/usr/local/lib/kvshare-tools
+need_nvdisasm=
+if { command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; } &&
+   ! command -v nvdisasm >/dev/null 2>&1 && [ ! -x /usr/local/cuda/bin/nvdisasm ] &&
+   [ ! -x "$TOOLS/nvidia/cu13/bin/nvdisasm" ]; then
+  need_nvdisasm=1
+fi
+[ -z "$missing" ] && [ -z "$need_promtool" ] && [ -z "$need_nvdisasm" ] && exit 0
 if [ "$(id -u)" != 0 ]; then
+  # (nvdisasm alone is optional: not worth a failure)
+  [ -z "$missing" ] && [ -z "$need_promtool" ] && exit 0
   echo "kvshare: missing packages:$missing${need_promtool:+ promtool (from prometheus)}" >&2
   echo "kvshare: run 'sudo deploy/install-deps.sh' (or install them with apt-get) and retry" >&2
   exit 1
 fi
 export DEBIAN_FRONTEND=noninteractive
-apt-get update -q >&2
+if [ -n "$missing" ] || [ -n "$need_promtool" ]; then
+  apt-get update -q >&2
+fi
 if [ -n "$missing" ]; then
   echo "kvshare: installing:$missing" >&2
   # shellcheck disable=SC2086
@@ -50,4 +64,10 @@ if [ -n "$need_promtool" ]; then
   rc=$?
   rm -rf "$tmp"
   [ $rc = 0 ] || { echo "kvshare: could not install promtool" >&2; exit 1; }
+fi
+if [ -n "$need_nvdisasm" ]; then
+  echo "kvshare: installing nvdisasm (PyPI: nvidia-cuda-nvdisasm) in $TOOLS" >&2
+  python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore \
+      --target "$TOOLS" nvidia-cuda-nvdisasm==13.5.37 >&2 ||
+    echo "kvshare: could not install nvdisasm; test_wgmma_ptx.sh skips its SASS check" >&2
 fi

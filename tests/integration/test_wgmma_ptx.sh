@@ -8,7 +8,12 @@
 #    (the PTX ISA leaves a register access there undefined; nvcc once sank
 #    S's zeroing there);
 #  - no other kernel uses wgmma, and the compute_90 PTX (what later GPUs
-#    JIT) has none at all.
+#    JIT) has none at all;
+#  - where nvdisasm is (deploy/install-deps.sh puts one from PyPI in
+#    /usr/local/lib/kvshare-tools), the SASS ptxas makes of that PTX:
+#    Q's fragments live through the key-tile loop, no register of theirs
+#    given to P or written there (wgmma_sass.py; ptxas 13.0 broke this at
+#    head_dim 64, which an H100 caught).
 # Skipped where nvcc is not installed.
 set -u
 cd "$(dirname "$0")/../.."
@@ -43,4 +48,17 @@ for t in fp16 bf16; do
 done
 n=$(wc -l < "$tmp/wg")
 [ "$n" = 2 ] || fail "$n kernels use wgmma, want the 2 kvs_prefill_flash_wg_*"
+nvdisasm=${NVDISASM:-}
+for d in "$(command -v nvdisasm 2>/dev/null)" "$(dirname "$nvcc")/nvdisasm" \
+  /usr/local/lib/kvshare-tools/nvidia/cu13/bin/nvdisasm; do
+  [ -z "$nvdisasm" ] && [ -x "$d" ] && nvdisasm=$d
+done
+if [ -z "$nvdisasm" ]; then
+  echo "ok (the SASS check skipped: no nvdisasm; deploy/install-deps.sh installs one)"
+  exit 0
+fi
+"$(dirname "$nvcc")/ptxas" -arch=sm_90a "$tmp/k90a.ptx" -o "$tmp/k.cubin" ||
+  fail "ptxas for sm_90a"
+"$nvdisasm" -c "$tmp/k.cubin" > "$tmp/k.sass" || fail "nvdisasm"
+python3 tests/integration/wgmma_sass.py "$tmp/k.sass" || fail "the wgmma kernels' SASS"
 echo "ok"
