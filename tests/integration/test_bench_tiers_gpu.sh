@@ -20,7 +20,7 @@ for kib in 64 128 2048; do
 done
 for dir in "device -> host" "host -> device"; do
   n=$(echo "$out" | grep -cE "^  $dir engine +[0-9.]+ GB/s  raw per block +[0-9.]+ GB/s \([0-9.]+x\)  one cuMemcpy +[0-9.]+ GB/s \([0-9.]+x\)  raw batched +[0-9.]+ GB/s \([0-9.]+x\)$")
-  [ "$n" = 3 ] || fail "$dir: $n complete rows of 3"
+  [ "$n" = 4 ] || fail "$dir: $n complete rows of 4 (3 sizes, then a job of 2 blocks)"
 done
 echo "$out" | grep -q "device <-> host copies batched" ||
   fail "the pool did not batch its copies on the stand-in"
