@@ -60,6 +60,17 @@ static CUfunction f_flash_wg[2]; /* sm_90a, head_dim 128: [fp16, bf16] */
 /* int8/fp8 caches: [int8, fp8][q/out fp16, bf16][d64, d128] */
 static CUfunction f_flash_q[2][2][2];
 static CUfunction f_flash_merge;
+/*
+ * Decode over an int8/fp8 cache on the flash kernel (kvs__cuda_decode_flash):
+ * a decode call is a prefill whose requests have one new row each, the
+ * last of their seq_len keys, so q_start is 0, 1, .., num_seqs.  One device
+ * array of that, made when the kernels load (256 KiB) and synchronized
+ * there, so that no decode call allocates or copies (a stream capture
+ * could not take it) and no stream's kernel can read it unwritten; a call
+ * of more requests keeps the decode kernel.
+ */
+#define KVS__IOTA_N 65537u
+static CUdeviceptr d_iota;
 /* The context is current in this thread: kvshare made it current once and
  * does not check again, so a thread that switches to another context of
  * its own makes kvshare's later calls run there.  (Engines that use the
@@ -166,6 +177,25 @@ static int load_kernels_locked(void) {
     e = getenv("KVS_CUDA_DECODE_FLASH");
     if (e && *e)
       kvs__cuda_decode_flash = atoi(e) > 0 ? atoi(e) : 0;
+  }
+  {
+    uint32_t *h = malloc(KVS__IOTA_N * sizeof *h);
+    if (!h)
+      return kernels_rc = KVS_ENOMEM;
+    for (uint32_t i = 0; i < KVS__IOTA_N; i++)
+      h[i] = i;
+    r = kvs__cu.cuMemAlloc(&d_iota, KVS__IOTA_N * sizeof *h);
+    if (r == CUDA_SUCCESS)
+      r = kvs__cu.cuMemcpyHtoD(d_iota, h, KVS__IOTA_N * sizeof *h);
+    if (r == CUDA_SUCCESS)
+      r = kvs__cu.cuCtxSynchronize();
+    free(h);
+    if (r != CUDA_SUCCESS) {
+      if (d_iota)
+        kvs__cu.cuMemFree(d_iota);
+      d_iota = 0;
+      return kernels_rc = kvs__cu_status(r);
+    }
   }
   CUdevice dev = kvs__cuda_device();
   kvs__cu.cuDeviceGetName(dev_name, sizeof dev_name, dev);
@@ -464,42 +494,6 @@ static int flash_prefill(const kvs_attn_args *a, uint32_t ratio, void *stream) {
   return launch(f_flash_merge, a->num_rows, a->num_heads, 1, 128, 0, stream, mparams);
 }
 
-/*
- * Decode over an int8/fp8 cache on the flash kernel (kvs__cuda_decode_flash):
- * a decode call is a prefill whose requests have one new row each, the
- * last of their seq_len keys, so q_start is 0, 1, .., num_seqs.  One device
- * array of that, made on first use under the lock and kept with the module
- * (256 KiB); a call of more requests keeps the decode kernel.
- */
-#define KVS__IOTA_N 65537u
-static CUdeviceptr d_iota;
-
-static int iota_ready(void) {
-  int rc = 0;
-  pthread_mutex_lock(&lock);
-  if (!d_iota) {
-    uint32_t *h = malloc(KVS__IOTA_N * sizeof *h);
-    CUdeviceptr d = 0;
-    if (!h) {
-      rc = KVS_ENOMEM;
-    } else {
-      for (uint32_t i = 0; i < KVS__IOTA_N; i++)
-        h[i] = i;
-      rc = kvs__cu_status(kvs__cu.cuMemAlloc(&d, KVS__IOTA_N * sizeof *h));
-      if (!rc) {
-        rc = kvs__cu_status(kvs__cu.cuMemcpyHtoD(d, h, KVS__IOTA_N * sizeof *h));
-        if (rc)
-          kvs__cu.cuMemFree(d);
-        else
-          d_iota = d;
-      }
-      free(h);
-    }
-  }
-  pthread_mutex_unlock(&lock);
-  return rc;
-}
-
 static int cuda_attention(const kvs_attn_args *a, int prefill, void *stream) {
   int rc = kvs__check_attn(a, prefill);
   if (rc)
@@ -539,8 +533,6 @@ static int cuda_attention(const kvs_attn_args *a, int prefill, void *stream) {
   if (!prefill && kvs__cuda_decode_flash > 0 && ratio >= (uint32_t)kvs__cuda_decode_flash &&
       kvs_dtype_quantized(kv->dtype) &&
       a->num_seqs < KVS__IOTA_N && flash_applies(a, ratio)) {
-    if ((rc = iota_ready()))
-      return rc;
     kvs_attn_args copy = *a;
     copy.q_start = (const uint32_t *)(uintptr_t)d_iota;
     return flash_prefill(&copy, ratio, stream);

@@ -1,10 +1,11 @@
 /*
  * kernels_prefill.cuh — the flash prefill kernel: paged causal attention of
  * many query rows per CTA on tensor cores.  Included by kernels.cu (it uses
- * that file's Mma<T>); compiled into the same fatbin.  Off by default
- * (kvs__cuda_prefill_flash, gpu/cuda_driver.c) until a GPU has verified it;
- * docs/kernels.md, "Flash prefill", describes it and says what is verified
- * where.
+ * that file's Mma<T>); compiled into the same fatbin.  On by default
+ * (kvs__cuda_prefill_flash, gpu/cuda_driver.c) since it passed on an H100;
+ * it also takes decode over int8/fp8 caches at GQA 4 or more
+ * (kvs__cuda_decode_flash).  docs/kernels.md, "Flash prefill", describes it
+ * and says what is verified where.
  *
  * One CTA: 4 warps, one request, one kv head, a tile of BM = 64 packed
  * query rows (row = token * ratio + head in the GQA group: every query head

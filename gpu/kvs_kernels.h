@@ -193,11 +193,12 @@ typedef struct kvs_write_args {
  * out = softmax(scale * q . K^T) V over the row's keys, accumulated in fp32.
  * A row with no key (seq_lens[s] == 0) gets zeros.  Where the cache and q/out
  * are the same 16-bit dtype and the GQA ratio is 4 or more (for prefill on
- * the flash kernel, when it is turned on, any ratio and head_dim 64, 128 or
- * 256), the CUDA kernel uses tensor cores and rounds the softmax weights to
- * that dtype for the product with V (sums stay fp32): the result may then
- * differ from the C twin by about one unit in the last place of the output
- * dtype.
+ * the flash kernel, on by default: any ratio and head_dim 64, 128 or 256;
+ * it also takes int8/fp8 caches with q/out fp16 or bf16 at head_dim 64 and
+ * 128, for prefill and, at GQA 4 or more, for decode), the CUDA kernel uses
+ * tensor cores and rounds the softmax weights to that dtype for the product
+ * with V (sums stay fp32): the result may then differ from the C twin by
+ * about one unit in the last place of the output dtype.
  *
  * max_seq_len: an upper bound of every seq_lens[s] (the CUDA launch needs it
  * on the host).  workspace/workspace_bytes: device scratch for the CUDA
