@@ -42,9 +42,14 @@ endif
 # not to: KVS_NO_DEPS=1 builds only what needs no third-party library).
 ifeq ($(filter clean help,$(MAKECMDGOALS)),)
 ifneq ($(KVS_NO_DEPS),1)
+# (nvdisasm: where nvcc is, for test_wgmma_ptx.sh's SASS check)
 ifneq ($(shell $(PKG_CONFIG) --exists $(PKGS) 2>/dev/null && command -v promtool >/dev/null && \
                $(PYTHON) -c 'import importlib.util as u, sys; sys.exit(not u.find_spec("torch"))' \
-               2>/dev/null && echo ok),ok)
+               2>/dev/null && \
+               { { ! command -v nvcc && [ ! -x /usr/local/cuda/bin/nvcc ]; } || \
+                 command -v nvdisasm || [ -x /usr/local/cuda/bin/nvdisasm ] || \
+                 [ -x /usr/local/lib/kvshare-tools/nvidia/cu13/bin/nvdisasm ]; } >/dev/null && \
+               echo ok),ok)
 $(info kvshare: some dependencies are missing; running deploy/install-deps.sh)
 DEPS_RC := $(shell deploy/install-deps.sh 1>&2; echo $$?)
 ifneq ($(DEPS_RC),0)

@@ -48,17 +48,19 @@ for t in fp16 bf16; do
 done
 n=$(wc -l < "$tmp/wg")
 [ "$n" = 2 ] || fail "$n kernels use wgmma, want the 2 kvs_prefill_flash_wg_*"
+# nvdisasm: the toolkit's own first (a newer one reads its cubins too)
 nvdisasm=${NVDISASM:-}
-for d in "$(command -v nvdisasm 2>/dev/null)" "$(dirname "$nvcc")/nvdisasm" \
+for d in "$(dirname "$(readlink -f "$nvcc")")/nvdisasm" "$(command -v nvdisasm 2>/dev/null)" \
   /usr/local/lib/kvshare-tools/nvidia/cu13/bin/nvdisasm; do
   [ -z "$nvdisasm" ] && [ -x "$d" ] && nvdisasm=$d
 done
 if [ -z "$nvdisasm" ]; then
-  echo "ok (the SASS check skipped: no nvdisasm; deploy/install-deps.sh installs one)"
+  echo "ok, but SKIPPED the SASS check: no nvdisasm (deploy/install-deps.sh installs one)"
   exit 0
 fi
-"$(dirname "$nvcc")/ptxas" -arch=sm_90a "$tmp/k90a.ptx" -o "$tmp/k.cubin" ||
-  fail "ptxas for sm_90a"
+python3 tests/integration/wgmma_sass.py --selftest >/dev/null ||
+  fail "wgmma_sass.py --selftest: a planted fault went unreported"
+"$nvcc" -cubin -arch=sm_90a -o "$tmp/k.cubin" "$tmp/k90a.ptx" || fail "the sm_90a cubin"
 "$nvdisasm" -c "$tmp/k.cubin" > "$tmp/k.sass" || fail "nvdisasm"
 python3 tests/integration/wgmma_sass.py "$tmp/k.sass" || fail "the wgmma kernels' SASS"
 echo "ok"

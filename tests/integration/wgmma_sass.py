@@ -13,6 +13,8 @@ K; an H100 caught it.  Checked per kernel:
 
 Usage: wgmma_sass.py FILE.sass (nvdisasm -c of the cubin).  Prints one line
 per kernel and exits 1 on any finding, 2 if no such kernel is there.
+wgmma_sass.py --selftest runs the checks on small made-up kernels: a good
+one must pass, and each planted fault must be reported.
 """
 import re
 import sys
@@ -20,7 +22,7 @@ import sys
 INSN = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P[0-9T]+\s+)?([A-Z][A-Z0-9_.]*)\s*(.*?)\s*;")
 HGMMA = re.compile(r"HGMMA\.64x(\d+)x16\S*\s+R(\d+),\s*R(\d+),")
 LABEL = re.compile(r"^(\.L_x_\d+):")
-BRANCH = re.compile(r"BRA\s+`\((\.L_x_\d+)\)")
+BRANCH = re.compile(r"BRA\S*\s+(?:[!\w]+,\s*)?`\((\.L_x_\d+)\)")
 
 
 def functions(text):
@@ -38,7 +40,10 @@ def functions(text):
 
 
 def dest_regs(op, args):
-    """The registers an instruction writes (its first operand), or ()."""
+    """The registers an instruction writes (its first operand; SHFL's
+    first is the predicate it writes, its register second), or ()."""
+    if op.startswith("SHFL"):
+        args = re.sub(r"^!?P(?:\d+|T),\s*", "", args)
     m = re.match(r"R(\d+)\b", args)
     if not m or op.startswith(("ST", "BRA", "HGMMA", "WARPGROUP", "BAR", "RED")):
         return ()
@@ -108,7 +113,42 @@ def check(name, lines):
     return not bad
 
 
+def made_up(a_s=(120, 124, 128, 132), a_p=(88, 92, 96, 100), body=""):
+    """A head_dim 64 kernel as nvdisasm prints one: S's HGMMAs in a loop,
+    then P V's, `body` inside the loop, the back-edge."""
+    ins = lambda op: f"        /*0000*/                   {op} ;"
+    lines = [".text.kvs_prefill_flash_wg_fp16_d64:", ins("LDSM.16.M88.4 R120, [R2]"),
+             ".L_x_7:"]
+    lines += [ins(f"HGMMA.64x64x16.F32 R24, R{a}, gdesc[UR24], R24") for a in a_s]
+    lines += [ins(x) for x in body.split(";") if x]
+    lines += [ins(f"HGMMA.64x64x16.F32 R56, R{a}, gdesc[UR24].tnspB, R56") for a in a_p]
+    lines += [ins("@!P3 BRA `(.L_x_7)"), ins("EXIT")]
+    return "\n".join(lines) + "\n"
+
+
+def selftest():
+    cases = [("good", made_up(body="SHFL.BFLY PT, R30, R31, 0x1, 0x1f;FMNMX R30, R30, R31, !PT"), 0),
+             ("P in Q's registers", made_up(a_p=(120, 92, 96, 100)), 1),
+             ("Q written by an IMAD", made_up(body="IMAD R126, R4, 0x10, R5"), 1),
+             ("Q written by a SHFL", made_up(body="SHFL.BFLY PT, R133, R31, 0x1, 0x1f"), 1),
+             ("Q written by a 64-bit op", made_up(body="IMAD.WIDE.U32 R119, R4, 0x10, R6"), 1),
+             ("an accumulator in Q", made_up(a_s=(24, 124, 128, 132)), 1),
+             ("an MMA missing", made_up(a_s=(120, 124, 128)), 1),
+             ("no loop", made_up().replace("@!P3 BRA `(.L_x_7)", "NOP"), 1)]
+    bad = 0
+    for what, text, want in cases:
+        fns = functions(text)
+        got = 0 if all(check(n, fns[n]) for n in fns) else 1
+        if got != want:
+            print(f"FAIL selftest: {what}: {'passed' if not got else 'reported'}")
+            bad += 1
+    print("selftest: " + ("ok" if not bad else f"{bad} wrong"))
+    return 1 if bad else 0
+
+
 def main():
+    if sys.argv[1:] == ["--selftest"]:
+        return selftest()
     text = open(sys.argv[1]).read()
     fns = functions(text)
     if not fns:
