@@ -521,6 +521,14 @@ int main(int argc, char **argv) {
       {KVS_DTYPE_FP16, 32, 4096, 64, 8, 128}, /* GQA 8 */
       {KVS_DTYPE_INT8, 32, 4096, 64, 8, 128},
       {KVS_DTYPE_FP8, 32, 4096, 64, 8, 128},
+      /* GQA 2 and 1: where the decode kernel keeps int8/fp8 by default
+       * (kvs__cuda_decode_flash = 4), unmeasured on the flash kernel */
+      {KVS_DTYPE_FP16, 32, 4096, 32, 16, 128},
+      {KVS_DTYPE_INT8, 32, 4096, 32, 16, 128},
+      {KVS_DTYPE_FP8, 32, 4096, 32, 16, 128},
+      {KVS_DTYPE_FP16, 16, 4096, 32, 32, 128}, /* MHA */
+      {KVS_DTYPE_INT8, 16, 4096, 32, 32, 128},
+      {KVS_DTYPE_FP8, 16, 4096, 32, 32, 128},
   };
   const char *mode = argc > 2 ? argv[2] : "";
   if (strcmp(mode, "profile") == 0) {

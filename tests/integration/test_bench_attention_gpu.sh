@@ -30,7 +30,7 @@ dec="^(fp16|bf16|fp32|int8|fp8) +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +(yes|no
 n=$(grep -cE "$dec" <<<"$out")
 [ "$n" -ge 20 ] || fail "$n decode rows, want 20 or more"
 q=$(grep -cE "${dec} +$num+x$" <<<"$out")
-[ "$q" = 12 ] || fail "$q int8/fp8 rows with their x fp16, want 12 (6, then 6 on the flash kernel)"
+[ "$q" = 20 ] || fail "$q int8/fp8 rows with their x fp16, want 20 (10, then 10 on the flash kernel)"
 grep -q "^int8/fp8 decode on the flash kernel" <<<"$out" || fail "no decode-on-flash section"
 pre="^(fp16|int8|fp8) +[0-9]+ +[0-9]+ +[0-9]+ +32 +8 +128 +[0-9]+ +$num +$num +$num +$num +$num+% +$num+x$"
 n=$(grep -cE "$pre" <<<"$out")
