@@ -175,8 +175,10 @@ static int load_kernels_locked(void) {
     if (e && *e)
       kvs__cuda_prefill_wgmma = strcmp(e, "0") != 0;
     e = getenv("KVS_CUDA_DECODE_FLASH");
-    if (e && *e)
-      kvs__cuda_decode_flash = atoi(e) > 0 ? atoi(e) : 0;
+    if (e && *e) {
+      const int n = atoi(e);
+      kvs__cuda_decode_flash = n > 0 ? n : 0;
+    }
   }
   {
     uint32_t *h = malloc(KVS__IOTA_N * sizeof *h);

@@ -107,6 +107,17 @@ __device__ __forceinline__ uint32_t pf_at(uint32_t tile, uint32_t r, uint32_t c)
   return tile + kvs__pf_smem_off(D, r, c);
 }
 
+/* The warp's Q fragments (its 16 rows of the Q tile, k-steps 0 .. KS - 1)
+ * from the Q tile into registers. */
+template <int D, int KS>
+__device__ __forceinline__ void pf_ldsm_q(uint32_t sQ, uint32_t warp, uint32_t lane,
+                                          uint32_t (*qf)[4]) {
+#pragma unroll
+  for (int ks = 0; ks < KS; ks++)
+    pf_ldsm_x4(pf_at<D>(sQ, 16 * warp + kvs__pf_ldq_row(lane), kvs__pf_ldq_chunk(lane, ks)),
+               qf[ks]);
+}
+
 /* One K or V tile: keys j0 .. j0 + ROWS - 1 of the request, through the
  * block table; keys at or past n_keys zero-filled, never read. */
 template <int D, int ROWS, bool WG = false>
@@ -448,10 +459,7 @@ __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a,
   if constexpr (KQ == 1) {
     pq_q_rows<T, D>(sQ, qsum, a, p, q0, ratio, h, warp, lane, 0);
     __syncwarp();
-#pragma unroll
-    for (int ks = 0; ks < (QREG ? KS : 0); ks++)
-      pf_ldsm_x4(pf_at<D>(sQ, 16 * warp + kvs__pf_ldq_row(lane), kvs__pf_ldq_chunk(lane, ks)),
-                 qf[ks]);
+    pf_ldsm_q<D, QREG ? KS : 0>(sQ, warp, lane, qf);
     __syncwarp();
     pq_q_rows<T, D>(sQ, qsum, a, p, q0, ratio, h, warp, lane, 1);
   } else {
@@ -479,10 +487,7 @@ __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a,
     pf_commit();
     asm volatile("cp.async.wait_all;\n" ::);
     __syncthreads();
-#pragma unroll
-    for (int ks = 0; ks < (QREG ? KS : 0); ks++)
-      pf_ldsm_x4(pf_at<D>(sQ, 16 * warp + kvs__pf_ldq_row(lane), kvs__pf_ldq_chunk(lane, ks)),
-                 qf[ks]);
+    pf_ldsm_q<D, QREG ? KS : 0>(sQ, warp, lane, qf);
     __syncthreads();
     pf_load_kv<D, BN, true>(sV, kv, bt, kv.v_offset + head_off, kt0 * BN, p.n_keys,
                             bs_pow2, bs_shift);
@@ -539,10 +544,7 @@ __device__ __forceinline__ void prefill_flash_body(const kvs_attn_args &a,
     }
     __syncthreads();
     if (QREG && KQ != 1 && !WG && kt == kt0) {
-#pragma unroll
-      for (int ks = 0; ks < (QREG ? KS : 0); ks++)
-        pf_ldsm_x4(pf_at<D>(sQ, 16 * warp + kvs__pf_ldq_row(lane), kvs__pf_ldq_chunk(lane, ks)),
-                   qf[ks]);
+      pf_ldsm_q<D, QREG ? KS : 0>(sQ, warp, lane, qf);
     }
 
     /* S = Q K^T */

@@ -14,8 +14,9 @@
  * fence: the PTX ISA leaves a register access between the fence and the
  * MMAs undefined), wg_arrive() (wgmma.fence), the MMAs, wg_commit_wait()
  * (waits for all of them); wg_hold() again ties each accumulator register
- * to the wait, so that the compiler moves no read of them above it.  The operand lists are
- * written out (one "+f" per accumulator: 32 for N = 64, 64 for N = 128).
+ * to the wait, so that the compiler moves no read of them above it.  The
+ * operand lists are written out (one "+f" per accumulator: 32 for N = 64,
+ * 64 for N = 128).
  */
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define KVS_WGMMA 1

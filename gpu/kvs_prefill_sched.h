@@ -284,8 +284,9 @@ static inline KVS_HD uint32_t kvs__pf_acc_col(uint32_t lane, uint32_t e) {
 
 /*
  * The sm_90a variant (kvs_prefill_flash_wg_*: 16-bit caches, head_dim 128;
- * the layout below also serves 64, which the model tests) multiplies with wgmma, whose B operand the tensor cores read from
- * shared memory through a 64-bit descriptor.  Its K and V tiles use the
+ * the layout below also serves 64, which the model tests) multiplies with
+ * wgmma, whose B operand the tensor cores read from shared memory through a
+ * 64-bit descriptor.  Its K and V tiles use the
  * canonical 128-byte-swizzle layout: the tile's D columns in atoms of 64
  * (128 bytes a row), atom a at a * BN * 128, row r (a key) at r * 128 in
  * it, 16-byte chunk c of the row at (c ^ (r % 8)) * 16 -- the hardware's
