@@ -1783,32 +1783,29 @@ static void *dev_copy(const void *host, size_t bytes) {
   return d;
 }
 
-/* One prefill call through kvs_cuda_prefill_attention: expect the flash
- * kernel or not; the result against the twin. */
-/* ws: give the call a workspace (NaN); want_split: the launcher must split
- * (more than one split), else it must not. */
-static void standin_case(const tg_params *pp, const tg_ragged *bt,
-                         int want_flash, int ws, int want_split) {
-  uint32_t lens[8];
-  tg_case c;
-  if (tg_ragged_case(&c, pp, bt, lens)) {
-    CHECK(0, "case refused");
-    return;
-  }
-  tg_params p = c.p;
-  size_t qes = kvs_dtype_size(p.qo_dtype);
-  size_t n = (size_t)c.num_rows * c.num_heads * p.head_dim;
+/* One call of a built case through the launcher on the stand-in driver
+ * (prefill, or decode when the case has no q_start): its inputs copied to
+ * the device, the output poisoned with NaN (every row must be written), a
+ * workspace of NaN when ws; *rc the call's status; the device's output
+ * against the C twin's, as tg_twin_excess gives it.  The caller sets and
+ * reads the launcher's kvs__cuda_attn_last_* around it. */
+static double standin_call(const tg_case *c, int ws, int *rc) {
+  const tg_params *p = &c->p;
+  const int prefill = c->q_start != NULL;
+  size_t qes = kvs_dtype_size(p->qo_dtype);
+  size_t n = (size_t)c->num_rows * c->num_heads * p->head_dim;
   void *twin = tg_xmalloc(n * qes), *got = tg_xmalloc(n * qes);
   kvs_attn_args a;
-  tg_case_args(&c, &a, c.pool, twin, c.q, c.seq_lens, c.q_start, c.tables);
-  CHECK(kvs_cpu_prefill_attention(&a, NULL) == 0, "twin");
-  void *d_pool = dev_copy(c.pool, kvs_pool_bytes(&c.layout));
-  void *d_q = dev_copy(c.q, n * qes), *d_out = dev_copy(NULL, n * qes);
-  void *d_lens = dev_copy(c.seq_lens, 4 * p.num_seqs);
-  void *d_qs = dev_copy(c.q_start, 4 * (p.num_seqs + 1));
-  void *d_tab = dev_copy(c.tables, 4 * (size_t)p.num_seqs * c.max_blocks);
+  tg_case_args(c, &a, c->pool, twin, c->q, c->seq_lens, c->q_start, c->tables);
+  CHECK((prefill ? kvs_cpu_prefill_attention(&a, NULL)
+                 : kvs_cpu_decode_attention(&a, NULL)) == 0, "twin");
+  void *d_pool = dev_copy(c->pool, kvs_pool_bytes(&c->layout));
+  void *d_q = dev_copy(c->q, n * qes), *d_out = dev_copy(NULL, n * qes);
+  void *d_lens = dev_copy(c->seq_lens, 4 * p->num_seqs);
+  void *d_qs = prefill ? dev_copy(c->q_start, 4 * (p->num_seqs + 1)) : NULL;
+  void *d_tab = dev_copy(c->tables, 4 * (size_t)p->num_seqs * c->max_blocks);
   kvs_attn_args g;
-  tg_case_args(&c, &g, d_pool, d_out, d_q, d_lens, d_qs, d_tab);
+  tg_case_args(c, &g, d_pool, d_out, d_q, d_lens, d_qs, d_tab);
   CHECK(kvs_cuda_memset(d_out, 0xff, n * qes) == 0, "memset");
   void *d_ws = NULL;
   if (ws) { /* a workspace (NaN): the launcher may split */
@@ -1817,6 +1814,36 @@ static void standin_case(const tg_params *pp, const tg_ragged *bt,
     CHECK(kvs_cuda_memset(d_ws, 0xff, g.workspace_bytes) == 0, "memset");
     g.workspace = d_ws;
   }
+  *rc = prefill ? kvs_cuda_prefill_attention(&g, NULL) : kvs_cuda_decode_attention(&g, NULL);
+  CHECK(*rc == 0, "%s: %s", prefill ? "prefill" : "decode", kvs_strerror(*rc));
+  CHECK(kvs_cuda_sync(NULL) == 0, "sync");
+  CHECK(kvs_cuda_memcpy_dtoh(got, d_out, n * qes) == 0, "dtoh");
+  double x = tg_twin_excess(got, twin, p->qo_dtype, n);
+  kvs_cuda_free(d_ws);
+  kvs_cuda_free(d_pool);
+  kvs_cuda_free(d_q);
+  kvs_cuda_free(d_out);
+  kvs_cuda_free(d_lens);
+  kvs_cuda_free(d_qs);
+  kvs_cuda_free(d_tab);
+  free(twin);
+  free(got);
+  return x;
+}
+
+/* One prefill call through kvs_cuda_prefill_attention: expect the flash
+ * kernel or not; the result against the twin.  ws: give the call a
+ * workspace (NaN); want_split: the launcher must split (more than one
+ * split), else it must not. */
+static void standin_case(const tg_params *pp, const tg_ragged *bt,
+                         int want_flash, int ws, int want_split) {
+  uint32_t lens[8];
+  tg_case c;
+  if (tg_ragged_case(&c, pp, bt, lens)) {
+    CHECK(0, "case refused");
+    return;
+  }
+  const tg_params p = c.p;
   kvs__cuda_attn_last_flash = 2; /* neither: the launcher must say */
   kvs__cuda_attn_last_wg = 2;
   kvs__cuda_attn_last_nsplit = 0;
@@ -1824,11 +1851,8 @@ static void standin_case(const tg_params *pp, const tg_ragged *bt,
    * applies, unless turned off */
   const int want_wg = want_flash && kvs__cuda_prefill_wgmma &&
                       !kvs_dtype_quantized(p.dtype) && p.head_dim == 128;
-  int rc = kvs_cuda_prefill_attention(&g, NULL);
-  CHECK(rc == 0, "prefill: %s", kvs_strerror(rc));
-  CHECK(kvs_cuda_sync(NULL) == 0, "sync");
-  CHECK(kvs_cuda_memcpy_dtoh(got, d_out, n * qes) == 0, "dtoh");
-  double x = tg_twin_excess(got, twin, p.qo_dtype, n);
+  int rc;
+  double x = standin_call(&c, ws, &rc);
   int ok = rc == 0 && x <= 1.0 && (int)kvs__cuda_attn_last_flash == want_flash &&
            (int)kvs__cuda_attn_last_wg == want_wg &&
            (kvs__cuda_attn_last_nsplit > 1) == (want_split != 0);
@@ -1842,16 +1866,7 @@ static void standin_case(const tg_params *pp, const tg_ragged *bt,
          !want_flash ? "old" : want_wg ? "flash wgmma" : "flash",
          kvs__cuda_attn_last_nsplit,
          want_split ? " (want more than 1)" : ws ? " (want 1)" : "", x);
-  kvs_cuda_free(d_ws);
   failures += !ok;
-  kvs_cuda_free(d_pool);
-  kvs_cuda_free(d_q);
-  kvs_cuda_free(d_out);
-  kvs_cuda_free(d_lens);
-  kvs_cuda_free(d_qs);
-  kvs_cuda_free(d_tab);
-  free(twin);
-  free(got);
   tg_case_free(&c);
 }
 
@@ -1870,32 +1885,9 @@ static void standin_decode(const tg_params *pp, int want_flash, int ws) {
     CHECK(0, "case refused");
     return;
   }
-  size_t qes = kvs_dtype_size(p.qo_dtype);
-  size_t n = (size_t)c.num_rows * c.num_heads * p.head_dim;
-  void *twin = tg_xmalloc(n * qes), *got = tg_xmalloc(n * qes);
-  kvs_attn_args a;
-  tg_case_args(&c, &a, c.pool, twin, c.q, c.seq_lens, NULL, c.tables);
-  CHECK(kvs_cpu_decode_attention(&a, NULL) == 0, "twin");
-  void *d_pool = dev_copy(c.pool, kvs_pool_bytes(&c.layout));
-  void *d_q = dev_copy(c.q, n * qes), *d_out = dev_copy(NULL, n * qes);
-  void *d_lens = dev_copy(c.seq_lens, 4 * p.num_seqs);
-  void *d_tab = dev_copy(c.tables, 4 * (size_t)p.num_seqs * c.max_blocks);
-  kvs_attn_args g;
-  tg_case_args(&c, &g, d_pool, d_out, d_q, d_lens, NULL, d_tab);
-  CHECK(kvs_cuda_memset(d_out, 0xff, n * qes) == 0, "memset");
-  void *d_ws = NULL;
-  if (ws) {
-    g.workspace_bytes = kvs_attn_workspace_bytes(&g);
-    d_ws = dev_copy(NULL, g.workspace_bytes);
-    CHECK(kvs_cuda_memset(d_ws, 0xff, g.workspace_bytes) == 0, "memset");
-    g.workspace = d_ws;
-  }
   kvs__cuda_attn_last_flash = 2; /* neither: the launcher must say */
-  int rc = kvs_cuda_decode_attention(&g, NULL);
-  CHECK(rc == 0, "decode: %s", kvs_strerror(rc));
-  CHECK(kvs_cuda_sync(NULL) == 0, "sync");
-  CHECK(kvs_cuda_memcpy_dtoh(got, d_out, n * qes) == 0, "dtoh");
-  double x = tg_twin_excess(got, twin, p.qo_dtype, n);
+  int rc;
+  double x = standin_call(&c, ws, &rc);
   int ok = rc == 0 && x <= 1.0 && (int)kvs__cuda_attn_last_flash == want_flash;
   printf("%s stand-in decode knob=%d kv=%s qo=%s D=%-3u ratio=%u%s: %s kernel (want %s), "
          "%u split(s), vs twin %.2f of the tolerance\n",
@@ -1904,14 +1896,6 @@ static void standin_decode(const tg_params *pp, int want_flash, int ws) {
          kvs__cuda_attn_last_flash == 1 ? "flash" : "decode", want_flash ? "flash" : "decode",
          kvs__cuda_attn_last_nsplit, x);
   failures += !ok;
-  kvs_cuda_free(d_ws);
-  kvs_cuda_free(d_pool);
-  kvs_cuda_free(d_q);
-  kvs_cuda_free(d_out);
-  kvs_cuda_free(d_lens);
-  kvs_cuda_free(d_tab);
-  free(twin);
-  free(got);
   tg_case_free(&c);
 }
 
